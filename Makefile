@@ -1,0 +1,46 @@
+# hookviz — `make help` lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+ARCH   := $(shell uname -m)
+# Pinned for reproducible installs (pyproject only asks for ranges).
+ifeq ($(ARCH),aarch64)
+TORCH_PIN := torch==2.9.1 torchvision==0.24.1
+else
+TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+endif
+DEMO_OUT ?= out/demo
+
+.PHONY: help install demo test check lint bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+install: $(STAMP)  ## create .venv and install hookviz with its test tools
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## render feature maps and Grad-CAM overlays for sample_images/
+	@bash scripts/demo.sh $(VENV)/bin/hookviz $(DEMO_OUT)
+
+test: $(STAMP)  ## run the test suite
+	$(PY) -m pytest -q
+
+lint: $(STAMP)  ## ruff + mypy
+	$(VENV)/bin/ruff check hookviz tests bench examples
+	$(VENV)/bin/ruff format --check hookviz tests bench examples
+	$(VENV)/bin/mypy hookviz
+
+check: lint test  ## lint, types and tests
+
+bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
+	$(PY) bench/bench.py
+
+clean:  ## remove outputs (keeps .venv)
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from hookviz.cli import main
+
+main()

@@ -1,0 +1,447 @@
+"""The ``hookviz`` command: parses options, calls the library, prints, and maps errors to exit codes.
+
+Exit codes: 0 all inputs done; 1 one or more inputs failed (the others were done); 2 bad command line
+or option value; 3 the run could not start (weights, output folder); 130 interrupted (Ctrl-C).
+Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+from hookviz.errors import HookvizError
+
+app = typer.Typer(
+    name="hookviz",
+    help="Look inside convolutional networks with PyTorch hooks: feature maps, Grad-CAM, layers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+EXIT_INPUTS_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SETUP = 3
+EXIT_INTERRUPTED = 130
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Options shared by several commands.
+Model = Annotated[str, typer.Option("--model", "-m", help="torchvision classification model (`hookviz models`).")]
+Weights = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        "-w",
+        help="DEFAULT (pretrained, downloaded once into the torch hub cache), a weights name "
+        "(IMAGENET1K_V2), none (random init), or the path of a state_dict/checkpoint.",
+    ),
+]
+Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="output folder; manifest.jsonl is appended there.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="images per forward pass.")]
+Workers = Annotated[int, typer.Option("--workers", help="threads decoding, rendering and writing images.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="replace existing outputs.")]
+SkipExisting = Annotated[bool, typer.Option("--skip-existing", help="leave inputs whose outputs all exist (resume).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar and no per-input lines.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="print each manifest record as a JSON line on stdout.")]
+Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks.")]
+InputSize = Annotated[int | None, typer.Option("--input-size", help="square model input side (default: the weights').")]
+Resize = Annotated[
+    str,
+    typer.Option(
+        "--resize",
+        help="crop: torchvision's eval transform (centre crop; the map covers the part the model saw); "
+        "squash: whole image resized to a square.",
+    ),
+]
+MaxPixels = Annotated[int, typer.Option("--max-pixels", help="refuse images larger than this many pixels.")]
+Inputs = Annotated[
+    list[str],
+    typer.Argument(help="image files, folders (searched recursively), globs, or - to read paths from stdin."),
+]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"hookviz: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _guard(debug: bool) -> Any:
+    """Map hookviz errors and Ctrl-C to one stderr line and an exit code."""
+
+    class Guard:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+            if exc is None or isinstance(exc, typer.Exit):
+                return False
+            if isinstance(exc, KeyboardInterrupt):
+                typer.echo("hookviz: interrupted", err=True)
+                raise typer.Exit(EXIT_INTERRUPTED)
+            if isinstance(exc, HookvizError) and not debug:
+                _fail(str(exc), exc.exit_code)
+            return False
+
+    return Guard()
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}", param_hint=name)
+
+
+def _load(model: str, weights: str, device: str, input_size: int | None, resize: str, quiet: bool) -> Any:
+    from hookviz.models import load_model, resolve_device
+
+    dev = resolve_device(device)
+    return load_model(
+        model, weights, device=dev, input_size=input_size, resize=resize, progress=not quiet and sys.stderr.isatty()
+    )
+
+
+def _progress(records: Iterator[dict[str, Any]], total: int, quiet: bool, as_json: bool) -> tuple[int, int]:
+    """Print records as they come; return (ok, failed)."""
+    ok = failed = 0
+    show_bar = not quiet and sys.stderr.isatty()
+    bar = None
+    if show_bar:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True, console=None)
+        bar.start()
+        task = bar.add_task("images", total=total)
+    try:
+        for rec in records:
+            if rec["status"] == "error":
+                failed += 1
+                typer.echo(f"hookviz: {rec['error']}", err=True)
+            else:
+                ok += 1
+            if as_json:
+                typer.echo(json.dumps(rec, ensure_ascii=False))
+            elif not quiet and rec["status"] != "error":
+                typer.echo(_describe(rec))
+            if bar is not None:
+                bar.advance(task)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return ok, failed
+
+
+def _describe(rec: dict[str, Any]) -> str:
+    if rec["status"] == "skipped":
+        return f"{rec['input']}: skipped (outputs exist)"
+    parts = [f"{rec['input']}:"]
+    if "predicted" in rec:
+        p, t = rec["predicted"], rec["target"]
+        parts.append(f"predicted {p['name']} ({p['index']}) p={p['score']:.3f};")
+        if t["index"] != p["index"]:
+            parts.append(f"explained {t['name']} ({t['index']}) p={t['score']:.3f};")
+    outs = rec["outputs"]
+    parts.append(f"wrote {outs[0]}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
+    return " ".join(parts)
+
+
+def _run_job(
+    job_factory: Callable[[Any], Any],
+    inputs: list[str],
+    *,
+    model: str,
+    weights: str,
+    device: str,
+    out: Path,
+    batch_size: int,
+    workers: int,
+    overwrite: bool,
+    skip_existing: bool,
+    quiet: bool,
+    as_json: bool,
+    input_size: int | None,
+    resize: str,
+    max_pixels: int,
+    extra: Callable[[Any], dict[str, Any]] | None = None,
+) -> None:
+    from hookviz import pipeline
+
+    if batch_size < 1:
+        raise typer.BadParameter(f"{batch_size} (must be at least 1)", param_hint="--batch-size")
+    if workers < 1:
+        raise typer.BadParameter(f"{workers} (must be at least 1)", param_hint="--workers")
+    _check_choice("--resize", resize, ("crop", "squash"))
+    output = pipeline.Output(out, overwrite=overwrite)
+    items = pipeline.expand_inputs(inputs, sys.stdin if "-" in inputs else None, exclude=out)
+    real_out = out.resolve()
+    for spec in inputs:
+        if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
+            _fail(f"--out {out} is also an input folder; outputs would be read back as inputs. Choose another --out", 2)
+    loaded = _load(model, weights, device, input_size, resize, quiet)
+    job = job_factory(loaded)
+    output.prepare()
+    base = {"command": job.kind, "model": loaded.name, "weights": loaded.weights, "pretrained": loaded.pretrained}
+    if extra:
+        base.update(extra(job))
+    if not loaded.pretrained and not quiet:
+        typer.echo(f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); maps show mechanics only", err=True)
+    records = pipeline.run(
+        items,
+        job,
+        preprocess=loaded.preprocess,
+        output=output,
+        device=loaded.device,
+        base=base,
+        batch_size=batch_size,
+        workers=workers,
+        skip_existing=skip_existing,
+        max_pixels=max_pixels,
+    )
+    _, failed = _progress(records, len(items), quiet, as_json)
+    if failed:
+        typer.echo(f"hookviz: {failed} of {len(items)} input(s) failed; see {out / pipeline.MANIFEST}", err=True)
+        raise typer.Exit(EXIT_INPUTS_FAILED)
+
+
+@app.command()
+def gradcam(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    layer: Annotated[
+        str | None, typer.Option("--layer", "-l", help="module name (default: the last convolutional stage).")
+    ] = None,
+    target: Annotated[str, typer.Option("--target", "-t", help="top1, a class index, or a class name.")] = "top1",
+    alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.")] = 0.5,
+    colormap: Annotated[str, typer.Option("--colormap", help="jet, turbo, viridis, inferno, magma, ...")] = "jet",
+    no_relu: Annotated[bool, typer.Option("--no-relu", help="signed map: negative evidence in blue.")] = False,
+    save_raw: Annotated[bool, typer.Option("--save-raw", help="also write the raw map as .npy.")] = False,
+    out: Out = Path("out"),
+    batch_size: BatchSize = 8,
+    device: Device = "auto",
+    workers: Workers = 2,
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    input_size: InputSize = None,
+    resize: Resize = "crop",
+    max_pixels: MaxPixels = 80_000_000,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    debug: Debug = False,
+) -> None:
+    """Grad-CAM heatmaps over the original photos: where the model looks for a class."""
+    from hookviz.render import COLORMAPS
+
+    _check_choice("--colormap", colormap, COLORMAPS)
+    with _guard(debug):
+
+        def make(loaded: Any) -> Any:
+            from hookviz.hooks import resolve_layers
+            from hookviz.jobs import GradCamJob
+            from hookviz.models import default_cam_layer, parse_target, probe
+
+            calls = probe(loaded)
+            if layer is None:
+                chosen = default_cam_layer(loaded.model, calls)
+                if not quiet:
+                    typer.echo(f"hookviz: using layer {chosen} (the last convolutional stage; --layer to change)", err=True)
+            else:
+                if any(ch in layer for ch in "*?["):
+                    from hookviz.errors import LayerError
+
+                    raise LayerError(f"--layer takes one module name, not a pattern ({layer!r})")
+                chosen = resolve_layers(loaded.model, [layer], model_name=loaded.name)[0]
+                _check_spatial(chosen, calls, loaded.name)
+            t = parse_target(target, loaded, _num_classes(loaded))
+            return GradCamJob(loaded, chosen, t, alpha, colormap, relu=not no_relu, save_raw=save_raw)
+
+        _run_job(
+            make,
+            inputs,
+            model=model,
+            weights=weights,
+            device=device,
+            out=out,
+            batch_size=batch_size,
+            workers=workers,
+            overwrite=overwrite,
+            skip_existing=skip_existing,
+            quiet=quiet,
+            as_json=as_json,
+            input_size=input_size,
+            resize=resize,
+            max_pixels=max_pixels,
+        )
+
+
+def _num_classes(loaded: Any) -> int:
+    import torch
+
+    s = loaded.preprocess.crop_size
+    with torch.no_grad():
+        was = loaded.model.training
+        loaded.model.eval()
+        try:
+            logits = loaded.model(torch.zeros(1, 3, s, s, device=loaded.device))
+        finally:
+            loaded.model.train(was)
+    return int(logits.shape[-1])
+
+
+def _check_spatial(name: str, calls: Any, model_name: str) -> None:
+    from hookviz.errors import LayerError
+
+    info = next((c for c in calls if c.name == name), None)
+    if info is None or info.calls == 0:
+        raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass; pick another layer")
+    if info.output_shape is None or len(info.output_shape) != 4:
+        raise LayerError(
+            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a (B, C, H, W) feature map, "
+            f"so Grad-CAM has no spatial map there; pick a convolutional layer or block "
+            f"(`hookviz layers --model {model_name}`)"
+        )
+    if info.calls > 1:
+        raise LayerError(
+            f"layer {name!r} runs {info.calls} times per forward pass, so its gradient is ambiguous; "
+            "pick a layer that runs once (e.g. its parent block)"
+        )
+
+
+@app.command()
+def featuremaps(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    layers: Annotated[
+        list[str] | None,
+        typer.Option("--layers", "--layer", "-l", help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d."),
+    ] = None,
+    stage: Annotated[str, typer.Option("--stage", help="input, output or both.")] = "output",
+    max_channels: Annotated[int, typer.Option("--max-channels", min=1, help="channels per grid.")] = 64,
+    colormap: Annotated[str, typer.Option("--colormap", help="viridis, inferno, gray, jet, ...")] = "viridis",
+    out: Out = Path("out"),
+    batch_size: BatchSize = 8,
+    device: Device = "auto",
+    workers: Workers = 2,
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    input_size: InputSize = None,
+    resize: Resize = "crop",
+    max_pixels: MaxPixels = 80_000_000,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    debug: Debug = False,
+) -> None:
+    """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
+    from hookviz.render import COLORMAPS
+
+    _check_choice("--stage", stage, ("input", "output", "both"))
+    _check_choice("--colormap", colormap, COLORMAPS)
+    with _guard(debug):
+
+        def make(loaded: Any) -> Any:
+            from torch import nn
+
+            from hookviz.hooks import resolve_layers
+            from hookviz.jobs import FeatureMapJob
+
+            patterns = layers or ["*"]
+            kinds = (nn.Conv2d,) if not layers else None
+            names = resolve_layers(loaded.model, patterns, model_name=loaded.name, kinds=kinds)
+            if layers:
+                calls = {c.name: c for c in _probe(loaded)}
+                globbed = any(any(ch in p for ch in "*?[") for p in layers)
+                spatial = [n for n in names if calls[n].output_shape is not None and len(calls[n].output_shape or ()) == 4]
+                if globbed:
+                    names = spatial or names
+                for n in names:
+                    _check_spatial_any(n, calls[n], loaded.name)
+            return FeatureMapJob(loaded, names, stage, max_channels, colormap)
+
+        _run_job(
+            make,
+            inputs,
+            model=model,
+            weights=weights,
+            device=device,
+            out=out,
+            batch_size=batch_size,
+            workers=workers,
+            overwrite=overwrite,
+            skip_existing=skip_existing,
+            quiet=quiet,
+            as_json=as_json,
+            input_size=input_size,
+            resize=resize,
+            max_pixels=max_pixels,
+        )
+
+
+def _probe(loaded: Any) -> Any:
+    from hookviz.models import probe
+
+    return probe(loaded)
+
+
+def _check_spatial_any(name: str, info: Any, model_name: str) -> None:
+    from hookviz.errors import LayerError
+
+    if info.calls == 0:
+        raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass")
+    if info.output_shape is None or len(info.output_shape) != 4:
+        raise LayerError(
+            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a feature map; "
+            "pick a convolutional layer"
+        )
+
+
+@app.command()
+def layers(
+    model: Model = "resnet18",
+    weights: Annotated[str, typer.Option("--weights", "-w", help="weights to load (shapes need none).")] = "none",
+    input_size: InputSize = None,
+    depth: Annotated[int | None, typer.Option("--depth", help="only names with at most this many dots + 1.")] = None,
+    debug: Debug = False,
+) -> None:
+    """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
+    with _guard(debug):
+        from hookviz.models import default_cam_layer, load_model, probe
+
+        loaded = load_model(model, weights, input_size=input_size)
+        calls = probe(loaded)
+        default = default_cam_layer(loaded.model, calls)
+        params = {n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in loaded.model.named_modules()}
+        width = max(len(c.name) for c in calls)
+        typer.echo(f"{'name':<{width}}  {'type':<22} {'output shape':<22} {'params':>10}")
+        for c in calls:
+            if depth is not None and c.name.count(".") + 1 > depth:
+                continue
+            shape = "x".join(map(str, c.output_shape)) if c.output_shape else "-"
+            calls_note = f" (runs {c.calls}x)" if c.calls > 1 else " (not run)" if c.calls == 0 else ""
+            mark = "  <- default Grad-CAM layer" if c.name == default else ""
+            typer.echo(f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}")
+
+
+@app.command()
+def models() -> None:
+    """List torchvision's classification models."""
+    from hookviz.models import list_models
+
+    for name in list_models():
+        typer.echo(name)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,65 @@
+"""The hookviz error hierarchy: every message names the bad value and the fix.
+
+The library raises these; only the CLI turns them into exit codes (``exit_code``):
+2 for a bad command line, 3 when the run cannot start (model, weights, output
+folder), 1 for a single input that failed inside a batch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class HookvizError(Exception):
+    """Base class of every error hookviz raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(HookvizError):
+    """An option value that cannot work; fix the command line."""
+
+    exit_code = 2
+
+
+class ModelNotFoundError(UsageError):
+    """The model name is not a torchvision classification model."""
+
+
+class LayerError(UsageError):
+    """A layer name or pattern matches nothing, or the layer cannot be used for this job."""
+
+
+class TargetError(UsageError):
+    """The target class is out of range or unknown."""
+
+
+class DeviceError(UsageError):
+    """The requested device is not available."""
+
+
+class SetupError(HookvizError):
+    """The run cannot start: nothing was processed."""
+
+    exit_code = 3
+
+
+class WeightsError(SetupError):
+    """Weights could not be downloaded or loaded."""
+
+
+class OutputError(SetupError):
+    """The output folder cannot be used."""
+
+
+class InputError(HookvizError):
+    """One input could not be processed (the others go on)."""
+
+
+def close_matches(word: str, choices: Iterable[str], n: int = 3) -> str:
+    """Return a "; did you mean 'a' or 'b'?" clause, or "" when nothing is close."""
+    found = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
+    if not found:
+        return ""
+    return "; did you mean " + " or ".join(repr(f) for f in found) + "?"

@@ -1,0 +1,284 @@
+"""The hook machinery: context managers that own every handle they register.
+
+Two rules make hooks safe to use on someone else's model:
+
+* Every ``RemovableHandle`` is removed in ``finally``; hooks the user registered before are
+  untouched and keep firing. :func:`preserved` restores each module's train/eval mode, each
+  parameter's ``requires_grad`` and ``.grad`` object, whatever happens inside.
+* Gradients are read from a hook on the layer's output TENSOR (``Tensor.register_hook``, attached by
+  the forward hook), never from module backward hooks. ``register_full_backward_hook`` raises when the
+  output is later modified in place (a ResNet ``bn2`` output before ``out += identity``), and the
+  legacy ``register_backward_hook`` reports the gradient of the module's *last operation* only, which
+  is silently wrong for any module made of several ops (a ResNet block, a ``Sequential``).
+
+Gradient taps also give the fast path: if the forward pass runs under ``torch.no_grad()``, the first
+tap turns autograd recording on and hands the rest of the network a fresh leaf, so only the part of
+the network after the tap is recorded and no parameter gradient is ever computed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hookviz.errors import LayerError, close_matches
+
+
+@contextmanager
+def preserved(model: nn.Module) -> Iterator[nn.Module]:
+    """Leave ``model`` exactly as found: per-module mode, ``requires_grad`` and ``.grad`` of every parameter.
+
+    Example:
+        >>> with preserved(model):
+        ...     model.eval()
+        ...     model(x)
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, requires_grad, grad in params:
+            if p.requires_grad != requires_grad:
+                p.requires_grad_(requires_grad)
+            if p.grad is not grad:
+                p.grad = grad
+
+
+def module_names(model: nn.Module) -> list[str]:
+    """Names of every submodule in ``named_modules`` order (the root, named "", excluded)."""
+    return [name for name, _ in model.named_modules() if name]
+
+
+def resolve_layers(
+    model: nn.Module,
+    patterns: Iterable[str],
+    *,
+    model_name: str = "the model",
+    kinds: tuple[type[nn.Module], ...] | None = None,
+) -> list[str]:
+    """Turn layer names and glob patterns into module names, in network order.
+
+    A pattern with ``*``, ``?`` or ``[`` is a glob over ``named_modules()`` names (and, when
+    ``kinds`` is given, matches only modules of those types); a plain name must exist exactly.
+
+    Raises:
+        LayerError: a name does not exist (close matches are suggested) or a pattern matches nothing.
+    """
+    modules = dict(model.named_modules())
+    names = [n for n in modules if n]
+    chosen: set[str] = set()
+    for pattern in patterns:
+        if any(c in pattern for c in "*?["):
+            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+            if kinds is not None:
+                hits = [n for n in hits if isinstance(modules[n], kinds)]
+            if not hits:
+                kind = f" {'/'.join(k.__name__ for k in kinds)}" if kinds else ""
+                raise LayerError(
+                    f"pattern {pattern!r} matches no{kind} layer in {model_name}; "
+                    f"`hookviz layers --model {model_name}` lists them"
+                )
+            chosen.update(hits)
+        elif pattern in modules and pattern:
+            chosen.add(pattern)
+        else:
+            raise LayerError(
+                f"no layer {pattern!r} in {model_name}{close_matches(pattern, names)} "
+                f"(`hookviz layers --model {model_name}` lists them)"
+            )
+    return [n for n in names if n in chosen]
+
+
+@dataclass
+class Captured:
+    """What a :class:`capture` recorded, per layer name, one entry per call of the module."""
+
+    inputs: dict[str, list[Tensor]] = field(default_factory=dict)
+    outputs: dict[str, list[Tensor]] = field(default_factory=dict)
+    taps: dict[str, list[Tensor]] = field(default_factory=dict)
+    grads: dict[str, list[Tensor]] = field(default_factory=dict)
+
+
+def _first_tensor(value: Any) -> Tensor | None:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], Tensor):
+        return value[0]
+    return None
+
+
+class capture:  # noqa: N801 - used like a function: ``with capture(model, ...) as cap``
+    """Record layer inputs, outputs and output gradients while the context is open.
+
+    Args:
+        model: the network; nothing about it is changed once the context closes.
+        layers: module names whose input (forward-pre hook) and/or output (forward hook) are stored.
+        inputs: store each layer's first positional input.
+        outputs: store each layer's output.
+        grad_layers: module names whose output becomes a gradient *tap*: the gradient reaching it
+            in a later backward (``torch.autograd.grad`` or ``.backward``) is stored in
+            ``captured.grads``. The first tap to fire turns autograd recording on, so running the
+            forward under ``torch.no_grad()`` records only the network after it (the fast path).
+        clone: store clones, so a later in-place op (``ReLU(inplace=True)``, ``out += identity``)
+            cannot change what was captured.
+
+    A module called several times in one forward (a shared ``ReLU``) is recorded once per call;
+    a tap on such a module is an error, because its gradient would be ambiguous.
+
+    Example:
+        >>> with capture(model, ["layer4"], grad_layers=["layer4"]) as cap, torch.no_grad():
+        ...     logits = model(x)
+        >>> torch.autograd.grad(logits[:, 3].sum(), cap.captured.taps["layer4"][0])
+        >>> cap.captured.grads["layer4"][0].shape
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[str] = (),
+        *,
+        inputs: bool = False,
+        outputs: bool = True,
+        grad_layers: Sequence[str] = (),
+        clone: bool = True,
+    ) -> None:
+        self.model = model
+        self.layers = list(layers)
+        self.inputs = inputs
+        self.outputs = outputs
+        self.grad_layers = list(grad_layers)
+        self.clone = clone
+        self.captured = Captured()
+        self._handles: list[Any] = []
+        self._grad_mode = True
+
+    def __enter__(self) -> capture:
+        modules = dict(self.model.named_modules())
+        missing = [n for n in [*self.layers, *self.grad_layers] if n not in modules or not n]
+        if missing:
+            raise LayerError(f"no layer {missing[0]!r} in the model{close_matches(missing[0], modules)}")
+        self._grad_mode = torch.is_grad_enabled()
+        try:
+            for name in self.layers:
+                module = modules[name]
+                if self.inputs:
+                    self._handles.append(module.register_forward_pre_hook(self._store_input(name)))
+                if self.outputs:
+                    self._handles.append(module.register_forward_hook(self._store_output(name)))
+            for name in self.grad_layers:
+                self._handles.append(modules[name].register_forward_hook(self._tap(name)))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove every hook this object registered and restore the grad mode."""
+        while self._handles:
+            self._handles.pop().remove()
+        torch.set_grad_enabled(self._grad_mode)
+
+    def _keep(self, t: Tensor) -> Tensor:
+        t = t.detach()
+        return t.clone() if self.clone else t
+
+    def _store_input(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            t = _first_tensor(args)
+            if t is not None:
+                self.captured.inputs.setdefault(name, []).append(self._keep(t))
+
+        return hook
+
+    def _store_output(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            t = _first_tensor(output)
+            if t is not None:
+                self.captured.outputs.setdefault(name, []).append(self._keep(t))
+
+        return hook
+
+    def _tap(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            if not isinstance(output, Tensor):
+                raise LayerError(
+                    f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer with a tensor output"
+                )
+            taps = self.captured.taps.setdefault(name, [])
+            if taps:
+                raise LayerError(
+                    f"layer {name!r} runs more than once per forward pass, so its gradient is ambiguous; "
+                    "pick a layer that runs once (e.g. its parent block)"
+                )
+            # Outside a recorded graph (fast path) the output becomes a fresh leaf and recording
+            # starts here; inside one, gradients simply flow through it.
+            tap = output if output.requires_grad else output.detach().requires_grad_()
+            torch.set_grad_enabled(True)
+            tap.register_hook(lambda g: self.captured.grads.setdefault(name, []).append(g))
+            taps.append(tap)
+            # The network continues on a copy, so in-place ops downstream cannot alter the tap.
+            return tap.clone()
+
+        return hook
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """Shapes seen at one module during a forward pass."""
+
+    name: str
+    type: str
+    output_shape: tuple[int, ...] | None
+    calls: int
+
+
+def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
+    """Run ``x`` through ``model`` (eval mode, no grad) and report every module's output shape, in call order.
+
+    Modules that never run are listed last with ``calls == 0``.
+    """
+    seen: dict[str, list[Any]] = {}
+    order: list[str] = []
+    handles = []
+
+    def make(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            t = _first_tensor(output)
+            if name not in seen:
+                order.append(name)
+                seen[name] = [type(module).__name__, tuple(t.shape) if t is not None else None, 0]
+            seen[name][2] += 1
+
+        return hook
+
+    with preserved(model):
+        try:
+            for name, module in model.named_modules():
+                if name:
+                    handles.append(module.register_forward_hook(make(name)))
+            model.eval()
+            with torch.no_grad():
+                model(x)
+        finally:
+            for h in handles:
+                h.remove()
+    calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2]) for n in order]
+    # Forward hooks fire on exit, so call order is post-order; network order is named_modules order.
+    rank = {n: i for i, n in enumerate(module_names(model))}
+    calls.sort(key=lambda c: rank[c.name])
+    unused = [
+        ModuleCall(n, type(m).__name__, None, 0) for n, m in model.named_modules() if n and n not in seen
+    ]
+    return calls + unused

@@ -1,0 +1,160 @@
+"""Reading images and turning them into model inputs; the one place that knows about RGB vs BGR.
+
+Every array that leaves this module is RGB ``uint8`` with shape ``(H, W, 3)``; BGR exists only
+inside :func:`encode_png` (OpenCV's byte order).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hookviz.errors import InputError
+
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
+)
+#: Largest image accepted by default (pixels); a 12000x12000 photo decodes to 430 MB of RGB.
+DEFAULT_MAX_PIXELS = 80_000_000
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Read an image file as upright RGB ``uint8``.
+
+    Handles grayscale, palette, CMYK, 16-bit and alpha images (alpha is composited over white,
+    which is what the image looks like in a viewer) and applies the EXIF orientation.
+
+    Raises:
+        InputError: the file is missing, not an image, truncated, or larger than ``max_pixels``.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+        with img:
+            w, h = img.size
+            if w * h > max_pixels:
+                raise InputError(
+                    f"{path}: image is {w}x{h} ({w * h / 1e6:.0f} MP), over the limit of "
+                    f"{max_pixels / 1e6:.0f} MP; downscale it or raise --max-pixels"
+                )
+            img.load()
+            img = ImageOps.exif_transpose(img)
+            return _to_rgb(img)
+    except InputError:
+        raise
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not an image") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except UnidentifiedImageError:
+        raise InputError(f"{path}: not an image file (or an unsupported format)") from None
+    except Image.DecompressionBombError as exc:
+        raise InputError(f"{path}: refused as a decompression bomb ({exc})") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"{path}: cannot decode image ({exc}); the file may be truncated or corrupt") from None
+
+
+def _to_rgb(img: object) -> np.ndarray:
+    from PIL import Image
+
+    assert isinstance(img, Image.Image)
+    mode = img.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        arr = np.asarray(img).astype(np.float64)
+        top = 65535.0 if (mode.startswith("I;16") or arr.max(initial=0) > 255) else 255.0
+        gray = np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
+    has_alpha = mode in ("RGBA", "LA", "PA", "La", "RGBa") or (mode == "P" and "transparency" in img.info)
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba)
+    return np.ascontiguousarray(np.asarray(img.convert("RGB"), dtype=np.uint8))
+
+
+@dataclass(frozen=True)
+class Box:
+    """The region of the original image (pixels, ``x0 <= x < x1``) that the model saw."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+
+    @property
+    def width(self) -> int:
+        return self.x1 - self.x0
+
+    @property
+    def height(self) -> int:
+        return self.y1 - self.y0
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How a photo becomes a model input.
+
+    ``resize="crop"`` is torchvision's evaluation transform (shorter side to ``resize_size``, centre
+    crop of ``crop_size``), done as one crop of the original followed by one resize so that the
+    region the model saw is an exact pixel box; ``resize="squash"`` resizes the whole photo to
+    ``crop_size`` x ``crop_size`` so the model sees everything (aspect ratio not kept).
+    """
+
+    crop_size: int = 224
+    resize_size: int = 256
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    resize: str = "crop"
+
+    def box(self, height: int, width: int) -> Box:
+        """The region of an ``height`` x ``width`` photo that becomes the model input."""
+        if self.resize == "squash":
+            return Box(0, 0, width, height)
+        side = min(height, width) * self.crop_size / self.resize_size
+        side_i = max(1, min(round(side), height, width))
+        x0 = (width - side_i) // 2
+        y0 = (height - side_i) // 2
+        return Box(x0, y0, x0 + side_i, y0 + side_i)
+
+    def __call__(self, rgb: np.ndarray) -> tuple[np.ndarray, Box]:
+        """Return the normalised ``(3, S, S)`` float32 input and the box it came from."""
+        import cv2
+
+        box = self.box(rgb.shape[0], rgb.shape[1])
+        region = rgb[box.y0 : box.y1, box.x0 : box.x1]
+        s = self.crop_size
+        shrinking = region.shape[0] > s or region.shape[1] > s
+        resized = cv2.resize(region, (s, s), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
+        x = resized.astype(np.float32) / 255.0
+        x -= np.asarray(self.mean, dtype=np.float32)
+        x /= np.asarray(self.std, dtype=np.float32)
+        return np.ascontiguousarray(x.transpose(2, 0, 1)), box
+
+
+def encode_png(rgb: np.ndarray) -> bytes:
+    """Encode an RGB ``uint8`` image as PNG bytes."""
+    import cv2
+
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+    if not ok:  # pragma: no cover - cv2 only fails on impossible shapes
+        raise ValueError(f"cannot encode an image of shape {rgb.shape} as PNG")
+    return buf.tobytes()
+
+
+def decode_png(data: bytes) -> np.ndarray:
+    """Decode PNG bytes written by :func:`encode_png` back to RGB (used by tests and reports)."""
+    import cv2
+
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    return np.ascontiguousarray(arr[:, :, ::-1])

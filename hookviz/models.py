@@ -1,0 +1,322 @@
+"""Models, weights, devices, class names and the layer a CAM should use by default."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookviz.errors import (
+    DeviceError,
+    ModelNotFoundError,
+    TargetError,
+    UsageError,
+    WeightsError,
+    close_matches,
+)
+from hookviz.hooks import ModuleCall, trace_shapes
+from hookviz.images import Preprocess
+
+WEIGHTS_NONE = "none"
+WEIGHTS_DEFAULT = "DEFAULT"
+_IMAGENET_CLASSES = 1000
+
+
+def list_models() -> list[str]:
+    """Names of torchvision's classification models."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        DeviceError: CUDA was asked for and is not there, or the spec is not a device.
+    """
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise DeviceError(f"--device {spec!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(
+                f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0..."
+            )
+    elif device.type != "cpu":
+        raise DeviceError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to explain, with what a report needs to say about it."""
+
+    model: nn.Module
+    name: str
+    weights: str  # "DEFAULT (IMAGENET1K_V1)", "none (random init)" or a file path
+    pretrained: bool
+    categories: tuple[str, ...]
+    preprocess: Preprocess
+    device: torch.device
+
+    def class_name(self, index: int) -> str:
+        return self.categories[index] if 0 <= index < len(self.categories) else f"class {index}"
+
+
+def _weights_enum(name: str) -> Any:
+    import torchvision
+
+    try:
+        return torchvision.models.get_model_weights(name)
+    except (ValueError, KeyError):
+        return None
+
+
+def _imagenet_categories() -> tuple[str, ...]:
+    enum = _weights_enum("resnet18")
+    return tuple(enum.DEFAULT.meta["categories"]) if enum is not None else ()
+
+
+def load_model(
+    name: str = "resnet18",
+    weights: str = WEIGHTS_DEFAULT,
+    *,
+    device: torch.device | str = "cpu",
+    input_size: int | None = None,
+    resize: str = "crop",
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    progress: bool = False,
+) -> LoadedModel:
+    """Build a torchvision classifier with its weights, in eval mode, on ``device``.
+
+    Args:
+        name: a torchvision classification model (``hookviz.models.list_models()``).
+        weights: ``DEFAULT`` (torchvision's pretrained weights, downloaded into the torch hub cache,
+            which honours ``TORCH_HOME``), another weights name such as ``IMAGENET1K_V2``, ``none``
+            (random init), or the path of a state_dict / checkpoint file.
+        input_size: square input side; defaults to the weights' crop size (224 for most).
+        resize: ``crop`` (torchvision's eval transform) or ``squash`` (whole image, aspect not kept).
+
+    Raises:
+        ModelNotFoundError: unknown model name (close matches suggested).
+        WeightsError: pretrained weights cannot be downloaded, or the file cannot be loaded safely.
+    """
+    import torchvision
+
+    names = list_models()
+    if name not in names:
+        raise ModelNotFoundError(
+            f"unknown model {name!r}{close_matches(name, names)} (`hookviz models` lists all {len(names)})"
+        )
+    enum = _weights_enum(name)
+    chosen = None
+    kwargs: dict[str, Any] = {}
+    if name.startswith("inception") or name == "googlenet":
+        kwargs["init_weights"] = False if weights != WEIGHTS_NONE else True
+    if weights.lower() == WEIGHTS_NONE:
+        model = torchvision.models.get_model(name, weights=None, **kwargs)
+        label, pretrained, categories = "none (random init)", False, _imagenet_categories()
+    elif enum is not None and (weights.upper() == WEIGHTS_DEFAULT or weights in enum.__members__):
+        chosen = enum.DEFAULT if weights.upper() == WEIGHTS_DEFAULT else enum[weights]
+        kwargs.pop("init_weights", None)
+        model = _download(name, chosen, progress, kwargs)
+        label, pretrained = f"DEFAULT ({chosen.name})" if weights.upper() == WEIGHTS_DEFAULT else chosen.name, True
+        categories = tuple(chosen.meta.get("categories") or ())
+    else:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            known = ", ".join(["DEFAULT", *(enum.__members__ if enum else []), "none"])
+            raise UsageError(f"--weights {weights!r}: no such file, and not a weights name for {name} ({known})")
+        model = _from_file(name, path, kwargs)
+        label, pretrained = str(path), True
+        out = _classifier_out(model)
+        categories = _imagenet_categories() if out == _IMAGENET_CLASSES else ()
+
+    base = chosen.transforms() if chosen is not None else None
+    crop = int(base.crop_size[0]) if base is not None else 224
+    rsz = int(base.resize_size[0]) if base is not None else 256
+    if input_size is not None:
+        rsz, crop = round(input_size * rsz / crop), input_size
+    preprocess = Preprocess(
+        crop_size=crop,
+        resize_size=rsz,
+        mean=tuple(mean) if mean is not None else tuple(base.mean) if base is not None else Preprocess.mean,  # type: ignore[arg-type]
+        std=tuple(std) if std is not None else tuple(base.std) if base is not None else Preprocess.std,  # type: ignore[arg-type]
+        resize=resize,
+    )
+    device = torch.device(device)
+    model = model.to(device).eval()
+    return LoadedModel(model, name, label, pretrained, categories, preprocess, device)
+
+
+def _download(name: str, chosen: Any, progress: bool, kwargs: dict[str, Any]) -> nn.Module:
+    import torchvision
+
+    try:
+        return torchvision.models.get_model(name, weights=chosen, progress=progress, **kwargs)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise WeightsError(
+            f"cannot get the pretrained weights for {name} ({chosen.url}): {reason}; "
+            "use --weights PATH for a local file or --weights none for random weights"
+        ) from None
+
+
+def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a state_dict safely (``weights_only=True``) from a bare state_dict or a checkpoint dict.
+
+    Accepts ``{"state_dict": ...}`` and ``{"model": ...}`` checkpoints and strips the ``module.``
+    (DataParallel/DDP) and ``_orig_mod.`` (``torch.compile``) prefixes.
+
+    Raises:
+        WeightsError: the file is not a PyTorch file, holds code-carrying objects, or holds no tensors.
+    """
+    path = Path(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WeightsError(
+            f"{path}: refused: the file holds Python objects other than tensors, and unpickling them "
+            f"could run code ({first}); re-save it with torch.save(model.state_dict(), path)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WeightsError(f"{path}: not a readable PyTorch weights file ({first})") from None
+    if isinstance(obj, Mapping):
+        for key in ("state_dict", "model", "model_state_dict"):
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise WeightsError(f"{path}: holds no state_dict (a mapping of names to tensors)")
+    state = {}
+    for key, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        for prefix in ("module.", "_orig_mod."):
+            while key.startswith(prefix):
+                key = key[len(prefix) :]
+        state[key] = value
+    return state
+
+
+def _classifier_key(model: nn.Module) -> str | None:
+    """The weight of the last layer that produces the class scores."""
+    last = None
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)) and getattr(module, "out_channels", None) != 0:
+            last = name
+    return f"{last}.weight" if last else None
+
+
+def _classifier_out(model: nn.Module) -> int | None:
+    key = _classifier_key(model)
+    return int(model.state_dict()[key].shape[0]) if key else None
+
+
+def _from_file(name: str, path: Path, kwargs: dict[str, Any]) -> nn.Module:
+    import torchvision
+
+    state = load_state_dict_file(path)
+    model = torchvision.models.get_model(name, weights=None, **kwargs)
+    key = _classifier_key(model)
+    if key and key in state and state[key].shape[0] != model.state_dict()[key].shape[0]:
+        # A fine-tuned checkpoint: rebuild with its number of classes.
+        model = torchvision.models.get_model(name, weights=None, num_classes=int(state[key].shape[0]), **kwargs)
+    own = model.state_dict()
+    wrong = [k for k in state if k in own and own[k].shape != state[k].shape]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if wrong or missing or unexpected:
+        parts = []
+        if wrong:
+            k = wrong[0]
+            parts.append(
+                f"{len(wrong)} shape mismatch(es), e.g. {k} is {tuple(state[k].shape)} in the file, "
+                f"{tuple(own[k].shape)} in {name}"
+            )
+        if missing:
+            parts.append(f"{len(missing)} missing key(s), e.g. {', '.join(missing[:3])}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
+        raise WeightsError(
+            f"{path} does not fit {name}: {'; '.join(parts)}; was it saved from another architecture? "
+            "pass the matching --model"
+        )
+    model.load_state_dict(state)
+    return model
+
+
+def probe(loaded: LoadedModel) -> list[ModuleCall]:
+    """Every module's type and output shape for one input of the model's size."""
+    s = loaded.preprocess.crop_size
+    x = torch.zeros(1, 3, s, s, device=loaded.device)
+    return trace_shapes(loaded.model, x)
+
+
+def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
+    """The last convolutional stage: the outermost ancestor of the last Conv2d with the same spatial output.
+
+    For resnet18 that is ``layer4``, for mobilenet_v2 and densenet121 ``features``, for vgg16
+    ``features.28`` (the block after it pools).
+
+    Raises:
+        UsageError: the model has no Conv2d that runs.
+    """
+    info = {c.name: c for c in calls if c.calls}
+    convs = [c.name for c in calls if c.calls and c.type == "Conv2d"]
+    if not convs:
+        raise UsageError("the model has no Conv2d layer; pass --layer explicitly")
+    last = convs[-1]
+    shape = info[last].output_shape
+    assert shape is not None
+    best = last
+    parts = last.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        ancestor = ".".join(parts[:depth])
+        c = info.get(ancestor)
+        if c is None or c.calls != 1 or c.output_shape is None or len(c.output_shape) != 4:
+            break
+        if c.output_shape[2:] != shape[2:]:
+            break
+        best = ancestor
+    return best
+
+
+def parse_target(spec: str | int | None, loaded: LoadedModel, num_classes: int) -> int | None:
+    """``top1``/None → None (the predicted class); an index; or a class name (case-insensitive).
+
+    Raises:
+        TargetError: index out of range, or a name that is not a class (close matches suggested).
+    """
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("top1", "")):
+        return None
+    text = str(spec).strip()
+    if text.lstrip("-").isdigit():
+        index = int(text)
+        if not 0 <= index < num_classes:
+            raise TargetError(f"--target {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}")
+        return index
+    lowered = [c.lower() for c in loaded.categories]
+    if text.lower() in lowered:
+        return lowered.index(text.lower())
+    if not loaded.categories:
+        raise TargetError(f"--target {text!r}: these weights have no class names; give a class index")
+    raise TargetError(
+        f"--target {text!r} is not a class of {loaded.weights}{close_matches(text.lower(), lowered)}; "
+        "give a class index or an exact class name"
+    )

@@ -1,0 +1,318 @@
+"""Many inputs, one process: expand inputs, batch them through a job, write outputs atomically.
+
+The pipeline touches the file system but never the console: it yields one record per input
+(the same dict it appends to ``manifest.jsonl``), and the CLI decides what to print.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import numpy as np
+
+from hookviz.errors import HookvizError, InputError, OutputError, UsageError
+from hookviz.images import IMAGE_SUFFIXES, DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb
+
+MANIFEST = "manifest.jsonl"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One input as the user named it, or the reason it cannot be read."""
+
+    name: str
+    path: Path | None
+    error: str | None = None
+
+
+def _has_glob(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and (exclude is None or _real(here / d) != exclude)
+        )
+        found += [here / f for f in sorted(filenames) if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+    return found
+
+
+def _real(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return p.absolute()
+
+
+def expand_inputs(specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None) -> list[Item]:
+    """Files, directories (searched recursively for images), globs, and ``-`` (one path per stdin line).
+
+    Blank lines and CRLF endings on stdin are fine; directory symlinks are not followed (no loops);
+    ``exclude`` (the output folder) is never searched; each real file is listed once. A spec that
+    finds nothing becomes an ``Item`` with an ``error``, so the caller can report it and go on.
+    """
+    exclude = _real(exclude) if exclude is not None else None
+    names: list[str] = []
+    for spec in specs:
+        if spec == "-":
+            if stdin is None:
+                continue
+            names += [line.rstrip("\r\n") for line in stdin if line.strip()]
+        else:
+            names.append(spec)
+    items: list[Item] = []
+    seen: set[Path] = set()
+
+    def add(name: str, path: Path) -> None:
+        real = _real(path)
+        if real not in seen:
+            seen.add(real)
+            items.append(Item(name, path))
+
+    for name in names:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            files = _scan_dir(path, exclude)
+            if not files:
+                items.append(Item(name, None, f"{name}: no images found in this directory"))
+            for f in files:
+                add(str(f), f)
+        elif path.exists() or os.path.lexists(path):
+            add(name, path)
+        elif _has_glob(name):
+            hits = sorted(glob.glob(os.path.expanduser(name), recursive=True))
+            files = [Path(h) for h in hits if Path(h).is_file()]
+            if not files:
+                items.append(Item(name, None, f"{name}: no file matches this pattern"))
+            for f in files:
+                add(str(f), f)
+        else:
+            items.append(Item(name, None, f"{name}: no such file or directory"))
+    return items
+
+
+_UNSAFE = re.compile(r"[^\w.-]+", re.ASCII)
+
+
+def output_stem(path: Path) -> str:
+    """A deterministic, collision-free, safe name for one input: ``<clean stem>-<8 hex of its real path>``.
+
+    Two ``cat.jpg`` in different folders get different names; the name holds only ``[A-Za-z0-9_.-]``,
+    never starts with ``-`` or ``.``, and cannot contain a path separator.
+    """
+    digest = hashlib.sha1(str(_real(path)).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    stem = _UNSAFE.sub("_", path.stem).lstrip("-._")[:60] or "image"
+    return f"{stem}-{digest}"
+
+
+class Job(Protocol):
+    """A computation over batches; see ``hookviz.jobs``."""
+
+    kind: str
+
+    def planned(self, stem: str) -> list[str]:
+        """File names this job will write for an input (to check --overwrite/--skip-existing)."""
+        ...
+
+    def compute(self, x: Any) -> Any:
+        """Run the model on a batch."""
+        ...
+
+    def render(self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        """Files ``(name, bytes)`` and manifest fields for image ``index`` of the batch."""
+        ...
+
+
+@dataclass
+class Output:
+    """Atomic writes under one folder, and its manifest."""
+
+    root: Path
+    overwrite: bool = False
+    _manifest_fd: int | None = field(default=None, repr=False)
+
+    def prepare(self) -> None:
+        """Create the folder; fail clearly if it is a file or not writable.
+
+        Raises:
+            OutputError: the folder cannot be used.
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise OutputError(f"--out {self.root}: is a file, not a folder; choose another --out")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"--out {self.root}: cannot create the folder ({exc.strerror})") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise OutputError(f"--out {self.root}: the folder is not writable; choose another --out")
+
+    def path(self, name: str) -> Path:
+        if "/" in name or "\\" in name or name.startswith(".") or name in ("", ".", ".."):
+            raise ValueError(f"unsafe output name {name!r}")
+        return self.root / name
+
+    def write(self, name: str, data: bytes) -> Path:
+        """Write ``data`` to ``root/name`` through a temp file and a rename: never half a file.
+
+        Raises:
+            FileExistsError: the file exists and ``overwrite`` is off.
+        """
+        final = self.path(name)
+        if not self.overwrite and final.exists():
+            raise FileExistsError(final)
+        tmp = self.root / f".{name}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return final
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Append one line to the manifest with a single ``write`` (lines are never interleaved or cut)."""
+        if self._manifest_fd is None:
+            self._manifest_fd = os.open(self.root / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._manifest_fd, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        if self._manifest_fd is not None:
+            os.close(self._manifest_fd)
+            self._manifest_fd = None
+
+
+def _load(item: Item, preprocess: Preprocess, max_pixels: int) -> tuple[np.ndarray, np.ndarray, Box]:
+    assert item.path is not None
+    rgb = load_rgb(item.path, max_pixels=max_pixels)
+    x, box = preprocess(rgb)
+    return rgb, x, box
+
+
+def run(
+    items: Iterable[Item],
+    job: Job,
+    *,
+    preprocess: Preprocess,
+    output: Output,
+    device: Any,
+    base: dict[str, Any],
+    batch_size: int = 8,
+    workers: int = 2,
+    skip_existing: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Iterator[dict[str, Any]]:
+    """Stream ``items`` through ``job`` in batches and yield one manifest record per input.
+
+    Decoding the next batch overlaps with the model's work on the current one; rendering and
+    writing run in the same thread pool. One bad input gives an ``error`` record and the rest go on.
+
+    Raises:
+        HookvizError: a problem that would fail every input (a bad layer, target or device).
+    """
+    import torch
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size}: must be at least 1")
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+
+    def record(item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
+        entry = {"input": item.name, "status": status, "error": error, **base, **fields}
+        entry.setdefault("outputs", [])
+        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        output.record(entry)
+        return entry
+
+    def batches() -> Iterator[list[tuple[Item, str]]]:
+        chunk: list[tuple[Item, str]] = []
+        for item in items:
+            if item.error is not None or item.path is None:
+                yield [(item, "")]
+                continue
+            chunk.append((item, output_stem(item.path)))
+            if len(chunk) == batch_size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def start(chunk: list[tuple[Item, str]]) -> list[tuple[Item, str, Future[Any] | None, str | None]]:
+        started = []
+        for item, stem in chunk:
+            if item.error is not None:
+                started.append((item, stem, None, item.error))
+                continue
+            planned = [output.path(n) for n in job.planned(stem)]
+            existing = [p for p in planned if p.exists()]
+            if existing and skip_existing and len(existing) == len(planned):
+                started.append((item, stem, None, "skipped"))
+            elif existing and not output.overwrite and not skip_existing:
+                started.append(
+                    (item, stem, None, f"{item.name}: output exists: {existing[0]} "
+                     "(pass --overwrite to replace it, or --skip-existing to keep it)")
+                )
+            else:
+                started.append((item, stem, pool.submit(_load, item, preprocess, max_pixels), None))
+        return started
+
+    try:
+        it = batches()
+        pending = start(next(it, []))
+        while pending:
+            current, pending = pending, []
+            nxt = next(it, None)
+            if nxt is not None:
+                pending = start(nxt)  # decode the next batch while this one computes
+            ready: list[tuple[Item, str, np.ndarray, Box]] = []
+            xs: list[np.ndarray] = []
+            for item, stem, fut, note in current:
+                if fut is None:
+                    if note == "skipped":
+                        yield record(item, "skipped", outputs=[str(output.path(n)) for n in job.planned(stem)])
+                    else:
+                        yield record(item, "error", note)
+                    continue
+                try:
+                    rgb, x, box = fut.result()
+                except HookvizError as exc:
+                    yield record(item, "error", str(exc))
+                    continue
+                ready.append((item, stem, rgb, box))
+                xs.append(x)
+            if not ready:
+                continue
+            batch = torch.from_numpy(np.stack(xs))
+            if cuda:
+                batch = batch.pin_memory().to(device, non_blocking=True)
+            else:
+                batch = batch.to(device)
+            result = job.compute(batch)
+            renders = [pool.submit(job.render, result, i, rgb, box, stem) for i, (_, stem, rgb, box) in enumerate(ready)]
+            for (item, _stem, _rgb, _box), fut in zip(ready, renders):
+                try:
+                    files, fields = fut.result()
+                    written = [str(output.write(name, data)) for name, data in files]
+                except FileExistsError as exc:
+                    yield record(item, "error", f"{item.name}: output exists: {exc} (pass --overwrite to replace it)")
+                    continue
+                except OSError as exc:
+                    yield record(item, "error", f"{item.name}: cannot write output ({exc.strerror or exc})")
+                    continue
+                yield record(item, "ok", outputs=written, **fields)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        output.close()

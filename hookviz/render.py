@@ -1,0 +1,185 @@
+"""Numpy arrays to pictures: feature-map mosaics and CAM overlays. No torch here.
+
+Everything is RGB ``uint8``; text is drawn with OpenCV so that a grid of hundreds of channels
+renders in milliseconds (no matplotlib subplot per channel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hookviz.images import Box
+
+#: Colormap names accepted by ``--colormap`` (OpenCV's built-in maps).
+COLORMAPS = ("jet", "turbo", "viridis", "inferno", "magma", "plasma", "hot", "parula", "bone", "gray")
+
+
+def colormap_lut(name: str) -> np.ndarray:
+    """A ``(256, 3)`` RGB lookup table for a colormap name."""
+    import cv2
+
+    if name not in COLORMAPS:
+        raise ValueError(f"unknown colormap {name!r}; choose one of {', '.join(COLORMAPS)}")
+    ramp = np.arange(256, dtype=np.uint8)[:, None]
+    if name == "gray":
+        return np.repeat(ramp, 3, axis=1)
+    bgr = cv2.applyColorMap(ramp, getattr(cv2, f"COLORMAP_{name.upper()}"))[:, 0, :]
+    return np.ascontiguousarray(bgr[:, ::-1])
+
+
+def normalize(values: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+    """Min-max scale to ``[0, 1]`` (NaN/Inf become 0; a constant map becomes all zeros)."""
+    v = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    lo = float(v.min()) if lo is None else lo
+    hi = float(v.max()) if hi is None else hi
+    if not np.isfinite(hi - lo) or hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        return np.zeros_like(v)
+    return np.clip((v - lo) / (hi - lo), 0.0, 1.0)
+
+
+def apply_lut(unit: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Colour a ``[0, 1]`` array with a LUT → RGB ``uint8``."""
+    idx = np.clip(np.rint(unit * 255.0), 0, 255).astype(np.uint8)
+    return lut[idx]
+
+
+def overlay(
+    rgb: np.ndarray,
+    cam: np.ndarray,
+    box: Box,
+    *,
+    alpha: float = 0.5,
+    colormap: str = "jet",
+    scaled: bool = False,
+) -> np.ndarray:
+    """Blend a CAM over the original photo, placed on the region the model saw.
+
+    Args:
+        rgb: the original photo ``(H, W, 3)``.
+        cam: the map ``(h, w)``; upsampled bilinearly to ``box``.
+        box: the region of ``rgb`` the model input came from (see ``Preprocess.box``); the rest of
+            the photo is dimmed, since the model never saw it.
+        alpha: weight of the heatmap (0 = photo only, 1 = heatmap only).
+        scaled: ``cam`` is already in ``[0, 1]`` (otherwise it is min-max normalised).
+    """
+    import cv2
+
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    unit = np.clip(np.nan_to_num(cam.astype(np.float32)), 0, 1) if scaled else normalize(cam)
+    up = cv2.resize(unit, (box.width, box.height), interpolation=cv2.INTER_LINEAR)
+    heat = apply_lut(up, colormap_lut(colormap)).astype(np.float32)
+    out = rgb.astype(np.float32)
+    if (box.width, box.height) != (rgb.shape[1], rgb.shape[0]):
+        out *= 0.45
+    region = rgb[box.y0 : box.y1, box.x0 : box.x1].astype(np.float32)
+    out[box.y0 : box.y1, box.x0 : box.x1] = (1.0 - alpha) * region + alpha * heat
+    return np.clip(out + 0.5, 0, 255).astype(np.uint8)
+
+
+def upsample(cam: np.ndarray, box: Box) -> np.ndarray:
+    """The map at the photo's resolution inside ``box`` (bilinear), as float32."""
+    import cv2
+
+    return cv2.resize(cam.astype(np.float32), (box.width, box.height), interpolation=cv2.INTER_LINEAR)
+
+
+def _text_scale(width: int) -> float:
+    return max(0.4, min(1.0, width / 900))
+
+
+def caption(image: np.ndarray, lines: Sequence[str], *, top: bool = False) -> np.ndarray:
+    """Add a dark band with white text below (or above) ``image``; long lines wrap at spaces."""
+    import cv2
+
+    w = image.shape[1]
+    scale = _text_scale(w)
+    wrapped = [part for line in lines for part in _wrap(line, w - 12, scale)]
+    line_h = int(28 * scale) + 6
+    band = np.full((line_h * len(wrapped) + 8, w, 3), 24, dtype=np.uint8)
+    for i, text in enumerate(wrapped):
+        cv2.putText(
+            band, text, (6, 4 + line_h * (i + 1) - 8), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA
+        )
+    return np.concatenate([band, image] if top else [image, band], axis=0)
+
+
+def _wrap(text: str, max_w: int, scale: float) -> list[str]:
+    import cv2
+
+    def width(t: str) -> int:
+        return int(cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)[0][0])
+
+    # Hershey fonts are ASCII only: anything else would come out as '?' boxes.
+    words = text.encode("ascii", "replace").decode("ascii").split(" ")
+    lines: list[str] = []
+    current = ""
+    for word in words:
+        trial = f"{current} {word}" if current else word
+        if width(trial) <= max_w or not current:
+            current = trial
+        else:
+            lines.append(current)
+            current = word
+    lines.append(current)
+    out = []
+    for line in lines:
+        while len(line) > 1 and width(line) > max_w:
+            line = line[:-2] + "~"
+        out.append(line)
+    return out
+
+
+def feature_grid(
+    fmap: np.ndarray,
+    channels: Sequence[int],
+    *,
+    title: str,
+    colormap: str = "viridis",
+    min_tile: int = 64,
+    gap: int = 2,
+) -> np.ndarray:
+    """Tile the chosen channels of one ``(C, H, W)`` map into a labelled mosaic.
+
+    Each channel is min-max normalised on its own, enlarged with nearest-neighbour to at least
+    ``min_tile`` pixels (so a 7x7 map is still readable), coloured with ``colormap`` and labelled
+    with its channel index. The mosaic is built with numpy, in one array.
+    """
+    import cv2
+
+    c, h, w = fmap.shape
+    n = len(channels)
+    if n == 0:
+        raise ValueError("no channels to draw")
+    zoom = max(1, int(np.ceil(min_tile / max(h, w))))
+    th, tw = h * zoom, w * zoom
+    cols = int(np.ceil(np.sqrt(n)))
+    rows = int(np.ceil(n / cols))
+    lut = colormap_lut(colormap)
+    grid = np.full((rows * (th + gap) + gap, cols * (tw + gap) + gap, 3), 255, dtype=np.uint8)
+    label_scale = 0.32 if tw < 90 else 0.4
+    for i, ch in enumerate(channels):
+        r, col = divmod(i, cols)
+        tile = apply_lut(normalize(fmap[ch]), lut)
+        if zoom > 1:
+            tile = np.repeat(np.repeat(tile, zoom, axis=0), zoom, axis=1)
+        y, x = gap + r * (th + gap), gap + col * (tw + gap)
+        grid[y : y + th, x : x + tw] = tile
+        label = str(ch)
+        (lw, lh), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, label_scale, 1)
+        grid[y : y + lh + 4, x : x + lw + 4] = 0
+        cv2.putText(grid, label, (x + 2, y + lh + 1), cv2.FONT_HERSHEY_SIMPLEX, label_scale, (255, 255, 255), 1, cv2.LINE_AA)
+    if grid.shape[1] < 480:  # room for the title
+        pad = np.full((grid.shape[0], 480 - grid.shape[1], 3), 255, dtype=np.uint8)
+        grid = np.concatenate([grid, pad], axis=1)
+    return caption(grid, [title], top=True)
+
+
+def tile_positions(n: int, h: int, w: int, *, min_tile: int = 64, gap: int = 2) -> list[tuple[int, int, int, int]]:
+    """Where :func:`feature_grid` puts tile ``i`` in the mosaic body: ``(y, x, tile_h, tile_w)``."""
+    zoom = max(1, int(np.ceil(min_tile / max(h, w))))
+    th, tw = h * zoom, w * zoom
+    cols = int(np.ceil(np.sqrt(n)))
+    return [(gap + (i // cols) * (th + gap), gap + (i % cols) * (tw + gap), th, tw) for i in range(n)]
