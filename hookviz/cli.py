@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -34,7 +35,9 @@ EXIT_INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Options shared by several commands.
-Model = Annotated[str, typer.Option("--model", "-m", help="torchvision classification model (`hookviz models`).")]
+Model = Annotated[
+    str, typer.Option("--model", "-m", help="torchvision classification model (`hookviz models`).")
+]
 Weights = Annotated[
     str,
     typer.Option(
@@ -49,11 +52,15 @@ Out = Annotated[Path, typer.Option("--out", "-o", help="output folder; manifest.
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="images per forward pass.")]
 Workers = Annotated[int, typer.Option("--workers", help="threads decoding, rendering and writing images.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="replace existing outputs.")]
-SkipExisting = Annotated[bool, typer.Option("--skip-existing", help="leave inputs whose outputs all exist (resume).")]
+SkipExisting = Annotated[
+    bool, typer.Option("--skip-existing", help="leave inputs whose outputs all exist (resume).")
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar and no per-input lines.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print each manifest record as a JSON line on stdout.")]
 Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks.")]
-InputSize = Annotated[int | None, typer.Option("--input-size", help="square model input side (default: the weights').")]
+InputSize = Annotated[
+    int | None, typer.Option("--input-size", help="square model input side (default: the weights').")
+]
 Resize = Annotated[
     str,
     typer.Option(
@@ -74,24 +81,18 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _guard(debug: bool) -> Any:
+@contextmanager
+def _guard(debug: bool) -> Iterator[None]:
     """Map hookviz errors and Ctrl-C to one stderr line and an exit code."""
-
-    class Guard:
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
-            if exc is None or isinstance(exc, typer.Exit):
-                return False
-            if isinstance(exc, KeyboardInterrupt):
-                typer.echo("hookviz: interrupted", err=True)
-                raise typer.Exit(EXIT_INTERRUPTED)
-            if isinstance(exc, HookvizError) and not debug:
-                _fail(str(exc), exc.exit_code)
-            return False
-
-    return Guard()
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("hookviz: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except HookvizError as exc:
+        if debug:
+            raise
+        _fail(str(exc), exc.exit_code)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -104,7 +105,12 @@ def _load(model: str, weights: str, device: str, input_size: int | None, resize:
 
     dev = resolve_device(device)
     return load_model(
-        model, weights, device=dev, input_size=input_size, resize=resize, progress=not quiet and sys.stderr.isatty()
+        model,
+        weights,
+        device=dev,
+        input_size=input_size,
+        resize=resize,
+        progress=not quiet and sys.stderr.isatty(),
     )
 
 
@@ -183,15 +189,27 @@ def _run_job(
     real_out = out.resolve()
     for spec in inputs:
         if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
-            _fail(f"--out {out} is also an input folder; outputs would be read back as inputs. Choose another --out", 2)
+            _fail(
+                f"--out {out} is also an input folder; outputs would be read back as inputs. "
+                "Choose another --out",
+                2,
+            )
     loaded = _load(model, weights, device, input_size, resize, quiet)
     job = job_factory(loaded)
     output.prepare()
-    base = {"command": job.kind, "model": loaded.name, "weights": loaded.weights, "pretrained": loaded.pretrained}
+    base = {
+        "command": job.kind,
+        "model": loaded.name,
+        "weights": loaded.weights,
+        "pretrained": loaded.pretrained,
+    }
     if extra:
         base.update(extra(job))
     if not loaded.pretrained and not quiet:
-        typer.echo(f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); maps show mechanics only", err=True)
+        typer.echo(
+            f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); maps show mechanics only",
+            err=True,
+        )
     records = pipeline.run(
         items,
         job,
@@ -206,7 +224,9 @@ def _run_job(
     )
     _, failed = _progress(records, len(items), quiet, as_json)
     if failed:
-        typer.echo(f"hookviz: {failed} of {len(items)} input(s) failed; see {out / pipeline.MANIFEST}", err=True)
+        typer.echo(
+            f"hookviz: {failed} of {len(items)} input(s) failed; see {out / pipeline.MANIFEST}", err=True
+        )
         raise typer.Exit(EXIT_INPUTS_FAILED)
 
 
@@ -218,10 +238,16 @@ def gradcam(
     layer: Annotated[
         str | None, typer.Option("--layer", "-l", help="module name (default: the last convolutional stage).")
     ] = None,
-    target: Annotated[str, typer.Option("--target", "-t", help="top1, a class index, or a class name.")] = "top1",
+    target: Annotated[
+        str, typer.Option("--target", "-t", help="top1, a class index, or a class name.")
+    ] = "top1",
     alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.")] = 0.5,
-    colormap: Annotated[str, typer.Option("--colormap", help="jet, turbo, viridis, inferno, magma, ...")] = "jet",
-    no_relu: Annotated[bool, typer.Option("--no-relu", help="signed map: negative evidence in blue.")] = False,
+    colormap: Annotated[
+        str, typer.Option("--colormap", help="jet, turbo, viridis, inferno, magma, ...")
+    ] = "jet",
+    no_relu: Annotated[
+        bool, typer.Option("--no-relu", help="signed map: negative evidence in blue.")
+    ] = False,
     save_raw: Annotated[bool, typer.Option("--save-raw", help="also write the raw map as .npy.")] = False,
     out: Out = Path("out"),
     batch_size: BatchSize = 8,
@@ -250,8 +276,6 @@ def gradcam(
             calls = probe(loaded)
             if layer is None:
                 chosen = default_cam_layer(loaded.model, calls)
-                if not quiet:
-                    typer.echo(f"hookviz: using layer {chosen} (the last convolutional stage; --layer to change)", err=True)
             else:
                 if any(ch in layer for ch in "*?["):
                     from hookviz.errors import LayerError
@@ -260,6 +284,11 @@ def gradcam(
                 chosen = resolve_layers(loaded.model, [layer], model_name=loaded.name)[0]
                 _check_spatial(chosen, calls, loaded.name)
             t = parse_target(target, loaded, _num_classes(loaded))
+            if layer is None and not quiet:
+                typer.echo(
+                    f"hookviz: using layer {chosen} (the last convolutional stage; --layer to change)",
+                    err=True,
+                )
             return GradCamJob(loaded, chosen, t, alpha, colormap, relu=not no_relu, save_raw=save_raw)
 
         _run_job(
@@ -303,7 +332,8 @@ def _check_spatial(name: str, calls: Any, model_name: str) -> None:
         raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass; pick another layer")
     if info.output_shape is None or len(info.output_shape) != 4:
         raise LayerError(
-            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a (B, C, H, W) feature map, "
+            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, "
+            "not a (B, C, H, W) feature map, "
             f"so Grad-CAM has no spatial map there; pick a convolutional layer or block "
             f"(`hookviz layers --model {model_name}`)"
         )
@@ -321,7 +351,12 @@ def featuremaps(
     weights: Weights = "DEFAULT",
     layers: Annotated[
         list[str] | None,
-        typer.Option("--layers", "--layer", "-l", help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d."),
+        typer.Option(
+            "--layers",
+            "--layer",
+            "-l",
+            help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d.",
+        ),
     ] = None,
     stage: Annotated[str, typer.Option("--stage", help="input, output or both.")] = "output",
     max_channels: Annotated[int, typer.Option("--max-channels", min=1, help="channels per grid.")] = 64,
@@ -358,7 +393,11 @@ def featuremaps(
             if layers:
                 calls = {c.name: c for c in _probe(loaded)}
                 globbed = any(any(ch in p for ch in "*?[") for p in layers)
-                spatial = [n for n in names if calls[n].output_shape is not None and len(calls[n].output_shape or ()) == 4]
+                spatial = [
+                    n
+                    for n in names
+                    if calls[n].output_shape is not None and len(calls[n].output_shape or ()) == 4
+                ]
                 if globbed:
                     names = spatial or names
                 for n in names:
@@ -405,9 +444,13 @@ def _check_spatial_any(name: str, info: Any, model_name: str) -> None:
 @app.command()
 def layers(
     model: Model = "resnet18",
-    weights: Annotated[str, typer.Option("--weights", "-w", help="weights to load (shapes need none).")] = "none",
+    weights: Annotated[
+        str, typer.Option("--weights", "-w", help="weights to load (shapes need none).")
+    ] = "none",
     input_size: InputSize = None,
-    depth: Annotated[int | None, typer.Option("--depth", help="only names with at most this many dots + 1.")] = None,
+    depth: Annotated[
+        int | None, typer.Option("--depth", help="only names with at most this many dots + 1.")
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
@@ -417,7 +460,9 @@ def layers(
         loaded = load_model(model, weights, input_size=input_size)
         calls = probe(loaded)
         default = default_cam_layer(loaded.model, calls)
-        params = {n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in loaded.model.named_modules()}
+        params = {
+            n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in loaded.model.named_modules()
+        }
         width = max(len(c.name) for c in calls)
         typer.echo(f"{'name':<{width}}  {'type':<22} {'output shape':<22} {'params':>10}")
         for c in calls:
@@ -426,7 +471,9 @@ def layers(
             shape = "x".join(map(str, c.output_shape)) if c.output_shape else "-"
             calls_note = f" (runs {c.calls}x)" if c.calls > 1 else " (not run)" if c.calls == 0 else ""
             mark = "  <- default Grad-CAM layer" if c.name == default else ""
-            typer.echo(f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}")
+            typer.echo(
+                f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}"
+            )
 
 
 @app.command()

@@ -84,7 +84,11 @@ def rank_channels(fmap: Tensor, limit: int) -> list[int]:
     A channel that is flat across the image shows nothing once normalised; the ones that vary most
     carry the most spatial structure, so they are shown first. Ties keep channel order.
     """
-    std = fmap.flatten(1).float().std(dim=1, correction=0) if fmap.shape[1] * fmap.shape[2] > 1 else fmap.flatten(1)[:, 0].abs()
+    std = (
+        fmap.flatten(1).float().std(dim=1, correction=0)
+        if fmap.shape[1] * fmap.shape[2] > 1
+        else fmap.flatten(1)[:, 0].abs()
+    )
     std = torch.nan_to_num(std, nan=0.0)
     order = sorted(range(fmap.shape[0]), key=lambda c: (-float(std[c]), c))
     return order[:limit]

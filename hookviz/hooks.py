@@ -116,7 +116,7 @@ def _first_tensor(value: Any) -> Tensor | None:
     return None
 
 
-class capture:  # noqa: N801 - used like a function: ``with capture(model, ...) as cap``
+class capture:
     """Record layer inputs, outputs and output gradients while the context is open.
 
     Args:
@@ -214,7 +214,8 @@ class capture:  # noqa: N801 - used like a function: ``with capture(model, ...) 
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             if not isinstance(output, Tensor):
                 raise LayerError(
-                    f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer with a tensor output"
+                    f"layer {name!r} returns {type(output).__name__}, not a tensor; "
+                    "pick a layer with a tensor output"
                 )
             taps = self.captured.taps.setdefault(name, [])
             if taps:

@@ -47,8 +47,7 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
                     f"{max_pixels / 1e6:.0f} MP; downscale it or raise --max-pixels"
                 )
             img.load()
-            img = ImageOps.exif_transpose(img)
-            return _to_rgb(img)
+            return _to_rgb(ImageOps.exif_transpose(img))
     except InputError:
         raise
     except FileNotFoundError:
@@ -62,7 +61,9 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
     except Image.DecompressionBombError as exc:
         raise InputError(f"{path}: refused as a decompression bomb ({exc})") from None
     except (OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"{path}: cannot decode image ({exc}); the file may be truncated or corrupt") from None
+        raise InputError(
+            f"{path}: cannot decode image ({exc}); the file may be truncated or corrupt"
+        ) from None
 
 
 def _to_rgb(img: object) -> np.ndarray:
@@ -157,4 +158,6 @@ def decode_png(data: bytes) -> np.ndarray:
     import cv2
 
     arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if arr is None:
+        raise ValueError("not a decodable image")
     return np.ascontiguousarray(arr[:, :, ::-1])

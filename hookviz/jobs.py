@@ -59,7 +59,8 @@ class GradCamJob:
         p_score, t_score = float(result.predicted_score[index]), float(result.target_score[index])
         lines = [
             f"{lm.name} | Grad-CAM at {self.layer} | {_weights_note(lm)}",
-            f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}   explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
+            f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}",
+            f"explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
         ]
         files = [(f"{stem}.gradcam.{self.layer}.png", encode_png(render.caption(picture, lines)))]
         if self.save_raw:
@@ -117,5 +118,13 @@ class FeatureMapJob:
             grid = render.feature_grid(t.numpy(), channels, title=title, colormap=self.colormap)
             suffix = f".call{fm.call}" if fm.call > 1 else ""
             files.append((f"{stem}.featuremap.{fm.layer}.{fm.stage}{suffix}.png", encode_png(grid)))
-            shown.append({"layer": fm.layer, "stage": fm.stage, "call": fm.call, "shape": list(fm.tensor.shape[1:]), "channels": channels})
+            shown.append(
+                {
+                    "layer": fm.layer,
+                    "stage": fm.stage,
+                    "call": fm.call,
+                    "shape": list(fm.tensor.shape[1:]),
+                    "channels": channels,
+                }
+            )
         return files, {"layers": list(self.layers), "stage": self.stage, "maps": shown}

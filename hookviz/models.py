@@ -125,21 +125,29 @@ def load_model(
     chosen = None
     kwargs: dict[str, Any] = {}
     if name.startswith("inception") or name == "googlenet":
-        kwargs["init_weights"] = False if weights != WEIGHTS_NONE else True
+        kwargs["init_weights"] = weights == WEIGHTS_NONE
     if weights.lower() == WEIGHTS_NONE:
-        model = torchvision.models.get_model(name, weights=None, **kwargs)
+        # Seeded, so two runs with random weights give the same maps.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = torchvision.models.get_model(name, weights=None, **kwargs)
         label, pretrained, categories = "none (random init)", False, _imagenet_categories()
     elif enum is not None and (weights.upper() == WEIGHTS_DEFAULT or weights in enum.__members__):
         chosen = enum.DEFAULT if weights.upper() == WEIGHTS_DEFAULT else enum[weights]
         kwargs.pop("init_weights", None)
         model = _download(name, chosen, progress, kwargs)
-        label, pretrained = f"DEFAULT ({chosen.name})" if weights.upper() == WEIGHTS_DEFAULT else chosen.name, True
+        label, pretrained = (
+            f"DEFAULT ({chosen.name})" if weights.upper() == WEIGHTS_DEFAULT else chosen.name,
+            True,
+        )
         categories = tuple(chosen.meta.get("categories") or ())
     else:
         path = Path(weights).expanduser()
         if not path.is_file():
             known = ", ".join(["DEFAULT", *(enum.__members__ if enum else []), "none"])
-            raise UsageError(f"--weights {weights!r}: no such file, and not a weights name for {name} ({known})")
+            raise UsageError(
+                f"--weights {weights!r}: no such file, and not a weights name for {name} ({known})"
+            )
         model = _from_file(name, path, kwargs)
         label, pretrained = str(path), True
         out = _classifier_out(model)
@@ -193,7 +201,7 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
             f"{path}: refused: the file holds Python objects other than tensors, and unpickling them "
             f"could run code ({first}); re-save it with torch.save(model.state_dict(), path)"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, AttributeError) as exc:
+    except Exception as exc:  # a damaged file can make the unpickler raise almost anything
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise WeightsError(f"{path}: not a readable PyTorch weights file ({first})") from None
     if isinstance(obj, Mapping):
@@ -236,7 +244,9 @@ def _from_file(name: str, path: Path, kwargs: dict[str, Any]) -> nn.Module:
     key = _classifier_key(model)
     if key and key in state and state[key].shape[0] != model.state_dict()[key].shape[0]:
         # A fine-tuned checkpoint: rebuild with its number of classes.
-        model = torchvision.models.get_model(name, weights=None, num_classes=int(state[key].shape[0]), **kwargs)
+        model = torchvision.models.get_model(
+            name, weights=None, num_classes=int(state[key].shape[0]), **kwargs
+        )
     own = model.state_dict()
     wrong = [k for k in state if k in own and own[k].shape != state[k].shape]
     missing = [k for k in own if k not in state]
@@ -309,7 +319,9 @@ def parse_target(spec: str | int | None, loaded: LoadedModel, num_classes: int) 
     if text.lstrip("-").isdigit():
         index = int(text)
         if not 0 <= index < num_classes:
-            raise TargetError(f"--target {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}")
+            raise TargetError(
+                f"--target {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}"
+            )
         return index
     lowered = [c.lower() for c in loaded.categories]
     if text.lower() in lowered:

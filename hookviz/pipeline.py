@@ -20,8 +20,8 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-from hookviz.errors import HookvizError, InputError, OutputError, UsageError
-from hookviz.images import IMAGE_SUFFIXES, DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb
+from hookviz.errors import HookvizError, OutputError, UsageError
+from hookviz.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, Box, Preprocess, load_rgb
 
 MANIFEST = "manifest.jsonl"
 
@@ -57,7 +57,9 @@ def _real(p: Path) -> Path:
         return p.absolute()
 
 
-def expand_inputs(specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None) -> list[Item]:
+def expand_inputs(
+    specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None
+) -> list[Item]:
     """Files, directories (searched recursively for images), globs, and ``-`` (one path per stdin line).
 
     Blank lines and CRLF endings on stdin are fine; directory symlinks are not followed (no loops);
@@ -131,7 +133,9 @@ class Job(Protocol):
         """Run the model on a batch."""
         ...
 
-    def render(self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         """Files ``(name, bytes)`` and manifest fields for image ``index`` of the batch."""
         ...
 
@@ -251,7 +255,7 @@ def run(
             yield chunk
 
     def start(chunk: list[tuple[Item, str]]) -> list[tuple[Item, str, Future[Any] | None, str | None]]:
-        started = []
+        started: list[tuple[Item, str, Future[Any] | None, str | None]] = []
         for item, stem in chunk:
             if item.error is not None:
                 started.append((item, stem, None, item.error))
@@ -262,8 +266,13 @@ def run(
                 started.append((item, stem, None, "skipped"))
             elif existing and not output.overwrite and not skip_existing:
                 started.append(
-                    (item, stem, None, f"{item.name}: output exists: {existing[0]} "
-                     "(pass --overwrite to replace it, or --skip-existing to keep it)")
+                    (
+                        item,
+                        stem,
+                        None,
+                        f"{item.name}: output exists: {existing[0]} "
+                        "(pass --overwrite to replace it, or --skip-existing to keep it)",
+                    )
                 )
             else:
                 started.append((item, stem, pool.submit(_load, item, preprocess, max_pixels), None))
@@ -282,7 +291,9 @@ def run(
             for item, stem, fut, note in current:
                 if fut is None:
                     if note == "skipped":
-                        yield record(item, "skipped", outputs=[str(output.path(n)) for n in job.planned(stem)])
+                        yield record(
+                            item, "skipped", outputs=[str(output.path(n)) for n in job.planned(stem)]
+                        )
                     else:
                         yield record(item, "error", note)
                     continue
@@ -296,18 +307,21 @@ def run(
             if not ready:
                 continue
             batch = torch.from_numpy(np.stack(xs))
-            if cuda:
-                batch = batch.pin_memory().to(device, non_blocking=True)
-            else:
-                batch = batch.to(device)
+            # Pinned host memory lets the copy to the GPU overlap with work already queued.
+            batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
             result = job.compute(batch)
-            renders = [pool.submit(job.render, result, i, rgb, box, stem) for i, (_, stem, rgb, box) in enumerate(ready)]
-            for (item, _stem, _rgb, _box), fut in zip(ready, renders):
+            renders = [
+                pool.submit(job.render, result, i, rgb, box, stem)
+                for i, (_, stem, rgb, box) in enumerate(ready)
+            ]
+            for (item, _stem, _rgb, _box), fut in zip(ready, renders, strict=True):
                 try:
                     files, fields = fut.result()
                     written = [str(output.write(name, data)) for name, data in files]
                 except FileExistsError as exc:
-                    yield record(item, "error", f"{item.name}: output exists: {exc} (pass --overwrite to replace it)")
+                    yield record(
+                        item, "error", f"{item.name}: output exists: {exc} (pass --overwrite to replace it)"
+                    )
                     continue
                 except OSError as exc:
                     yield record(item, "error", f"{item.name}: cannot write output ({exc.strerror or exc})")

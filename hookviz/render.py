@@ -101,7 +101,14 @@ def caption(image: np.ndarray, lines: Sequence[str], *, top: bool = False) -> np
     band = np.full((line_h * len(wrapped) + 8, w, 3), 24, dtype=np.uint8)
     for i, text in enumerate(wrapped):
         cv2.putText(
-            band, text, (6, 4 + line_h * (i + 1) - 8), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA
+            band,
+            text,
+            (6, 4 + line_h * (i + 1) - 8),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            scale,
+            (255, 255, 255),
+            1,
+            cv2.LINE_AA,
         )
     return np.concatenate([band, image] if top else [image, band], axis=0)
 
@@ -149,7 +156,7 @@ def feature_grid(
     """
     import cv2
 
-    c, h, w = fmap.shape
+    _, h, w = fmap.shape
     n = len(channels)
     if n == 0:
         raise ValueError("no channels to draw")
@@ -170,14 +177,25 @@ def feature_grid(
         label = str(ch)
         (lw, lh), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, label_scale, 1)
         grid[y : y + lh + 4, x : x + lw + 4] = 0
-        cv2.putText(grid, label, (x + 2, y + lh + 1), cv2.FONT_HERSHEY_SIMPLEX, label_scale, (255, 255, 255), 1, cv2.LINE_AA)
+        cv2.putText(
+            grid,
+            label,
+            (x + 2, y + lh + 1),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            label_scale,
+            (255, 255, 255),
+            1,
+            cv2.LINE_AA,
+        )
     if grid.shape[1] < 480:  # room for the title
         pad = np.full((grid.shape[0], 480 - grid.shape[1], 3), 255, dtype=np.uint8)
         grid = np.concatenate([grid, pad], axis=1)
     return caption(grid, [title], top=True)
 
 
-def tile_positions(n: int, h: int, w: int, *, min_tile: int = 64, gap: int = 2) -> list[tuple[int, int, int, int]]:
+def tile_positions(
+    n: int, h: int, w: int, *, min_tile: int = 64, gap: int = 2
+) -> list[tuple[int, int, int, int]]:
     """Where :func:`feature_grid` puts tile ``i`` in the mosaic body: ``(y, x, tile_h, tile_w)``."""
     zoom = max(1, int(np.ceil(min_tile / max(h, w))))
     th, tw = h * zoom, w * zoom

@@ -1,0 +1,159 @@
+"""Shared fixtures: tiny models, a model trained on synthetic shapes, images made on the fly."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hookviz.images import Preprocess
+from hookviz.models import LoadedModel
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_images"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+
+class TinyCNN(nn.Module):
+    """conv-bn-relu x3 with in-place ReLUs, global pooling and a linear head."""
+
+    def __init__(self, classes: int = 3, width: int = 16) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2 * width, 4 * width, 3, padding=1),
+            nn.BatchNorm2d(4 * width),
+            nn.ReLU(inplace=True),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4 * width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+@pytest.fixture
+def tiny() -> TinyCNN:
+    model = TinyCNN()
+    model.train()
+    return model
+
+
+SHAPES = ("square", "disc", "cross")
+
+
+def draw_shape(
+    kind: int, size: int, rng: np.random.Generator, height: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A noisy ``height`` x ``size`` RGB float image with one shape; returns (image, mask of the shape)."""
+    h, w = height or size, size
+    img = rng.normal(0.5, 0.15, (h, w, 3)).clip(0, 1).astype(np.float32)
+    r = int(rng.integers(6, 10))
+    cy, cx = int(rng.integers(r + 1, h - r - 1)), int(rng.integers(r + 1, w - r - 1))
+    yy, xx = np.mgrid[:h, :w]
+    if kind == 0:
+        mask = (abs(yy - cy) <= r) & (abs(xx - cx) <= r)
+    elif kind == 1:
+        mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+    else:
+        mask = ((abs(yy - cy) <= r) & (abs(xx - cx) <= r // 3)) | (
+            (abs(xx - cx) <= r) & (abs(yy - cy) <= r // 3)
+        )
+    # Clearly brighter or darker than the background, so every shape is visible.
+    colour = (rng.uniform(0.8, 1.0, 3) if rng.random() < 0.5 else rng.uniform(0.0, 0.2, 3)).astype(np.float32)
+    img[mask] = colour
+    return img, mask
+
+
+def shapes_batch(
+    n: int, rng: np.random.Generator, size: int = 48
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    xs, ys, masks = [], [], []
+    for _ in range(n):
+        k = int(rng.integers(0, 3))
+        img, mask = draw_shape(k, size, rng)
+        xs.append(img.transpose(2, 0, 1))
+        ys.append(k)
+        masks.append(mask)
+    return torch.from_numpy(np.stack(xs)), torch.tensor(ys), np.stack(masks)
+
+
+@dataclass
+class Trained:
+    model: TinyCNN
+    accuracy: float
+
+
+@pytest.fixture(scope="session")
+def trained() -> Trained:
+    """TinyCNN trained for a few seconds to tell squares, discs and crosses apart."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = TinyCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=400)
+    model.train()
+    for _ in range(400):
+        x, y, _ = shapes_batch(32, rng)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    x, y, _ = shapes_batch(300, np.random.default_rng(99))
+    with torch.no_grad():
+        acc = float((model(x).argmax(1) == y).float().mean())
+    for p in model.parameters():
+        p.grad = None
+    return Trained(model, acc)
+
+
+def tiny_loaded(model: nn.Module, size: int = 48) -> LoadedModel:
+    """Wrap a test model like ``load_model`` does (identity normalisation, no crop)."""
+    return LoadedModel(
+        model=model,
+        name="tiny",
+        weights="none (random init)",
+        pretrained=False,
+        categories=SHAPES,
+        preprocess=Preprocess(crop_size=size, resize_size=size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)),
+        device=torch.device("cpu"),
+    )
+
+
+def hook_counts(model: nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks)
+        + len(m._forward_pre_hooks)
+        + len(m._backward_hooks)
+        + len(m._backward_pre_hooks)
+        for m in model.modules()
+    )
+
+
+def write_image(path: Path, rgb: np.ndarray) -> Path:
+    from PIL import Image
+
+    Image.fromarray(rgb).save(path)
+    return path

@@ -1,0 +1,248 @@
+"""Every command through CliRunner (success, usage error, hookviz error), plus real subprocess runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from hookviz.cli import app
+from tests.conftest import ROOT, SAMPLES, write_image
+
+FAST = ["--model", "resnet18", "--weights", "none", "--input-size", "64", "--device", "cpu"]
+
+
+def invoke(*args: str, input: str | None = None) -> object:
+    return CliRunner().invoke(app, list(args), input=input)
+
+
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    d = tmp_path / "in"
+    d.mkdir()
+    write_image(d / "wide.jpg", rng.integers(0, 256, (60, 100, 3), dtype=np.uint8))
+    write_image(d / "tall.png", rng.integers(0, 256, (90, 50, 3), dtype=np.uint8))
+    return d
+
+
+def manifest(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def test_gradcam_writes_overlays_at_the_original_size_and_a_manifest(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke("gradcam", str(photos), *FAST, "--out", str(out), "--save-raw", "--target", "281")
+    assert r.exit_code == 0, r.stderr
+    assert "using layer layer4" in r.stderr and "RANDOM weights" in r.stderr
+    recs = manifest(out)
+    assert [Path(str(x["input"])).name for x in recs] == ["tall.png", "wide.jpg"]
+    for rec in recs:
+        assert rec["status"] == "ok" and rec["model"] == "resnet18" and rec["weights"] == "none (random init)"
+        assert rec["layer"] == "layer4" and rec["target"]["index"] == 281 and rec["target"]["name"] == "tabby"
+        png, npy = map(Path, rec["outputs"])
+        with Image.open(str(rec["input"])) as src_img:
+            src = src_img.size
+        with Image.open(png) as im:
+            assert im.width == src[0] and im.height > src[1]  # the photo plus a caption band
+        assert np.load(npy).shape == (2, 2)
+        assert str(png) in r.stdout
+
+
+def test_one_bad_input_does_not_stop_the_others(photos: Path, tmp_path: Path) -> None:
+    (photos / "broken.png").write_text("not a png")
+    out = tmp_path / "out"
+    r = invoke("gradcam", str(photos), str(photos / "missing.jpg"), *FAST, "--out", str(out), "-q")
+    assert r.exit_code == 1
+    err = r.stderr.strip().splitlines()
+    assert any("broken.png: not an image file" in e for e in err)
+    assert any("missing.jpg: no such file or directory" in e for e in err)
+    assert "Traceback" not in r.stderr
+    status = {Path(str(x["input"])).name: x["status"] for x in manifest(out)}
+    assert status == {"broken.png": "error", "tall.png": "ok", "wide.jpg": "ok", "missing.jpg": "error"}
+
+
+def test_existing_outputs_are_kept_unless_asked(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert invoke("gradcam", str(photos), *FAST, "--out", str(out), "-q").exit_code == 0
+    first = {p.name: p.read_bytes() for p in out.glob("*.png")}
+    r = invoke("gradcam", str(photos), *FAST, "--out", str(out), "-q", "--target", "3")
+    assert r.exit_code == 1 and "output exists" in r.stderr and "--overwrite" in r.stderr
+    assert {p.name: p.read_bytes() for p in out.glob("*.png")} == first
+    r = invoke("gradcam", str(photos), *FAST, "--out", str(out), "--skip-existing")
+    assert r.exit_code == 0 and r.stdout.count("skipped") == 2
+    r = invoke("gradcam", str(photos), *FAST, "--out", str(out), "-q", "--overwrite", "--target", "3")
+    assert r.exit_code == 0
+    assert {p.name: p.read_bytes() for p in out.glob("*.png")} != first
+
+
+def test_stdin_and_json(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke(
+        "gradcam", "-", *FAST, "--out", str(out), "--json", "-q", input=f"{photos / 'wide.jpg'}\r\n\r\n"
+    )
+    assert r.exit_code == 0, r.stderr
+    (rec,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rec["status"] == "ok" and rec["predicted"]["score"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layer", "fc"], "layer 'fc' (Linear) outputs shape (1, 1000), not a (B, C, H, W) feature map"),
+        (["--layer", "layer9"], "no layer 'layer9' in resnet18; did you mean 'layer4'"),
+        (["--layer", "layer1.0.relu"], "runs 2 times per forward pass"),
+        (["--target", "1000"], "--target 1000 is out of range: resnet18 has classes 0..999"),
+        (["--target", "tabbby"], "did you mean 'tabby'"),
+        (["--model", "resnet19"], "unknown model 'resnet19'; did you mean 'resnet18'"),
+    ],
+)
+def test_bad_option_values_exit_2_with_one_clear_line(
+    photos: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    base = FAST[2:] if "--model" in args else FAST
+    r = invoke("gradcam", str(photos), *base, *args, "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2, r.stderr
+    assert message in r.stderr
+    assert r.stderr.startswith("hookviz: error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_typer_usage_errors_exit_2(photos: Path) -> None:
+    assert invoke("gradcam", str(photos), "--batch-size", "0").exit_code == 2
+    assert invoke("gradcam", str(photos), "--colormap", "rainbowish").exit_code == 2
+    assert invoke("featuremaps", str(photos), "--stage", "middle").exit_code == 2
+    assert invoke("gradcam").exit_code == 2
+
+
+def test_cuda_without_cuda_is_a_usage_error(photos: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = invoke("gradcam", str(photos), "--weights", "none", "--device", "cuda")
+    assert r.exit_code == 2 and "CUDA is not available on this machine; use --device cpu" in r.stderr
+
+
+def test_unavailable_weights_exit_3_naming_the_alternatives(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def offline(*args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError("offline")
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    r = invoke("gradcam", str(photos), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 3
+    assert "cannot get the pretrained weights for resnet18" in r.stderr
+    assert "--weights PATH" in r.stderr and "--weights none" in r.stderr
+
+
+def test_out_that_is_a_file_or_an_input_folder(photos: Path, tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("keep me")
+    r = invoke("gradcam", str(photos), *FAST, "--out", str(f))
+    assert r.exit_code == 3 and "is a file, not a folder" in r.stderr and f.read_text() == "keep me"
+    r = invoke("gradcam", str(photos), *FAST, "--out", str(photos))
+    assert r.exit_code == 2 and "is also an input folder" in r.stderr
+
+
+def test_featuremaps_grids(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke(
+        "featuremaps",
+        str(photos / "wide.jpg"),
+        *FAST,
+        "--layers",
+        "layer1.0.conv1",
+        "--layers",
+        "layer2.*.conv2",
+        "--stage",
+        "both",
+        "--max-channels",
+        "16",
+        "--out",
+        str(out),
+    )
+    assert r.exit_code == 0, r.stderr
+    (rec,) = manifest(out)
+    names = sorted(Path(p).name.split(".featuremap.")[1] for p in rec["outputs"])
+    assert names == [
+        f"{layer}.{s}.png"
+        for layer in ("layer1.0.conv1", "layer2.0.conv2", "layer2.1.conv2")
+        for s in ("input", "output")
+    ]
+    assert all(len(m["channels"]) == 16 for m in rec["maps"])
+    r = invoke("featuremaps", str(photos / "wide.jpg"), *FAST, "--layers", "fc", "--out", str(out))
+    assert r.exit_code == 2 and "not a feature map" in r.stderr
+
+
+def test_featuremaps_default_is_every_conv(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke("featuremaps", str(photos / "tall.png"), *FAST, "--out", str(out), "-q")
+    assert r.exit_code == 0
+    assert len(list(out.glob("*.png"))) == 20  # resnet18 has 20 Conv2d
+
+
+def test_layers_and_models() -> None:
+    r = invoke("layers", "--model", "resnet18", "--depth", "1")
+    assert r.exit_code == 0
+    line = next(line for line in r.stdout.splitlines() if line.startswith("layer4 "))
+    assert "Sequential" in line and "1x512x7x7" in line and "default Grad-CAM layer" in line
+    assert "layer4.0" not in r.stdout
+    r = invoke("models")
+    assert r.exit_code == 0 and "resnet18" in r.stdout.split()
+
+
+def test_every_command_has_help() -> None:
+    for command in ("gradcam", "featuremaps", "layers", "models"):
+        r = invoke(command, "--help")
+        assert r.exit_code == 0 and len(r.stdout) > 100
+
+
+def test_help_does_not_import_heavy_modules() -> None:
+    code = (
+        "import sys\nfrom hookviz.cli import main\nsys.argv = ['hookviz', 'gradcam', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'cv2', 'matplotlib', 'numpy', 'torchvision') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_installed_script_on_the_sample_images(tmp_path: Path) -> None:
+    exe = shutil.which("hookviz", path=str(Path(sys.executable).parent)) or shutil.which("hookviz")
+    assert exe, "the hookviz console script is not installed"
+    out = tmp_path / "out"
+    env = {**os.environ, "TORCH_HOME": str(tmp_path / "hub")}
+    res = subprocess.run(
+        [exe, "gradcam", str(SAMPLES), "--weights", "none", "--out", str(out), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    recs = manifest(out)
+    assert sorted(Path(str(r["input"])).name for r in recs) == [
+        "astronaut.jpg",
+        "cat.jpg",
+        "coffee.jpg",
+        "rocket.jpg",
+    ]
+    assert all(r["status"] == "ok" and r["pretrained"] is False for r in recs)
+    for rec in recs:
+        (png,) = rec["outputs"]
+        assert Path(png).stat().st_size > 10_000 and Path(png).parent == out
+    res = subprocess.run(
+        [sys.executable, "-m", "hookviz", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert res.returncode == 0 and "gradcam" in res.stdout

@@ -1,0 +1,104 @@
+"""Reading every common kind of image as upright RGB, and the crop geometry the maps are placed with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hookviz.errors import InputError
+from hookviz.images import Box, Preprocess, decode_png, encode_png, load_rgb
+from tests.conftest import SAMPLES
+
+
+def _gradient(h: int = 20, w: int = 30) -> np.ndarray:
+    yy, xx = np.mgrid[:h, :w]
+    return np.stack([xx * 8 % 256, yy * 12 % 256, (xx + yy) * 4 % 256], axis=2).astype(np.uint8)
+
+
+@pytest.mark.parametrize("mode", ["L", "LA", "RGBA", "P", "CMYK", "I;16", "1"])
+def test_modes_become_rgb_uint8(tmp_path: Path, mode: str) -> None:
+    rgb = _gradient()
+    img = Image.fromarray(rgb)
+    if mode == "I;16":
+        gray = np.asarray(img.convert("L")).astype(np.uint16) * 257
+        img = Image.fromarray(gray)
+    else:
+        img = img.convert(mode)
+    path = tmp_path / ("x.tif" if mode == "CMYK" else "x.png")
+    img.save(path)
+    out = load_rgb(path)
+    assert out.dtype == np.uint8 and out.shape == (20, 30, 3)
+    if mode in ("L", "I;16"):
+        expected = np.asarray(Image.fromarray(rgb).convert("L"))
+        np.testing.assert_allclose(out[:, :, 0], expected, atol=1)
+
+
+def test_alpha_is_composited_over_white(tmp_path: Path) -> None:
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[..., 0] = 255
+    rgba[:2, :, 3] = 255  # top half opaque red, bottom half transparent
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
+    out = load_rgb(tmp_path / "a.png")
+    assert out[0, 0].tolist() == [255, 0, 0]
+    assert out[3, 0].tolist() == [255, 255, 255]
+
+
+def test_exif_rotation_is_applied(tmp_path: Path) -> None:
+    rgb = np.zeros((10, 20, 3), np.uint8)
+    rgb[:, :5] = 255  # a white band on the left of the stored pixels
+    img = Image.fromarray(rgb)
+    exif = img.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    img.save(tmp_path / "r.jpg", exif=exif, quality=95)
+    out = load_rgb(tmp_path / "r.jpg")
+    assert out.shape == (20, 10, 3)  # displayed upright: portrait
+    assert out[:5].mean() > 200 and out[-5:].mean() < 50  # the band is now on top
+
+
+def test_bad_files_are_input_errors(tmp_path: Path) -> None:
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "text.png").write_text("hello")
+    Image.fromarray(_gradient(200, 200)).save(tmp_path / "full.jpg")
+    data = (tmp_path / "full.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 3])
+    for name, message in [
+        ("missing.jpg", "no such file"),
+        ("empty.jpg", "not an image file"),
+        ("text.png", "not an image file"),
+        ("cut.jpg", "truncated or corrupt"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            load_rgb(tmp_path / name)
+    with pytest.raises(InputError, match=r"over the limit of 0 MP.*--max-pixels"):
+        load_rgb(tmp_path / "full.jpg", max_pixels=100)
+
+
+def test_crop_box_matches_torchvision_eval_transform() -> None:
+    pre = Preprocess(crop_size=224, resize_size=256)
+    # A 451x300 photo: the shorter side 300 → 256, the 224 crop is 262.5 px of the original, centred.
+    assert pre.box(300, 451) == Box(94, 19, 356, 281)
+    assert Preprocess(resize="squash").box(300, 451) == Box(0, 0, 451, 300)
+    x, _ = pre(_gradient(300, 451))
+    assert x.shape == (3, 224, 224) and x.dtype == np.float32
+
+
+def test_crop_agrees_with_torchvision_transforms() -> None:
+    import torch
+    from torchvision.models import ResNet18_Weights
+
+    rgb = load_rgb(SAMPLES / "cat.jpg")  # 451x300
+    ours, _ = Preprocess()(rgb)
+    theirs = ResNet18_Weights.DEFAULT.transforms()(torch.from_numpy(rgb.copy()).permute(2, 0, 1))
+    theirs_np = theirs.numpy()
+    # Same region, same normalisation; resampling filters differ slightly, a 3-pixel shift far more.
+    aligned = np.abs(ours - theirs_np).mean()
+    shifted = np.abs(ours[:, :, 3:] - theirs_np[:, :, :-3]).mean()
+    assert aligned < 0.08 and shifted > 2 * aligned, (aligned, shifted)
+
+
+def test_png_round_trip_keeps_rgb_order() -> None:
+    rgb = _gradient()
+    np.testing.assert_array_equal(decode_png(encode_png(rgb)), rgb)

@@ -1,0 +1,147 @@
+"""Models and weights: names, DEFAULT through the hub cache, files loaded safely, default CAM layers."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from hookviz.errors import DeviceError, ModelNotFoundError, TargetError, UsageError, WeightsError
+from hookviz.models import default_cam_layer, load_model, parse_target, probe, resolve_device
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_unknown_model_suggests_close_matches() -> None:
+    with pytest.raises(ModelNotFoundError, match="unknown model 'resnet19'; did you mean 'resnet18'"):
+        load_model("resnet19", "none")
+
+
+def test_weights_none_is_random_and_says_so() -> None:
+    lm = load_model("resnet18", "none")
+    assert not lm.pretrained and lm.weights == "none (random init)"
+    assert len(lm.categories) == 1000 and lm.preprocess.crop_size == 224
+    assert not lm.model.training
+
+
+def test_default_weights_come_from_the_torch_hub_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real download path, pointed at a local cache through TORCH_HOME (no network)."""
+    reference = torchvision.models.resnet18(weights=None)
+    weights = torchvision.models.ResNet18_Weights.DEFAULT
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(reference.state_dict(), cache / os.path.basename(weights.url))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    lm = load_model("resnet18", "DEFAULT")
+    assert lm.pretrained and lm.weights == "DEFAULT (IMAGENET1K_V1)"
+    assert lm.categories[281] == "tabby"
+    assert _same(lm.model, reference)
+    assert (lm.preprocess.crop_size, lm.preprocess.resize_size) == (224, 256)
+
+
+def test_default_weights_unavailable_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def offline(*args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    with pytest.raises(WeightsError) as info:
+        load_model("resnet18", "DEFAULT")
+    msg = str(info.value)
+    assert "--weights PATH" in msg and "--weights none" in msg and "Name or service not known" in msg
+    assert info.value.exit_code == 3
+
+
+@pytest.mark.parametrize("wrap", ["bare", "state_dict", "model", "ddp"])
+def test_weights_file_formats(tmp_path: Path, wrap: str) -> None:
+    ref = torchvision.models.resnet18(weights=None, num_classes=10)
+    sd = ref.state_dict()
+    obj: object = {
+        "bare": sd,
+        "state_dict": {"state_dict": sd, "epoch": 3},
+        "model": {"model": sd, "optimizer": {}},
+        "ddp": {f"module.{k}": v for k, v in sd.items()},
+    }[wrap]
+    path = tmp_path / "w.pth"
+    torch.save(obj, path)
+    lm = load_model("resnet18", str(path))
+    assert lm.pretrained and lm.weights == str(path)
+    assert lm.model.fc.out_features == 10  # a fine-tuned head is recognised
+    assert _same(lm.model, ref)
+    assert lm.categories == ()
+
+
+def test_weights_for_another_architecture_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "r34.pth"
+    torch.save(torchvision.models.resnet34(weights=None).state_dict(), path)
+    with pytest.raises(WeightsError, match=r"does not fit resnet18: .*unexpected key.*layer1\.2.*--model"):
+        load_model("resnet18", str(path))
+
+
+def test_code_carrying_pickle_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pth"
+    torch.save({"state_dict": Evil()}, path)
+    with pytest.raises(WeightsError, match="refused.*could run code"):
+        load_model("resnet18", str(path))
+    assert not marker.exists()
+
+
+def test_corrupt_and_missing_weights_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(WeightsError, match="not a readable PyTorch weights file"):
+        load_model("resnet18", str(bad))
+    with pytest.raises(UsageError, match="no such file, and not a weights name for resnet18"):
+        load_model("resnet18", str(tmp_path / "nope.pth"))
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("resnet18", "layer4"),
+        ("mobilenet_v2", "features"),
+        ("vgg11", "features.18"),
+        ("densenet121", "features"),
+    ],
+)
+def test_default_cam_layer_is_the_last_convolutional_stage(name: str, expected: str) -> None:
+    lm = load_model(name, "none", input_size=64)
+    assert default_cam_layer(lm.model, probe(lm)) == expected
+
+
+def test_targets_by_index_and_name() -> None:
+    lm = load_model("resnet18", "none")
+    assert parse_target("top1", lm, 1000) is None
+    assert parse_target("281", lm, 1000) == 281
+    assert parse_target("Tabby", lm, 1000) == 281
+    with pytest.raises(TargetError, match="out of range: resnet18 has classes 0..999"):
+        parse_target("1000", lm, 1000)
+    with pytest.raises(TargetError, match="did you mean 'tabby'"):
+        parse_target("tabbby", lm, 1000)
+
+
+def test_devices() -> None:
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert resolve_device("auto").type == "cpu"
+        with pytest.raises(DeviceError, match="CUDA is not available on this machine; use --device cpu"):
+            resolve_device("cuda")
+    with pytest.raises(DeviceError, match="not a device"):
+        resolve_device("gpu0")
