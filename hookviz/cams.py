@@ -1,7 +1,8 @@
 """Class activation map methods: pure tensor math, one function per method.
 
-Every function takes activations ``A`` of shape ``(B, K, H, W)`` (and, for gradient methods, the
-gradients ``dS/dA`` of the same shape) and returns maps of shape ``(B, H, W)``.
+Every function takes activations ``A`` of shape ``(B, K, H, W)`` and, for the gradient methods, the
+gradients ``G = dY^c/dA`` of the same shape (``Y^c`` the class logit), and returns maps ``(B, H, W)``.
+``relu=False`` keeps the signed map (negative evidence) where the paper applies a final ReLU.
 """
 
 from __future__ import annotations
@@ -13,16 +14,106 @@ from torch import Tensor
 def grad_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
     """Grad-CAM (Selvaraju et al., ICCV 2017, eq. 1-2).
 
-    ``alpha_k = mean_{i,j} dS/dA^k_{ij}`` and ``L = ReLU(sum_k alpha_k A^k)``.
-
-    Args:
-        activations: ``(B, K, H, W)``.
-        gradients: ``(B, K, H, W)``, the gradient of the class score w.r.t. ``activations``.
-        relu: keep only positive evidence (the paper); ``False`` returns the signed map.
+    ``alpha_k = mean_ij G^k_ij``;  ``L = ReLU(sum_k alpha_k A^k)``.
     """
     _check(activations, gradients)
     alpha = gradients.mean(dim=(2, 3), keepdim=True)
-    cam = (alpha * activations).sum(dim=1)
+    return _finish((alpha * activations).sum(dim=1), relu)
+
+
+def grad_cam_pp(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
+    """Grad-CAM++ (Chattopadhay et al., WACV 2018, eq. 19 with the exponential score of Sec. 3.3).
+
+    With ``S = exp(Y^c)`` the higher derivatives become powers of ``G``:
+    ``a^k_ij = G^2 / (2 G^2 + sum_ab A^k_ab G^3)`` (0 where the denominator is 0),
+    ``w_k = sum_ij a^k_ij ReLU(G^k_ij)`` and ``L = ReLU(sum_k w_k A^k)``. The common positive factor
+    ``exp(Y^c)`` of ``dS/dA`` is dropped: it scales the map, not its shape.
+    """
+    _check(activations, gradients)
+    g2 = gradients.pow(2)
+    g3 = gradients.pow(3)
+    denom = 2 * g2 + activations.sum(dim=(2, 3), keepdim=True) * g3
+    safe = torch.where(denom != 0, denom, torch.ones_like(denom))
+    a = torch.where(denom != 0, g2 / safe, torch.zeros_like(denom))
+    w = (a * torch.relu(gradients)).sum(dim=(2, 3), keepdim=True)
+    return _finish((w * activations).sum(dim=1), relu)
+
+
+def xgrad_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
+    """XGrad-CAM (Fu et al., BMVC 2020, eq. 12): ``w_k = sum_ij (A^k_ij / sum_ab A^k_ab) G^k_ij``."""
+    _check(activations, gradients)
+    total = activations.sum(dim=(2, 3), keepdim=True)
+    safe = torch.where(total == 0, torch.ones_like(total), total)  # an all-zero channel has weight 0
+    w = (activations * gradients).sum(dim=(2, 3), keepdim=True) / safe
+    return _finish((w * activations).sum(dim=1), relu)
+
+
+def layer_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
+    """LayerCAM (Jiang et al., IEEE TIP 2021, eq. 5-6): ``L = ReLU(sum_k ReLU(G^k) * A^k)`` element-wise."""
+    _check(activations, gradients)
+    return _finish((torch.relu(gradients) * activations).sum(dim=1), relu)
+
+
+def hires_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
+    """HiResCAM (Draelos & Carin, 2020, eq. 4): ``L = ReLU(sum_k G^k * A^k)`` element-wise, no averaging.
+
+    For a head of global average pooling and one linear layer it equals the true contribution of
+    each position to the score (up to the constant 1/HW).
+    """
+    _check(activations, gradients)
+    return _finish((gradients * activations).sum(dim=1), relu)
+
+
+def eigen_cam(activations: Tensor, *, relu: bool = True) -> Tensor:
+    """Eigen-CAM (Muhammad & Yeasin, IJCNN 2020): the projection of ``A`` on its first principal component.
+
+    Per image, the ``(HW, K)`` activation matrix is centred over positions and its first right
+    singular vector ``v`` gives ``L = (A - mean) v``. The sign of an SVD is arbitrary, so it is fixed
+    to correlate positively with the channel sum of ``A``. Gradient-free and class-agnostic.
+    """
+    if activations.dim() != 4:
+        raise ValueError(f"activations must be (B, K, H, W), got shape {tuple(activations.shape)}")
+    b, k, h, w = activations.shape
+    work = activations if activations.dtype in (torch.float32, torch.float64) else activations.float()
+    flat = work.reshape(b, k, h * w).transpose(1, 2)  # (B, HW, K)
+    centred = flat - flat.mean(dim=1, keepdim=True)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    proj = centred @ vh[:, 0, :, None]  # (B, HW, 1)
+    proj = proj[..., 0]
+    energy = flat.sum(dim=2)
+    sign = torch.sign(((energy - energy.mean(dim=1, keepdim=True)) * proj).sum(dim=1, keepdim=True))
+    proj = proj * torch.where(sign == 0, torch.ones_like(sign), sign)
+    return _finish(proj.reshape(b, h, w).to(activations.dtype), relu)
+
+
+def score_cam(activations: Tensor, channel_scores: Tensor, *, relu: bool = True) -> Tensor:
+    """Score-CAM's combination step (Wang et al., CVPRW 2020, eq. 6-8).
+
+    ``channel_scores[b, k]`` is the target-class probability when the input is masked by the
+    upsampled, min-max normalised ``A^k`` (see ``hookviz.explain``). ``alpha = softmax_k(scores)``
+    (the softmax cancels the baseline term of eq. 6) and ``L = ReLU(sum_k alpha_k A^k)``.
+    """
+    if channel_scores.shape != activations.shape[:2]:
+        raise ValueError(
+            f"channel_scores {tuple(channel_scores.shape)} must be (B, K) = {tuple(activations.shape[:2])}"
+        )
+    alpha = torch.softmax(channel_scores.float(), dim=1).to(activations.dtype)
+    return _finish((alpha[:, :, None, None] * activations).sum(dim=1), relu)
+
+
+#: The gradient-based methods, by CLI name.
+GRADIENT_METHODS = {
+    "gradcam": grad_cam,
+    "gradcampp": grad_cam_pp,
+    "xgradcam": xgrad_cam,
+    "layercam": layer_cam,
+    "hirescam": hires_cam,
+}
+#: Every method, in the order sheets show them.
+METHODS = (*GRADIENT_METHODS, "eigencam", "scorecam")
+
+
+def _finish(cam: Tensor, relu: bool) -> Tensor:
     return torch.relu(cam) if relu else cam
 
 

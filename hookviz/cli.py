@@ -120,9 +120,10 @@ def _progress(records: Iterator[dict[str, Any]], total: int, quiet: bool, as_jso
     show_bar = not quiet and sys.stderr.isatty()
     bar = None
     if show_bar:
+        from rich.console import Console
         from rich.progress import Progress
 
-        bar = Progress(transient=True, console=None)
+        bar = Progress(transient=True, console=Console(stderr=True))
         bar.start()
         task = bar.add_task("images", total=total)
     try:
@@ -235,20 +236,51 @@ def gradcam(
     inputs: Inputs,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
-    layer: Annotated[
-        str | None, typer.Option("--layer", "-l", help="module name (default: the last convolutional stage).")
+    layers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layer", "-l", help="module name; repeatable (default: the last convolutional stage)."
+        ),
+    ] = None,
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--method",
+            help="gradcam, gradcampp, xgradcam, layercam, hirescam, eigencam, scorecam, or all; repeatable.",
+        ),
     ] = None,
     target: Annotated[
-        str, typer.Option("--target", "-t", help="top1, a class index, or a class name.")
+        str, typer.Option("--target", "-t", help="top1, topK (top5), a class index or name, or a comma list.")
     ] = "top1",
+    normalize: Annotated[
+        str,
+        typer.Option(
+            "--normalize",
+            help="image: each map min-max; batch: one scale per batch; none: one fixed scale for the run.",
+        ),
+    ] = "image",
+    vmax: Annotated[
+        float | None, typer.Option("--vmax", help="with --normalize none: the value shown as full colour.")
+    ] = None,
+    fuse: Annotated[
+        str | None, typer.Option("--fuse", help="mean or max: also fuse the maps of all layers.")
+    ] = None,
+    sheet: Annotated[
+        bool | None, typer.Option("--sheet/--no-sheet", help="comparison sheet (default: when >1 map).")
+    ] = None,
+    scorecam_batch: Annotated[
+        int, typer.Option("--scorecam-batch", min=1, help="masked inputs per Score-CAM forward pass.")
+    ] = 64,
     alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.")] = 0.5,
     colormap: Annotated[
         str, typer.Option("--colormap", help="jet, turbo, viridis, inferno, magma, ...")
     ] = "jet",
     no_relu: Annotated[
-        bool, typer.Option("--no-relu", help="signed map: negative evidence in blue.")
+        bool, typer.Option("--no-relu", help="signed maps: negative evidence in blue.")
     ] = False,
-    save_raw: Annotated[bool, typer.Option("--save-raw", help="also write the raw map as .npy.")] = False,
+    save_raw: Annotated[
+        bool, typer.Option("--save-raw", help="also write raw maps as .npy (feature and photo resolution).")
+    ] = False,
     out: Out = Path("out"),
     batch_size: BatchSize = 8,
     device: Device = "auto",
@@ -262,34 +294,58 @@ def gradcam(
     as_json: JsonOut = False,
     debug: Debug = False,
 ) -> None:
-    """Grad-CAM heatmaps over the original photos: where the model looks for a class."""
+    """Grad-CAM and the CAM family over the original photos: where the model looks for a class."""
+    from hookviz.cams import METHODS
     from hookviz.render import COLORMAPS
 
     _check_choice("--colormap", colormap, COLORMAPS)
+    _check_choice("--normalize", normalize, ("image", "batch", "none"))
+    if fuse is not None:
+        _check_choice("--fuse", fuse, ("mean", "max"))
+    chosen_methods = list(dict.fromkeys(methods or ["gradcam"]))
+    if "all" in chosen_methods:
+        chosen_methods = list(METHODS)
+    for m in chosen_methods:
+        _check_choice("--method", m, (*METHODS, "all"))
     with _guard(debug):
 
         def make(loaded: Any) -> Any:
+            from hookviz.errors import LayerError
             from hookviz.hooks import resolve_layers
-            from hookviz.jobs import GradCamJob
-            from hookviz.models import default_cam_layer, parse_target, probe
+            from hookviz.jobs import CamJob
+            from hookviz.models import default_cam_layer, parse_targets, probe
 
             calls = probe(loaded)
-            if layer is None:
-                chosen = default_cam_layer(loaded.model, calls)
+            if not layers:
+                chosen = [default_cam_layer(loaded.model, calls)]
             else:
-                if any(ch in layer for ch in "*?["):
-                    from hookviz.errors import LayerError
-
-                    raise LayerError(f"--layer takes one module name, not a pattern ({layer!r})")
-                chosen = resolve_layers(loaded.model, [layer], model_name=loaded.name)[0]
-                _check_spatial(chosen, calls, loaded.name)
-            t = parse_target(target, loaded, _num_classes(loaded))
-            if layer is None and not quiet:
+                for name in layers:
+                    if any(ch in name for ch in "*?["):
+                        raise LayerError(f"--layer takes module names, not patterns ({name!r})")
+                chosen = resolve_layers(loaded.model, layers, model_name=loaded.name)
+                for name in chosen:
+                    _check_spatial(name, calls, loaded)
+            t = parse_targets(target, loaded, _num_classes(loaded))
+            if not layers and not quiet:
                 typer.echo(
-                    f"hookviz: using layer {chosen} (the last convolutional stage; --layer to change)",
+                    f"hookviz: using layer {chosen[0]} (the last convolutional stage; --layer to change)",
                     err=True,
                 )
-            return GradCamJob(loaded, chosen, t, alpha, colormap, relu=not no_relu, save_raw=save_raw)
+            return CamJob(
+                loaded,
+                chosen,
+                chosen_methods,
+                t,
+                alpha,
+                colormap,
+                relu=not no_relu,
+                save_raw=save_raw,
+                normalize=normalize,
+                vmax=vmax,
+                fuse=fuse,
+                sheet=sheet,
+                scorecam_batch=scorecam_batch,
+            )
 
         _run_job(
             make,
@@ -324,19 +380,21 @@ def _num_classes(loaded: Any) -> int:
     return int(logits.shape[-1])
 
 
-def _check_spatial(name: str, calls: Any, model_name: str) -> None:
+def _check_spatial(name: str, calls: Any, loaded: Any) -> None:
     from hookviz.errors import LayerError
+    from hookviz.explain import layout_of
 
     info = next((c for c in calls if c.name == name), None)
     if info is None or info.calls == 0:
-        raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass; pick another layer")
-    if info.output_shape is None or len(info.output_shape) != 4:
+        raise LayerError(f"layer {name!r} does not run in {loaded.name}'s forward pass; pick another layer")
+    try:
+        layout_of(loaded.model, name, info.output_shape or ())
+    except LayerError:
         raise LayerError(
-            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, "
-            "not a (B, C, H, W) feature map, "
-            f"so Grad-CAM has no spatial map there; pick a convolutional layer or block "
-            f"(`hookviz layers --model {model_name}`)"
-        )
+            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a (B, C, H, W) feature map "
+            f"or a grid of tokens, so there is no spatial map to show; pick a convolutional layer or block "
+            f"(`hookviz layers --model {loaded.name}`)"
+        ) from None
     if info.calls > 1:
         raise LayerError(
             f"layer {name!r} runs {info.calls} times per forward pass, so its gradient is ambiguous; "

@@ -1,7 +1,8 @@
-"""Running a model to explain it: Grad-CAM maps with the predictions they explain."""
+"""Running a model to explain it: every CAM method, layer and target of a batch from one forward pass."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,21 +10,38 @@ import torch
 from torch import Tensor, nn
 
 from hookviz import cams
-from hookviz.errors import LayerError, TargetError
+from hookviz.errors import LayerError, TargetError, UsageError
 from hookviz.hooks import capture, preserved
+
+Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Maps for a batch and the predictions behind them (all tensors on the CPU).
+
+    Attributes:
+        layers, methods: what was computed, in order.
+        maps: ``(method, layer) -> (B, T, h, w)`` raw maps at the layer's resolution.
+        targets: ``(B, T)`` classes explained, ``T`` per image; ``target_scores``: their probabilities.
+        probs: ``(B, num_classes)`` softmax; ``predicted``/``predicted_score``: top-1 class and probability.
+        grads_computed: number of backward passes run (one per target, each reusing the single graph).
+    """
+
+    layers: tuple[str, ...]
+    methods: tuple[str, ...]
+    maps: dict[tuple[str, str], Tensor]
+    targets: Tensor
+    target_scores: Tensor
+    probs: Tensor
+    predicted: Tensor
+    predicted_score: Tensor
+    grads_computed: int
 
 
 @dataclass(frozen=True)
 class CamResult:
-    """Grad-CAM maps for a batch and the predictions behind them (all tensors on the CPU).
-
-    Attributes:
-        layer: the module the maps were taken at.
-        maps: ``(B, h, w)`` raw maps at the layer's resolution (not normalised).
-        probs: ``(B, num_classes)`` softmax probabilities.
-        predicted: ``(B,)`` top-1 class per image; ``predicted_score`` its probability.
-        target: ``(B,)`` the class each map explains; ``target_score`` its probability.
-    """
+    """One method, one layer, one target per image (what :func:`grad_cam` returns)."""
 
     layer: str
     maps: Tensor
@@ -34,19 +52,210 @@ class CamResult:
     target_score: Tensor
 
 
-def _targets(target: int | Sequence[int] | Tensor | None, logits: Tensor) -> Tensor:
+def to_spatial(t: Tensor, layout: str) -> Tensor:
+    """``(B, C, H, W)`` from a layer output in ``layout`` (``nchw``, ``nhwc`` or ``tokens``).
+
+    Tokens ``(B, N, D)`` are reshaped to the patch grid; a leading class token is dropped when
+    ``N - 1`` is a square (ViT), kept out of nothing when ``N`` is a square.
+    """
+    if layout == "nchw":
+        return t
+    if layout == "nhwc":
+        return t.permute(0, 3, 1, 2)
+    b, n, d = t.shape
+    side = math.isqrt(n)
+    if side * side != n:
+        side = math.isqrt(n - 1)
+        t = t[:, 1:]
+    return t.reshape(b, side, side, d).permute(0, 3, 1, 2)
+
+
+def layout_of(model: nn.Module, layer: str, shape: Sequence[int]) -> str:
+    """How a layer's output is laid out, so maps come out as ``(B, C, H, W)`` for any architecture.
+
+    Raises:
+        LayerError: the output has no spatial structure (a classifier head, a pooled vector).
+    """
+    module = dict(model.named_modules())[layer]
+    if len(shape) == 4:
+        # torchvision's Swin keeps features channels-last after the patch-embedding conv.
+        if type(model).__name__ == "SwinTransformer" and not isinstance(module, nn.Conv2d):
+            return "nhwc"
+        return "nchw"
+    if len(shape) == 3:
+        n = shape[1]
+        if n > 1 and (math.isqrt(n) ** 2 == n or math.isqrt(n - 1) ** 2 == n - 1):
+            return "tokens"
+    raise LayerError(
+        f"layer {layer!r} outputs shape {tuple(shape)}, not a (B, C, H, W) feature map or a grid of "
+        "tokens, so it has no spatial map to show; pick a convolutional layer or an encoder block"
+    )
+
+
+def _targets(spec: Targets, logits: Tensor) -> Tensor:
+    """``(B, T)`` class indices.
+
+    ``None`` → each image's top-1; ``"topK"`` → each image's top K; an ``int`` or a list/tuple of ints →
+    the same classes for every image; a 1-D tensor → one class per image; a 2-D tensor → ``(B, T)``.
+    """
     n, num_classes = logits.shape
-    if target is None:
-        t = logits.argmax(dim=1)
-    elif isinstance(target, int):
-        t = torch.full((n,), target, dtype=torch.long, device=logits.device)
+    if spec is None:
+        t = logits.argmax(dim=1, keepdim=True)
+    elif isinstance(spec, str):
+        text = spec.strip().lower()
+        if not text.startswith("top") or not text[3:].isdigit() or int(text[3:]) < 1:
+            raise TargetError(f"target {spec!r}: use topK (top1, top5), a class index or a list of indices")
+        k = int(text[3:])
+        if k > num_classes:
+            raise TargetError(f"target {spec!r}: the model has only {num_classes} classes")
+        t = logits.topk(k, dim=1).indices
+    elif isinstance(spec, Tensor):
+        t = spec.to(logits.device)
+        t = t[:, None] if t.dim() == 1 else t
     else:
-        t = torch.as_tensor(list(target) if not isinstance(target, Tensor) else target, device=logits.device)
-        if t.shape != (n,):
-            raise TargetError(f"got {t.numel()} targets for a batch of {n}")
+        shared = [spec] if isinstance(spec, int) else list(spec)  # type: ignore[arg-type]
+        t = torch.as_tensor(shared, device=logits.device)
+        t = t[None].expand(n, -1) if t.dim() == 1 else t
+    if t.dim() != 2 or t.shape[0] != n or t.shape[1] == 0:
+        raise TargetError(f"got targets of shape {tuple(t.shape)} for a batch of {n}")
     if bool(((t < 0) | (t >= num_classes)).any()):
-        raise TargetError(f"target class out of range 0..{num_classes - 1}: {t.tolist()}")
+        raise TargetError(f"target class out of range 0..{num_classes - 1}: {t.unique().tolist()}")
     return t.long()
+
+
+def explain(
+    model: nn.Module,
+    x: Tensor,
+    layers: Sequence[str],
+    methods: Sequence[str] = ("gradcam",),
+    targets: Targets = None,
+    *,
+    relu: bool = True,
+    scorecam_batch: int = 64,
+) -> Explanation:
+    """Every requested CAM ``method`` at every ``layer`` for every target, from one forward pass.
+
+    The forward pass runs under ``torch.no_grad()`` until the earliest target layer; from there
+    autograd records only the rest of the network. Each target then costs one backward pass over
+    that recorded part, reusing the graph, with gradients taken w.r.t. the layer outputs alone (no
+    parameter gradient is computed); all gradient methods share those gradients. Eigen-CAM needs no
+    gradient; Score-CAM runs its own masked forward passes, ``scorecam_batch`` inputs at a time.
+
+    Args:
+        model: a classifier returning logits ``(B, num_classes)``.
+        x: the preprocessed batch on the model's device.
+        layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too).
+        methods: names from ``hookviz.cams.METHODS``.
+        targets: ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every
+            image, a list of class indices shared by all images, or a ``(B, T)`` tensor.
+        relu: ``False`` keeps signed maps.
+
+    Raises:
+        UsageError: an unknown method. LayerError: a layer that does not run, runs twice, or has no
+        spatial output. TargetError: targets out of range.
+
+    Example:
+        >>> ex = explain(model, x, ["layer3", "layer4"], ["gradcam", "layercam"], "top5")
+        >>> ex.maps[("gradcam", "layer4")].shape  # (B, 5, 7, 7)
+    """
+    unknown = [m for m in methods if m not in cams.METHODS]
+    if unknown:
+        raise UsageError(f"unknown CAM method {unknown[0]!r}; choose from {', '.join(cams.METHODS)}")
+    layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
+    gradient_methods = [m for m in methods if m in cams.GRADIENT_METHODS]
+    maps: dict[tuple[str, str], Tensor] = {}
+    backward_passes = 0
+    with preserved(model):
+        model.eval()
+        if gradient_methods:
+            hooks = capture(model, grad_layers=layers)
+        else:
+            hooks = capture(model, layers, outputs=True)
+        with hooks as cap:
+            with torch.no_grad():
+                logits = model(x)
+            if not isinstance(logits, Tensor) or logits.dim() != 2:
+                raise LayerError("the model must return class logits of shape (B, num_classes)")
+            found = cap.captured.taps if gradient_methods else cap.captured.outputs
+            raw: dict[str, Tensor] = {}
+            layouts: dict[str, str] = {}
+            for layer in layers:
+                got = found.get(layer)
+                if not got:
+                    raise LayerError(f"layer {layer!r} did not run in the forward pass; pick another layer")
+                if len(got) > 1:
+                    raise LayerError(
+                        f"layer {layer!r} runs {len(got)} times per forward pass, so its map is ambiguous; "
+                        "pick a layer that runs once (e.g. its parent block)"
+                    )
+                raw[layer] = got[0]
+                layouts[layer] = layout_of(model, layer, got[0].shape)
+            t = _targets(targets, logits.detach())
+            grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
+            if gradient_methods:
+                inputs = [raw[layer] for layer in layers]
+                rows = torch.arange(t.shape[0], device=t.device)
+                for j in range(t.shape[1]):
+                    score = logits[rows, t[:, j]].sum()
+                    torch.autograd.grad(score, inputs, retain_graph=j < t.shape[1] - 1)
+                    backward_passes += 1
+                    for layer in layers:
+                        grads[layer].append(cap.captured.grads[layer][-1])
+    result_probs = torch.softmax(logits.detach().float(), dim=1)
+    del logits, cap  # free the recorded graph before any further work
+    with torch.no_grad():
+        for layer in layers:
+            a = to_spatial(raw[layer].detach(), layouts[layer])
+            if gradient_methods:
+                g = [to_spatial(gj, layouts[layer]) for gj in grads[layer]]
+                for m in gradient_methods:
+                    fn = cams.GRADIENT_METHODS[m]
+                    maps[(m, layer)] = torch.stack([fn(a, gj, relu=relu) for gj in g], dim=1)
+            if "eigencam" in methods:
+                e = cams.eigen_cam(a, relu=relu)  # class-agnostic: the same map for every target
+                maps[("eigencam", layer)] = e[:, None].expand(-1, t.shape[1], -1, -1)
+            if "scorecam" in methods:
+                with preserved(model):
+                    model.eval()
+                    scores = _score_cam_scores(model, x, a, t, scorecam_batch)
+                maps[("scorecam", layer)] = torch.stack(
+                    [cams.score_cam(a, scores[:, j], relu=relu) for j in range(t.shape[1])], dim=1
+                )
+    ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
+    top_score, top = result_probs.max(dim=1)
+    return Explanation(
+        layers=layers,
+        methods=methods,
+        maps=ordered,
+        targets=t.cpu(),
+        target_scores=result_probs.gather(1, t).cpu(),
+        probs=result_probs.cpu(),
+        predicted=top.cpu(),
+        predicted_score=top_score.cpu(),
+        grads_computed=backward_passes,
+    )
+
+
+def _score_cam_scores(model: nn.Module, x: Tensor, a: Tensor, t: Tensor, chunk: int) -> Tensor:
+    """Target probabilities ``(B, T, K)`` for the input masked by each upsampled, normalised channel."""
+    import torch.nn.functional as F
+
+    if chunk < 1:
+        raise UsageError(f"--scorecam-batch {chunk}: must be at least 1")
+    b, k = a.shape[:2]
+    size = x.shape[2:]
+    out = torch.empty(b, t.shape[1], k, device=x.device)
+    for i in range(b):
+        for k0 in range(0, k, chunk):
+            up = F.interpolate(
+                a[i : i + 1, k0 : k0 + chunk].float(), size=size, mode="bilinear", align_corners=False
+            )[0]
+            lo = up.amin(dim=(1, 2), keepdim=True)
+            hi = up.amax(dim=(1, 2), keepdim=True)
+            mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
+            probs = torch.softmax(model(x[i : i + 1] * mask[:, None].to(x.dtype)).float(), dim=1)
+            out[i, :, k0 : k0 + chunk] = probs[:, t[i]].T
+    return out
 
 
 def grad_cam(
@@ -57,59 +266,36 @@ def grad_cam(
     *,
     relu: bool = True,
 ) -> CamResult:
-    """Grad-CAM of ``model`` at ``layer`` for the batch ``x``.
+    """Grad-CAM of ``model`` at ``layer`` for the batch ``x``: one map per image.
 
     The forward pass runs under ``torch.no_grad()`` up to ``layer``; from there autograd records
-    only the head, and the gradient of the target logits is taken w.r.t. the layer's output alone,
-    so no parameter gradient is computed. In eval mode the images of a batch are independent, so the
-    gradient of the *sum* of per-image target logits gives every image's own gradient in one call.
-    The model is left as found (mode, ``requires_grad``, ``.grad``, hooks).
+    only the head, and the gradient of the target logits is taken w.r.t. the layer's output alone
+    (read by a hook on that tensor), so no parameter gradient is computed. In eval mode the images of
+    a batch are independent, so the gradient of the *sum* of per-image target logits gives every
+    image its own gradient in one call. The model is left as found (mode, ``requires_grad``, ``.grad``,
+    hooks).
 
     Args:
         model: a classifier returning logits ``(B, num_classes)``.
         x: the preprocessed batch ``(B, 3, H, W)`` on the model's device.
-        layer: the module name (``layer4``, ``features.28``), whose output must be ``(B, K, h, w)``.
-        target: ``None`` for each image's predicted class, a class index, or one index per image.
+        layer: the module name (``layer4``, ``features.28``).
+        target: ``None`` for each image's predicted class, one class index for all, or one per image.
         relu: ``False`` keeps negative evidence (signed map).
-
-    Raises:
-        LayerError: the layer does not run, runs twice, or is not spatial.
-        TargetError: a target out of range.
 
     Example:
         >>> res = grad_cam(model, x, "layer4")
         >>> res.maps.shape  # (B, 7, 7) for a 224x224 resnet input
     """
-    with preserved(model), capture(model, grad_layers=[layer]) as cap:
-        model.eval()
-        with torch.no_grad():
-            logits = model(x)
-        taps = cap.captured.taps.get(layer)
-        if not taps:
-            raise LayerError(f"layer {layer!r} did not run in the forward pass; pick another layer")
-        tap = taps[0]
-        if tap.dim() != 4:
-            raise LayerError(
-                f"layer {layer!r} outputs shape {tuple(tap.shape)}, not a (B, C, H, W) feature map, "
-                "so it has no spatial map to show; pick a convolutional layer or block"
-            )
-        if not isinstance(logits, Tensor) or logits.dim() != 2:
-            raise LayerError("the model must return class logits of shape (B, num_classes)")
-        t = _targets(target, logits.detach())
-        score = logits.gather(1, t[:, None]).sum()
-        torch.autograd.grad(score, tap)
-        grads = cap.captured.grads[layer][-1]
-        with torch.no_grad():
-            maps = cams.grad_cam(tap.detach(), grads, relu=relu)
-            probs = torch.softmax(logits.detach().float(), dim=1)
-            top_score, top = probs.max(dim=1)
-            t_score = probs.gather(1, t[:, None])[:, 0]
+    spec: Targets = target
+    if target is not None and not isinstance(target, (int, Tensor)):
+        spec = torch.as_tensor(list(target))
+    ex = explain(model, x, [layer], ["gradcam"], spec, relu=relu)
     return CamResult(
         layer=layer,
-        maps=maps.float().cpu(),
-        probs=probs.cpu(),
-        predicted=top.cpu(),
-        predicted_score=top_score.cpu(),
-        target=t.cpu(),
-        target_score=t_score.cpu(),
+        maps=ex.maps[("gradcam", layer)][:, 0],
+        probs=ex.probs,
+        predicted=ex.predicted,
+        predicted_score=ex.predicted_score,
+        target=ex.targets[:, 0],
+        target_score=ex.target_scores[:, 0],
     )

@@ -17,64 +17,231 @@ def _weights_note(loaded: LoadedModel) -> str:
     return "RANDOM WEIGHTS (--weights none)" if not loaded.pretrained else f"weights {loaded.weights}"
 
 
+METHOD_TITLES = {
+    "gradcam": "Grad-CAM",
+    "gradcampp": "Grad-CAM++",
+    "xgradcam": "XGrad-CAM",
+    "layercam": "LayerCAM",
+    "hirescam": "HiResCAM",
+    "eigencam": "Eigen-CAM",
+    "scorecam": "Score-CAM",
+}
+FUSED = "fused"
+
+
 @dataclass
-class GradCamJob:
-    """Grad-CAM overlays (and optionally raw maps) for each image."""
+class CamBatch:
+    """What ``CamJob.compute`` hands to ``render``: maps per (method, layer), and the colour scales."""
+
+    explanation: Any
+    maps: dict[tuple[str, str], np.ndarray]  # (method, layer or "fused") -> (B, T, h, w)
+    scales: dict[tuple[str, str], tuple[float, float] | None]  # None: per map
+
+
+@dataclass
+class CamJob:
+    """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
+
+    ``targets`` is ``None`` (top-1), ``"topK"``, or a list of class indices shared by every image.
+    ``normalize``: ``image`` (each map min-max), ``batch`` (one scale per method and layer across the
+    batch), ``none`` (one fixed scale for the whole run: ``vmax``, or the first batch's maximum).
+    """
 
     loaded: LoadedModel
-    layer: str
-    target: int | None = None
+    layers: Sequence[str]
+    methods: Sequence[str] = ("gradcam",)
+    targets: str | list[int] | None = None
     alpha: float = 0.5
     colormap: str = "jet"
     relu: bool = True
     save_raw: bool = False
+    normalize: str = "image"
+    vmax: float | None = None
+    fuse: str | None = None
+    sheet: bool | None = None
+    scorecam_batch: int = 64
     kind: str = "gradcam"
 
+    def __post_init__(self) -> None:
+        self._fixed: dict[tuple[str, str], tuple[float, float]] = {}
+
+    # -- naming ---------------------------------------------------------------------------
+    def _layer_names(self) -> list[str]:
+        return [*self.layers, FUSED] if self.fuse and len(self.layers) > 1 else list(self.layers)
+
+    def _target_suffixes(self) -> list[str]:
+        if self.targets is None:
+            return [""]
+        if isinstance(self.targets, str):
+            k = int(self.targets[3:])
+            return [""] if k == 1 else [f".top{r}" for r in range(1, k + 1)]
+        return [""] if len(self.targets) == 1 else [f".c{c}" for c in self.targets]
+
+    def _want_sheet(self) -> bool:
+        if self.sheet is not None:
+            return self.sheet
+        return len(self.methods) * len(self._layer_names()) * len(self._target_suffixes()) > 1
+
+    def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
+        return f"{stem}.{method}.{layer}{suffix}"
+
     def planned(self, stem: str) -> list[str]:
-        names = [f"{stem}.gradcam.{self.layer}.png"]
-        if self.save_raw:
-            names.append(f"{stem}.gradcam.{self.layer}.npy")
+        names = []
+        for m in self.methods:
+            for layer in self._layer_names():
+                for suffix in self._target_suffixes():
+                    base = self._name(stem, m, layer, suffix)
+                    names.append(f"{base}.png")
+                    if self.save_raw:
+                        names += [f"{base}.npy", f"{base}.full.npy"]
+        if self._want_sheet():
+            names.append(f"{stem}.sheet.png")
         return names
 
-    def compute(self, x: Any) -> Any:
-        from hookviz.explain import grad_cam
+    # -- compute --------------------------------------------------------------------------
+    def compute(self, x: Any) -> CamBatch:
+        import torch.nn.functional as F
 
-        return grad_cam(self.loaded.model, x, self.layer, self.target, relu=self.relu)
+        from hookviz.explain import explain
+
+        ex = explain(
+            self.loaded.model,
+            x,
+            self.layers,
+            self.methods,
+            self.targets,
+            relu=self.relu,
+            scorecam_batch=self.scorecam_batch,
+        )
+        maps = {key: value.numpy() for key, value in ex.maps.items()}
+        if FUSED in self._layer_names():
+            size = tuple(x.shape[2:])
+            for m in self.methods:
+                ups = []
+                for layer in self.layers:
+                    t = ex.maps[(m, layer)]
+                    b, n = t.shape[:2]
+                    up = F.interpolate(
+                        t.reshape(b * n, 1, *t.shape[2:]), size=size, mode="bilinear", align_corners=False
+                    )
+                    up = up.reshape(b, n, *size)
+                    # Each layer on its own scale first, so no layer dominates by magnitude alone.
+                    flat = up.reshape(b, n, -1)
+                    if self.relu:
+                        lo = flat.amin(dim=2)[..., None, None]
+                        hi = flat.amax(dim=2)[..., None, None]
+                        up = (up - lo) / (hi - lo).clamp_min(1e-12)
+                    else:
+                        up = up / flat.abs().amax(dim=2)[..., None, None].clamp_min(1e-12)
+                    ups.append(up)
+                stacked = np.stack([u.numpy() for u in ups])
+                maps[(m, FUSED)] = stacked.mean(axis=0) if self.fuse == "mean" else stacked.max(axis=0)
+        return CamBatch(ex, maps, {key: self._scale(key, value) for key, value in maps.items()})
+
+    def _scale(self, key: tuple[str, str], maps: np.ndarray) -> tuple[float, float] | None:
+        finite = np.nan_to_num(maps, nan=0.0, posinf=0.0, neginf=0.0)
+        if self.normalize == "image":
+            return None
+        if self.normalize == "none":
+            if key not in self._fixed:
+                top = self.vmax if self.vmax is not None else float(np.abs(finite).max()) or 1.0
+                self._fixed[key] = (0.0 if self.relu else -top, top)
+            return self._fixed[key]
+        top = float(np.abs(finite).max()) or 1.0
+        return (float(finite.min()) if self.relu else -top, float(finite.max()) if self.relu else top)
+
+    # -- render ---------------------------------------------------------------------------
+    def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None) -> np.ndarray:
+        from hookviz import render
+
+        if scale is None:
+            if self.relu:
+                return render.normalize(cam)
+            top = float(np.abs(np.nan_to_num(cam)).max()) or 1.0
+            scale = (-top, top)
+        return render.normalize(cam, scale[0], scale[1])
 
     def render(
-        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+        self, result: CamBatch, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         from hookviz import render
 
-        cam = result.maps[index].numpy()
-        if not self.relu:
-            # Signed map: 0.5 is "no evidence", so red and blue stay comparable.
-            peak = float(np.abs(cam).max()) or 1.0
-            unit = 0.5 + 0.5 * cam / peak
-            picture = render.overlay(rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True)
-        else:
-            picture = render.overlay(rgb, cam, box, alpha=self.alpha, colormap=self.colormap)
-        lm = self.loaded
-        pred, tgt = int(result.predicted[index]), int(result.target[index])
-        p_score, t_score = float(result.predicted_score[index]), float(result.target_score[index])
-        lines = [
-            f"{lm.name} | Grad-CAM at {self.layer} | {_weights_note(lm)}",
-            f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}",
-            f"explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
-        ]
-        files = [(f"{stem}.gradcam.{self.layer}.png", encode_png(render.caption(picture, lines)))]
-        if self.save_raw:
-            buf = io.BytesIO()
-            np.save(buf, cam.astype(np.float32))
-            files.append((f"{stem}.gradcam.{self.layer}.npy", buf.getvalue()))
+        lm, ex = self.loaded, result.explanation
+        pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        suffixes = self._target_suffixes()
+        files: list[tuple[str, bytes]] = []
+        records = []
+        cells: dict[tuple[str, str, int], np.ndarray] = {}
+        for (method, layer), maps in result.maps.items():
+            for j, suffix in enumerate(suffixes):
+                cam = maps[index, j]
+                unit = self._unit(cam, result.scales[(method, layer)])
+                picture = render.overlay(
+                    rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                )
+                tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
+                where = "fused " + "+".join(self.layers) if layer == FUSED else layer
+                lines = [
+                    f"{lm.name} | {METHOD_TITLES[method]} at {where} | {_weights_note(lm)}",
+                    f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}",
+                    f"explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
+                ]
+                base = self._name(stem, method, layer, suffix)
+                files.append((f"{base}.png", encode_png(render.caption(picture, lines))))
+                if self.save_raw:
+                    files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
+                    full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
+                    full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
+                    files.append((f"{base}.full.npy", _npy(full)))
+                cells[(method, layer, j)] = picture[box.y0 : box.y1, box.x0 : box.x1]
+                scale = result.scales[(method, layer)]
+                records.append(
+                    {
+                        "method": method,
+                        "layer": layer,
+                        "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
+                        "min": float(np.nanmin(cam)),
+                        "max": float(np.nanmax(cam)),
+                        "scale": list(scale) if scale else None,
+                    }
+                )
+        if self._want_sheet():
+            rows = []
+            for layer in self._layer_names():
+                for j in range(len(suffixes)):
+                    tgt = int(ex.targets[index, j])
+                    label = (
+                        f"{layer} | {lm.class_name(tgt)} ({tgt}) p={float(ex.target_scores[index, j]):.3f}"
+                    )
+                    rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
+            title = (
+                f"{lm.name} | predicted {lm.class_name(pred)} ({pred}) p={p_score:.3f} | {_weights_note(lm)}"
+            )
+            sheet = render.sheet(rows, [METHOD_TITLES[m] for m in self.methods], title=title)
+            files.append((f"{stem}.sheet.png", encode_png(sheet)))
+        first_t = int(ex.targets[index, 0])
         fields = {
-            "layer": self.layer,
-            "method": "gradcam",
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "layer": self.layers[0],
+            "method": self.methods[0],
             "predicted": {"index": pred, "name": lm.class_name(pred), "score": round(p_score, 6)},
-            "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
+            "target": {
+                "index": first_t,
+                "name": lm.class_name(first_t),
+                "score": round(float(ex.target_scores[index, 0]), 6),
+            },
+            "normalize": self.normalize,
+            "maps": records,
             "box": [box.x0, box.y0, box.x1, box.y1],
         }
         return files, fields
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
 
 
 @dataclass

@@ -287,6 +287,15 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     Raises:
         UsageError: the model has no Conv2d that runs.
     """
+    kind = type(model).__name__
+    if kind == "VisionTransformer":
+        # The last block's output reaches the head only through the class token, so its patch tokens
+        # get no gradient; the input norm of the last block still feeds every token into attention.
+        blocks = [c.name for c in calls if c.calls and c.type == "EncoderBlock"]
+        if blocks:
+            return f"{blocks[-1]}.ln_1"
+    if kind == "SwinTransformer":
+        return "features"
     info = {c.name: c for c in calls if c.calls}
     convs = [c.name for c in calls if c.calls and c.type == "Conv2d"]
     if not convs:
@@ -332,3 +341,21 @@ def parse_target(spec: str | int | None, loaded: LoadedModel, num_classes: int) 
         f"--target {text!r} is not a class of {loaded.weights}{close_matches(text.lower(), lowered)}; "
         "give a class index or an exact class name"
     )
+
+
+def parse_targets(spec: str, loaded: LoadedModel, num_classes: int) -> str | list[int] | None:
+    """``top1`` → None; ``topK`` → ``"topK"``; ``281``, ``tabby`` or ``281,tiger cat`` → class indices.
+
+    Raises:
+        TargetError: a bad topK, an index out of range, or an unknown class name.
+    """
+    text = spec.strip().lower()
+    if text.startswith("top"):
+        k = text[3:]
+        if not k.isdigit() or not 1 <= int(k) <= num_classes:
+            raise TargetError(f"--target {spec!r}: use top1..top{num_classes}, a class index or a class name")
+        return None if int(k) == 1 else f"top{int(k)}"
+    indices = [parse_target(part, loaded, num_classes) for part in spec.split(",") if part.strip()]
+    if not indices:
+        raise TargetError(f"--target {spec!r}: give topK, a class index or a class name")
+    return [i for i in indices if i is not None]

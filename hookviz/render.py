@@ -201,3 +201,43 @@ def tile_positions(
     th, tw = h * zoom, w * zoom
     cols = int(np.ceil(np.sqrt(n)))
     return [(gap + (i // cols) * (th + gap), gap + (i % cols) * (tw + gap), th, tw) for i in range(n)]
+
+
+def sheet(
+    rows: Sequence[tuple[str, Sequence[np.ndarray]]], columns: Sequence[str], *, title: str, cell: int = 200
+) -> np.ndarray:
+    """A labelled comparison grid: one row per (layer, target), one column per method.
+
+    Args:
+        rows: ``(label, images)`` with one RGB image per column (resized to ``cell`` pixels high).
+        columns: column headers.
+        title: a line above everything.
+    """
+    import cv2
+
+    if not rows:
+        raise ValueError("a sheet needs at least one row")
+    h0, w0 = rows[0][1][0].shape[:2]
+    cw = max(1, round(cell * w0 / h0))
+    gap = 4
+    width = len(columns) * (cw + gap) + gap
+    body = []
+    for label, images in rows:
+        row = np.full((cell + 2 * gap, width, 3), 255, np.uint8)
+        for c, img in enumerate(images):
+            x = gap + c * (cw + gap)
+            row[gap : gap + cell, x : x + cw] = cv2.resize(img, (cw, cell), interpolation=cv2.INTER_AREA)
+            _label(row, columns[c], x + 3, gap + 3)
+        body.append(caption(row, [label], top=True))
+    grid = np.concatenate(body, axis=0)
+    return caption(grid, [title], top=True)
+
+
+def _label(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.45) -> None:
+    import cv2
+
+    (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+    image[y : y + th + 6, x : x + tw + 6] = 0
+    cv2.putText(
+        image, text, (x + 3, y + th + 2), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA
+    )

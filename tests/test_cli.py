@@ -50,12 +50,16 @@ def test_gradcam_writes_overlays_at_the_original_size_and_a_manifest(photos: Pat
     for rec in recs:
         assert rec["status"] == "ok" and rec["model"] == "resnet18" and rec["weights"] == "none (random init)"
         assert rec["layer"] == "layer4" and rec["target"]["index"] == 281 and rec["target"]["name"] == "tabby"
-        png, npy = map(Path, rec["outputs"])
+        png, npy, full = map(Path, rec["outputs"])
         with Image.open(str(rec["input"])) as src_img:
             src = src_img.size
         with Image.open(png) as im:
             assert im.width == src[0] and im.height > src[1]  # the photo plus a caption band
         assert np.load(npy).shape == (2, 2)
+        full_map = np.load(full)
+        assert full_map.shape == (src[1], src[0])
+        x0, y0, x1, y1 = rec["box"]
+        assert np.isnan(full_map).sum() == src[0] * src[1] - (x1 - x0) * (y1 - y0)
         assert str(png) in r.stdout
 
 
