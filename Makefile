@@ -40,6 +40,7 @@ lint: $(STAMP)  ## ruff + mypy
 check: lint test  ## lint, types and tests
 
 bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) bench/bench.py
 
 clean:  ## remove outputs (keeps .venv)

@@ -534,6 +534,68 @@ def layers(
             )
 
 
+def _parse_size(text: str) -> list[int]:
+    try:
+        parts = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: give C,H,W (3,224,224), H,W or one side", param_hint="--input-size"
+        ) from None
+    if len(parts) == 1:
+        parts = [3, parts[0], parts[0]]
+    elif len(parts) == 2:
+        parts = [3, *parts]
+    if len(parts) != 3 or min(parts) < 1:
+        raise typer.BadParameter(
+            f"{text!r}: give C,H,W (3,224,224), H,W or one side", param_hint="--input-size"
+        )
+    return parts
+
+
+@app.command()
+def summary(
+    model: Model = "resnet18",
+    weights: Annotated[
+        str,
+        typer.Option("--weights", "-w", help="none (default: counts need no weights), DEFAULT, or a path."),
+    ] = "none",
+    input_size: Annotated[str, typer.Option("--input-size", help="C,H,W of one input.")] = "3,224,224",
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")
+    ] = 1,
+    depth: Annotated[int, typer.Option("--depth", min=0, help="module nesting shown (0 = totals only).")] = 2,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, json or csv.")] = "table",
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="also write a bar chart of params and MACs (PNG).")
+    ] = None,
+    overwrite: Overwrite = False,
+    debug: Debug = False,
+) -> None:
+    """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
+    _check_choice("--format", fmt, ("table", "markdown", "json", "csv"))
+    size = _parse_size(input_size)
+    if plot is not None and plot.exists() and not overwrite:
+        _fail(f"--plot {plot}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
+    with _guard(debug):
+        from hookviz.models import load_model
+        from hookviz.summary import plot as draw
+        from hookviz.summary import summarize
+
+        loaded = load_model(model, weights)
+        result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=model)
+        formats = {"markdown": result.to_markdown, "json": result.to_json, "csv": result.to_csv}
+        text = str(result) if fmt == "table" else formats[fmt]()
+        typer.echo(text.rstrip("\n"))
+        if plot is not None:
+            tmp = plot.with_name(f".{plot.stem}.tmp.png")
+            try:
+                draw(result, str(tmp))
+                tmp.replace(plot)
+            finally:
+                tmp.unlink(missing_ok=True)
+            typer.echo(f"hookviz: wrote {plot}", err=True)
+
+
 @app.command()
 def models() -> None:
     """List torchvision's classification models."""
