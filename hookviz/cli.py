@@ -534,6 +534,125 @@ def layers(
             )
 
 
+@app.command()
+def gradflow(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    target: Annotated[
+        str,
+        typer.Option("--target", "-t", help="top1 or a class (index or name) whose score is differentiated."),
+    ] = "top1",
+    label: Annotated[
+        str | None,
+        typer.Option("--label", help="use cross-entropy against this class (index or name) instead."),
+    ] = None,
+    layers: Annotated[
+        list[str] | None,
+        typer.Option("--layers", "-l", help="names or globs (default: every module with parameters)."),
+    ] = None,
+    out: Out = Path("out"),
+    device: Device = "auto",
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    input_size: InputSize = None,
+    resize: Resize = "crop",
+    max_pixels: MaxPixels = 80_000_000,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    debug: Debug = False,
+) -> None:
+    """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
+    with _guard(debug):
+
+        def make(loaded: Any) -> Any:
+            from hookviz.hooks import resolve_layers
+            from hookviz.jobs import GradFlowJob
+            from hookviz.models import parse_target
+
+            n = _num_classes(loaded)
+            names = resolve_layers(loaded.model, layers, model_name=loaded.name) if layers else None
+            lab = parse_target(label, loaded, n) if label is not None else None
+            if label is not None and lab is None:
+                raise typer.BadParameter("give a class index or name", param_hint="--label")
+            return GradFlowJob(loaded, parse_target(target, loaded, n), lab, names)
+
+        _run_job(
+            make,
+            inputs,
+            model=model,
+            weights=weights,
+            device=device,
+            out=out,
+            batch_size=8,
+            workers=2,
+            overwrite=overwrite,
+            skip_existing=skip_existing,
+            quiet=quiet,
+            as_json=as_json,
+            input_size=input_size,
+            resize=resize,
+            max_pixels=max_pixels,
+        )
+
+
+@app.command()
+def dropblock(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    layer: Annotated[
+        str, typer.Option("--layer", "-l", help="module whose output gets DropBlock.")
+    ] = "layer3",
+    drop_prob: Annotated[
+        float, typer.Option("--drop-prob", min=0.0, max=0.99, help="expected dropped fraction.")
+    ] = 0.1,
+    block_size: Annotated[int, typer.Option("--block-size", min=1, help="side of the dropped squares.")] = 7,
+    shared: Annotated[bool, typer.Option("--shared", help="one mask for all channels.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the mask.")] = 0,
+    max_channels: Annotated[int, typer.Option("--max-channels", min=1, help="channels shown.")] = 16,
+    out: Out = Path("out"),
+    device: Device = "auto",
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    input_size: InputSize = None,
+    resize: Resize = "crop",
+    max_pixels: MaxPixels = 80_000_000,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    debug: Debug = False,
+) -> None:
+    """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
+    with _guard(debug):
+
+        def make(loaded: Any) -> Any:
+            from hookviz.hooks import resolve_layers
+            from hookviz.jobs import DropBlockJob
+
+            (name,) = resolve_layers(loaded.model, [layer], model_name=loaded.name)
+            calls = _probe(loaded)
+            _check_spatial_any(name, next(c for c in calls if c.name == name), loaded.name)
+            return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
+
+        _run_job(
+            make,
+            inputs,
+            model=model,
+            weights=weights,
+            device=device,
+            out=out,
+            batch_size=8,
+            workers=2,
+            overwrite=overwrite,
+            skip_existing=skip_existing,
+            quiet=quiet,
+            as_json=as_json,
+            input_size=input_size,
+            resize=resize,
+            max_pixels=max_pixels,
+        )
+
+
 def _parse_size(text: str) -> list[int]:
     try:
         parts = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]

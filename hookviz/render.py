@@ -147,12 +147,14 @@ def feature_grid(
     colormap: str = "viridis",
     min_tile: int = 64,
     gap: int = 2,
+    value_range: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """Tile the chosen channels of one ``(C, H, W)`` map into a labelled mosaic.
 
     Each channel is min-max normalised on its own, enlarged with nearest-neighbour to at least
     ``min_tile`` pixels (so a 7x7 map is still readable), coloured with ``colormap`` and labelled
-    with its channel index. The mosaic is built with numpy, in one array.
+    with its channel index (``value_range`` fixes one scale for all tiles instead, e.g. a 0/1 mask).
+    The mosaic is built with numpy, in one array.
     """
     import cv2
 
@@ -169,7 +171,8 @@ def feature_grid(
     label_scale = 0.32 if tw < 90 else 0.4
     for i, ch in enumerate(channels):
         r, col = divmod(i, cols)
-        tile = apply_lut(normalize(fmap[ch]), lut)
+        unit = normalize(fmap[ch]) if value_range is None else normalize(fmap[ch], *value_range)
+        tile = apply_lut(unit, lut)
         if zoom > 1:
             tile = np.repeat(np.repeat(tile, zoom, axis=0), zoom, axis=1)
         y, x = gap + r * (th + gap), gap + col * (tw + gap)
@@ -241,3 +244,44 @@ def _label(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.45) ->
     cv2.putText(
         image, text, (x + 3, y + th + 2), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA
     )
+
+
+def figure_to_rgb(fig: object) -> np.ndarray:
+    """Render a matplotlib figure (Agg) to an RGB array."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # type: ignore[arg-type]
+    canvas.draw()
+    rgba = np.asarray(canvas.buffer_rgba())
+    return np.ascontiguousarray(rgba[:, :, :3])
+
+
+def grad_flow_plot(
+    layers: Sequence[str], output_norms: Sequence[float], param_norms: Sequence[float], *, title: str
+) -> np.ndarray:
+    """Gradient norms per layer in network order, log scale: d(loss)/d(output) and d(loss)/d(parameters)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    n = len(layers)
+    fig = Figure(figsize=(max(8.0, 0.28 * n + 3), 5.5), dpi=100, constrained_layout=True)
+    ax = fig.add_subplot()
+    xs = np.arange(n)
+    for values, label, marker in (
+        (output_norms, "|dL/d output|", "o"),
+        (param_norms, "|dL/d parameters|", "s"),
+    ):
+        v = np.asarray(values, dtype=float)
+        ok = np.isfinite(v) & (v > 0)
+        ax.plot(xs[ok], v[ok], marker=marker, markersize=4, linewidth=1.2, label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, list(layers), rotation=90, fontsize=7)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylabel("L2 norm (log scale)")
+    ax.set_xlabel("layer (input → output)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="best")
+    ax.set_title(title, fontsize=10)
+    return figure_to_rgb(fig)
