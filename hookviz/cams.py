@@ -69,12 +69,15 @@ def eigen_cam(activations: Tensor, *, relu: bool = True) -> Tensor:
 
     Per image, the ``(HW, K)`` activation matrix is centred over positions and its first right
     singular vector ``v`` gives ``L = (A - mean) v``. The sign of an SVD is arbitrary, so it is fixed
-    to correlate positively with the channel sum of ``A``. Gradient-free and class-agnostic.
+    to correlate positively with the channel sum of ``A``. Gradient-free and class-agnostic;
+    non-finite activations are treated as 0.
     """
     if activations.dim() != 4:
         raise ValueError(f"activations must be (B, K, H, W), got shape {tuple(activations.shape)}")
     b, k, h, w = activations.shape
     work = activations if activations.dtype in (torch.float32, torch.float64) else activations.float()
+    # SVD cannot take NaN/Inf: non-finite activations count as 0 (the map stays defined).
+    work = torch.nan_to_num(work, nan=0.0, posinf=0.0, neginf=0.0)
     flat = work.reshape(b, k, h * w).transpose(1, 2)  # (B, HW, K)
     centred = flat - flat.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)

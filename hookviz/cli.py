@@ -93,6 +93,13 @@ def _guard(debug: bool) -> Iterator[None]:
         if debug:
             raise
         _fail(str(exc), exc.exit_code)
+    except (typer.Exit, typer.BadParameter):
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        _fail(f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", 1)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -200,8 +200,10 @@ class CamJob:
                         "method": method,
                         "layer": layer,
                         "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
-                        "min": float(np.nanmin(cam)),
-                        "max": float(np.nanmax(cam)),
+                        # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
+                        "finite": bool(np.isfinite(cam).all()),
+                        "min": _finite_stat(np.min, cam),
+                        "max": _finite_stat(np.max, cam),
                         "scale": list(scale) if scale else None,
                     }
                 )
@@ -236,6 +238,11 @@ class CamJob:
             "box": [box.x0, box.y0, box.x1, box.y1],
         }
         return files, fields
+
+
+def _finite_stat(fn: Any, cam: np.ndarray) -> float | None:
+    values = cam[np.isfinite(cam)]
+    return float(fn(values)) if values.size else None
 
 
 def _npy(array: np.ndarray) -> bytes:

@@ -196,10 +196,19 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        global_line = next((line for line in lines if "GLOBAL" in line), None)
+        if global_line is not None:
+            raise WeightsError(
+                f"{path}: refused: the file holds Python objects other than tensors, and unpickling them "
+                f"could run code ({global_line}); re-save it with torch.save(model.state_dict(), path)"
+            ) from None
+        after = [
+            line.strip() for line in text.split("WeightsUnpickler error:", 1)[-1].splitlines() if line.strip()
+        ]
         raise WeightsError(
-            f"{path}: refused: the file holds Python objects other than tensors, and unpickling them "
-            f"could run code ({first}); re-save it with torch.save(model.state_dict(), path)"
+            f"{path}: not a readable PyTorch weights file ({after[0] if after else type(exc).__name__})"
         ) from None
     except Exception as exc:  # a damaged file can make the unpickler raise almost anything
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

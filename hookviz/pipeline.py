@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -160,22 +161,35 @@ class Output:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"--out {self.root}: cannot create the folder ({exc.strerror})") from None
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            raise OutputError(f"--out {self.root}: the folder is not writable; choose another --out")
+        try:
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".hookviz-probe-"):
+                pass
+        except OSError as exc:
+            raise OutputError(
+                f"--out {self.root}: the folder is not writable ({exc.strerror}); choose another --out"
+            ) from None
+        self._clean_stale_temps()
+
+    def _clean_stale_temps(self) -> None:
+        """Remove temp files left by a killed run (their process is gone); complete outputs are untouched."""
+        for tmp in self.root.glob(".*.tmp"):
+            parts = tmp.name.rsplit(".", 2)
+            if len(parts) == 3 and parts[1].isdigit() and not _alive(int(parts[1])):
+                tmp.unlink(missing_ok=True)
 
     def path(self, name: str) -> Path:
         if "/" in name or "\\" in name or name.startswith(".") or name in ("", ".", ".."):
             raise ValueError(f"unsafe output name {name!r}")
         return self.root / name
 
-    def write(self, name: str, data: bytes) -> Path:
+    def write(self, name: str, data: bytes, *, replace: bool = False) -> Path:
         """Write ``data`` to ``root/name`` through a temp file and a rename: never half a file.
 
         Raises:
-            FileExistsError: the file exists and ``overwrite`` is off.
+            FileExistsError: the file exists and neither ``overwrite`` nor ``replace`` is on.
         """
         final = self.path(name)
-        if not self.overwrite and final.exists():
+        if not (self.overwrite or replace) and final.exists():
             raise FileExistsError(final)
         tmp = self.root / f".{name}.{os.getpid()}.tmp"
         try:
@@ -197,6 +211,21 @@ class Output:
         if self._manifest_fd is not None:
             os.close(self._manifest_fd)
             self._manifest_fd = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _load(item: Item, preprocess: Preprocess, max_pixels: int) -> tuple[np.ndarray, np.ndarray, Box]:
@@ -309,7 +338,16 @@ def run(
             batch = torch.from_numpy(np.stack(xs))
             # Pinned host memory lets the copy to the GPU overlap with work already queued.
             batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
-            result = job.compute(batch)
+            try:
+                result = job.compute(batch)
+            except HookvizError:
+                raise  # a bad layer/target fails every batch alike: stop with its message
+            except Exception as exc:  # a model failure on this batch must not stop the others
+                for item, _stem, _rgb, _box in ready:
+                    yield record(
+                        item, "error", f"{item.name}: the model failed on this batch: {_describe(exc)}"
+                    )
+                continue
             renders = [
                 pool.submit(job.render, result, i, rgb, box, stem)
                 for i, (_, stem, rgb, box) in enumerate(ready)
@@ -317,7 +355,12 @@ def run(
             for (item, _stem, _rgb, _box), fut in zip(ready, renders, strict=True):
                 try:
                     files, fields = fut.result()
-                    written = [str(output.write(name, data)) for name, data in files]
+                    # Resuming, an input is redone only when its outputs are incomplete (a killed
+                    # run): replacing the partial set is the point.
+                    written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
+                except HookvizError as exc:
+                    yield record(item, "error", f"{item.name}: {exc}")
+                    continue
                 except FileExistsError as exc:
                     yield record(
                         item, "error", f"{item.name}: output exists: {exc} (pass --overwrite to replace it)"
@@ -325,6 +368,9 @@ def run(
                     continue
                 except OSError as exc:
                     yield record(item, "error", f"{item.name}: cannot write output ({exc.strerror or exc})")
+                    continue
+                except Exception as exc:  # a rendering bug on one image must not stop the others
+                    yield record(item, "error", f"{item.name}: cannot render: {_describe(exc)}")
                     continue
                 yield record(item, "ok", outputs=written, **fields)
     finally:

@@ -250,3 +250,16 @@ def test_installed_script_on_the_sample_images(tmp_path: Path) -> None:
         [sys.executable, "-m", "hookviz", "--help"], capture_output=True, text=True, cwd=ROOT
     )
     assert res.returncode == 0 and "gradcam" in res.stdout
+
+
+def test_skip_existing_redoes_an_input_whose_outputs_are_incomplete(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["gradcam", str(photos / "wide.jpg"), *FAST, "--out", str(out), "-q", "--method", "gradcam"]
+    assert invoke(*args, "--method", "layercam").exit_code == 0
+    (layercam,) = out.glob("*.layercam.*.png")
+    layercam.unlink()  # as if the run had been killed between the two files
+    r = invoke(*args, "--method", "layercam", "--skip-existing", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["status"] == "ok" and layercam.exists()
+    r = invoke(*args, "--method", "layercam", "--skip-existing", "--json")
+    assert json.loads(r.stdout.splitlines()[-1])["status"] == "skipped"
