@@ -206,7 +206,9 @@ class ModelSummary:
                 if not params
                 else ("yes" if r.trainable == r.params else "no" if r.trainable == 0 else "part")
             )
-            out.append([label, r.type, ins, outs, f"{params:,}", train, _si(macs), _bytes(r.output_bytes)])
+            out.append(
+                [label, r.type, ins, outs, f"{params:,}", train, _si(macs).strip(), _bytes(r.output_bytes)]
+            )
         return out
 
     HEADERS = ("layer", "type", "input", "output", "params", "trainable", "MACs", "output size")

@@ -21,6 +21,27 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_images"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite tests/golden/*.txt from the current output"
+    )
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> object:
+    """``golden(name, text)``: compare with tests/golden/name, or rewrite it under --update-golden."""
+
+    def check(name: str, text: str) -> None:
+        path = Path(__file__).parent / "golden" / name
+        if request.config.getoption("--update-golden"):
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+        assert path.exists(), f"no golden file {path}; run pytest --update-golden"
+        assert text == path.read_text()
+
+    return check
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

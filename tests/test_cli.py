@@ -44,7 +44,7 @@ def test_gradcam_writes_overlays_at_the_original_size_and_a_manifest(photos: Pat
     out = tmp_path / "out"
     r = invoke("gradcam", str(photos), *FAST, "--out", str(out), "--save-raw", "--target", "281")
     assert r.exit_code == 0, r.stderr
-    assert "using layer layer4" in r.stderr and "RANDOM weights" in r.stderr
+    assert "using layer layer4 (the default for resnet18" in r.stderr and "RANDOM weights" in r.stderr
     recs = manifest(out)
     assert [Path(str(x["input"])).name for x in recs] == ["tall.png", "wide.jpg"]
     for rec in recs:

@@ -148,3 +148,9 @@ def test_scaled_dot_product_attention_is_counted() -> None:
     s = summarize(Attn(), (4, 50, 8), batch_size=2)
     assert s.macs == 2 * (2 * 4 * 50 * 50 * 8)
     assert s.rows[0].attention_macs == s.macs
+
+
+def test_table_golden(golden: object) -> None:
+    """The table as a user reads it (regenerate with `pytest --update-golden` after a deliberate change)."""
+    s = summarize(HandCNN(), (3, 32, 32), batch_size=2, depth=1, name="HandCNN")
+    golden("handcnn_summary.txt", str(s) + "\n\n" + s.to_markdown() + "\n")  # type: ignore[operator]
