@@ -335,8 +335,8 @@ def gradcam(
             t = parse_targets(target, loaded, _num_classes(loaded))
             if not layers and not quiet:
                 typer.echo(
-                    f"hookviz: using layer {chosen[0]} (the default for {loaded.name}: its last spatial stage; "
-                    "--layer to change)",
+                    f"hookviz: using layer {chosen[0]} "
+                    f"(the default for {loaded.name}: its last spatial stage; --layer to change)",
                     err=True,
                 )
             return CamJob(
