@@ -2,7 +2,7 @@
 
 The public API is imported lazily, so ``import hookviz`` (and ``hookviz --help``) stays fast::
 
-    from hookviz import capture, grad_cam, feature_maps, load_model
+    from hookviz import capture, explain, feature_maps, grad_cam, load_model, summarize
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ _EXPORTS = {
     "resolve_layers": "hookviz.hooks",
     "trace_shapes": "hookviz.hooks",
     "grad_cam": "hookviz.explain",
+    "explain": "hookviz.explain",
     "CamResult": "hookviz.explain",
+    "Explanation": "hookviz.explain",
+    "summarize": "hookviz.summary",
+    "ModelSummary": "hookviz.summary",
+    "attach_dropblock": "hookviz.regularize",
+    "attach_dropout2d": "hookviz.regularize",
+    "drop_block": "hookviz.regularize",
+    "gradient_flow": "hookviz.gradients",
+    "clip_grad_values": "hookviz.gradients",
+    "GlobalNormClipper": "hookviz.gradients",
     "feature_maps": "hookviz.features",
     "FeatureMap": "hookviz.features",
     "load_model": "hookviz.models",

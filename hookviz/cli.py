@@ -375,6 +375,8 @@ def gradcam(
 
 
 def _num_classes(loaded: Any) -> int:
+    if loaded.categories:  # the weights name their classes: no forward pass needed
+        return len(loaded.categories)
     import torch
 
     s = loaded.preprocess.crop_size

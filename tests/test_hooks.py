@@ -185,3 +185,12 @@ def test_trace_shapes_reports_output_shapes_and_calls() -> None:
     assert calls["fc"].output_shape == (1, 1000)
     assert calls["layer1.0.relu"].calls == 2
     assert hook_counts(model) == 0 and model.training
+
+
+def test_public_api_is_importable_lazily() -> None:
+    import hookviz
+
+    for name in hookviz.__all__:
+        assert getattr(hookviz, name) is not None
+    with pytest.raises(AttributeError):
+        _ = hookviz.nothing_here
