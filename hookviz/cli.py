@@ -166,33 +166,22 @@ def _describe(rec: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _run_job(
-    job_factory: Callable[[Any], Any],
-    inputs: list[str],
-    *,
-    model: str,
-    weights: str,
-    device: str,
-    out: Path,
-    batch_size: int,
-    workers: int,
-    overwrite: bool,
-    skip_existing: bool,
-    quiet: bool,
-    as_json: bool,
-    input_size: int | None,
-    resize: str,
-    max_pixels: int,
-    extra: Callable[[Any], dict[str, Any]] | None = None,
-) -> None:
+def _run_job(job_factory: Callable[[Any], Any], opts: dict[str, Any]) -> None:
+    """The shared body of the per-image commands; ``opts`` is the command's ``locals()`` (its options)."""
     from hookviz import pipeline
 
+    inputs: list[str] = opts["inputs"]
+    out: Path = opts["out"]
+    quiet: bool = opts["quiet"]
+    batch_size: int = opts.get("batch_size", 8)
+    workers: int = opts.get("workers", 2)
+    resize: str = opts["resize"]
     if batch_size < 1:
         raise typer.BadParameter(f"{batch_size} (must be at least 1)", param_hint="--batch-size")
     if workers < 1:
         raise typer.BadParameter(f"{workers} (must be at least 1)", param_hint="--workers")
     _check_choice("--resize", resize, ("crop", "squash"))
-    output = pipeline.Output(out, overwrite=overwrite)
+    output = pipeline.Output(out, overwrite=opts["overwrite"])
     items = pipeline.expand_inputs(inputs, sys.stdin if "-" in inputs else None, exclude=out)
     real_out = out.resolve()
     for spec in inputs:
@@ -202,7 +191,7 @@ def _run_job(
                 "Choose another --out",
                 2,
             )
-    loaded = _load(model, weights, device, input_size, resize, quiet)
+    loaded = _load(opts["model"], opts["weights"], opts["device"], opts["input_size"], resize, quiet)
     job = job_factory(loaded)
     output.prepare()
     base = {
@@ -211,8 +200,6 @@ def _run_job(
         "weights": loaded.weights,
         "pretrained": loaded.pretrained,
     }
-    if extra:
-        base.update(extra(job))
     if not loaded.pretrained and not quiet:
         typer.echo(
             f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); maps show mechanics only",
@@ -227,10 +214,10 @@ def _run_job(
         base=base,
         batch_size=batch_size,
         workers=workers,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
+        skip_existing=opts["skip_existing"],
+        max_pixels=opts["max_pixels"],
     )
-    _, failed = _progress(records, len(items), quiet, as_json)
+    _, failed = _progress(records, len(items), quiet, opts["as_json"])
     if failed:
         typer.echo(
             f"hookviz: {failed} of {len(items)} input(s) failed; see {out / pipeline.MANIFEST}", err=True
@@ -355,23 +342,7 @@ def gradcam(
                 scorecam_batch=scorecam_batch,
             )
 
-        _run_job(
-            make,
-            inputs,
-            model=model,
-            weights=weights,
-            device=device,
-            out=out,
-            batch_size=batch_size,
-            workers=workers,
-            overwrite=overwrite,
-            skip_existing=skip_existing,
-            quiet=quiet,
-            as_json=as_json,
-            input_size=input_size,
-            resize=resize,
-            max_pixels=max_pixels,
-        )
+        _run_job(make, locals())
 
 
 def _num_classes(loaded: Any) -> int:
@@ -472,23 +443,7 @@ def featuremaps(
                     _check_spatial_any(n, calls[n], loaded.name)
             return FeatureMapJob(loaded, names, stage, max_channels, colormap)
 
-        _run_job(
-            make,
-            inputs,
-            model=model,
-            weights=weights,
-            device=device,
-            out=out,
-            batch_size=batch_size,
-            workers=workers,
-            overwrite=overwrite,
-            skip_existing=skip_existing,
-            quiet=quiet,
-            as_json=as_json,
-            input_size=input_size,
-            resize=resize,
-            max_pixels=max_pixels,
-        )
+        _run_job(make, locals())
 
 
 def _probe(loaded: Any) -> Any:
@@ -587,23 +542,7 @@ def gradflow(
                 raise typer.BadParameter("give a class index or name", param_hint="--label")
             return GradFlowJob(loaded, parse_target(target, loaded, n), lab, names)
 
-        _run_job(
-            make,
-            inputs,
-            model=model,
-            weights=weights,
-            device=device,
-            out=out,
-            batch_size=8,
-            workers=2,
-            overwrite=overwrite,
-            skip_existing=skip_existing,
-            quiet=quiet,
-            as_json=as_json,
-            input_size=input_size,
-            resize=resize,
-            max_pixels=max_pixels,
-        )
+        _run_job(make, locals())
 
 
 @app.command()
@@ -644,23 +583,7 @@ def dropblock(
             _check_spatial_any(name, next(c for c in calls if c.name == name), loaded.name)
             return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
 
-        _run_job(
-            make,
-            inputs,
-            model=model,
-            weights=weights,
-            device=device,
-            out=out,
-            batch_size=8,
-            workers=2,
-            overwrite=overwrite,
-            skip_existing=skip_existing,
-            quiet=quiet,
-            as_json=as_json,
-            input_size=input_size,
-            resize=resize,
-            max_pixels=max_pixels,
-        )
+        _run_job(make, locals())
 
 
 def _parse_size(text: str) -> list[int]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookviz.hooks import capture, preserved, resolve_layers
+from hookviz.hooks import HookGroup, capture, preserved, resolve_layers
 
 
 @dataclass(frozen=True)
@@ -108,29 +108,12 @@ def gradient_flow(
     return GradientFlow(float(loss.detach()), outputs, param_stats)
 
 
-@dataclass
-class HookHandle:
-    """Removes every hook it holds; usable as a context manager."""
-
-    _handles: list[Any]
-
-    def remove(self) -> None:
-        while self._handles:
-            self._handles.pop().remove()
-
-    def __enter__(self) -> HookHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
 def _params(target: nn.Module | Iterable[Tensor]) -> list[Tensor]:
     ps = list(target.parameters()) if isinstance(target, nn.Module) else list(target)
     return [p for p in ps if p.requires_grad]
 
 
-def clip_grad_values(target: nn.Module | Iterable[Tensor], clip: float) -> HookHandle:
+def clip_grad_values(target: nn.Module | Iterable[Tensor], clip: float) -> HookGroup:
     """Clamp every gradient element to ``[-clip, clip]`` as it flows into each parameter.
 
     Because the hook runs before accumulation, with gradient accumulation each micro-batch's
@@ -139,10 +122,10 @@ def clip_grad_values(target: nn.Module | Iterable[Tensor], clip: float) -> HookH
     """
     if clip <= 0:
         raise ValueError(f"clip must be positive, got {clip}")
-    return HookHandle([p.register_hook(lambda g: g.clamp(-clip, clip)) for p in _params(target)])
+    return HookGroup([p.register_hook(lambda g: g.clamp(-clip, clip)) for p in _params(target)])
 
 
-class GlobalNormClipper:
+class GlobalNormClipper(HookGroup):
     """Scale all gradients so their global L2 norm is at most ``max_norm``, after every backward.
 
     Example:
@@ -158,7 +141,7 @@ class GlobalNormClipper:
         self.params = _params(target)
         self.last_norm: float | None = None
         self._queued = False
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+        super().__init__([p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params])
 
     def _on_grad(self, param: Tensor) -> None:
         if not self._queued:
@@ -176,13 +159,3 @@ class GlobalNormClipper:
             scale = self.max_norm / (self.last_norm + 1e-12)
             for g in grads:
                 g.mul_(scale)
-
-    def remove(self) -> None:
-        while self._handles:
-            self._handles.pop().remove()
-
-    def __enter__(self) -> GlobalNormClipper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()

@@ -22,7 +22,10 @@ import fnmatch
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 import torch
 from torch import Tensor, nn
@@ -96,6 +99,23 @@ def resolve_layers(
                 f"(`hookviz layers --model {model_name}` lists them)"
             )
     return [n for n in names if n in chosen]
+
+
+class HookGroup:
+    """Owns hook handles: ``remove()`` takes them all off; a context manager that removes on exit."""
+
+    def __init__(self, handles: list[Any] | None = None) -> None:
+        self._handles: list[Any] = list(handles or [])
+
+    def remove(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
 
 
 @dataclass

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.hooks import resolve_layers
+from hookviz.hooks import HookGroup, resolve_layers
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,31 +88,21 @@ def drop_block(
     return x * keep / keep_prob, keep.expand_as(x)
 
 
-@dataclass
-class RegularizerHandle:
+class RegularizerHandle(HookGroup):
     """What ``attach_*`` returns: ``remove()`` takes every hook off; ``step`` drives the schedule."""
 
-    layers: list[str]
-    drop_prob: float
-    schedule_steps: int = 0
-    step: int = 0
-    _handles: list[Any] = field(default_factory=list, repr=False)
+    def __init__(self, drop_prob: float, schedule_steps: int = 0) -> None:
+        super().__init__()
+        self.layers: list[str] = []
+        self.drop_prob = drop_prob
+        self.schedule_steps = schedule_steps
+        self.step = 0
 
     def current_drop_prob(self) -> float:
         """``drop_prob`` ramped linearly from 0 over ``schedule_steps`` training forwards (Ghiasi et al.)."""
         if self.schedule_steps <= 0:
             return self.drop_prob
         return self.drop_prob * min(1.0, self.step / self.schedule_steps)
-
-    def remove(self) -> None:
-        while self._handles:
-            self._handles.pop().remove()
-
-    def __enter__(self) -> RegularizerHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 def _attach(model: nn.Module, layers: Sequence[str], handle: RegularizerHandle, fn: Any) -> RegularizerHandle:
@@ -160,7 +149,7 @@ def attach_dropblock(
     """
     if not 0.0 <= drop_prob < 1.0:
         raise ValueError(f"drop_prob must be in [0, 1), got {drop_prob}")
-    handle = RegularizerHandle([], drop_prob, schedule_steps)
+    handle = RegularizerHandle(drop_prob, schedule_steps)
     return _attach(
         model,
         layers,
@@ -175,5 +164,5 @@ def attach_dropout2d(
     """Attach channel dropout (``F.dropout2d``) to the outputs of ``layers``; training mode only."""
     if not 0.0 <= drop_prob < 1.0:
         raise ValueError(f"drop_prob must be in [0, 1), got {drop_prob}")
-    handle = RegularizerHandle([], drop_prob, schedule_steps)
+    handle = RegularizerHandle(drop_prob, schedule_steps)
     return _attach(model, layers, handle, lambda x, p: F.dropout2d(x, p, training=True))
