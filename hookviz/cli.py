@@ -537,7 +537,7 @@ def gradflow(
 
             n = _num_classes(loaded)
             names = resolve_layers(loaded.model, layers, model_name=loaded.name) if layers else None
-            lab = parse_target(label, loaded, n) if label is not None else None
+            lab = parse_target(label, loaded, n, "--label") if label is not None else None
             if label is not None and lab is None:
                 raise typer.BadParameter("give a class index or name", param_hint="--label")
             return GradFlowJob(loaded, parse_target(target, loaded, n), lab, names)

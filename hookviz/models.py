@@ -325,7 +325,9 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     return best
 
 
-def parse_target(spec: str | int | None, loaded: LoadedModel, num_classes: int) -> int | None:
+def parse_target(
+    spec: str | int | None, loaded: LoadedModel, num_classes: int, option: str = "--target"
+) -> int | None:
     """``top1``/None → None (the predicted class); an index; or a class name (case-insensitive).
 
     Raises:
@@ -338,16 +340,16 @@ def parse_target(spec: str | int | None, loaded: LoadedModel, num_classes: int) 
         index = int(text)
         if not 0 <= index < num_classes:
             raise TargetError(
-                f"--target {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}"
+                f"{option} {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}"
             )
         return index
     lowered = [c.lower() for c in loaded.categories]
     if text.lower() in lowered:
         return lowered.index(text.lower())
     if not loaded.categories:
-        raise TargetError(f"--target {text!r}: these weights have no class names; give a class index")
+        raise TargetError(f"{option} {text!r}: these weights have no class names; give a class index")
     raise TargetError(
-        f"--target {text!r} is not a class of {loaded.weights}{close_matches(text.lower(), lowered)}; "
+        f"{option} {text!r} is not a class of {loaded.weights}{close_matches(text.lower(), lowered)}; "
         "give a class index or an exact class name"
     )
 

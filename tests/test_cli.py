@@ -263,3 +263,10 @@ def test_skip_existing_redoes_an_input_whose_outputs_are_incomplete(photos: Path
     assert json.loads(r.stdout.splitlines()[-1])["status"] == "ok" and layercam.exists()
     r = invoke(*args, "--method", "layercam", "--skip-existing", "--json")
     assert json.loads(r.stdout.splitlines()[-1])["status"] == "skipped"
+
+
+def test_layers_and_gradflow_usage_errors() -> None:
+    r = invoke("layers", "--model", "resnet-18")
+    assert r.exit_code == 2 and "unknown model 'resnet-18'; did you mean 'resnet18'" in r.stderr
+    r = invoke("gradflow", str(SAMPLES / "cat.jpg"), *FAST, "--label", "5000")
+    assert r.exit_code == 2 and "--label 5000 is out of range" in r.stderr
