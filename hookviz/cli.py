@@ -122,28 +122,38 @@ def _load(model: str, weights: str, device: str, input_size: int | None, resize:
 
 
 def _progress(records: Iterator[dict[str, Any]], total: int, quiet: bool, as_json: bool) -> tuple[int, int]:
-    """Print records as they come; return (ok, failed)."""
+    """Print records as they come (results on stdout, errors on stderr); return (ok, failed).
+
+    On a terminal a progress bar runs on stderr; lines bound for the same terminal are printed through
+    the bar's console so they scroll above it instead of tearing it.
+    """
     ok = failed = 0
-    show_bar = not quiet and sys.stderr.isatty()
     bar = None
-    if show_bar:
+    if not quiet and sys.stderr.isatty():
         from rich.console import Console
         from rich.progress import Progress
 
-        bar = Progress(transient=True, console=Console(stderr=True))
+        bar = Progress(transient=True, console=Console(stderr=True), redirect_stdout=False)
         bar.start()
         task = bar.add_task("images", total=total)
+
+    def say(text: str, err: bool = False) -> None:
+        if bar is not None and (err or sys.stdout.isatty()):
+            bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            typer.echo(text, err=err)
+
     try:
         for rec in records:
             if rec["status"] == "error":
                 failed += 1
-                typer.echo(f"hookviz: {rec['error']}", err=True)
+                say(f"hookviz: {rec['error']}", err=True)
             else:
                 ok += 1
             if as_json:
-                typer.echo(json.dumps(rec, ensure_ascii=False))
+                say(json.dumps(rec, ensure_ascii=False))
             elif not quiet and rec["status"] != "error":
-                typer.echo(_describe(rec))
+                say(_describe(rec))
             if bar is not None:
                 bar.advance(task)
     finally:
