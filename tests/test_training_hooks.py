@@ -205,3 +205,29 @@ def test_example_trains(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert re.search(r"step +30 ", res.stdout) and "grad norm" in res.stdout and "accuracy" in res.stdout
+
+
+def test_shapes_example_writes_its_sheet(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "s.png"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "explain_shapes.py"),
+            "--steps",
+            "40",
+            "--eval",
+            "8",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "map peak inside the shape: gradcam" in res.stdout and out.stat().st_size > 50_000
