@@ -380,12 +380,8 @@ def _check_spatial(name: str, calls: Any, loaded: Any) -> None:
         raise LayerError(f"layer {name!r} does not run in {loaded.name}'s forward pass; pick another layer")
     try:
         layout_of(loaded.model, name, info.output_shape or ())
-    except LayerError:
-        raise LayerError(
-            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a (B, C, H, W) feature map "
-            f"or a grid of tokens, so there is no spatial map to show; pick a convolutional layer or block "
-            f"(`hookviz layers --model {loaded.name}`)"
-        ) from None
+    except LayerError as exc:
+        raise LayerError(f"{exc} (`hookviz layers --model {loaded.name}` lists them)") from None
     if info.calls > 1:
         raise LayerError(
             f"layer {name!r} runs {info.calls} times per forward pass, so its gradient is ambiguous; "

@@ -77,6 +77,12 @@ def layout_of(model: nn.Module, layer: str, shape: Sequence[int]) -> str:
         LayerError: the output has no spatial structure (a classifier head, a pooled vector).
     """
     module = dict(model.named_modules())[layer]
+    if len(shape) == 4 and shape[2] * shape[3] == 1 and type(model).__name__ != "SwinTransformer":
+        raise LayerError(
+            f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}: a 1x1 map has no "
+            "spatial extent left to show; "
+            "pick an earlier layer"
+        )
     if len(shape) == 4:
         # torchvision's Swin keeps features channels-last after the patch-embedding conv.
         if type(model).__name__ == "SwinTransformer" and not isinstance(module, nn.Conv2d):
@@ -87,7 +93,8 @@ def layout_of(model: nn.Module, layer: str, shape: Sequence[int]) -> str:
         if n > 1 and (math.isqrt(n) ** 2 == n or math.isqrt(n - 1) ** 2 == n - 1):
             return "tokens"
     raise LayerError(
-        f"layer {layer!r} outputs shape {tuple(shape)}, not a (B, C, H, W) feature map or a grid of "
+        f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}, not a (B, C, H, W) "
+        "feature map or a grid of "
         "tokens, so it has no spatial map to show; pick a convolutional layer or an encoder block"
     )
 

@@ -106,6 +106,7 @@ def test_stdin_and_json(photos: Path, tmp_path: Path) -> None:
         (["--layer", "fc"], "layer 'fc' (Linear) outputs shape (1, 1000), not a (B, C, H, W) feature map"),
         (["--layer", "layer9"], "no layer 'layer9' in resnet18; did you mean 'layer4'"),
         (["--layer", "layer1.0.relu"], "runs 2 times per forward pass"),
+        (["--layer", "avgpool"], "layer 'avgpool' (AdaptiveAvgPool2d) outputs shape (1, 512, 1, 1)"),
         (["--target", "1000"], "--target 1000 is out of range: resnet18 has classes 0..999"),
         (["--target", "tabbby"], "did you mean 'tabby'"),
         (["--model", "resnet19"], "unknown model 'resnet19'; did you mean 'resnet18'"),
