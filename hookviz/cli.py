@@ -429,24 +429,28 @@ def featuremaps(
         def make(loaded: Any) -> Any:
             from torch import nn
 
-            from hookviz.hooks import resolve_layers
+            from hookviz.errors import LayerError
+            from hookviz.hooks import module_names, resolve_layers
             from hookviz.jobs import FeatureMapJob
 
-            patterns = layers or ["*"]
-            kinds = (nn.Conv2d,) if not layers else None
-            names = resolve_layers(loaded.model, patterns, model_name=loaded.name, kinds=kinds)
-            if layers:
+            if not layers:
+                names = resolve_layers(loaded.model, ["*"], model_name=loaded.name, kinds=(nn.Conv2d,))
+            else:
                 calls = {c.name: c for c in _probe(loaded)}
-                globbed = any(any(ch in p for ch in "*?[") for p in layers)
-                spatial = [
-                    n
-                    for n in names
-                    if calls[n].output_shape is not None and len(calls[n].output_shape or ()) == 4
-                ]
-                if globbed:
-                    names = spatial or names
-                for n in names:
-                    _check_spatial_any(n, calls[n], loaded.name)
+                chosen: set[str] = set()
+                for pattern in layers:
+                    found = resolve_layers(loaded.model, [pattern], model_name=loaded.name)
+                    if any(ch in pattern for ch in "*?["):
+                        # A glob keeps the layers that have a feature map (blocks, convs, norms, ...).
+                        found = [n for n in found if _has_map(calls[n])]
+                        if not found:
+                            raise LayerError(
+                                f"pattern {pattern!r} matches no layer with a (B, C, H, W) output"
+                            )
+                    else:
+                        _check_spatial_any(found[0], calls[found[0]], loaded.name)
+                    chosen.update(found)
+                names = [n for n in module_names(loaded.model) if n in chosen]
             return FeatureMapJob(loaded, names, stage, max_channels, colormap)
 
         _run_job(make, locals())
@@ -456,6 +460,10 @@ def _probe(loaded: Any) -> Any:
     from hookviz.models import probe
 
     return probe(loaded)
+
+
+def _has_map(info: Any) -> bool:
+    return bool(info.calls) and info.output_shape is not None and len(info.output_shape) == 4
 
 
 def _check_spatial_any(name: str, info: Any, model_name: str) -> None:

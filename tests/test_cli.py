@@ -271,3 +271,23 @@ def test_layers_and_gradflow_usage_errors() -> None:
     assert r.exit_code == 2 and "unknown model 'resnet-18'; did you mean 'resnet18'" in r.stderr
     r = invoke("gradflow", str(SAMPLES / "cat.jpg"), *FAST, "--label", "5000")
     assert r.exit_code == 2 and "--label 5000 is out of range" in r.stderr
+
+
+def test_featuremaps_glob_keeps_layers_with_maps_and_each_call(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke(
+        "featuremaps", str(photos / "wide.jpg"), *FAST, "--layers", "layer1.0*", "--out", str(out), "-q"
+    )
+    assert r.exit_code == 0, r.stderr
+    names = sorted(p.name.split(".featuremap.")[1] for p in out.glob("*.png"))
+    assert names == [
+        "layer1.0.bn1.output.png",
+        "layer1.0.bn2.output.png",
+        "layer1.0.conv1.output.png",
+        "layer1.0.conv2.output.png",
+        "layer1.0.output.png",
+        "layer1.0.relu.output.call2.png",
+        "layer1.0.relu.output.png",
+    ]
+    r = invoke("featuremaps", str(photos / "wide.jpg"), *FAST, "--layers", "fc*", "--out", str(out))
+    assert r.exit_code == 2 and "matches no layer with a (B, C, H, W) output" in r.stderr
