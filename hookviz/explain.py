@@ -120,7 +120,7 @@ def _targets(spec: Targets, logits: Tensor) -> Tensor:
         t = spec.to(logits.device)
         t = t[:, None] if t.dim() == 1 else t
     else:
-        shared = [spec] if isinstance(spec, int) else list(spec)  # type: ignore[arg-type]
+        shared = [spec] if isinstance(spec, int) else list(spec)
         t = torch.as_tensor(shared, device=logits.device)
         t = t[None].expand(n, -1) if t.dim() == 1 else t
     if t.dim() != 2 or t.shape[0] != n or t.shape[1] == 0:
