@@ -186,6 +186,11 @@ class CamJob:
                     f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}",
                     f"explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
                 ]
+                scale = result.scales[(method, layer)]
+                if scale is not None or not self.relu:
+                    span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
+                    sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
+                    lines.append(f"colour scale {span}, {sign}")
                 base = self._name(stem, method, layer, suffix)
                 files.append((f"{base}.png", encode_png(render.caption(picture, lines))))
                 if self.save_raw:
@@ -194,7 +199,6 @@ class CamJob:
                     full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
                     files.append((f"{base}.full.npy", _npy(full)))
                 cells[(method, layer, j)] = picture[box.y0 : box.y1, box.x0 : box.x1]
-                scale = result.scales[(method, layer)]
                 records.append(
                     {
                         "method": method,
