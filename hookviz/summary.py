@@ -100,7 +100,8 @@ class _Counter(TorchDispatchMode):
             top = self.stack[-1]
             self.own[top] = self.own.get(top, 0) + macs
             if attention:
-                self.attention[top] = self.attention.get(top, 0) + attention
+                for name in set(self.stack):
+                    self.attention[name] = self.attention.get(name, 0) + attention
         return out
 
 
@@ -117,7 +118,7 @@ class Row:
     trainable: int
     macs: int  # inclusive: everything that ran while this module was executing
     macs_self: int  # ops run by this module's own forward, not by a child module
-    attention_macs: int
+    attention_macs: int  # inclusive, like macs: the QK^T and AV products
     output_bytes: int
     calls: int
 
@@ -147,6 +148,10 @@ class ModelSummary:
     @property
     def flops(self) -> int:
         return 2 * self.macs
+
+    @property
+    def attention_macs(self) -> int:
+        return next((r.attention_macs for r in self.rows if r.depth == 0), 0)
 
     @property
     def non_trainable_params(self) -> int:
@@ -181,6 +186,7 @@ class ModelSummary:
         d["rows"] = [asdict(r) for r in self.rows]
         d.update(
             flops=self.flops,
+            attention_macs=self.attention_macs,
             non_trainable_params=self.non_trainable_params,
             param_bytes=self.param_bytes,
             training_memory_estimate_bytes=self.training_memory_estimate,
@@ -206,17 +212,27 @@ class ModelSummary:
                 if not params
                 else ("yes" if r.trainable == r.params else "no" if r.trainable == 0 else "part")
             )
-            out.append(
-                [label, r.type, ins, outs, f"{params:,}", train, _si(macs).strip(), _bytes(r.output_bytes)]
-            )
+            row = [label, r.type, ins, outs, f"{params:,}", train, _si(macs).strip(), _bytes(r.output_bytes)]
+            if self._has_attention():
+                row.insert(7, _si(r.attention_macs).strip() if r.attention_macs else "")
+            out.append(row)
         return out
+
+    def _has_attention(self) -> bool:
+        return any(r.attention_macs for r in self.rows)
+
+    def _headers(self) -> tuple[tuple[str, ...], set[int]]:
+        """Column titles and the indices of right-aligned (numeric) columns."""
+        if self._has_attention():
+            return (*self.HEADERS[:7], "attention MACs", self.HEADERS[7]), {4, 6, 7, 8}
+        return self.HEADERS, {4, 6, 7}
 
     HEADERS = ("layer", "type", "input", "output", "params", "trainable", "MACs", "output size")
 
     def __str__(self) -> str:
         rows = self._table_rows()
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(self.HEADERS)]
-        right = {4, 6, 7}
+        headers, right = self._headers()
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
         def line(cells: Sequence[str]) -> str:
             return "  ".join(
@@ -224,8 +240,8 @@ class ModelSummary:
                 for i, (c, w) in enumerate(zip(cells, widths, strict=True))
             )
 
-        rule = "-" * len(line(self.HEADERS))
-        body = [line(self.HEADERS), rule, *(line(r) for r in rows), rule]
+        rule = "-" * len(line(headers))
+        body = [line(headers), rule, *(line(r) for r in rows), rule]
         return "\n".join(body + self._totals())
 
     def _totals(self) -> list[str]:
@@ -236,7 +252,10 @@ class ModelSummary:
             f"parameters: {self.total_params:,} total, {self.trainable_params:,} trainable, "
             f"{self.non_trainable_params:,} non-trainable ({dtypes})",
             f"buffers: {self.buffers:,} values ({_bytes(self.buffer_bytes)})",
-            f"compute: {_si(self.macs)}MACs = {_si(self.flops)}FLOPs (1 MAC = 2 FLOPs)",
+            f"compute: {_si(self.macs)}MACs = {_si(self.flops)}FLOPs (1 MAC = 2 FLOPs)"
+            + (
+                f", of which attention products {_si(self.attention_macs)}MACs" if self.attention_macs else ""
+            ),
             f"activations: {_bytes(self.forward_activation_bytes)} of layer outputs per forward; "
             f"largest single layer {_bytes(self.largest_activation_bytes)}",
             f"training memory estimate: {_bytes(self.training_memory_estimate)} "
@@ -246,8 +265,9 @@ class ModelSummary:
 
     def to_markdown(self) -> str:
         rows = self._table_rows()
-        head = "| " + " | ".join(self.HEADERS) + " |"
-        sep = "|" + "|".join("---:" if i in (4, 6, 7) else "---" for i in range(len(self.HEADERS))) + "|"
+        headers, right = self._headers()
+        head = "| " + " | ".join(headers) + " |"
+        sep = "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"
         body = [
             "| " + " | ".join(c.replace("|", "\\|").replace("  ", "&nbsp;&nbsp;") for c in r) + " |"
             for r in rows
@@ -427,7 +447,8 @@ def summarize(
     unrun = [r.name for r in rows if r.calls == 0 and r.name]
     if unrun:
         notes.append(
-            f"{len(unrun)} module(s) did not run in the forward pass (e.g. {unrun[0]}); their MACs are 0"
+            f"{len(unrun)} module(s) never ran as modules (e.g. {unrun[0]}); what their parent computed "
+            "with their weights is counted in the parent's row"
         )
     return ModelSummary(
         model=name or type(model).__name__,

@@ -101,6 +101,9 @@ def test_vit_b_16_counts_attention_products() -> None:
         assert attn.attention_macs == per_block_attention
         assert attn.macs == per_block_attention + n * d * 4 * d
     assert 17.4e9 < s.macs < 17.7e9
+    assert s.attention_macs == blocks * per_block_attention  # ≈ 0.72 G, what the other tools miss
+    assert rows["encoder"].attention_macs == s.attention_macs
+    assert "attention MACs" in str(s) and "of which attention products 715.33 MMACs" in str(s)
 
 
 def test_model_comes_out_unchanged() -> None:
