@@ -232,12 +232,9 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _classifier_key(model: nn.Module) -> str | None:
-    """The weight of the last layer that produces the class scores."""
-    last = None
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)) and getattr(module, "out_channels", None) != 0:
-            last = name
-    return f"{last}.weight" if last else None
+    """The weight of the layer that produces the class scores: the last Linear (or Conv2d, for squeezenet)."""
+    last = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, nn.Conv2d))]
+    return f"{last[-1]}.weight" if last else None
 
 
 def _classifier_out(model: nn.Module) -> int | None:
