@@ -47,8 +47,8 @@ def medians(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
 
 
 def compute_bench(rounds: int, batch: int) -> list[tuple[str, float, float]]:
+    from hookviz.attribution import explain, grad_cam
     from hookviz.cams import GRADIENT_METHODS
-    from hookviz.explain import explain, grad_cam
     from hookviz.hooks import capture
 
     warnings.filterwarnings("ignore")

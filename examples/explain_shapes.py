@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from train_with_hooks import make_batch, make_model
 
 from hookviz import render
+from hookviz.attribution import explain
 from hookviz.cams import METHODS
-from hookviz.explain import explain
 from hookviz.images import Box, encode_png
 
 NAMES = ("square", "disc", "cross")

@@ -372,8 +372,8 @@ def _num_classes(loaded: Any) -> int:
 
 
 def _check_spatial(name: str, calls: Any, loaded: Any) -> None:
+    from hookviz.attribution import layout_of
     from hookviz.errors import LayerError
-    from hookviz.explain import layout_of
 
     info = next((c for c in calls if c.name == name), None)
     if info is None or info.calls == 0:

@@ -102,7 +102,7 @@ class CamJob:
     def compute(self, x: Any) -> CamBatch:
         import torch.nn.functional as F
 
-        from hookviz.explain import explain
+        from hookviz.attribution import explain
 
         ex = explain(
             self.loaded.model,

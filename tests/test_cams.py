@@ -9,7 +9,7 @@ import torch
 import torchvision
 
 from hookviz import cams
-from hookviz.explain import explain
+from hookviz.attribution import explain
 from tests.conftest import TinyCNN, Trained, hook_counts, shapes_batch
 
 B, K, H, W = 2, 3, 4, 5

@@ -7,8 +7,8 @@ import torch
 import torchvision
 
 from hookviz import cams
+from hookviz.attribution import grad_cam
 from hookviz.errors import LayerError, TargetError
-from hookviz.explain import grad_cam
 from tests.conftest import TinyCNN, hook_counts
 
 

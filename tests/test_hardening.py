@@ -21,8 +21,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from hookviz import cams
+from hookviz.attribution import explain, grad_cam
 from hookviz.cli import app
-from hookviz.explain import explain, grad_cam
 from hookviz.features import feature_maps
 from hookviz.gradients import gradient_flow
 from hookviz.hooks import trace_shapes
