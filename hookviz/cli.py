@@ -432,11 +432,12 @@ def featuremaps(
             from hookviz.errors import LayerError
             from hookviz.hooks import module_names, resolve_layers
             from hookviz.jobs import FeatureMapJob
+            from hookviz.models import probe
 
             if not layers:
                 names = resolve_layers(loaded.model, ["*"], model_name=loaded.name, kinds=(nn.Conv2d,))
             else:
-                calls = {c.name: c for c in _probe(loaded)}
+                calls = {c.name: c for c in probe(loaded)}
                 chosen: set[str] = set()
                 for pattern in layers:
                     found = resolve_layers(loaded.model, [pattern], model_name=loaded.name)
@@ -456,12 +457,6 @@ def featuremaps(
         _run_job(make, locals())
 
 
-def _probe(loaded: Any) -> Any:
-    from hookviz.models import probe
-
-    return probe(loaded)
-
-
 def _has_map(info: Any) -> bool:
     return bool(info.calls) and info.output_shape is not None and len(info.output_shape) == 4
 
@@ -471,7 +466,7 @@ def _check_spatial_any(name: str, info: Any, model_name: str) -> None:
 
     if info.calls == 0:
         raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass")
-    if info.output_shape is None or len(info.output_shape) != 4:
+    if not _has_map(info):
         raise LayerError(
             f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a feature map; "
             "pick a convolutional layer"
@@ -591,9 +586,10 @@ def dropblock(
         def make(loaded: Any) -> Any:
             from hookviz.hooks import resolve_layers
             from hookviz.jobs import DropBlockJob
+            from hookviz.models import probe
 
             (name,) = resolve_layers(loaded.model, [layer], model_name=loaded.name)
-            calls = _probe(loaded)
+            calls = probe(loaded)
             _check_spatial_any(name, next(c for c in calls if c.name == name), loaded.name)
             return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
 

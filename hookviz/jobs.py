@@ -1,4 +1,4 @@
-"""The per-batch jobs behind ``hookviz gradcam`` and ``hookviz featuremaps``: compute, then render."""
+"""The per-batch jobs of the per-image commands (gradcam, featuremaps, gradflow, dropblock)."""
 
 from __future__ import annotations
 

@@ -157,40 +157,26 @@ def feature_grid(
     with its channel index (``value_range`` fixes one scale for all tiles instead, e.g. a 0/1 mask).
     The mosaic is built with numpy, in one array.
     """
-    import cv2
 
     _, h, w = fmap.shape
     n = len(channels)
     if n == 0:
         raise ValueError("no channels to draw")
-    zoom = max(1, int(np.ceil(min_tile / max(h, w))))
-    th, tw = h * zoom, w * zoom
-    cols = int(np.ceil(np.sqrt(n)))
-    rows = int(np.ceil(n / cols))
+    places = tile_positions(n, h, w, min_tile=min_tile, gap=gap)
+    th, tw = places[0][2], places[0][3]
+    zoom = th // h
+    height = max(y for y, _, _, _ in places) + th + gap
+    width = max(x for _, x, _, _ in places) + tw + gap
     lut = colormap_lut(colormap)
-    grid = np.full((rows * (th + gap) + gap, cols * (tw + gap) + gap, 3), 255, dtype=np.uint8)
+    grid = np.full((height, width, 3), 255, dtype=np.uint8)
     label_scale = 0.32 if tw < 90 else 0.4
-    for i, ch in enumerate(channels):
-        r, col = divmod(i, cols)
+    for (y, x, _, _), ch in zip(places, channels, strict=True):
         unit = normalize(fmap[ch]) if value_range is None else normalize(fmap[ch], *value_range)
         tile = apply_lut(unit, lut)
         if zoom > 1:
             tile = np.repeat(np.repeat(tile, zoom, axis=0), zoom, axis=1)
-        y, x = gap + r * (th + gap), gap + col * (tw + gap)
         grid[y : y + th, x : x + tw] = tile
-        label = str(ch)
-        (lw, lh), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, label_scale, 1)
-        grid[y : y + lh + 4, x : x + lw + 4] = 0
-        cv2.putText(
-            grid,
-            label,
-            (x + 2, y + lh + 1),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            label_scale,
-            (255, 255, 255),
-            1,
-            cv2.LINE_AA,
-        )
+        _label(grid, str(ch), x, y, label_scale)
     if grid.shape[1] < 480:  # room for the title
         pad = np.full((grid.shape[0], 480 - grid.shape[1], 3), 255, dtype=np.uint8)
         grid = np.concatenate([grid, pad], axis=1)

@@ -236,6 +236,14 @@ def test_a_thousand_grad_cams_do_not_grow_memory() -> None:
     assert hook_counts(model) == 0
 
 
+def _gradcam_cmd(src: Path, out: Path, *extra: str) -> list[str]:
+    """The run the kill tests interrupt and resume: two methods, raw maps and a sheet per input."""
+    return [
+        *HOOKVIZ, "gradcam", str(src), "--weights", "none", "--device", "cpu", "--out", str(out),
+        "--method", "gradcam", "--method", "layercam", "--save-raw", *extra,
+    ]  # fmt: skip
+
+
 def _slow_run(tmp_path: Path, n: int = 48) -> tuple[subprocess.Popen[str], Path, Path]:
     src = tmp_path / "src"
     src.mkdir()
@@ -244,24 +252,7 @@ def _slow_run(tmp_path: Path, n: int = 48) -> tuple[subprocess.Popen[str], Path,
             src / f"img{i:03d}.png", np.random.default_rng(i).integers(0, 256, (300, 400, 3), dtype=np.uint8)
         )
     out = tmp_path / "out"
-    cmd = [
-        *HOOKVIZ,
-        "gradcam",
-        str(src),
-        "--weights",
-        "none",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        "--batch-size",
-        "2",
-        "--method",
-        "gradcam",
-        "--method",
-        "layercam",
-        "--save-raw",
-    ]
+    cmd = _gradcam_cmd(src, out, "--batch-size", "2")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and len(list(out.glob("*.png"))) < 6:
@@ -295,26 +286,7 @@ def test_a_killed_run_leaves_only_complete_files_and_resumes(tmp_path: Path, sig
     assert 0 < done < 48
     before = checksums(src)
     res = subprocess.run(
-        [
-            *HOOKVIZ,
-            "gradcam",
-            str(src),
-            "--weights",
-            "none",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-            "--batch-size",
-            "8",
-            "--method",
-            "gradcam",
-            "--method",
-            "layercam",
-            "--save-raw",
-            "--skip-existing",
-            "-q",
-        ],
+        _gradcam_cmd(src, out, "--batch-size", "8", "--skip-existing", "-q"),
         cwd=ROOT,
         capture_output=True,
         text=True,

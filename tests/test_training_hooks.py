@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from typer.testing import CliRunner
 from hookviz.cli import app
 from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
 from hookviz.regularize import attach_dropblock, attach_dropout2d, drop_block, seed_rate
-from tests.conftest import SAMPLES, TinyCNN, hook_counts
+from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts
 
 
 @pytest.mark.parametrize("size", [7, 14, 28, 56])
@@ -183,51 +185,24 @@ def test_gradflow_and_dropblock_commands(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not a feature map" in r.stderr
 
 
-def test_example_trains(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
+def _run_example(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "train_with_hooks.py"),
-            "--steps",
-            "30",
-            "--log-every",
-            "10",
-        ],
+        [sys.executable, str(ROOT / "examples" / script), *args],
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=tmp_path,
+        cwd=cwd,
     )
     assert res.returncode == 0, res.stderr
+    return res
+
+
+def test_example_trains(tmp_path: Path) -> None:
+    res = _run_example("train_with_hooks.py", "--steps", "30", "--log-every", "10", cwd=tmp_path)
     assert re.search(r"step +30 ", res.stdout) and "grad norm" in res.stdout and "accuracy" in res.stdout
 
 
 def test_shapes_example_writes_its_sheet(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     out = tmp_path / "s.png"
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "explain_shapes.py"),
-            "--steps",
-            "40",
-            "--eval",
-            "8",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert res.returncode == 0, res.stderr
+    res = _run_example("explain_shapes.py", "--steps", "40", "--eval", "8", "--out", str(out), cwd=tmp_path)
     assert "map peak inside the shape: gradcam" in res.stdout and out.stat().st_size > 50_000
