@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +99,16 @@ def layout_of(model: nn.Module, layer: str, shape: Sequence[int]) -> str:
     )
 
 
-def _targets(spec: Targets, logits: Tensor) -> Tensor:
+def ranking(logits: Tensor) -> Tensor:
+    """Classes of each row from the highest logit down; ties keep the lower index first.
+
+    The one ordering behind both "predicted" and "top-K", so the class explained for ``top1`` is
+    always the class reported as predicted, even when scores tie.
+    """
+    return logits.detach().float().sort(dim=1, descending=True, stable=True).indices
+
+
+def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:
     """``(B, T)`` class indices.
 
     ``None`` → each image's top-1; ``"topK"`` → each image's top K; an ``int`` or a list/tuple of ints →
@@ -107,7 +116,7 @@ def _targets(spec: Targets, logits: Tensor) -> Tensor:
     """
     n, num_classes = logits.shape
     if spec is None:
-        t = logits.argmax(dim=1, keepdim=True)
+        t = order[:, :1]
     elif isinstance(spec, str):
         text = spec.strip().lower()
         if not text.startswith("top") or not text[3:].isdigit() or int(text[3:]) < 1:
@@ -115,7 +124,7 @@ def _targets(spec: Targets, logits: Tensor) -> Tensor:
         k = int(text[3:])
         if k > num_classes:
             raise TargetError(f"target {spec!r}: the model has only {num_classes} classes")
-        t = logits.topk(k, dim=1).indices
+        t = order[:, :k]
     elif isinstance(spec, Tensor):
         t = spec.to(logits.device)
         t = t[:, None] if t.dim() == 1 else t
@@ -139,6 +148,7 @@ def explain(
     *,
     relu: bool = True,
     scorecam_batch: int = 64,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Explanation:
     """Every requested CAM ``method`` at every ``layer`` for every target, from one forward pass.
 
@@ -156,6 +166,8 @@ def explain(
         targets: ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every
             image, a list of class indices shared by all images, or a ``(B, T)`` tensor.
         relu: ``False`` keeps signed maps.
+        progress: called as ``progress(done, total)`` after each Score-CAM forward pass, counting the
+            masked inputs of this call (Score-CAM is the slow method: one input per channel).
 
     Raises:
         UsageError: an unknown method. LayerError: a layer that does not run, runs twice, or has no
@@ -197,7 +209,8 @@ def explain(
                     )
                 raw[layer] = got[0]
                 layouts[layer] = layout_of(model, layer, got[0].shape)
-            t = _targets(targets, logits.detach())
+            order = ranking(logits)
+            t = _targets(targets, logits.detach(), order)
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
             if gradient_methods:
                 inputs = [raw[layer] for layer in layers]
@@ -210,6 +223,14 @@ def explain(
                         grads[layer].append(cap.captured.grads[layer][-1])
     result_probs = torch.softmax(logits.detach().float(), dim=1)
     del logits, cap  # free the recorded graph before any further work
+    masked_total = sum(to_spatial(raw[la], layouts[la]).shape[1] for la in layers) * x.shape[0]
+    masked_done = [0]
+
+    def advance(n: int) -> None:
+        masked_done[0] += n
+        if progress is not None:
+            progress(masked_done[0], masked_total)
+
     with torch.no_grad():
         for layer in layers:
             a = to_spatial(raw[layer].detach(), layouts[layer])
@@ -224,12 +245,13 @@ def explain(
             if "scorecam" in methods:
                 with preserved(model):
                     model.eval()
-                    scores = _score_cam_scores(model, x, a, t, scorecam_batch)
+                    scores = _score_cam_scores(model, x, a, t, scorecam_batch, advance)
                 maps[("scorecam", layer)] = torch.stack(
                     [cams.score_cam(a, scores[:, j], relu=relu) for j in range(t.shape[1])], dim=1
                 )
     ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
-    top_score, top = result_probs.max(dim=1)
+    top = order[:, 0]
+    top_score = result_probs.gather(1, top[:, None])[:, 0]
     return Explanation(
         layers=layers,
         methods=methods,
@@ -243,7 +265,9 @@ def explain(
     )
 
 
-def _score_cam_scores(model: nn.Module, x: Tensor, a: Tensor, t: Tensor, chunk: int) -> Tensor:
+def _score_cam_scores(
+    model: nn.Module, x: Tensor, a: Tensor, t: Tensor, chunk: int, advance: Callable[[int], None]
+) -> Tensor:
     """Target probabilities ``(B, T, K)`` for the input masked by each upsampled, normalised channel."""
     import torch.nn.functional as F
 
@@ -262,6 +286,7 @@ def _score_cam_scores(model: nn.Module, x: Tensor, a: Tensor, t: Tensor, chunk: 
             mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
             probs = torch.softmax(model(x[i : i + 1] * mask[:, None].to(x.dtype)).float(), dim=1)
             out[i, :, k0 : k0 + chunk] = probs[:, t[i]].T
+            advance(mask.shape[0])
     return out
 
 

@@ -8,15 +8,20 @@ Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--
 from __future__ import annotations
 
 import json
+import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import IO, Annotated, Any, NoReturn
 
 import typer
 
+from hookviz import __version__
 from hookviz.errors import HookvizError
+from hookviz.options import Colormap, Fuse, Method, Normalize, Resize, Stage, SummaryFormat
 
 app = typer.Typer(
     name="hookviz",
@@ -32,11 +37,15 @@ EXIT_USAGE = 2
 EXIT_SETUP = 3
 EXIT_INTERRUPTED = 130
 
-F = TypeVar("F", bound=Callable[..., Any])
+# Help panels: options grouped by what they are about.
+MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
 
 # Options shared by several commands.
 Model = Annotated[
-    str, typer.Option("--model", "-m", help="torchvision classification model (`hookviz models`).")
+    str,
+    typer.Option(
+        "--model", "-m", help="torchvision classification model (hookviz models).", rich_help_panel=MODEL
+    ),
 ]
 Weights = Annotated[
     str,
@@ -45,35 +54,110 @@ Weights = Annotated[
         "-w",
         help="DEFAULT (pretrained, downloaded once into the torch hub cache), a weights name "
         "(IMAGENET1K_V2), none (random init), or the path of a state_dict/checkpoint.",
+        rich_help_panel=MODEL,
     ),
 ]
-Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.")]
-Out = Annotated[Path, typer.Option("--out", "-o", help="output folder; manifest.jsonl is appended there.")]
-BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="images per forward pass.")]
-Workers = Annotated[int, typer.Option("--workers", help="threads decoding, rendering and writing images.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="replace existing outputs.")]
+WeightsKey = Annotated[
+    str | None,
+    typer.Option(
+        "--weights-key",
+        help="the key of the state_dict inside a checkpoint dict (ema, model_ema; a.b for nested).",
+        rich_help_panel=MODEL,
+    ),
+]
+Labels = Annotated[
+    Path | None,
+    typer.Option(
+        "--labels",
+        help="class names for the head: one per line, or a JSON list (fine-tuned models).",
+        rich_help_panel=MODEL,
+    ),
+]
+Device = Annotated[
+    str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.", rich_help_panel=RUN)
+]
+Out = Annotated[
+    Path,
+    typer.Option(
+        "--out", "-o", help="output folder; manifest.jsonl is appended there.", rich_help_panel=OUTPUT
+    ),
+]
+BatchSize = Annotated[
+    int, typer.Option("--batch-size", "-b", min=1, help="images per forward pass.", rich_help_panel=RUN)
+]
+Workers = Annotated[
+    int,
+    typer.Option(
+        "--workers", min=1, help="threads decoding, rendering and writing images.", rich_help_panel=RUN
+    ),
+]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="recompute and replace existing outputs.", rich_help_panel=OUTPUT)
+]
 SkipExisting = Annotated[
-    bool, typer.Option("--skip-existing", help="leave inputs whose outputs all exist (resume).")
+    bool,
+    typer.Option(
+        "--skip-existing",
+        help="also complete inputs whose outputs exist only in part (a killed run).",
+        rich_help_panel=OUTPUT,
+    ),
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar and no per-input lines.")]
-JsonOut = Annotated[bool, typer.Option("--json", help="print each manifest record as a JSON line on stdout.")]
-Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks.")]
+Quiet = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="no progress bar and no per-input lines.", rich_help_panel=OUTPUT),
+]
+JsonOut = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="print the manifest records, and nothing else, on stdout.", rich_help_panel=OUTPUT
+    ),
+]
+Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks.", rich_help_panel=RUN)]
 InputSize = Annotated[
-    int | None, typer.Option("--input-size", help="square model input side (default: the weights').")
+    int | None,
+    typer.Option(
+        "--input-size", min=1, help="square model input side (default: the weights').", rich_help_panel=MODEL
+    ),
 ]
-Resize = Annotated[
-    str,
+ResizeOpt = Annotated[
+    Resize,
     typer.Option(
         "--resize",
         help="crop: torchvision's eval transform (centre crop; the map covers the part the model saw); "
         "squash: whole image resized to a square.",
+        rich_help_panel=MODEL,
     ),
 ]
-MaxPixels = Annotated[int, typer.Option("--max-pixels", help="refuse images larger than this many pixels.")]
+MaxPixels = Annotated[
+    int,
+    typer.Option(
+        "--max-pixels", min=1, help="refuse images larger than this many pixels.", rich_help_panel=RUN
+    ),
+]
+Null = Annotated[
+    bool,
+    typer.Option("--null", "-0", help="stdin paths are NUL-separated (find -print0).", rich_help_panel=RUN),
+]
 Inputs = Annotated[
     list[str],
     typer.Argument(help="image files, folders (searched recursively), globs, or - to read paths from stdin."),
 ]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hookviz {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="print the version and exit."),
+    ] = False,
+) -> None:
+    """Look inside convolutional networks with PyTorch hooks: feature maps, Grad-CAM, layers."""
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -81,11 +165,37 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+#: Warnings from dependencies that say nothing a hookviz user can act on.
+_HARMLESS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+@contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """No raw Python warning reaches a user: harmless ones are silenced, others become one stderr line."""
+    shown: set[str] = set()
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        text = (str(message).strip().splitlines() or [category.__name__])[0]
+        if text not in shown:
+            shown.add(text)
+            sys.stderr.write(f"hookviz: warning: {text}\n")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        for category in _HARMLESS:
+            warnings.simplefilter("ignore", category)
+        warnings.showwarning = show
+        yield
+
+
 @contextmanager
 def _guard(debug: bool) -> Iterator[None]:
-    """Map hookviz errors and Ctrl-C to one stderr line and an exit code."""
+    """Map hookviz errors and Ctrl-C to one stderr line and an exit code; warnings to lines."""
     try:
-        yield
+        with _warnings_as_lines():
+            yield
     except KeyboardInterrupt:
         typer.echo("hookviz: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -102,135 +212,224 @@ def _guard(debug: bool) -> Iterator[None]:
         _fail(f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", 1)
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}", param_hint=name)
+@contextmanager
+def _stdout_reserved() -> Iterator[IO[str]]:
+    """Yield the real stdout for results; while open, anything else printed to stdout goes to stderr.
+
+    Dependencies print (torch.hub's ``Downloading: ...``, C extensions writing to fd 1); with
+    ``--json`` a script reads stdout as JSON lines, so stdout is kept for hookviz's records alone:
+    ``sys.stdout`` and, where there is one, file descriptor 1 point at stderr during the run.
+    """
+    real = sys.stdout
+    real.flush()
+    try:
+        fd: int | None = real.fileno()
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's capture)
+        fd = None
+    saved = None
+    stream: IO[str] = real
+    if fd is not None:
+        saved = os.dup(fd)
+        os.dup2(sys.stderr.fileno(), fd)
+        stream = os.fdopen(saved, "w", encoding=getattr(real, "encoding", None) or "utf-8", closefd=False)
+    sys.stdout = sys.stderr
+    try:
+        yield stream
+    finally:
+        stream.flush()
+        sys.stdout = real
+        if saved is not None and fd is not None:
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
-def _load(model: str, weights: str, device: str, input_size: int | None, resize: str, quiet: bool) -> Any:
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to get the model: the options every per-image command shares."""
+
+    model: str
+    weights: str
+    device: str = "auto"
+    input_size: int | None = None
+    resize: str = "crop"
+    labels: Path | None = None
+    weights_key: str | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run over the inputs and where results go."""
+
+    inputs: list[str]
+    out: Path
+    batch_size: int = 8
+    workers: int = 2
+    overwrite: bool = False
+    skip_existing: bool = False
+    max_pixels: int = 80_000_000
+    null: bool = False
+    quiet: bool = False
+    as_json: bool = False
+    debug: bool = False
+
+
+def _load(m: ModelOptions, quiet: bool) -> Any:
     from hookviz.models import load_model, resolve_device
 
-    dev = resolve_device(device)
     return load_model(
-        model,
-        weights,
-        device=dev,
-        input_size=input_size,
-        resize=resize,
+        m.model,
+        m.weights,
+        device=resolve_device(m.device),
+        input_size=m.input_size,
+        resize=str(m.resize),
         progress=not quiet and sys.stderr.isatty(),
+        labels=m.labels,
+        weights_key=m.weights_key,
     )
 
 
-def _progress(records: Iterator[dict[str, Any]], total: int, quiet: bool, as_json: bool) -> tuple[int, int]:
-    """Print records as they come (results on stdout, errors on stderr); return (ok, failed).
+class _Reporter:
+    """Progress on stderr (a bar on a terminal), result lines on ``out``; counts ok and failed inputs.
 
-    On a terminal a progress bar runs on stderr; lines bound for the same terminal are printed through
-    the bar's console so they scroll above it instead of tearing it.
+    Lines bound for the same terminal as the bar are printed through the bar's console, so they scroll
+    above it instead of tearing it.
     """
-    ok = failed = 0
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import Progress
 
-        bar = Progress(transient=True, console=Console(stderr=True), redirect_stdout=False)
-        bar.start()
-        task = bar.add_task("images", total=total)
+    def __init__(self, out: IO[str], quiet: bool, as_json: bool) -> None:
+        self.out, self.quiet, self.as_json = out, quiet, as_json
+        self.ok = self.failed = 0
+        self.bar: Any = None
+        self._inner: Any = None
 
-    def say(text: str, err: bool = False) -> None:
-        if bar is not None and (err or sys.stdout.isatty()):
-            bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+    def start(self, total: int) -> None:
+        """Show the bar (on a terminal, unless quiet) for ``total`` inputs."""
+        if not self.quiet and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True, console=Console(stderr=True), redirect_stdout=False)
+            self.bar.start()
+            self._task = self.bar.add_task("images", total=total)
+
+    def inner(self, label: str) -> Callable[[int, int], None]:
+        """A ``progress(done, total)`` callback for slow work inside one batch (Score-CAM's passes)."""
+
+        def update(done: int, total: int) -> None:
+            if self.bar is None:
+                return
+            if self._inner is None:
+                self._inner = self.bar.add_task(label, total=total)
+            self.bar.update(self._inner, completed=done, total=total)
+
+        return update
+
+    def say(self, text: str, err: bool = False) -> None:
+        to_terminal = err or (hasattr(self.out, "isatty") and self.out.isatty())
+        if self.bar is not None and to_terminal:
+            self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        elif err:
+            typer.echo(text, err=True)
         else:
-            typer.echo(text, err=err)
+            self.out.write(text + "\n")
+            self.out.flush()
 
-    try:
-        for rec in records:
-            if rec["status"] == "error":
-                failed += 1
-                say(f"hookviz: {rec['error']}", err=True)
-            else:
-                ok += 1
-            if as_json:
-                say(json.dumps(rec, ensure_ascii=False))
-            elif not quiet and rec["status"] != "error":
-                say(_describe(rec))
-            if bar is not None:
-                bar.advance(task)
-    finally:
-        if bar is not None:
-            bar.stop()
-    return ok, failed
+    def add(self, rec: dict[str, Any]) -> None:
+        if rec["status"] == "error":
+            self.failed += 1
+            self.say(f"hookviz: {rec['error']}", err=True)
+        else:
+            self.ok += 1
+        if self.as_json:
+            self.say(json.dumps(rec, ensure_ascii=False))
+        elif not self.quiet and rec["status"] != "error":
+            self.say(_describe(rec))
+        if self.bar is not None:
+            self.bar.advance(self._task)
+            if self._inner is not None:
+                self.bar.remove_task(self._inner)
+                self._inner = None
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _describe(rec: dict[str, Any]) -> str:
-    if rec["status"] == "skipped":
-        return f"{rec['input']}: skipped (outputs exist)"
     parts = [f"{rec['input']}:"]
-    if "predicted" in rec:
-        p, t = rec["predicted"], rec["target"]
+    p, t = rec.get("predicted"), rec.get("target")
+    if p:
         parts.append(f"predicted {p['name']} ({p['index']}) p={p['score']:.3f};")
-        if t["index"] != p["index"]:
+        if t and t["index"] != p["index"]:
             parts.append(f"explained {t['name']} ({t['index']}) p={t['score']:.3f};")
     outs = rec["outputs"]
-    parts.append(f"wrote {outs[0]}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
+    verb = "exists" if rec["status"] == "skipped" else "wrote"
+    if outs:
+        parts.append(f"{verb} {outs[0]}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
     return " ".join(parts)
 
 
-def _run_job(job_factory: Callable[[Any], Any], opts: dict[str, Any]) -> None:
-    """The shared body of the per-image commands; ``opts`` is the command's ``locals()`` (its options)."""
+def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions) -> None:
+    """The shared body of the per-image commands: inputs → model → job → pipeline → records."""
     from hookviz import pipeline
 
-    inputs: list[str] = opts["inputs"]
-    out: Path = opts["out"]
-    quiet: bool = opts["quiet"]
-    batch_size: int = opts.get("batch_size", 8)
-    workers: int = opts.get("workers", 2)
-    resize: str = opts["resize"]
-    if batch_size < 1:
-        raise typer.BadParameter(f"{batch_size} (must be at least 1)", param_hint="--batch-size")
-    if workers < 1:
-        raise typer.BadParameter(f"{workers} (must be at least 1)", param_hint="--workers")
-    _check_choice("--resize", resize, ("crop", "squash"))
-    output = pipeline.Output(out, overwrite=opts["overwrite"])
-    items = pipeline.expand_inputs(inputs, sys.stdin if "-" in inputs else None, exclude=out)
-    real_out = out.resolve()
-    for spec in inputs:
+    if r.overwrite and r.skip_existing:
+        raise typer.BadParameter(
+            "--overwrite (redo everything) and --skip-existing (keep what exists) contradict each other; "
+            "pass one",
+            param_hint="--skip-existing",
+        )
+    output = pipeline.Output(r.out, overwrite=r.overwrite)
+    real_out = r.out.resolve()
+    for spec in r.inputs:
         if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
             _fail(
-                f"--out {out} is also an input folder; outputs would be read back as inputs. "
+                f"--out {str(r.out)!r} is also an input folder; outputs would be read back as inputs. "
                 "Choose another --out",
-                2,
+                EXIT_USAGE,
             )
-    loaded = _load(opts["model"], opts["weights"], opts["device"], opts["input_size"], resize, quiet)
-    job = job_factory(loaded)
-    output.prepare()
-    base = {
-        "command": job.kind,
-        "model": loaded.name,
-        "weights": loaded.weights,
-        "pretrained": loaded.pretrained,
-    }
-    if not loaded.pretrained and not quiet:
-        typer.echo(
-            f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); maps show mechanics only",
-            err=True,
-        )
-    records = pipeline.run(
-        items,
-        job,
-        preprocess=loaded.preprocess,
-        output=output,
-        device=loaded.device,
-        base=base,
-        batch_size=batch_size,
-        workers=workers,
-        skip_existing=opts["skip_existing"],
-        max_pixels=opts["max_pixels"],
+    items = pipeline.expand_inputs(
+        r.inputs, sys.stdin if "-" in r.inputs else None, exclude=r.out, null=r.null
     )
-    _, failed = _progress(records, len(items), quiet, opts["as_json"])
-    if failed:
+    with _stdout_reserved() as stdout:
+        loaded = _load(m, r.quiet)
+        reporter = _Reporter(stdout, r.quiet, r.as_json)
+        try:
+            job = job_factory(loaded, reporter)
+            if not loaded.pretrained and not r.quiet:
+                typer.echo(
+                    f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); "
+                    "maps show mechanics only",
+                    err=True,
+                )
+            output.prepare()
+            reporter.start(len(items))
+            base = {
+                "command": job.kind,
+                "model": loaded.name,
+                "weights": loaded.weights,
+                "pretrained": loaded.pretrained,
+            }
+            records = pipeline.run(
+                items,
+                job,
+                preprocess=loaded.preprocess,
+                output=output,
+                device=loaded.device,
+                base=base,
+                batch_size=r.batch_size,
+                workers=r.workers,
+                skip_existing=r.skip_existing,
+                max_pixels=r.max_pixels,
+            )
+            for rec in records:
+                reporter.add(rec)
+        finally:
+            reporter.close()
+    if reporter.failed:
         typer.echo(
-            f"hookviz: {failed} of {len(items)} input(s) failed; see {out / pipeline.MANIFEST}", err=True
+            f"hookviz: {reporter.failed} of {len(items)} input(s) failed; see {r.out / pipeline.MANIFEST}",
+            err=True,
         )
         raise typer.Exit(EXIT_INPUTS_FAILED)
 
@@ -240,141 +439,153 @@ def gradcam(
     inputs: Inputs,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = Resize.crop,
     layers: Annotated[
         list[str] | None,
         typer.Option(
-            "--layer", "-l", help="module name; repeatable (default: the last convolutional stage)."
+            "--layer",
+            "-l",
+            help="module name; repeatable (default: the last convolutional stage).",
+            rich_help_panel=MAPS,
         ),
     ] = None,
     methods: Annotated[
-        list[str] | None,
+        list[Method] | None,
         typer.Option(
-            "--method",
-            help="gradcam, gradcampp, xgradcam, layercam, hirescam, eigencam, scorecam, or all; repeatable.",
+            "--method", help="CAM method, or all; repeatable (default gradcam).", rich_help_panel=MAPS
         ),
     ] = None,
     target: Annotated[
-        str, typer.Option("--target", "-t", help="top1, topK (top5), a class index or name, or a comma list.")
-    ] = "top1",
-    normalize: Annotated[
         str,
         typer.Option(
-            "--normalize",
-            help="image: each map min-max; batch: one scale per batch; none: one fixed scale for the run.",
+            "--target",
+            "-t",
+            help="top1, topK (top5), a class index or name, or a comma list.",
+            rich_help_panel=MAPS,
         ),
-    ] = "image",
+    ] = "top1",
+    normalize: Annotated[
+        Normalize,
+        typer.Option(
+            "--normalize",
+            help="image: each map min-max; batch: one scale per batch; none: the fixed scale 0..--vmax.",
+            rich_help_panel=MAPS,
+        ),
+    ] = Normalize.image,
     vmax: Annotated[
-        float | None, typer.Option("--vmax", help="with --normalize none: the value shown as full colour.")
+        float | None,
+        typer.Option(
+            "--vmax", help="with --normalize none: the map value drawn as full colour.", rich_help_panel=MAPS
+        ),
     ] = None,
     fuse: Annotated[
-        str | None, typer.Option("--fuse", help="mean or max: also fuse the maps of all layers.")
+        Fuse | None, typer.Option("--fuse", help="also fuse the maps of all layers.", rich_help_panel=MAPS)
     ] = None,
     sheet: Annotated[
-        bool | None, typer.Option("--sheet/--no-sheet", help="comparison sheet (default: when >1 map).")
+        bool | None,
+        typer.Option(
+            "--sheet/--no-sheet", help="comparison sheet (default: when >1 map).", rich_help_panel=OUTPUT
+        ),
     ] = None,
     scorecam_batch: Annotated[
-        int, typer.Option("--scorecam-batch", min=1, help="masked inputs per Score-CAM forward pass.")
+        int,
+        typer.Option(
+            "--scorecam-batch", min=1, help="masked inputs per Score-CAM forward pass.", rich_help_panel=RUN
+        ),
     ] = 64,
-    alpha: Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.")] = 0.5,
+    alpha: Annotated[
+        float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.", rich_help_panel=MAPS)
+    ] = 0.5,
     colormap: Annotated[
-        str, typer.Option("--colormap", help="jet, turbo, viridis, inferno, magma, ...")
-    ] = "jet",
+        Colormap, typer.Option("--colormap", help="heatmap colours.", rich_help_panel=MAPS)
+    ] = (Colormap.jet),
     no_relu: Annotated[
-        bool, typer.Option("--no-relu", help="signed maps: negative evidence in blue.")
+        bool, typer.Option("--no-relu", help="signed maps: negative evidence in blue.", rich_help_panel=MAPS)
     ] = False,
     save_raw: Annotated[
-        bool, typer.Option("--save-raw", help="also write raw maps as .npy (feature and photo resolution).")
+        bool,
+        typer.Option(
+            "--save-raw",
+            help="also write raw maps as .npy (feature and photo resolution).",
+            rich_help_panel=OUTPUT,
+        ),
     ] = False,
     out: Out = Path("out"),
-    batch_size: BatchSize = 8,
-    device: Device = "auto",
-    workers: Workers = 2,
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
-    input_size: InputSize = None,
-    resize: Resize = "crop",
-    max_pixels: MaxPixels = 80_000_000,
     quiet: Quiet = False,
     as_json: JsonOut = False,
+    batch_size: BatchSize = 8,
+    workers: Workers = 2,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
     debug: Debug = False,
 ) -> None:
     """Grad-CAM and the CAM family over the original photos: where the model looks for a class."""
-    from hookviz.cams import METHODS
-    from hookviz.render import COLORMAPS
-
-    _check_choice("--colormap", colormap, COLORMAPS)
-    _check_choice("--normalize", normalize, ("image", "batch", "none"))
-    if fuse is not None:
-        _check_choice("--fuse", fuse, ("mean", "max"))
-    chosen_methods = list(dict.fromkeys(methods or ["gradcam"]))
-    if "all" in chosen_methods:
-        chosen_methods = list(METHODS)
-    for m in chosen_methods:
-        _check_choice("--method", m, (*METHODS, "all"))
+    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    r = RunOptions(
+        inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
+    )
     with _guard(debug):
 
-        def make(loaded: Any) -> Any:
-            from hookviz.errors import LayerError
-            from hookviz.hooks import resolve_layers
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.jobs import CamJob
-            from hookviz.models import default_cam_layer, parse_targets, probe
+            from hookviz.models import default_cam_layer, num_classes, parse_targets, probe
 
             calls = probe(loaded)
             if not layers:
                 chosen = [default_cam_layer(loaded.model, calls)]
             else:
-                for name in layers:
-                    if any(ch in name for ch in "*?["):
-                        raise LayerError(f"--layer takes module names, not patterns ({name!r})")
-                chosen = resolve_layers(loaded.model, layers, model_name=loaded.name)
-                for name in chosen:
-                    _check_spatial(name, calls, loaded)
-            t = parse_targets(target, loaded, _num_classes(loaded))
+                chosen = [_cam_layer(name, calls, loaded) for name in dict.fromkeys(layers)]
+            t = parse_targets(target, loaded, num_classes(loaded))
+            job = CamJob(
+                loaded,
+                chosen,
+                [str(x) for x in (methods or [Method.gradcam])],
+                t,
+                alpha,
+                str(colormap),
+                relu=not no_relu,
+                save_raw=save_raw,
+                normalize=str(normalize),
+                vmax=vmax,
+                fuse=str(fuse) if fuse is not None else None,
+                sheet=sheet,
+                scorecam_batch=scorecam_batch,
+            )
             if not layers and not quiet:
                 typer.echo(
                     f"hookviz: using layer {chosen[0]} "
                     f"(the default for {loaded.name}: its last spatial stage; --layer to change)",
                     err=True,
                 )
-            return CamJob(
-                loaded,
-                chosen,
-                chosen_methods,
-                t,
-                alpha,
-                colormap,
-                relu=not no_relu,
-                save_raw=save_raw,
-                normalize=normalize,
-                vmax=vmax,
-                fuse=fuse,
-                sheet=sheet,
-                scorecam_batch=scorecam_batch,
-            )
+            if "scorecam" in job.methods and not quiet:
+                passes = sum(_channels(name, calls, loaded) for name in chosen)
+                typer.echo(
+                    f"hookviz: note: Score-CAM runs {passes:,} masked forward passes per image "
+                    f"(one per channel of {', '.join(chosen)}); it is the slow method",
+                    err=True,
+                )
+                if reporter is not None:
+                    job.progress = reporter.inner("Score-CAM masked passes")
+            return job
 
-        _run_job(make, locals())
+        _run_job(make, m, r)
 
 
-def _num_classes(loaded: Any) -> int:
-    if loaded.categories:  # the weights name their classes: no forward pass needed
-        return len(loaded.categories)
-    import torch
-
-    s = loaded.preprocess.crop_size
-    with torch.no_grad():
-        was = loaded.model.training
-        loaded.model.eval()
-        try:
-            logits = loaded.model(torch.zeros(1, 3, s, s, device=loaded.device))
-        finally:
-            loaded.model.train(was)
-    return int(logits.shape[-1])
-
-
-def _check_spatial(name: str, calls: Any, loaded: Any) -> None:
+def _cam_layer(name: str, calls: Any, loaded: Any) -> str:
+    """Check that ``name`` can be a CAM layer: exists, runs once, has a spatial map."""
     from hookviz.attribution import layout_of
     from hookviz.errors import LayerError
+    from hookviz.hooks import resolve_layers
 
+    if any(ch in name for ch in "*?["):
+        raise LayerError(f"--layer takes module names, not patterns ({name!r})")
+    (name,) = resolve_layers(loaded.model, [name], model_name=loaded.name)
     info = next((c for c in calls if c.name == name), None)
     if info is None or info.calls == 0:
         raise LayerError(f"layer {name!r} does not run in {loaded.name}'s forward pass; pick another layer")
@@ -387,6 +598,15 @@ def _check_spatial(name: str, calls: Any, loaded: Any) -> None:
             f"layer {name!r} runs {info.calls} times per forward pass, so its gradient is ambiguous; "
             "pick a layer that runs once (e.g. its parent block)"
         )
+    return name
+
+
+def _channels(name: str, calls: Any, loaded: Any) -> int:
+    from hookviz.attribution import layout_of
+
+    shape = next(c.output_shape for c in calls if c.name == name)
+    layout = layout_of(loaded.model, name, shape)
+    return int(shape[1] if layout == "nchw" else shape[-1])
 
 
 @app.command()
@@ -394,50 +614,61 @@ def featuremaps(
     inputs: Inputs,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = Resize.crop,
     layers: Annotated[
         list[str] | None,
         typer.Option(
             "--layers",
             "--layer",
             "-l",
-            help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d.",
+            help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d that runs.",
+            rich_help_panel=MAPS,
         ),
     ] = None,
-    stage: Annotated[str, typer.Option("--stage", help="input, output or both.")] = "output",
-    max_channels: Annotated[int, typer.Option("--max-channels", min=1, help="channels per grid.")] = 64,
-    colormap: Annotated[str, typer.Option("--colormap", help="viridis, inferno, gray, jet, ...")] = "viridis",
+    stage: Annotated[
+        Stage, typer.Option("--stage", help="the layer's input, output or both.", rich_help_panel=MAPS)
+    ] = (Stage.output),
+    max_channels: Annotated[
+        int, typer.Option("--max-channels", min=1, help="channels per grid.", rich_help_panel=MAPS)
+    ] = 64,
+    colormap: Annotated[
+        Colormap, typer.Option("--colormap", help="channel colours.", rich_help_panel=MAPS)
+    ] = (Colormap.viridis),
     out: Out = Path("out"),
-    batch_size: BatchSize = 8,
-    device: Device = "auto",
-    workers: Workers = 2,
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
-    input_size: InputSize = None,
-    resize: Resize = "crop",
-    max_pixels: MaxPixels = 80_000_000,
     quiet: Quiet = False,
     as_json: JsonOut = False,
+    batch_size: BatchSize = 8,
+    workers: Workers = 2,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
     debug: Debug = False,
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
-    from hookviz.render import COLORMAPS
-
-    _check_choice("--stage", stage, ("input", "output", "both"))
-    _check_choice("--colormap", colormap, COLORMAPS)
+    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    r = RunOptions(
+        inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
+    )
     with _guard(debug):
 
-        def make(loaded: Any) -> Any:
-            from torch import nn
-
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.errors import LayerError
             from hookviz.hooks import module_names, resolve_layers
             from hookviz.jobs import FeatureMapJob
             from hookviz.models import probe
 
+            calls = {c.name: c for c in probe(loaded)}
             if not layers:
-                names = resolve_layers(loaded.model, ["*"], model_name=loaded.name, kinds=(nn.Conv2d,))
+                # Every Conv2d that runs: auxiliary heads (googlenet, inception_v3) are idle in eval mode.
+                names = [n for n, c in calls.items() if c.type == "Conv2d" and _has_map(c)]
+                if not names:
+                    raise LayerError(f"{loaded.name} has no Conv2d layer that runs; pass --layers")
             else:
-                calls = {c.name: c for c in probe(loaded)}
                 chosen: set[str] = set()
                 for pattern in layers:
                     found = resolve_layers(loaded.model, [pattern], model_name=loaded.name)
@@ -452,9 +683,9 @@ def featuremaps(
                         _check_spatial_any(found[0], calls[found[0]], loaded.name)
                     chosen.update(found)
                 names = [n for n in module_names(loaded.model) if n in chosen]
-            return FeatureMapJob(loaded, names, stage, max_channels, colormap)
+            return FeatureMapJob(loaded, names, str(stage), max_channels, str(colormap))
 
-        _run_job(make, locals())
+        _run_job(make, m, r)
 
 
 def _has_map(info: Any) -> bool:
@@ -477,11 +708,12 @@ def _check_spatial_any(name: str, info: Any, model_name: str) -> None:
 def layers(
     model: Model = "resnet18",
     weights: Annotated[
-        str, typer.Option("--weights", "-w", help="weights to load (shapes need none).")
+        str,
+        typer.Option("--weights", "-w", help="weights to load (shapes need none).", rich_help_panel=MODEL),
     ] = "none",
     input_size: InputSize = None,
     depth: Annotated[
-        int | None, typer.Option("--depth", help="only names with at most this many dots + 1.")
+        int | None, typer.Option("--depth", min=1, help="only names with at most this many dots + 1.")
     ] = None,
     debug: Debug = False,
 ) -> None:
@@ -513,45 +745,64 @@ def gradflow(
     inputs: Inputs,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = Resize.crop,
     target: Annotated[
         str,
-        typer.Option("--target", "-t", help="top1 or a class (index or name) whose score is differentiated."),
+        typer.Option(
+            "--target",
+            "-t",
+            help="top1 or a class (index or name) whose score is differentiated.",
+            rich_help_panel=MAPS,
+        ),
     ] = "top1",
     label: Annotated[
         str | None,
-        typer.Option("--label", help="use cross-entropy against this class (index or name) instead."),
+        typer.Option(
+            "--label",
+            help="use cross-entropy against this class (index or name) instead.",
+            rich_help_panel=MAPS,
+        ),
     ] = None,
     layers: Annotated[
         list[str] | None,
-        typer.Option("--layers", "-l", help="names or globs (default: every module with parameters)."),
+        typer.Option(
+            "--layers",
+            "-l",
+            help="names or globs (default: every module with parameters).",
+            rich_help_panel=MAPS,
+        ),
     ] = None,
     out: Out = Path("out"),
-    device: Device = "auto",
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
-    input_size: InputSize = None,
-    resize: Resize = "crop",
-    max_pixels: MaxPixels = 80_000_000,
     quiet: Quiet = False,
     as_json: JsonOut = False,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
     debug: Debug = False,
 ) -> None:
     """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
+    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
     with _guard(debug):
 
-        def make(loaded: Any) -> Any:
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.hooks import resolve_layers
             from hookviz.jobs import GradFlowJob
-            from hookviz.models import parse_target
+            from hookviz.models import num_classes, parse_target
 
-            n = _num_classes(loaded)
+            n = num_classes(loaded)
             names = resolve_layers(loaded.model, layers, model_name=loaded.name) if layers else None
             lab = parse_target(label, loaded, n, "--label") if label is not None else None
             if label is not None and lab is None:
                 raise typer.BadParameter("give a class index or name", param_hint="--label")
             return GradFlowJob(loaded, parse_target(target, loaded, n), lab, names)
 
-        _run_job(make, locals())
+        _run_job(make, m, r)
 
 
 @app.command()
@@ -559,31 +810,45 @@ def dropblock(
     inputs: Inputs,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = Resize.crop,
     layer: Annotated[
-        str, typer.Option("--layer", "-l", help="module whose output gets DropBlock.")
+        str, typer.Option("--layer", "-l", help="module whose output gets DropBlock.", rich_help_panel=MAPS)
     ] = "layer3",
     drop_prob: Annotated[
-        float, typer.Option("--drop-prob", min=0.0, max=0.99, help="expected dropped fraction.")
+        float,
+        typer.Option(
+            "--drop-prob", min=0.0, max=0.99, help="expected dropped fraction.", rich_help_panel=MAPS
+        ),
     ] = 0.1,
-    block_size: Annotated[int, typer.Option("--block-size", min=1, help="side of the dropped squares.")] = 7,
-    shared: Annotated[bool, typer.Option("--shared", help="one mask for all channels.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the mask.")] = 0,
-    max_channels: Annotated[int, typer.Option("--max-channels", min=1, help="channels shown.")] = 16,
+    block_size: Annotated[
+        int, typer.Option("--block-size", min=1, help="side of the dropped squares.", rich_help_panel=MAPS)
+    ] = 7,
+    shared: Annotated[
+        bool, typer.Option("--shared", help="one mask for all channels.", rich_help_panel=MAPS)
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the mask.", rich_help_panel=MAPS)] = 0,
+    max_channels: Annotated[
+        int, typer.Option("--max-channels", min=1, help="channels shown.", rich_help_panel=MAPS)
+    ] = 16,
     out: Out = Path("out"),
-    device: Device = "auto",
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
-    input_size: InputSize = None,
-    resize: Resize = "crop",
-    max_pixels: MaxPixels = 80_000_000,
     quiet: Quiet = False,
     as_json: JsonOut = False,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
     debug: Debug = False,
 ) -> None:
     """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
+    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
     with _guard(debug):
 
-        def make(loaded: Any) -> Any:
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.hooks import resolve_layers
             from hookviz.jobs import DropBlockJob
             from hookviz.models import probe
@@ -593,7 +858,7 @@ def dropblock(
             _check_spatial_any(name, next(c for c in calls if c.name == name), loaded.name)
             return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
 
-        _run_job(make, locals())
+        _run_job(make, m, r)
 
 
 def _parse_size(text: str) -> list[int]:
@@ -626,7 +891,9 @@ def summary(
         int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")
     ] = 1,
     depth: Annotated[int, typer.Option("--depth", min=0, help="module nesting shown (0 = totals only).")] = 2,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, json or csv.")] = "table",
+    fmt: Annotated[
+        SummaryFormat, typer.Option("--format", help="how the table is printed.")
+    ] = SummaryFormat.table,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="also write a bar chart of params and MACs (PNG).")
     ] = None,
@@ -634,19 +901,35 @@ def summary(
     debug: Debug = False,
 ) -> None:
     """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
-    _check_choice("--format", fmt, ("table", "markdown", "json", "csv"))
     size = _parse_size(input_size)
-    if plot is not None and plot.exists() and not overwrite:
-        _fail(f"--plot {plot}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
+    if plot is not None:
+        if plot.exists() and not overwrite:
+            _fail(f"--plot {str(plot)!r}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
+        if not plot.parent.is_dir():
+            _fail(
+                f"--plot {str(plot)!r}: the folder {str(plot.parent)!r} does not exist; create it first",
+                EXIT_USAGE,
+            )
+        if plot.suffix.lower() != ".png":
+            _fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
     with _guard(debug):
         from hookviz.models import load_model
         from hookviz.summary import plot as draw
         from hookviz.summary import summarize
 
         loaded = load_model(model, weights)
-        result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=model)
+        try:
+            result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=model)
+        except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _fail(
+                f"--input-size {input_size}: {model} cannot run on an input of shape "
+                f"({batch_size}, {', '.join(map(str, size))}) ({first}); give the C,H,W it expects, "
+                "e.g. 3,224,224",
+                EXIT_USAGE,
+            )
         formats = {"markdown": result.to_markdown, "json": result.to_json, "csv": result.to_csv}
-        text = str(result) if fmt == "table" else formats[fmt]()
+        text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
         typer.echo(text.rstrip("\n"))
         if plot is not None:
             tmp = plot.with_name(f".{plot.stem}.tmp.png")

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
 from torch import Tensor, nn
 
 from hookviz.errors import LayerError
 from hookviz.hooks import capture, preserved
-
-
-class Stage(str, Enum):
-    """Which side of a layer to capture."""
-
-    input = "input"
-    output = "output"
-    both = "both"
+from hookviz.options import Stage
 
 
 @dataclass(frozen=True)
@@ -38,6 +30,14 @@ class FeatureMap:
     tensor: Tensor
 
 
+@dataclass(frozen=True)
+class Features:
+    """Feature maps and the model's output for the same batch (what :func:`capture_features` returns)."""
+
+    maps: list[FeatureMap]
+    output: Tensor | None  # the model's output when it is a tensor (class logits for a classifier)
+
+
 def feature_maps(
     model: nn.Module, x: Tensor, layers: Sequence[str], stage: Stage | str = Stage.output
 ) -> list[FeatureMap]:
@@ -53,13 +53,20 @@ def feature_maps(
         >>> maps = feature_maps(model, x, ["layer1.0.conv1"], stage="both")
         >>> [(m.stage, tuple(m.tensor.shape)) for m in maps]
     """
-    stage = Stage(stage)
+    return capture_features(model, x, layers, stage).maps
+
+
+def capture_features(
+    model: nn.Module, x: Tensor, layers: Sequence[str], stage: Stage | str = Stage.output
+) -> Features:
+    """:func:`feature_maps`, plus the model's output from the same forward pass (no second pass)."""
+    stage = Stage.parse(stage, "stage")
     want_in = stage in (Stage.input, Stage.both)
     want_out = stage in (Stage.output, Stage.both)
     with preserved(model), capture(model, layers, inputs=want_in, outputs=want_out) as cap:
         model.eval()
         with torch.no_grad():
-            model(x)
+            out = model(x)
     found = cap.captured
     result: list[FeatureMap] = []
     for name in layers:
@@ -75,7 +82,7 @@ def feature_maps(
                         "pick a convolutional layer"
                     )
                 result.append(FeatureMap(name, side, call, t.float().cpu()))
-    return result
+    return Features(result, out.detach().float().cpu() if isinstance(out, Tensor) else None)
 
 
 def rank_channels(fmap: Tensor, limit: int) -> list[int]:

@@ -6,6 +6,7 @@ inside :func:`encode_png` (OpenCV's byte order).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 
 from hookviz.errors import InputError
 
+#: The common image suffixes; :func:`image_suffixes` adds every other one Pillow can open.
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
 )
@@ -21,6 +23,21 @@ IMAGE_SUFFIXES = frozenset(
 DEFAULT_MAX_PIXELS = 80_000_000
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@functools.cache
+def image_suffixes() -> frozenset[str]:
+    """Every file suffix Pillow can open here (``.jfif``, ``.jpe``, ``.tga``, ``.ico``, ...), lower case."""
+    from PIL import Image
+
+    Image.init()
+    opened = {ext.lower() for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
+    return frozenset(opened | IMAGE_SUFFIXES)
+
+
+def quote(path: object) -> str:
+    """A path as error messages show it: quoted, so leading or trailing spaces and odd characters show."""
+    return repr(str(path))
 
 
 def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
@@ -43,26 +60,26 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
             w, h = img.size
             if w * h > max_pixels:
                 raise InputError(
-                    f"{path}: image is {w}x{h} ({w * h / 1e6:.0f} MP), over the limit of "
-                    f"{max_pixels / 1e6:.0f} MP; downscale it or raise --max-pixels"
+                    f"{quote(path)}: image is {w}x{h} = {w * h:,} px, over the limit of "
+                    f"{max_pixels:,} px; downscale it or raise --max-pixels"
                 )
             img.load()
             return _to_rgb(ImageOps.exif_transpose(img))
     except InputError:
         raise
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        raise InputError(f"{quote(path)}: no such file") from None
     except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not an image") from None
+        raise InputError(f"{quote(path)}: is a directory, not an image") from None
     except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
+        raise InputError(f"{quote(path)}: permission denied") from None
     except UnidentifiedImageError:
-        raise InputError(f"{path}: not an image file (or an unsupported format)") from None
+        raise InputError(f"{quote(path)}: not an image file (or an unsupported format)") from None
     except Image.DecompressionBombError as exc:
-        raise InputError(f"{path}: refused as a decompression bomb ({exc})") from None
+        raise InputError(f"{quote(path)}: refused as a decompression bomb ({exc})") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise InputError(
-            f"{path}: cannot decode image ({exc}); the file may be truncated or corrupt"
+            f"{quote(path)}: cannot decode image ({exc}); the file may be truncated or corrupt"
         ) from None
 
 

@@ -9,12 +9,45 @@ from typing import Any
 
 import numpy as np
 
+from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
 from hookviz.models import LoadedModel
+from hookviz.options import Colormap, Fuse, Method, Normalize, Stage
 
 
 def _weights_note(loaded: LoadedModel) -> str:
     return "RANDOM WEIGHTS (--weights none)" if not loaded.pretrained else f"weights {loaded.weights}"
+
+
+def model_settings(loaded: LoadedModel) -> dict[str, Any]:
+    """What about the model changes an output's pixels: architecture, weights' values, class names, input."""
+    p = loaded.preprocess
+    return {
+        "model": loaded.name,
+        "weights": loaded.weights_id or loaded.weights,
+        "labels": loaded.labels_id or None,
+        "input": {
+            "crop_size": p.crop_size,
+            "resize_size": p.resize_size,
+            "resize": str(p.resize),
+            "mean": [round(float(v), 6) for v in p.mean],
+            "std": [round(float(v), 6) for v in p.std],
+        },
+    }
+
+
+def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | None:
+    """The top class of row ``index`` of a classifier's output (None when the output is not ``(B, C)``)."""
+    import torch
+
+    from hookviz.attribution import ranking
+
+    if logits is None or logits.dim() != 2:
+        return None
+    row = logits[index : index + 1].float()
+    top = int(ranking(row)[0, 0])
+    score = float(torch.softmax(row, dim=1)[0, top])
+    return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
 
 
 METHOD_TITLES = {
@@ -44,7 +77,7 @@ class CamJob:
 
     ``targets`` is ``None`` (top-1), ``"topK"``, or a list of class indices shared by every image.
     ``normalize``: ``image`` (each map min-max), ``batch`` (one scale per method and layer across the
-    batch), ``none`` (one fixed scale for the whole run: ``vmax``, or the first batch's maximum).
+    batch), ``none`` (the fixed scale ``[0, vmax]``, so a photo's picture never depends on its batch).
     """
 
     loaded: LoadedModel
@@ -61,9 +94,47 @@ class CamJob:
     sheet: bool | None = None
     scorecam_batch: int = 64
     kind: str = "gradcam"
+    #: Called as ``progress(done, total)`` during Score-CAM's masked passes (a progress bar).
+    progress: Any = None
 
     def __post_init__(self) -> None:
-        self._fixed: dict[tuple[str, str], tuple[float, float]] = {}
+        self.normalize = Normalize.parse(self.normalize, "--normalize").value
+        self.colormap = Colormap.parse(self.colormap, "--colormap").value
+        self.methods = [Method.parse(m, "--method").value for m in self.methods]
+        if "all" in self.methods:
+            self.methods = [m.value for m in Method if m is not Method.all]
+        if self.fuse is not None:
+            self.fuse = Fuse.parse(self.fuse, "--fuse").value
+            if len(self.layers) < 2:
+                raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
+        if self.normalize == Normalize.none and self.vmax is None:
+            raise UsageError(
+                "--normalize none needs --vmax (the map value drawn as full colour), so that a photo's "
+                "picture never depends on its batch; the manifest's max of an earlier run is a good start"
+            )
+        if self.vmax is not None:
+            if self.normalize != Normalize.none:
+                raise UsageError(f"--vmax goes with --normalize none (not {self.normalize})")
+            if not self.vmax > 0:
+                raise UsageError(f"--vmax {self.vmax}: must be greater than 0")
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
+        targets = "top1" if self.targets is None else self.targets
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "targets": targets,
+            "alpha": self.alpha,
+            "colormap": self.colormap,
+            "relu": self.relu,
+            "normalize": self.normalize,
+            "vmax": self.vmax,
+            "fuse": self.fuse,
+            "sheet": self._want_sheet(),
+        }
 
     # -- naming ---------------------------------------------------------------------------
     def _layer_names(self) -> list[str]:
@@ -112,6 +183,7 @@ class CamJob:
             self.targets,
             relu=self.relu,
             scorecam_batch=self.scorecam_batch,
+            progress=self.progress,
         )
         maps = {key: value.numpy() for key, value in ex.maps.items()}
         if FUSED in self._layer_names():
@@ -143,10 +215,8 @@ class CamJob:
         if self.normalize == "image":
             return None
         if self.normalize == "none":
-            if key not in self._fixed:
-                top = self.vmax if self.vmax is not None else float(np.abs(finite).max()) or 1.0
-                self._fixed[key] = (0.0 if self.relu else -top, top)
-            return self._fixed[key]
+            top = float(self.vmax or 1.0)  # validated: --normalize none comes with --vmax > 0
+            return (0.0 if self.relu else -top, top)
         top = float(np.abs(finite).max()) or 1.0
         return (float(finite.min()) if self.relu else -top, float(finite.max()) if self.relu else top)
 
@@ -239,7 +309,6 @@ class CamJob:
             },
             "normalize": self.normalize,
             "maps": records,
-            "box": [box.x0, box.y0, box.x1, box.y1],
         }
         return files, fields
 
@@ -266,6 +335,20 @@ class FeatureMapJob:
     colormap: str = "viridis"
     kind: str = "featuremaps"
 
+    def __post_init__(self) -> None:
+        self.stage = Stage.parse(self.stage, "--stage").value
+        self.colormap = Colormap.parse(self.colormap, "--colormap").value
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layers": list(self.layers),
+            "stage": self.stage,
+            "max_channels": self.max_channels,
+            "colormap": self.colormap,
+        }
+
     def _stages(self) -> list[str]:
         return ["input", "output"] if self.stage == "both" else [self.stage]
 
@@ -273,9 +356,9 @@ class FeatureMapJob:
         return [f"{stem}.featuremap.{layer}.{s}.png" for layer in self.layers for s in self._stages()]
 
     def compute(self, x: Any) -> Any:
-        from hookviz.features import feature_maps
+        from hookviz.features import capture_features
 
-        return feature_maps(self.loaded.model, x, self.layers, self.stage)
+        return capture_features(self.loaded.model, x, self.layers, self.stage)
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
@@ -285,7 +368,7 @@ class FeatureMapJob:
 
         files = []
         shown = []
-        for fm in result:
+        for fm in result.maps:
             t = fm.tensor[index]
             channels = rank_channels(t, self.max_channels)
             call = f" call {fm.call}" if fm.call > 1 else ""
@@ -305,7 +388,8 @@ class FeatureMapJob:
                     "channels": channels,
                 }
             )
-        return files, {"layers": list(self.layers), "stage": self.stage, "maps": shown}
+        fields = {"layers": list(self.layers), "stage": self.stage, "maps": shown}
+        return files, {"predicted": predicted(self.loaded, result.output, index), **fields}
 
 
 @dataclass
@@ -318,6 +402,15 @@ class GradFlowJob:
     layers: Sequence[str] | None = None
     kind: str = "gradflow"
 
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "target": "top1" if self.target is None else self.target,
+            "label": self.label,
+            "layers": list(self.layers) if self.layers else None,
+        }
+
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.gradflow.png", f"{stem}.gradflow.json"]
 
@@ -325,15 +418,20 @@ class GradFlowJob:
         import torch
         import torch.nn.functional as F
 
+        from hookviz.attribution import ranking
         from hookviz.gradients import gradient_flow
 
+        seen: list[Any] = []
+
         def loss(z: Any) -> Any:
+            seen.append(z.detach().float().cpu())
             if self.label is not None:
                 return F.cross_entropy(z, torch.tensor([self.label], device=z.device))
-            return z[0, int(z[0].argmax()) if self.target is None else self.target]
+            return z[0, int(ranking(z)[0, 0]) if self.target is None else self.target]
 
         # One image at a time: parameter gradients of a batch would mix the images.
-        return [gradient_flow(self.loaded.model, x[i : i + 1], loss, self.layers) for i in range(x.shape[0])]
+        flows = [gradient_flow(self.loaded.model, x[i : i + 1], loss, self.layers) for i in range(x.shape[0])]
+        return flows, torch.cat(seen)
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
@@ -343,7 +441,8 @@ class GradFlowJob:
 
         from hookviz import render
 
-        flow = result[index]
+        flows, logits = result
+        flow = flows[index]
         per_layer: dict[str, float] = {}
         for s in flow.params:
             owner = s.name.rsplit(".", 1)[0]
@@ -369,7 +468,8 @@ class GradFlowJob:
             (f"{stem}.gradflow.png", encode_png(picture)),
             (f"{stem}.gradflow.json", json.dumps(data, indent=1).encode()),
         ]
-        return files, {"loss": flow.loss, "objective": objective, "layers": len(names)}
+        fields = {"loss": flow.loss, "objective": objective, "layers": len(names)}
+        return files, {"predicted": predicted(self.loaded, logits, index), **fields}
 
 
 @dataclass
@@ -385,21 +485,34 @@ class DropBlockJob:
     max_channels: int = 16
     kind: str = "dropblock"
 
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layer": self.layer,
+            "drop_prob": self.drop_prob,
+            "block_size": self.block_size,
+            "shared": self.shared,
+            "seed": self.seed,
+            "max_channels": self.max_channels,
+        }
+
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.dropblock.{self.layer}.png"]
 
     def compute(self, x: Any) -> Any:
         import torch
 
-        from hookviz.features import feature_maps
+        from hookviz.features import capture_features
         from hookviz.regularize import drop_block
 
-        (fm,) = [m for m in feature_maps(self.loaded.model, x, [self.layer]) if m.call == 1]
+        features = capture_features(self.loaded.model, x, [self.layer])
+        (fm,) = [m for m in features.maps if m.call == 1]
         gen = torch.Generator().manual_seed(self.seed)
         after, keep = drop_block(
             fm.tensor, self.drop_prob, self.block_size, shared=self.shared, generator=gen
         )
-        return fm.tensor, after, keep
+        return fm.tensor, after, keep, features.output
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
@@ -407,7 +520,7 @@ class DropBlockJob:
         from hookviz import render
         from hookviz.features import rank_channels
 
-        before, after, keep = (t[index] for t in result)
+        before, after, keep = (t[index] for t in result[:3])
         channels = rank_channels(before, self.max_channels)
         c, h, w = before.shape
         block = max(1, min(self.block_size, h, w))
@@ -433,4 +546,5 @@ class DropBlockJob:
         width = max(p.shape[1] for p in panels)
         padded = [np.pad(p, ((0, 8), (0, width - p.shape[1]), (0, 0)), constant_values=255) for p in panels]
         files = [(f"{stem}.dropblock.{self.layer}.png", encode_png(np.concatenate(padded, axis=0)))]
-        return files, {"layer": self.layer, "dropped_fraction": round(dropped, 6), "channels": channels}
+        fields = {"layer": self.layer, "dropped_fraction": round(dropped, 6), "channels": channels}
+        return files, {"predicted": predicted(self.loaded, result[3], index), **fields}

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 
 from hookviz.errors import HookvizError, OutputError, UsageError
-from hookviz.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, Box, Preprocess, load_rgb
+from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, image_suffixes, load_rgb, quote
 
 MANIFEST = "manifest.jsonl"
 
@@ -41,13 +41,19 @@ def _has_glob(text: str) -> bool:
 
 
 def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
+    """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped."""
+    suffixes = image_suffixes()
     found = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
         dirnames[:] = sorted(
             d for d in dirnames if not d.startswith(".") and (exclude is None or _real(here / d) != exclude)
         )
-        found += [here / f for f in sorted(filenames) if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+        found += [
+            here / f
+            for f in sorted(filenames)
+            if not f.startswith(".") and Path(f).suffix.lower() in suffixes
+        ]
     return found
 
 
@@ -59,24 +65,35 @@ def _real(p: Path) -> Path:
 
 
 def expand_inputs(
-    specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None
+    specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None, null: bool = False
 ) -> list[Item]:
-    """Files, directories (searched recursively for images), globs, and ``-`` (one path per stdin line).
+    """Files, directories (searched recursively for images), globs, and ``-`` (paths read from stdin).
 
-    Blank lines and CRLF endings on stdin are fine; directory symlinks are not followed (no loops);
-    ``exclude`` (the output folder) is never searched; each real file is listed once. A spec that
-    finds nothing becomes an ``Item`` with an ``error``, so the caller can report it and go on.
+    Stdin holds one path per line (blank lines and CRLF endings are fine) or, with ``null``,
+    NUL-separated paths (``find -print0``), which may contain any character. Directory symlinks are
+    not followed (no loops); hidden files and folders are skipped; ``exclude`` (the output folder)
+    is never searched; each real file is listed once. A spec that finds nothing (a missing file, an
+    empty folder, empty stdin) becomes an ``Item`` with an ``error``, so the caller reports it and goes on.
     """
     exclude = _real(exclude) if exclude is not None else None
     names: list[str] = []
+    stdin_empty = False
     for spec in specs:
         if spec == "-":
             if stdin is None:
                 continue
-            names += [line.rstrip("\r\n") for line in stdin if line.strip()]
+            if null:
+                # Names may hold newlines and spaces; only an empty chunk or a lone final newline is noise.
+                read = [p for p in stdin.read().split("\0") if p not in ("", "\n")]
+            else:
+                read = [line.rstrip("\r\n") for line in stdin if line.strip()]
+            stdin_empty = not read
+            names += read
         else:
             names.append(spec)
     items: list[Item] = []
+    if stdin_empty:
+        items.append(Item("-", None, "stdin: no paths were given (empty input)"))
     seen: set[Path] = set()
 
     def add(name: str, path: Path) -> None:
@@ -90,7 +107,7 @@ def expand_inputs(
         if path.is_dir():
             files = _scan_dir(path, exclude)
             if not files:
-                items.append(Item(name, None, f"{name}: no images found in this directory"))
+                items.append(Item(name, None, f"{quote(name)}: no images found in this folder"))
             for f in files:
                 add(str(f), f)
         elif path.exists() or os.path.lexists(path):
@@ -99,11 +116,11 @@ def expand_inputs(
             hits = sorted(glob.glob(os.path.expanduser(name), recursive=True))
             files = [Path(h) for h in hits if Path(h).is_file()]
             if not files:
-                items.append(Item(name, None, f"{name}: no file matches this pattern"))
+                items.append(Item(name, None, f"{quote(name)}: no file matches this pattern"))
             for f in files:
                 add(str(f), f)
         else:
-            items.append(Item(name, None, f"{name}: no such file or directory"))
+            items.append(Item(name, None, f"{quote(name)}: no such file or directory"))
     return items
 
 
@@ -121,10 +138,25 @@ def output_stem(path: Path) -> str:
     return f"{stem}-{digest}"
 
 
+def settings_key(settings: dict[str, Any]) -> str:
+    """8 hex digits that change whenever anything in ``settings`` (what changes the pixels) changes."""
+    text = json.dumps(settings, sort_keys=True, ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def output_prefix(path: Path, model: str, key: str) -> str:
+    """``<stem>-<path hash>.<model>.<settings key>``: the start of every output name of one input."""
+    return f"{output_stem(path)}.{_UNSAFE.sub('_', model).strip('._')}.{key}"
+
+
 class Job(Protocol):
     """A computation over batches; see ``hookviz.jobs``."""
 
     kind: str
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the outputs' pixels (model, weights, method, layer, target, look)."""
+        ...
 
     def planned(self, stem: str) -> list[str]:
         """File names this job will write for an input (to check --overwrite/--skip-existing)."""
@@ -148,6 +180,8 @@ class Output:
     root: Path
     overwrite: bool = False
     _manifest_fd: int | None = field(default=None, repr=False)
+    #: The latest result record (``ok`` or ``skipped``) per output prefix, read from an earlier manifest.
+    previous: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def prepare(self) -> None:
         """Create the folder; fail clearly if it is a file or not writable.
@@ -169,6 +203,7 @@ class Output:
                 f"--out {self.root}: the folder is not writable ({exc.strerror}); choose another --out"
             ) from None
         self._clean_stale_temps()
+        self.previous = read_results(self.root / MANIFEST)
 
     def _clean_stale_temps(self) -> None:
         """Remove temp files left by a killed run (their process is gone); complete outputs are untouched."""
@@ -213,6 +248,27 @@ class Output:
             self._manifest_fd = None
 
 
+def read_results(manifest: Path) -> dict[str, dict[str, Any]]:
+    """The latest ``ok``/``skipped`` record per output prefix in a manifest (unreadable lines ignored)."""
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("status") in ("ok", "skipped") and rec.get("prefix"):
+            found[str(rec["prefix"])] = rec
+    return found
+
+
+#: Record fields that describe one run of an input rather than its result.
+_RUN_FIELDS = ("input", "status", "error", "note", "time")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -250,6 +306,11 @@ def run(
 ) -> Iterator[dict[str, Any]]:
     """Stream ``items`` through ``job`` in batches and yield one manifest record per input.
 
+    Every output name starts with ``<stem>-<path hash>.<model>.<key>``, where the key hashes the job's
+    :meth:`~Job.settings` (model, weights, method, layer, target, look), so runs with other settings
+    never collide and an existing output is known to match these settings. An input whose outputs
+    all exist is ``skipped`` (its record repeats the results of the run that made them); one whose
+    outputs exist only in part (a killed run) is completed with ``skip_existing``, else an ``error``.
     Decoding the next batch overlaps with the model's work on the current one; rendering and
     writing run in the same thread pool. One bad input gives an ``error`` record and the rest go on.
 
@@ -260,6 +321,12 @@ def run(
 
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
+    if skip_existing and output.overwrite:
+        raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
+    settings = job.settings()
+    key = settings_key(settings)
+    base = {**base, "key": key, "settings": settings}
+    model = str(settings.get("model", "model"))
     cuda = getattr(device, "type", str(device)) == "cuda"
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
 
@@ -276,36 +343,52 @@ def run(
             if item.error is not None or item.path is None:
                 yield [(item, "")]
                 continue
-            chunk.append((item, output_stem(item.path)))
+            chunk.append((item, output_prefix(item.path, model, key)))
             if len(chunk) == batch_size:
                 yield chunk
                 chunk = []
         if chunk:
             yield chunk
 
-    def start(chunk: list[tuple[Item, str]]) -> list[tuple[Item, str, Future[Any] | None, str | None]]:
-        started: list[tuple[Item, str, Future[Any] | None, str | None]] = []
-        for item, stem in chunk:
+    # (item, prefix, decoding future, note): note is an error, "skipped", or "fill" (outputs exist,
+    # no earlier record: compute the results for the record but write nothing).
+    Started = tuple[Item, str, Future[Any] | None, str | None]
+
+    def start(chunk: list[tuple[Item, str]]) -> list[Started]:
+        started: list[Started] = []
+        for item, prefix in chunk:
             if item.error is not None:
-                started.append((item, stem, None, item.error))
+                started.append((item, prefix, None, item.error))
                 continue
-            planned = [output.path(n) for n in job.planned(stem)]
+            planned = [output.path(n) for n in job.planned(prefix)]
             existing = [p for p in planned if p.exists()]
-            if existing and skip_existing and len(existing) == len(planned):
-                started.append((item, stem, None, "skipped"))
-            elif existing and not output.overwrite and not skip_existing:
-                started.append(
-                    (
-                        item,
-                        stem,
-                        None,
-                        f"{item.name}: output exists: {existing[0]} "
-                        "(pass --overwrite to replace it, or --skip-existing to keep it)",
+            note = None
+            if existing and not output.overwrite:
+                if len(existing) == len(planned):
+                    note = "skipped" if prefix in output.previous else "fill"
+                elif not skip_existing:
+                    started.append(
+                        (
+                            item,
+                            prefix,
+                            None,
+                            f"{quote(item.name)}: {len(existing)} of {len(planned)} outputs exist from an "
+                            f"earlier run with these settings ({existing[0].name}); pass --skip-existing "
+                            "to complete them, or --overwrite to redo them",
+                        )
                     )
-                )
+                    continue
+            if note == "skipped":
+                started.append((item, prefix, None, note))
             else:
-                started.append((item, stem, pool.submit(_load, item, preprocess, max_pixels), None))
+                started.append((item, prefix, pool.submit(_load, item, preprocess, max_pixels), note))
         return started
+
+    def skipped(item: Item, prefix: str, fields: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in base}
+        kept["prefix"] = prefix
+        kept["outputs"] = [str(output.path(n)) for n in job.planned(prefix)]
+        return record(item, "skipped", note="outputs exist for these settings", **kept)
 
     try:
         it = batches()
@@ -315,14 +398,12 @@ def run(
             nxt = next(it, None)
             if nxt is not None:
                 pending = start(nxt)  # decode the next batch while this one computes
-            ready: list[tuple[Item, str, np.ndarray, Box]] = []
+            ready: list[tuple[Item, str, np.ndarray, Box, str | None]] = []
             xs: list[np.ndarray] = []
-            for item, stem, fut, note in current:
+            for item, prefix, fut, note in current:
                 if fut is None:
                     if note == "skipped":
-                        yield record(
-                            item, "skipped", outputs=[str(output.path(n)) for n in job.planned(stem)]
-                        )
+                        yield skipped(item, prefix, output.previous[prefix])
                     else:
                         yield record(item, "error", note)
                     continue
@@ -331,7 +412,7 @@ def run(
                 except HookvizError as exc:
                     yield record(item, "error", str(exc))
                     continue
-                ready.append((item, stem, rgb, box))
+                ready.append((item, prefix, rgb, box, note))
                 xs.append(x)
             if not ready:
                 continue
@@ -343,36 +424,44 @@ def run(
             except HookvizError:
                 raise  # a bad layer/target fails every batch alike: stop with its message
             except Exception as exc:  # a model failure on this batch must not stop the others
-                for item, _stem, _rgb, _box in ready:
+                for item, *_ in ready:
                     yield record(
-                        item, "error", f"{item.name}: the model failed on this batch: {_describe(exc)}"
+                        item, "error", f"{quote(item.name)}: the model failed on this batch: {_describe(exc)}"
                     )
                 continue
             renders = [
-                pool.submit(job.render, result, i, rgb, box, stem)
-                for i, (_, stem, rgb, box) in enumerate(ready)
+                pool.submit(job.render, result, i, rgb, box, prefix)
+                for i, (_, prefix, rgb, box, _note) in enumerate(ready)
             ]
-            for (item, _stem, _rgb, _box), fut in zip(ready, renders, strict=True):
+            for (item, prefix, _rgb, box, note), fut in zip(ready, renders, strict=True):
                 try:
                     files, fields = fut.result()
+                    fields["box"] = [box.x0, box.y0, box.x1, box.y1]
+                    if note == "fill":
+                        yield skipped(item, prefix, fields)
+                        continue
                     # Resuming, an input is redone only when its outputs are incomplete (a killed
                     # run): replacing the partial set is the point.
                     written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
                 except HookvizError as exc:
-                    yield record(item, "error", f"{item.name}: {exc}")
+                    yield record(item, "error", f"{quote(item.name)}: {exc}")
                     continue
                 except FileExistsError as exc:
                     yield record(
-                        item, "error", f"{item.name}: output exists: {exc} (pass --overwrite to replace it)"
+                        item,
+                        "error",
+                        f"{quote(item.name)}: output exists: {exc} (pass --overwrite to replace it)",
                     )
                     continue
                 except OSError as exc:
-                    yield record(item, "error", f"{item.name}: cannot write output ({exc.strerror or exc})")
+                    yield record(
+                        item, "error", f"{quote(item.name)}: cannot write output ({exc.strerror or exc})"
+                    )
                     continue
                 except Exception as exc:  # a rendering bug on one image must not stop the others
-                    yield record(item, "error", f"{item.name}: cannot render: {_describe(exc)}")
+                    yield record(item, "error", f"{quote(item.name)}: cannot render: {_describe(exc)}")
                     continue
-                yield record(item, "ok", outputs=written, **fields)
+                yield record(item, "ok", prefix=prefix, outputs=written, **fields)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         output.close()

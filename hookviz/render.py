@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from hookviz.images import Box
+from hookviz.options import Colormap
 
 #: Colormap names accepted by ``--colormap`` (OpenCV's built-in maps).
-COLORMAPS = ("jet", "turbo", "viridis", "inferno", "magma", "plasma", "hot", "parula", "bone", "gray")
+COLORMAPS = tuple(c.value for c in Colormap)
 
 
 def colormap_lut(name: str) -> np.ndarray:

@@ -107,7 +107,7 @@ def test_a_directory_of_non_images_and_an_empty_directory(tmp_path: Path) -> Non
         "gradcam", str(tmp_path / "docs"), str(tmp_path / "empty"), *FAST, "--out", str(tmp_path / "o")
     )
     assert r.exit_code == 1
-    assert r.stderr.count("no images found in this directory") == 2
+    assert r.stderr.count("no images found in this folder") == 2
 
 
 def test_a_huge_image_is_refused_with_a_clear_limit(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_a_huge_image_is_refused_with_a_clear_limit(tmp_path: Path) -> None:
     write_image(tmp_path / "ok.png", np.zeros((20, 20, 3), np.uint8))
     r = invoke("gradcam", str(tmp_path), *FAST, "--out", str(tmp_path / "o"), "-q")
     assert r.exit_code == 1
-    assert "huge.png: image is 12000x12000 (144 MP), over the limit of 80 MP" in r.stderr
+    assert "huge.png': image is 12000x12000 = 144,000,000 px, over the limit of 80,000,000 px" in r.stderr
     assert "--max-pixels" in r.stderr
 
 

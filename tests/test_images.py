@@ -72,7 +72,7 @@ def test_bad_files_are_input_errors(tmp_path: Path) -> None:
     ]:
         with pytest.raises(InputError, match=message):
             load_rgb(tmp_path / name)
-    with pytest.raises(InputError, match=r"over the limit of 0 MP.*--max-pixels"):
+    with pytest.raises(InputError, match=r"200x200 = 40,000 px, over the limit of 100 px.*--max-pixels"):
         load_rgb(tmp_path / "full.jpg", max_pixels=100)
 
 

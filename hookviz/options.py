@@ -1,0 +1,88 @@
+"""The fixed choices of hookviz as Enums, shared by the CLI (shown as choice lists) and the library.
+
+Torch-free, so ``hookviz --help`` can import it. Each Enum's values are what the command line takes;
+``Enum(value)`` is how the library validates a string, so a typo fails the same way in both places.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Choice(str, Enum):
+    """A string choice: compares equal to its value and prints as it."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: str | Choice, option: str) -> Choice:
+        """``cls(value)``, or a :class:`~hookviz.errors.UsageError` naming the option and the choices."""
+        from hookviz.errors import UsageError
+
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise UsageError(f"{option} {value!r}: choose one of {choices}") from None
+
+
+class Method(Choice):
+    """CAM methods, in the order sheets show them."""
+
+    gradcam = "gradcam"
+    gradcampp = "gradcampp"
+    xgradcam = "xgradcam"
+    layercam = "layercam"
+    hirescam = "hirescam"
+    eigencam = "eigencam"
+    scorecam = "scorecam"
+    all = "all"
+
+
+class Normalize(Choice):
+    """How a CAM becomes colours: per map, per batch, or one fixed scale (``--vmax``)."""
+
+    image = "image"
+    batch = "batch"
+    none = "none"
+
+
+class Fuse(Choice):
+    mean = "mean"
+    max = "max"
+
+
+class Stage(Choice):
+    """Which side of a layer to capture."""
+
+    input = "input"
+    output = "output"
+    both = "both"
+
+
+class Resize(Choice):
+    crop = "crop"
+    squash = "squash"
+
+
+class Colormap(Choice):
+    """OpenCV's built-in colormaps (and gray)."""
+
+    jet = "jet"
+    turbo = "turbo"
+    viridis = "viridis"
+    inferno = "inferno"
+    magma = "magma"
+    plasma = "plasma"
+    hot = "hot"
+    parula = "parula"
+    bone = "bone"
+    gray = "gray"
+
+
+class SummaryFormat(Choice):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+    csv = "csv"
