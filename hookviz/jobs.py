@@ -262,7 +262,9 @@ class CamJob:
                     sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
                     lines.append(f"colour scale {span}, {sign}")
                 base = self._name(stem, method, layer, suffix)
-                files.append((f"{base}.png", encode_png(render.caption(picture, lines))))
+                # A photo of a few pixels is enlarged, so that its caption can be read.
+                captioned = render.caption(render.enlarge_small(picture), lines)
+                files.append((f"{base}.png", encode_png(captioned)))
                 if self.save_raw:
                     files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
                     full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)

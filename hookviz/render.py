@@ -88,6 +88,18 @@ def upsample(cam: np.ndarray, box: Box) -> np.ndarray:
     return cv2.resize(cam.astype(np.float32), (box.width, box.height), interpolation=cv2.INTER_LINEAR)
 
 
+#: Pictures narrower than this are enlarged (nearest neighbour, whole factor) so a caption fits beside them.
+MIN_CAPTION_WIDTH = 128
+
+
+def enlarge_small(image: np.ndarray, min_width: int = MIN_CAPTION_WIDTH) -> np.ndarray:
+    """``image`` repeated ``k`` times along both axes, the least ``k`` that makes it ``min_width`` wide."""
+    k = -(-min_width // max(1, image.shape[1]))
+    if k <= 1:
+        return image
+    return np.repeat(np.repeat(image, k, axis=0), k, axis=1)
+
+
 def _text_scale(width: int) -> float:
     return max(0.4, min(1.0, width / 900))
 
