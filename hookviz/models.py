@@ -169,16 +169,16 @@ def load_model(
         weights_id = f"sha256:{file_digest(path)}" + (f"[{weights_key}]" if weights_key else "")
     labels_id = ""
     if labels is not None:
-        names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
+        class_names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
         heads = _classifier_out(model)
-        if heads is not None and heads != len(names):
+        if heads is not None and heads != len(class_names):
             where = f"--labels {str(labels)!r}" if isinstance(labels, (str, Path)) else "labels"
             raise UsageError(
-                f"{where} has {len(names)} class names but the head of {name} has {heads} outputs; "
+                f"{where} has {len(class_names)} class names but the head of {name} has {heads} outputs; "
                 "give one name per output, in index order"
             )
-        categories = names
-        labels_id = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+        categories = class_names
+        labels_id = hashlib.sha256("\n".join(class_names).encode()).hexdigest()[:16]
 
     base = chosen.transforms() if chosen is not None else None
     crop = int(base.crop_size[0]) if base is not None else 224

@@ -176,7 +176,9 @@ def test_fixed_scale_pictures_do_not_depend_on_the_batch(photos: Path, tmp_path:
         (["--fuse", "mean"], "--fuse combines the maps of several layers: give two or more --layer"),
     ],
 )
-def test_scale_options_that_cannot_work_are_usage_errors(photos: Path, extra: list[str], message: str) -> None:
+def test_scale_options_that_cannot_work_are_usage_errors(
+    photos: Path, extra: list[str], message: str
+) -> None:
     r = invoke("gradcam", str(photos), *FAST, *extra, "--out", str(photos.parent / "o"))
     assert r.exit_code == 2 and f"hookviz: error: {message}" in r.stderr
 
@@ -223,7 +225,8 @@ def test_class_names_exact_first_then_case_then_unique_partial() -> None:
     names = _imagenet_categories()
     assert find_class("cardigan", names) == 474 and find_class("Cardigan", names) == 264
     assert find_class("TABBY", names) == 281 and find_class("persian", names) == 283
-    with pytest.raises(Exception, match=r"'CARDIGAN' is ambiguous: it matches 'Cardigan' \(264\), 'cardigan'"):
+    ambiguous = r"'CARDIGAN' is ambiguous: it matches 'Cardigan' \(264\), 'cardigan'"
+    with pytest.raises(Exception, match=ambiguous):
         find_class("CARDIGAN", names)
     with pytest.raises(Exception, match=r"'cat' is ambiguous: it matches .*'tiger cat' \(282\)"):
         find_class("cat", names)
@@ -360,7 +363,7 @@ def test_messages_with_meaning(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "does not exist; create it first" in r.stderr
     r = invoke("summary", "--input-size", "1,224,224")
     assert r.exit_code == 2
-    assert r.stderr.startswith("hookviz: error: --input-size 1,224,224: resnet18 cannot run on an input of shape")
+    assert r.stderr.startswith("hookviz: error: --input-size 1,224,224: resnet18 cannot run on an input")
     assert "internal error" not in r.stderr
 
 
@@ -388,9 +391,8 @@ def test_version_and_help_panels_fit_80_columns() -> None:
 def test_scorecam_says_it_is_slow(photos: Path, tmp_path: Path) -> None:
     r = invoke("gradcam", str(photos / "a.jpg"), *FAST, "--method", "scorecam", "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.stderr
-    assert "hookviz: note: Score-CAM runs 512 masked forward passes per image (one per channel of layer4)" in (
-        r.stderr
-    )
+    note = "hookviz: note: Score-CAM runs 512 masked forward passes per image (one per channel of layer4)"
+    assert note in r.stderr
 
 
 # -- 12. every command's record carries the crop box and the prediction ----------------------------
@@ -406,9 +408,11 @@ def test_records_carry_the_box_and_the_predicted_class(photos: Path, tmp_path: P
     # 90x70 photo, --input-size 64: resized side 73, so the crop is 70 * 64 / 73 = 61 px, centred.
     assert rec["box"] == [14, 4, 75, 65]
     pred = rec["predicted"]
-    assert isinstance(pred, dict) and 0 <= pred["index"] < 1000 and pred["name"] == _imagenet_categories()[
-        pred["index"]
-    ]
+    assert (
+        isinstance(pred, dict)
+        and 0 <= pred["index"] < 1000
+        and pred["name"] == _imagenet_categories()[pred["index"]]
+    )
 
 
 @pytest.mark.parametrize("side", [1, 3])
