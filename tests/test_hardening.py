@@ -126,9 +126,10 @@ def test_exif_rotated_photo_is_explained_upright(tmp_path: Path) -> None:
     img.save(tmp_path / "r.jpg", exif=exif)
     r = invoke("gradcam", str(tmp_path / "r.jpg"), *FAST, "--out", str(tmp_path / "o"), "-q")
     assert r.exit_code == 0
-    (png,) = (tmp_path / "o").glob("*.png")
-    with Image.open(png) as im:
-        assert im.width == 30  # upright: 30 wide, 50 high (+ caption)
+    (rec,) = [json.loads(line) for line in (tmp_path / "o" / "manifest.jsonl").read_text().splitlines()]
+    x0, y0, x1, y1 = rec["box"]
+    assert (x1 - x0, y1 - y0) == (26, 26)  # the 224/256 centre crop of a 30 x 50 (upright) photo
+    assert (x0, y0) == (2, 12)  # 2 px in from the 30 px sides, 12 from the 50 px top and bottom
 
 
 @pytest.mark.parametrize(
