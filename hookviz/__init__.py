@@ -8,14 +8,15 @@ The public API is imported lazily, so ``import hookviz`` (and ``hookviz --help``
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+#: The one source of the version (pyproject reads it from here).
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "capture": "hookviz.hooks",
     "preserved": "hookviz.hooks",
-    "resolve_layers": "hookviz.hooks",
+    "resolve_layers": "hookviz.layers",
     "trace_shapes": "hookviz.hooks",
     "grad_cam": "hookviz.attribution",
     "explain": "hookviz.attribution",
@@ -36,9 +37,53 @@ _EXPORTS = {
     "load_rgb": "hookviz.images",
     "Preprocess": "hookviz.images",
     "HookvizError": "hookviz.errors",
+    "Method": "hookviz.options",
+    "Normalize": "hookviz.options",
+    "Stage": "hookviz.options",
 }
 
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load on first use
+    from hookviz.attribution import CamResult, Explanation, explain, grad_cam
+    from hookviz.errors import HookvizError
+    from hookviz.features import FeatureMap, feature_maps
+    from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
+    from hookviz.hooks import capture, preserved, trace_shapes
+    from hookviz.images import Preprocess, load_rgb
+    from hookviz.layers import resolve_layers
+    from hookviz.models import LoadedModel, load_model
+    from hookviz.options import Method, Normalize, Stage
+    from hookviz.regularize import attach_dropblock, attach_dropout2d, drop_block
+    from hookviz.summary import ModelSummary, summarize
+
+__all__ = [
+    "CamResult",
+    "Explanation",
+    "FeatureMap",
+    "GlobalNormClipper",
+    "HookvizError",
+    "LoadedModel",
+    "Method",
+    "ModelSummary",
+    "Normalize",
+    "Preprocess",
+    "Stage",
+    "attach_dropblock",
+    "attach_dropout2d",
+    "capture",
+    "clip_grad_values",
+    "drop_block",
+    "explain",
+    "feature_maps",
+    "grad_cam",
+    "gradient_flow",
+    "load_model",
+    "load_rgb",
+    "preserved",
+    "resolve_layers",
+    "summarize",
+    "trace_shapes",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -11,7 +10,8 @@ from torch import Tensor, nn
 
 from hookviz import cams
 from hookviz.errors import LayerError, TargetError, UsageError
-from hookviz.hooks import capture, preserved
+from hookviz.hooks import autograd_enabled, capture, preserved, unwrap_compiled
+from hookviz.layers import layout_of, to_spatial
 
 Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | None
 
@@ -50,53 +50,6 @@ class CamResult:
     predicted_score: Tensor
     target: Tensor
     target_score: Tensor
-
-
-def to_spatial(t: Tensor, layout: str) -> Tensor:
-    """``(B, C, H, W)`` from a layer output in ``layout`` (``nchw``, ``nhwc`` or ``tokens``).
-
-    Tokens ``(B, N, D)`` are reshaped to the patch grid; a leading class token is dropped when
-    ``N - 1`` is a square (ViT), kept out of nothing when ``N`` is a square.
-    """
-    if layout == "nchw":
-        return t
-    if layout == "nhwc":
-        return t.permute(0, 3, 1, 2)
-    b, n, d = t.shape
-    side = math.isqrt(n)
-    if side * side != n:
-        side = math.isqrt(n - 1)
-        t = t[:, 1:]
-    return t.reshape(b, side, side, d).permute(0, 3, 1, 2)
-
-
-def layout_of(model: nn.Module, layer: str, shape: Sequence[int]) -> str:
-    """How a layer's output is laid out, so maps come out as ``(B, C, H, W)`` for any architecture.
-
-    Raises:
-        LayerError: the output has no spatial structure (a classifier head, a pooled vector).
-    """
-    module = dict(model.named_modules())[layer]
-    if len(shape) == 4 and shape[2] * shape[3] == 1 and type(model).__name__ != "SwinTransformer":
-        raise LayerError(
-            f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}: a 1x1 map has no "
-            "spatial extent left to show; "
-            "pick an earlier layer"
-        )
-    if len(shape) == 4:
-        # torchvision's Swin keeps features channels-last after the patch-embedding conv.
-        if type(model).__name__ == "SwinTransformer" and not isinstance(module, nn.Conv2d):
-            return "nhwc"
-        return "nchw"
-    if len(shape) == 3:
-        n = shape[1]
-        if n > 1 and (math.isqrt(n) ** 2 == n or math.isqrt(n - 1) ** 2 == n - 1):
-            return "tokens"
-    raise LayerError(
-        f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}, not a (B, C, H, W) "
-        "feature map or a grid of "
-        "tokens, so it has no spatial map to show; pick a convolutional layer or an encoder block"
-    )
 
 
 def ranking(logits: Tensor) -> Tensor:
@@ -177,6 +130,21 @@ def explain(
         >>> ex = explain(model, x, ["layer3", "layer4"], ["gradcam", "layercam"], "top5")
         >>> ex.maps[("gradcam", "layer4")].shape  # (B, 5, 7, 7)
     """
+    model = unwrap_compiled(model)
+    with autograd_enabled(x) as x:
+        return _explain(model, x, layers, methods, targets, relu, scorecam_batch, progress)
+
+
+def _explain(
+    model: nn.Module,
+    x: Tensor,
+    layers: Sequence[str],
+    methods: Sequence[str],
+    targets: Targets,
+    relu: bool,
+    scorecam_batch: int,
+    progress: Callable[[int, int], None] | None,
+) -> Explanation:
     unknown = [m for m in methods if m not in cams.METHODS]
     if unknown:
         raise UsageError(f"unknown CAM method {unknown[0]!r}; choose from {', '.join(cams.METHODS)}")

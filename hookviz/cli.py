@@ -35,6 +35,7 @@ app = typer.Typer(
 EXIT_INPUTS_FAILED = 1
 EXIT_USAGE = 2
 EXIT_SETUP = 3
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug in hookviz, not in the inputs or the options
 EXIT_INTERRUPTED = 130
 
 # Help panels: options grouped by what they are about.
@@ -209,7 +210,10 @@ def _guard(debug: bool) -> Iterator[None]:
         if debug:
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
-        _fail(f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", 1)
+        _fail(
+            f"internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
+            EXIT_INTERNAL,
+        )
 
 
 @contextmanager
@@ -534,13 +538,14 @@ def gradcam(
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.jobs import CamJob
-            from hookviz.models import default_cam_layer, num_classes, parse_targets, probe
+            from hookviz.layers import cam_layer, default_cam_layer
+            from hookviz.models import num_classes, parse_targets, probe
 
             calls = probe(loaded)
             if not layers:
                 chosen = [default_cam_layer(loaded.model, calls)]
             else:
-                chosen = [_cam_layer(name, calls, loaded) for name in dict.fromkeys(layers)]
+                chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(layers)]
             t = parse_targets(target, loaded, num_classes(loaded))
             job = CamJob(
                 loaded,
@@ -564,7 +569,9 @@ def gradcam(
                     err=True,
                 )
             if "scorecam" in job.methods and not quiet:
-                passes = sum(_channels(name, calls, loaded) for name in chosen)
+                from hookviz.layers import channels
+
+                passes = sum(channels(loaded.model, name, calls) for name in chosen)
                 typer.echo(
                     f"hookviz: note: Score-CAM runs {passes:,} masked forward passes per image "
                     f"(one per channel of {', '.join(chosen)}); it is the slow method",
@@ -575,38 +582,6 @@ def gradcam(
             return job
 
         _run_job(make, m, r)
-
-
-def _cam_layer(name: str, calls: Any, loaded: Any) -> str:
-    """Check that ``name`` can be a CAM layer: exists, runs once, has a spatial map."""
-    from hookviz.attribution import layout_of
-    from hookviz.errors import LayerError
-    from hookviz.hooks import resolve_layers
-
-    if any(ch in name for ch in "*?["):
-        raise LayerError(f"--layer takes module names, not patterns ({name!r})")
-    (name,) = resolve_layers(loaded.model, [name], model_name=loaded.name)
-    info = next((c for c in calls if c.name == name), None)
-    if info is None or info.calls == 0:
-        raise LayerError(f"layer {name!r} does not run in {loaded.name}'s forward pass; pick another layer")
-    try:
-        layout_of(loaded.model, name, info.output_shape or ())
-    except LayerError as exc:
-        raise LayerError(f"{exc} (`hookviz layers --model {loaded.name}` lists them)") from None
-    if info.calls > 1:
-        raise LayerError(
-            f"layer {name!r} runs {info.calls} times per forward pass, so its gradient is ambiguous; "
-            "pick a layer that runs once (e.g. its parent block)"
-        )
-    return name
-
-
-def _channels(name: str, calls: Any, loaded: Any) -> int:
-    from hookviz.attribution import layout_of
-
-    shape = next(c.output_shape for c in calls if c.name == name)
-    layout = layout_of(loaded.model, name, shape)
-    return int(shape[1] if layout == "nchw" else shape[-1])
 
 
 @app.command()
@@ -657,51 +632,14 @@ def featuremaps(
     with _guard(debug):
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
-            from hookviz.errors import LayerError
-            from hookviz.hooks import module_names, resolve_layers
             from hookviz.jobs import FeatureMapJob
+            from hookviz.layers import map_layers
             from hookviz.models import probe
 
-            calls = {c.name: c for c in probe(loaded)}
-            if not layers:
-                # Every Conv2d that runs: auxiliary heads (googlenet, inception_v3) are idle in eval mode.
-                names = [n for n, c in calls.items() if c.type == "Conv2d" and _has_map(c)]
-                if not names:
-                    raise LayerError(f"{loaded.name} has no Conv2d layer that runs; pass --layers")
-            else:
-                chosen: set[str] = set()
-                for pattern in layers:
-                    found = resolve_layers(loaded.model, [pattern], model_name=loaded.name)
-                    if any(ch in pattern for ch in "*?["):
-                        # A glob keeps the layers that have a feature map (blocks, convs, norms, ...).
-                        found = [n for n in found if _has_map(calls[n])]
-                        if not found:
-                            raise LayerError(
-                                f"pattern {pattern!r} matches no layer with a (B, C, H, W) output"
-                            )
-                    else:
-                        _check_spatial_any(found[0], calls[found[0]], loaded.name)
-                    chosen.update(found)
-                names = [n for n in module_names(loaded.model) if n in chosen]
+            names = map_layers(loaded.model, layers, probe(loaded), loaded.name)
             return FeatureMapJob(loaded, names, str(stage), max_channels, str(colormap))
 
         _run_job(make, m, r)
-
-
-def _has_map(info: Any) -> bool:
-    return bool(info.calls) and info.output_shape is not None and len(info.output_shape) == 4
-
-
-def _check_spatial_any(name: str, info: Any, model_name: str) -> None:
-    from hookviz.errors import LayerError
-
-    if info.calls == 0:
-        raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass")
-    if not _has_map(info):
-        raise LayerError(
-            f"layer {name!r} ({info.type}) outputs shape {info.output_shape}, not a feature map; "
-            "pick a convolutional layer"
-        )
 
 
 @app.command()
@@ -719,7 +657,8 @@ def layers(
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
     with _guard(debug):
-        from hookviz.models import default_cam_layer, load_model, probe
+        from hookviz.layers import default_cam_layer
+        from hookviz.models import load_model, probe
 
         loaded = load_model(model, weights, input_size=input_size)
         calls = probe(loaded)
@@ -791,8 +730,8 @@ def gradflow(
     with _guard(debug):
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
-            from hookviz.hooks import resolve_layers
             from hookviz.jobs import GradFlowJob
+            from hookviz.layers import resolve_layers
             from hookviz.models import num_classes, parse_target
 
             n = num_classes(loaded)
@@ -849,13 +788,13 @@ def dropblock(
     with _guard(debug):
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
-            from hookviz.hooks import resolve_layers
             from hookviz.jobs import DropBlockJob
+            from hookviz.layers import is_pattern, map_layers
             from hookviz.models import probe
 
-            (name,) = resolve_layers(loaded.model, [layer], model_name=loaded.name)
-            calls = probe(loaded)
-            _check_spatial_any(name, next(c for c in calls if c.name == name), loaded.name)
+            if is_pattern(layer):
+                raise typer.BadParameter("takes one module name, not a pattern", param_hint="--layer")
+            (name,) = map_layers(loaded.model, [layer], probe(loaded), loaded.name)
             return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
 
         _run_job(make, m, r)
@@ -914,7 +853,6 @@ def summary(
             _fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
     with _guard(debug):
         from hookviz.models import load_model
-        from hookviz.summary import plot as draw
         from hookviz.summary import summarize
 
         loaded = load_model(model, weights)
@@ -932,10 +870,13 @@ def summary(
         text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
         typer.echo(text.rstrip("\n"))
         if plot is not None:
-            tmp = plot.with_name(f".{plot.stem}.tmp.png")
+            from hookviz.images import encode_png
+            from hookviz.render import summary_plot
+
+            tmp = plot.with_name(f".{plot.stem}.{os.getpid()}.tmp")
             try:
-                draw(result, str(tmp))
-                tmp.replace(plot)
+                tmp.write_bytes(encode_png(summary_plot(result)))
+                tmp.replace(plot)  # atomic: never half a PNG
             finally:
                 tmp.unlink(missing_ok=True)
             typer.echo(f"hookviz: wrote {plot}", err=True)

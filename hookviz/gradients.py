@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,7 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookviz.hooks import HookGroup, capture, preserved, resolve_layers
+from hookviz.errors import UsageError
+from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
+from hookviz.layers import resolve_layers
 
 
 @dataclass(frozen=True)
@@ -84,26 +87,40 @@ def gradient_flow(
         layers: names or globs whose output gradients are recorded (default: modules with parameters).
         train_mode: run in training mode (dropout, batch statistics) instead of eval mode.
 
-    The model is left as found: nothing is accumulated into ``.grad``, mode and hooks restored.
+    Gradients are taken w.r.t. every chosen layer's output and every trainable parameter, so frozen
+    layers are measured too (a module run several times is reported per call, ``relu#2``). The model
+    is left as found: nothing is accumulated into ``.grad``; mode, hooks and buffers (BatchNorm's
+    running statistics, which a training-mode forward updates) restored.
 
     Example:
         >>> flow = gradient_flow(model, x, lambda logits: F.cross_entropy(logits, y))
         >>> [(s.name, s.norm) for s in flow.params][:3]
     """
+    model = unwrap_compiled(model)
     names = resolve_layers(model, layers) if layers else default_grad_layers(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    with preserved(model):
+    with preserved(model, buffers=True), autograd_enabled(x) as x:
         model.train(train_mode)
-        with torch.enable_grad(), capture(model, grad_layers=names) as cap:
+        with capture(model, grad_layers=names, reuse=True) as cap:
             loss = loss_fn(model(x))
             if loss.dim() != 0:
                 raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
-            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            taps = [(n, i, t) for n in names for i, t in enumerate(cap.captured.taps.get(n, []))]
+            inputs = [t for *_, t in taps] + [p for _, p in params]
+            if not inputs:
+                raise UsageError("none of the chosen layers ran, and no parameter requires a gradient")
+            # Gradients w.r.t. the layer outputs too, so frozen layers are measured like trainable ones.
+            grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    calls = {n: sum(1 for m, *_ in taps if m == n) for n in names}
     outputs = [
-        GradStat.of(n, "output", cap.captured.grads[n][-1]) for n in names if cap.captured.grads.get(n)
+        GradStat.of(n if calls[n] == 1 else f"{n}#{i + 1}", "output", g)
+        for (n, i, _), g in zip(taps, grads[: len(taps)], strict=True)
+        if g is not None
     ]
     param_stats = [
-        GradStat.of(n, "param", g) for (n, _), g in zip(params, grads, strict=True) if g is not None
+        GradStat.of(n, "param", g)
+        for (n, _), g in zip(params, grads[len(taps) :], strict=True)
+        if g is not None
     ]
     return GradientFlow(float(loss.detach()), outputs, param_stats)
 
@@ -128,34 +145,57 @@ def clip_grad_values(target: nn.Module | Iterable[Tensor], clip: float) -> HookG
 class GlobalNormClipper(HookGroup):
     """Scale all gradients so their global L2 norm is at most ``max_norm``, after every backward.
 
+    Under mixed precision, pass the ``torch.amp.GradScaler``: gradients are then still multiplied by
+    the scale when backward ends, so the clipper compares their norm *divided by the scale* with
+    ``max_norm`` and scales them in place; after ``scaler.unscale_(optimizer)`` they equal what
+    ``clip_grad_norm_`` after ``unscale_`` would give. A backward whose gradients overflowed (inf/NaN)
+    is left alone: the scaler skips that step anyway. ``last_norm`` is always the unscaled norm.
+
+    A backward that raises half-way leaves no state behind: the next one clips as usual.
+
     Example:
         >>> with GlobalNormClipper(model, max_norm=1.0) as clipper:
         ...     loss.backward()          # clipped when backward ends
         ...     clipper.last_norm        # the norm before clipping
+        >>> clipper = GlobalNormClipper(model, 1.0, scaler=scaler)   # AMP
+        >>> scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
     """
 
-    def __init__(self, target: nn.Module | Iterable[Tensor], max_norm: float) -> None:
+    def __init__(
+        self, target: nn.Module | Iterable[Tensor], max_norm: float, *, scaler: Any | None = None
+    ) -> None:
         if max_norm <= 0:
             raise ValueError(f"max_norm must be positive, got {max_norm}")
         self.max_norm = float(max_norm)
+        self.scaler = scaler
         self.params = _params(target)
         self.last_norm: float | None = None
-        self._queued = False
+        # The backward pass (autograd graph task) the callback is queued for: a new backward gets a new
+        # id, so a backward that raised before the callback ran cannot leave the clipper stuck.
+        self._queued_for: int | None = None
         super().__init__([p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params])
 
     def _on_grad(self, param: Tensor) -> None:
-        if not self._queued:
-            self._queued = True
+        task = int(torch._C._current_graph_task_id())
+        if self._queued_for != task:
+            self._queued_for = task
             torch.autograd.Variable._execution_engine.queue_callback(self._clip)
 
     def _clip(self) -> None:
-        self._queued = False
+        self._queued_for = None
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        self.last_norm = float(norm)
+        norm = float(
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        )
+        scale = 1.0
+        if self.scaler is not None and self.scaler.is_enabled():
+            scale = float(self.scaler.get_scale())
+        if not math.isfinite(norm):
+            return  # an overflowed step: GradScaler will skip it
+        self.last_norm = norm / scale
         if self.last_norm > self.max_norm:
-            scale = self.max_norm / (self.last_norm + 1e-12)
+            factor = self.max_norm / (self.last_norm + 1e-6)
             for g in grads:
-                g.mul_(scale)
+                g.mul_(factor)

@@ -18,8 +18,8 @@ the network after the tap is recorded and no parameter gradient is ever computed
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,8 +34,10 @@ from hookviz.errors import LayerError, close_matches
 
 
 @contextmanager
-def preserved(model: nn.Module) -> Iterator[nn.Module]:
-    """Leave ``model`` exactly as found: per-module mode, ``requires_grad`` and ``.grad`` of every parameter.
+def preserved(model: nn.Module, *, buffers: bool = False) -> Iterator[nn.Module]:
+    """Leave ``model`` exactly as found: per-module mode, ``requires_grad`` and ``.grad`` of every parameter,
+    and with ``buffers`` the values of every buffer (a training-mode forward updates BatchNorm's running
+    statistics and ``num_batches_tracked``).
 
     Example:
         >>> with preserved(model):
@@ -44,9 +46,13 @@ def preserved(model: nn.Module) -> Iterator[nn.Module]:
     """
     modes = [(m, m.training) for m in model.modules()]
     params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+    saved = [(b, b.detach().clone()) for b in model.buffers()] if buffers else []
     try:
         yield model
     finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
         for m, training in modes:
             m.training = training
         for p, requires_grad, grad in params:
@@ -54,51 +60,6 @@ def preserved(model: nn.Module) -> Iterator[nn.Module]:
                 p.requires_grad_(requires_grad)
             if p.grad is not grad:
                 p.grad = grad
-
-
-def module_names(model: nn.Module) -> list[str]:
-    """Names of every submodule in ``named_modules`` order (the root, named "", excluded)."""
-    return [name for name, _ in model.named_modules() if name]
-
-
-def resolve_layers(
-    model: nn.Module,
-    patterns: Iterable[str],
-    *,
-    model_name: str = "the model",
-    kinds: tuple[type[nn.Module], ...] | None = None,
-) -> list[str]:
-    """Turn layer names and glob patterns into module names, in network order.
-
-    A pattern with ``*``, ``?`` or ``[`` is a glob over ``named_modules()`` names (and, when
-    ``kinds`` is given, matches only modules of those types); a plain name must exist exactly.
-
-    Raises:
-        LayerError: a name does not exist (close matches are suggested) or a pattern matches nothing.
-    """
-    modules = dict(model.named_modules())
-    names = [n for n in modules if n]
-    chosen: set[str] = set()
-    for pattern in patterns:
-        if any(c in pattern for c in "*?["):
-            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-            if kinds is not None:
-                hits = [n for n in hits if isinstance(modules[n], kinds)]
-            if not hits:
-                kind = f" {'/'.join(k.__name__ for k in kinds)}" if kinds else ""
-                raise LayerError(
-                    f"pattern {pattern!r} matches no{kind} layer in {model_name}; "
-                    f"`hookviz layers --model {model_name}` lists them"
-                )
-            chosen.update(hits)
-        elif pattern in modules and pattern:
-            chosen.add(pattern)
-        else:
-            raise LayerError(
-                f"no layer {pattern!r} in {model_name}{close_matches(pattern, names)} "
-                f"(`hookviz layers --model {model_name}` lists them)"
-            )
-    return [n for n in names if n in chosen]
 
 
 class HookGroup:
@@ -116,6 +77,62 @@ class HookGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+@contextmanager
+def autograd_enabled(x: Tensor) -> Iterator[Tensor]:
+    """Gradients on inside, whatever the caller's mode (``no_grad``, ``inference_mode``); restored after.
+
+    Users wrap inference in ``torch.no_grad()`` or ``torch.inference_mode()`` out of habit; a call that
+    needs gradients turns them back on for itself. An input made under inference mode is cloned into
+    an ordinary tensor (autograd cannot record inference tensors). A model whose own parameters or
+    buffers were made under inference mode cannot be differentiated at all: that is a clear error.
+
+    Raises:
+        UsageError: the model's tensors are inference tensors.
+    """
+    from hookviz.errors import UsageError
+
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            yield x.clone() if x.is_inference() else x
+    except RuntimeError as exc:
+        if "Inference tensors" not in str(exc):
+            raise
+        raise UsageError(
+            "the model's parameters or buffers were made under torch.inference_mode(), so autograd cannot "
+            "use them; create or load the model outside inference mode (torch.no_grad() is fine)"
+        ) from None
+
+
+def probe_input(
+    model: nn.Module, shape: Sequence[int], *, device: Any = None, dtype: torch.dtype | None = None
+) -> Tensor:
+    """Zeros of ``shape`` in the model's dtype and on its device (its first floating-point tensor's),
+    unless given: a bfloat16 or CUDA model rejects a float32 CPU probe."""
+    first = next((t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()), None)
+    if device is None:
+        device = first.device if first is not None else "cpu"
+    if dtype is None:
+        dtype = first.dtype if first is not None else torch.float32
+    return torch.zeros(*shape, device=device, dtype=dtype)
+
+
+def unwrap_compiled(model: nn.Module) -> nn.Module:
+    """The original module of a ``torch.compile``d model (hooks do not run inside a compiled graph).
+
+    Says so once, as a warning (the CLI shows it as one line); any other module is returned as is.
+    """
+    original = getattr(model, "_orig_mod", None)
+    if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule":
+        warnings.warn(
+            f"{type(original).__name__} is torch.compile'd; hookviz runs its original eager module, "
+            "since Python hooks do not run inside a compiled graph",
+            UserWarning,
+            stacklevel=3,
+        )
+        return original
+    return model
 
 
 @dataclass
@@ -150,6 +167,8 @@ class capture:
             forward under ``torch.no_grad()`` records only the network after it (the fast path).
         clone: store clones, so a later in-place op (``ReLU(inplace=True)``, ``out += identity``)
             cannot change what was captured.
+        reuse: allow a tap on a module that runs several times (one tap per call); by default that
+            is an error, since a CAM's gradient would be ambiguous.
 
     A module called several times in one forward (a shared ``ReLU``) is recorded once per call;
     a tap on such a module is an error, because its gradient would be ambiguous.
@@ -170,13 +189,15 @@ class capture:
         outputs: bool = True,
         grad_layers: Sequence[str] = (),
         clone: bool = True,
+        reuse: bool = False,
     ) -> None:
-        self.model = model
+        self.model = unwrap_compiled(model)
         self.layers = list(layers)
         self.inputs = inputs
         self.outputs = outputs
         self.grad_layers = list(grad_layers)
         self.clone = clone
+        self.reuse = reuse
         self.captured = Captured()
         self._handles: list[Any] = []
         self._grad_mode = True
@@ -238,7 +259,7 @@ class capture:
                     "pick a layer with a tensor output"
                 )
             taps = self.captured.taps.setdefault(name, [])
-            if taps:
+            if taps and not self.reuse:
                 raise LayerError(
                     f"layer {name!r} runs more than once per forward pass, so its gradient is ambiguous; "
                     "pick a layer that runs once (e.g. its parent block)"
@@ -270,6 +291,7 @@ def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
 
     Modules that never run are listed last with ``calls == 0``.
     """
+    model = unwrap_compiled(model)
     seen: dict[str, list[Any]] = {}
     order: list[str] = []
     handles = []
@@ -297,7 +319,7 @@ def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
                 h.remove()
     calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2]) for n in order]
     # Forward hooks fire on exit, so call order is post-order; network order is named_modules order.
-    rank = {n: i for i, n in enumerate(module_names(model))}
+    rank = {n: i for i, (n, _) in enumerate(model.named_modules())}
     calls.sort(key=lambda c: rank[c.name])
     unused = [
         ModuleCall(n, type(m).__name__, None, 0) for n, m in model.named_modules() if n and n not in seen

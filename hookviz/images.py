@@ -135,6 +135,18 @@ class Preprocess:
     std: tuple[float, float, float] = IMAGENET_STD
     resize: str = "crop"
 
+    def __post_init__(self) -> None:
+        from hookviz.errors import UsageError
+        from hookviz.options import Resize
+
+        object.__setattr__(self, "resize", Resize.parse(self.resize, "resize").value)
+        if self.crop_size < 1 or self.resize_size < 1:
+            raise UsageError(
+                f"input sizes must be positive, got crop {self.crop_size}, resize {self.resize_size}"
+            )
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise UsageError(f"mean and std take 3 values each, std > 0; got {self.mean} and {self.std}")
+
     def box(self, height: int, width: int) -> Box:
         """The region of an ``height`` x ``width`` photo that becomes the model input."""
         if self.resize == "squash":

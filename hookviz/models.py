@@ -373,44 +373,6 @@ def num_classes(loaded: LoadedModel) -> int:
     return int(logits.shape[-1])
 
 
-def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
-    """The last convolutional stage: the outermost ancestor of the last Conv2d with the same spatial output.
-
-    For resnet18 that is ``layer4``, for mobilenet_v2 and densenet121 ``features``, for vgg16
-    ``features.28`` (the block after it pools).
-
-    Raises:
-        UsageError: the model has no Conv2d that runs.
-    """
-    kind = type(model).__name__
-    if kind == "VisionTransformer":
-        # The last block's output reaches the head only through the class token, so its patch tokens
-        # get no gradient; the input norm of the last block still feeds every token into attention.
-        blocks = [c.name for c in calls if c.calls and c.type == "EncoderBlock"]
-        if blocks:
-            return f"{blocks[-1]}.ln_1"
-    if kind == "SwinTransformer":
-        return "features"
-    info = {c.name: c for c in calls if c.calls}
-    convs = [c.name for c in calls if c.calls and c.type == "Conv2d"]
-    if not convs:
-        raise UsageError("the model has no Conv2d layer; pass --layer explicitly")
-    last = convs[-1]
-    shape = info[last].output_shape
-    assert shape is not None
-    best = last
-    parts = last.split(".")
-    for depth in range(len(parts) - 1, 0, -1):
-        ancestor = ".".join(parts[:depth])
-        c = info.get(ancestor)
-        if c is None or c.calls != 1 or c.output_shape is None or len(c.output_shape) != 4:
-            break
-        if c.output_shape[2:] != shape[2:]:
-            break
-        best = ancestor
-    return best
-
-
 def find_class(text: str, categories: Sequence[str], option: str = "--target", model: str = "") -> int:
     """The index of a class name: exact match first, then case-insensitive exact, then a unique partial match.
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.hooks import HookGroup, resolve_layers
+from hookviz.hooks import HookGroup, probe_input, trace_shapes
+from hookviz.layers import is_pattern, output_layers, resolve_layers
 
 
 @functools.lru_cache(maxsize=256)
@@ -105,9 +106,21 @@ class RegularizerHandle(HookGroup):
         return self.drop_prob * min(1.0, self.step / self.schedule_steps)
 
 
-def _attach(model: nn.Module, layers: Sequence[str], handle: RegularizerHandle, fn: Any) -> RegularizerHandle:
+def _attach(
+    model: nn.Module,
+    layers: Sequence[str],
+    handle: RegularizerHandle,
+    fn: Any,
+    example: Tensor | None,
+) -> RegularizerHandle:
     modules = dict(model.named_modules())
     names = resolve_layers(model, layers)
+    if any(is_pattern(spec) for spec in layers) or example is not None:
+        # A glob must not reach modules without a feature map, nor blocks inside blocks (whose outputs
+        # would be dropped twice): decide from the shapes one forward pass of ``example`` gives.
+        if example is None:
+            example = probe_input(model, (1, 3, 224, 224))
+        names = output_layers(model, layers, trace_shapes(model, example))
     handle.layers = names
     last = names[-1]
 
@@ -140,8 +153,17 @@ def attach_dropblock(
     shared: bool = False,
     schedule_steps: int = 0,
     generator: torch.Generator | None = None,
+    example: Tensor | None = None,
 ) -> RegularizerHandle:
     """Attach DropBlock to the outputs of ``layers`` (names or globs); active in training mode only.
+
+    With a glob (or an ``example`` input), the layers are checked at attach time from the shapes of
+    one forward pass of ``example`` (default: one 224x224 RGB image of zeros): only modules with 4-D
+    outputs are kept, and a module nested inside another chosen one is left out (``layer*`` gives the
+    four stages, not their 61 submodules too).
+
+    Raises:
+        LayerError: a name without a 4-D output, or a glob matching none.
 
     Example:
         >>> with attach_dropblock(model, ["layer3", "layer4"], 0.1, 7, schedule_steps=5000):
@@ -155,14 +177,23 @@ def attach_dropblock(
         layers,
         handle,
         lambda x, p: drop_block(x, p, block_size, shared=shared, generator=generator)[0],
+        example,
     )
 
 
 def attach_dropout2d(
-    model: nn.Module, layers: Sequence[str], drop_prob: float = 0.1, *, schedule_steps: int = 0
+    model: nn.Module,
+    layers: Sequence[str],
+    drop_prob: float = 0.1,
+    *,
+    schedule_steps: int = 0,
+    example: Tensor | None = None,
 ) -> RegularizerHandle:
-    """Attach channel dropout (``F.dropout2d``) to the outputs of ``layers``; training mode only."""
+    """Attach channel dropout (``F.dropout2d``) to the outputs of ``layers``; training mode only.
+
+    Layers are chosen as in :func:`attach_dropblock`.
+    """
     if not 0.0 <= drop_prob < 1.0:
         raise ValueError(f"drop_prob must be in [0, 1), got {drop_prob}")
     handle = RegularizerHandle(drop_prob, schedule_steps)
-    return _attach(model, layers, handle, lambda x, p: F.dropout2d(x, p, training=True))
+    return _attach(model, layers, handle, lambda x, p: F.dropout2d(x, p, training=True), example)

@@ -10,7 +10,8 @@ import torchvision
 from torch import nn
 
 from hookviz.errors import LayerError
-from hookviz.hooks import capture, preserved, resolve_layers, trace_shapes
+from hookviz.hooks import capture, preserved, trace_shapes
+from hookviz.layers import resolve_layers
 from tests.conftest import TinyCNN, hook_counts
 
 

@@ -11,7 +11,8 @@ import torch
 import torchvision
 
 from hookviz.errors import DeviceError, ModelNotFoundError, TargetError, UsageError, WeightsError
-from hookviz.models import default_cam_layer, load_model, parse_target, probe, resolve_device
+from hookviz.layers import default_cam_layer
+from hookviz.models import load_model, parse_target, probe, resolve_device
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:

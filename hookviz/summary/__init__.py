@@ -1,0 +1,174 @@
+"""Model summary: per-module shapes, parameters and MACs, with functional ops and attention counted.
+
+Hooks give the module tree, shapes and parameters; a ``TorchDispatchMode`` sees every aten op that
+runs (convolutions, matrix products, attention kernels) and attributes its MACs to the modules being
+executed at that moment, so ``F.linear``, ``torch.matmul``, ``einsum`` and scaled-dot-product attention
+called inside a module's ``forward`` are counted too. 1 MAC (multiply-accumulate) = 2 FLOPs.
+
+What is counted: convolution (any dimension, groups, transposed), ``mm``/``addmm``/``bmm``/``baddbmm``
+(which ``linear``, ``matmul`` and ``einsum`` lower to), scaled-dot-product attention kernels
+(``QK^T`` and ``AV``) and PyTorch's fused multi-head attention. Element-wise ops, normalisation,
+pooling and softmax are not counted (they are memory-bound and small next to the products).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hookviz.errors import UsageError
+from hookviz.hooks import preserved, probe_input, unwrap_compiled
+from hookviz.summary.counting import _Counter, op_macs
+from hookviz.summary.data import ModelSummary, Row
+
+__all__ = ["ModelSummary", "Row", "op_macs", "summarize"]
+
+
+def _shape(t: Any) -> list[int]:
+    return list(t.shape)
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def summarize(
+    model: nn.Module,
+    input_size: Sequence[int] = (3, 224, 224),
+    *,
+    batch_size: int = 1,
+    depth: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    name: str | None = None,
+) -> ModelSummary:
+    """Run one forward pass of zeros and return per-module statistics (eval mode, no grad).
+
+    Args:
+        model: any ``nn.Module`` taking one image batch.
+        input_size: ``(C, H, W)`` of one input.
+        batch_size: MACs and activation sizes are for this many inputs.
+        depth: rows shown by ``str()``/markdown/csv (0 = the model only); the data keeps every row.
+        device, dtype: of the probe input; by default the model's (its first floating-point tensor's).
+
+    Raises:
+        UsageError: a bad input size or batch size.
+
+    Example:
+        >>> s = summarize(torchvision.models.resnet18())
+        >>> s.total_params, s.macs  # 11689512, 1.81e9
+        >>> print(s)
+    """
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size}: must be at least 1")
+    if len(input_size) != 3 or any(int(v) < 1 for v in input_size):
+        raise UsageError(f"--input-size {tuple(input_size)}: give C,H,W with positive sizes, e.g. 3,224,224")
+    model = unwrap_compiled(model)
+    x = probe_input(model, (batch_size, *input_size), device=device, dtype=dtype)
+    modules = list(model.named_modules())
+    info: dict[str, dict[str, Any]] = {n: {"calls": 0, "in": [], "out": [], "bytes": 0} for n, _ in modules}
+    counter = _Counter()
+    handles = []
+
+    def pre(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            counter.stack.append(name)
+            if info[name]["calls"] == 0:
+                info[name]["in"] = [_shape(t) for t in _tensors(args)]
+
+        return hook
+
+    def post(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if counter.stack and counter.stack[-1] == name:
+                counter.stack.pop()
+            d = info[name]
+            if d["calls"] == 0:
+                d["out"] = [_shape(t) for t in _tensors(output)]
+            d["bytes"] += sum(t.numel() * t.element_size() for t in _tensors(output))
+            d["calls"] += 1
+
+        return hook
+
+    with preserved(model):
+        try:
+            for n, m in modules:
+                handles.append(m.register_forward_pre_hook(pre(n)))
+                handles.append(m.register_forward_hook(post(n)))
+            model.eval()
+            with torch.no_grad(), counter:
+                model(x)
+        finally:
+            for h in handles:
+                h.remove()
+
+    seen: set[int] = set()
+    rows = []
+    for n, m in modules:
+        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        d = info[n]
+        rows.append(
+            Row(
+                name=n,
+                type=type(m).__name__,
+                depth=n.count(".") + 1 if n else 0,
+                input_shapes=d["in"],
+                output_shapes=d["out"],
+                params=sum(p.numel() for p in own),
+                trainable=sum(p.numel() for p in own if p.requires_grad),
+                macs=counter.inclusive.get(n, 0),
+                macs_self=counter.own.get(n, 0),
+                attention_macs=counter.attention.get(n, 0),
+                output_bytes=d["bytes"],
+                calls=d["calls"],
+            )
+        )
+    by_dtype: dict[str, int] = {}
+    params = list(model.parameters())
+    for p in params:
+        key = str(p.dtype).replace("torch.", "")
+        by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
+    buffers = list(model.buffers())
+    leaves = {n for n, m in modules if not any(True for _ in m.children())}
+    leaf_bytes = sum(info[n]["bytes"] for n in leaves)
+    largest = (
+        max(
+            (sum(math.prod(s) for s in info[n]["in"] + info[n]["out"]) for n in leaves if info[n]["calls"]),
+            default=0,
+        )
+        * torch.tensor([], dtype=dtype).element_size()
+    )
+    notes = []
+    unrun = [r.name for r in rows if r.calls == 0 and r.name]
+    if unrun:
+        notes.append(
+            f"{len(unrun)} module(s) never ran as modules (e.g. {unrun[0]}); what their parent computed "
+            "with their weights is counted in the parent's row"
+        )
+    return ModelSummary(
+        model=name or type(model).__name__,
+        input_size=[int(v) for v in input_size],
+        batch_size=batch_size,
+        rows=rows,
+        total_params=sum(p.numel() for p in params),
+        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        param_bytes_by_dtype=by_dtype,
+        buffers=sum(b.numel() for b in buffers),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
+        macs=counter.inclusive.get("", 0),
+        forward_activation_bytes=leaf_bytes,
+        largest_activation_bytes=int(largest),
+        depth=depth,
+        notes=notes,
+    )
