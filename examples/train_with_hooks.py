@@ -20,28 +20,13 @@ from torch import nn
 
 from hookviz.gradients import GlobalNormClipper, gradient_flow
 from hookviz.regularize import attach_dropblock
+from hookviz.shapes import shapes_batch
 
 
 def make_batch(n: int, rng: np.random.Generator, size: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
-    xs, ys = [], []
-    yy, xx = np.mgrid[:size, :size]
-    for _ in range(n):
-        kind = int(rng.integers(0, 3))
-        img = rng.normal(0.5, 0.15, (size, size, 3)).clip(0, 1)
-        r = int(rng.integers(6, 10))
-        cy, cx = rng.integers(r + 1, size - r - 1, 2)
-        if kind == 0:
-            mask = (abs(yy - cy) <= r) & (abs(xx - cx) <= r)
-        elif kind == 1:
-            mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
-        else:
-            mask = ((abs(yy - cy) <= r) & (abs(xx - cx) <= r // 3)) | (
-                (abs(xx - cx) <= r) & (abs(yy - cy) <= r // 3)
-            )
-        img[mask] = rng.uniform(0.8, 1.0, 3) if rng.random() < 0.5 else rng.uniform(0.0, 0.2, 3)
-        xs.append(img.transpose(2, 0, 1))
-        ys.append(kind)
-    return torch.tensor(np.stack(xs), dtype=torch.float32), torch.tensor(ys)
+    """``n`` labelled images of squares (0), discs (1) and crosses (2): hookviz's synthetic shapes."""
+    x, y, _ = shapes_batch(n, rng, size)
+    return x, y
 
 
 def make_model() -> nn.Module:

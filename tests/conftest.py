@@ -16,6 +16,9 @@ from torch import nn
 
 from hookviz.images import Preprocess
 from hookviz.models import LoadedModel
+from hookviz.shapes import SHAPES, draw_shape, shapes_batch
+
+__all__ = ["SHAPES", "draw_shape", "shapes_batch"]  # re-exported for the tests
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_images"
@@ -80,45 +83,6 @@ def tiny() -> TinyCNN:
     return model
 
 
-SHAPES = ("square", "disc", "cross")
-
-
-def draw_shape(
-    kind: int, size: int, rng: np.random.Generator, height: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A noisy ``height`` x ``size`` RGB float image with one shape; returns (image, mask of the shape)."""
-    h, w = height or size, size
-    img = rng.normal(0.5, 0.15, (h, w, 3)).clip(0, 1).astype(np.float32)
-    r = int(rng.integers(6, 10))
-    cy, cx = int(rng.integers(r + 1, h - r - 1)), int(rng.integers(r + 1, w - r - 1))
-    yy, xx = np.mgrid[:h, :w]
-    if kind == 0:
-        mask = (abs(yy - cy) <= r) & (abs(xx - cx) <= r)
-    elif kind == 1:
-        mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
-    else:
-        mask = ((abs(yy - cy) <= r) & (abs(xx - cx) <= r // 3)) | (
-            (abs(xx - cx) <= r) & (abs(yy - cy) <= r // 3)
-        )
-    # Clearly brighter or darker than the background, so every shape is visible.
-    colour = (rng.uniform(0.8, 1.0, 3) if rng.random() < 0.5 else rng.uniform(0.0, 0.2, 3)).astype(np.float32)
-    img[mask] = colour
-    return img, mask
-
-
-def shapes_batch(
-    n: int, rng: np.random.Generator, size: int = 48
-) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    xs, ys, masks = [], [], []
-    for _ in range(n):
-        k = int(rng.integers(0, 3))
-        img, mask = draw_shape(k, size, rng)
-        xs.append(img.transpose(2, 0, 1))
-        ys.append(k)
-        masks.append(mask)
-    return torch.from_numpy(np.stack(xs)), torch.tensor(ys), np.stack(masks)
-
-
 @dataclass
 class Trained:
     model: TinyCNN
@@ -164,13 +128,19 @@ def tiny_loaded(model: nn.Module, size: int = 48) -> LoadedModel:
 
 
 def hook_counts(model: nn.Module) -> int:
-    return sum(
+    """Every hook on the model: module hooks, and tensor and post-accumulate-grad hooks on its parameters."""
+    modules = sum(
         len(m._forward_hooks)
         + len(m._forward_pre_hooks)
         + len(m._backward_hooks)
         + len(m._backward_pre_hooks)
         for m in model.modules()
     )
+    tensors = sum(
+        len(p._backward_hooks or {}) + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+        for p in [*model.parameters(), *model.buffers()]
+    )
+    return modules + tensors
 
 
 def write_image(path: Path, rgb: np.ndarray) -> Path:
@@ -178,3 +148,14 @@ def write_image(path: Path, rgb: np.ndarray) -> Path:
 
     Image.fromarray(rgb).save(path)
     return path
+
+
+def picture(path: str | Path, min_size: tuple[int, int] = (100, 100), min_colours: int = 20) -> np.ndarray:
+    """Decode a written image completely and check that it is a picture: large enough, not blank."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        rgb = np.asarray(im.convert("RGB"))
+    assert rgb.shape[1] >= min_size[0] and rgb.shape[0] >= min_size[1], rgb.shape
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) >= min_colours
+    return rgb

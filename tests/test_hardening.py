@@ -221,6 +221,7 @@ def test_an_exception_mid_forward_leaves_the_model_as_found(run: object) -> None
     assert torch.is_grad_enabled()
 
 
+@pytest.mark.slow
 def test_a_thousand_grad_cams_do_not_grow_memory() -> None:
     import psutil
 
@@ -254,7 +255,21 @@ def _slow_run(tmp_path: Path, n: int = 48) -> tuple[subprocess.Popen[str], Path,
         )
     out = tmp_path / "out"
     cmd = _gradcam_cmd(src, out, "--batch-size", "2")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell that ignores SIGINT (nohup, `cmd &`, some CI runners) passes that on to its children, and
+    # Python then never turns SIGINT into KeyboardInterrupt: pretend to be such a parent, and give the
+    # child the default handler back, as a user's terminal would.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.time() + 120
     while time.time() < deadline and len(list(out.glob("*.png"))) < 6:
         time.sleep(0.05)
@@ -273,6 +288,7 @@ def _check_complete(out: Path) -> int:
     return len(lines)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_a_killed_run_leaves_only_complete_files_and_resumes(tmp_path: Path, sig: signal.Signals) -> None:
     proc, src, out = _slow_run(tmp_path)
