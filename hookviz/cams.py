@@ -7,6 +7,8 @@ gradients ``G = dY^c/dA`` of the same shape (``Y^c`` the class logit), and retur
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -114,6 +116,60 @@ GRADIENT_METHODS = {
 }
 #: Every method, in the order sheets show them.
 METHODS = (*GRADIENT_METHODS, "eigencam", "scorecam")
+
+
+def fuse(maps: Sequence[Tensor], size: tuple[int, int], mode: str = "mean", *, relu: bool = True) -> Tensor:
+    """One map from several layers' maps ``(B, T, h_i, w_i)``: each upsampled (bilinear) to ``size``,
+    put on its own scale (ReLU maps min-max to [0, 1]; signed maps divided by their largest magnitude),
+    so that no layer dominates by magnitude alone, then the ``mean`` or ``max`` across layers.
+    """
+    import torch.nn.functional as F
+
+    if mode not in ("mean", "max"):
+        raise ValueError(f"fuse mode must be mean or max, got {mode!r}")
+    scaled = []
+    for t in maps:
+        b, n = t.shape[:2]
+        up = F.interpolate(
+            t.reshape(b * n, 1, *t.shape[2:]).float(), size=size, mode="bilinear", align_corners=False
+        )
+        flat = torch.nan_to_num(up.reshape(b, n, -1), nan=0.0, posinf=0.0, neginf=0.0)
+        if relu:
+            lo, hi = flat.amin(dim=2)[..., None], flat.amax(dim=2)[..., None]
+            flat = (flat - lo) / (hi - lo).clamp_min(1e-12)
+        else:
+            flat = flat / flat.abs().amax(dim=2)[..., None].clamp_min(1e-12)
+        scaled.append(flat.reshape(b, n, *size))
+    stacked = torch.stack(scaled)
+    return stacked.mean(dim=0) if mode == "mean" else stacked.amax(dim=0)
+
+
+def colour_scale(
+    maps: Tensor, normalize: str, *, relu: bool = True, vmax: float | None = None
+) -> tuple[float, float] | None:
+    """The value range drawn from the first to the last colour for a set of maps.
+
+    ``image``: ``None`` (each map is scaled on its own when drawn). ``none``: the fixed range
+    ``[0, vmax]`` (signed: ``[-vmax, vmax]``), the same for every image of every run. ``batch``: the
+    range of these maps (NaN/Inf ignored), so the images of one batch compare with each other.
+
+    Raises:
+        ValueError: ``none`` without a positive ``vmax``, or an unknown mode.
+    """
+    if normalize == "image":
+        return None
+    if normalize == "none":
+        if vmax is None or not vmax > 0:
+            raise ValueError("normalize 'none' needs vmax > 0")
+        return (0.0 if relu else -float(vmax), float(vmax))
+    if normalize != "batch":
+        raise ValueError(f"normalize must be image, batch or none, got {normalize!r}")
+    finite = torch.nan_to_num(maps.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    top = float(finite.abs().max()) if finite.numel() else 0.0
+    top = top or 1.0
+    if relu:
+        return (float(finite.min()), float(finite.max()) or 1.0)
+    return (-top, top)
 
 
 def _finish(cam: Tensor, relu: bool) -> Tensor:

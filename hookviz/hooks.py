@@ -63,10 +63,19 @@ def preserved(model: nn.Module, *, buffers: bool = False) -> Iterator[nn.Module]
 
 
 class HookGroup:
-    """Owns hook handles: ``remove()`` takes them all off; a context manager that removes on exit."""
+    """Owns hook handles: ``add`` keeps one, ``remove()`` takes them all off (last first); a context
+    manager that removes on exit. The one way hookviz holds a ``RemovableHandle``."""
 
     def __init__(self, handles: list[Any] | None = None) -> None:
         self._handles: list[Any] = list(handles or [])
+
+    def add(self, handle: Any) -> Any:
+        """Keep ``handle`` (what ``register_*_hook`` returned) to remove later; returns it."""
+        self._handles.append(handle)
+        return handle
+
+    def __len__(self) -> int:
+        return len(self._handles)
 
     def remove(self) -> None:
         while self._handles:
@@ -199,7 +208,7 @@ class capture:
         self.clone = clone
         self.reuse = reuse
         self.captured = Captured()
-        self._handles: list[Any] = []
+        self._hooks = HookGroup()
         self._grad_mode = True
 
     def __enter__(self) -> capture:
@@ -212,11 +221,11 @@ class capture:
             for name in self.layers:
                 module = modules[name]
                 if self.inputs:
-                    self._handles.append(module.register_forward_pre_hook(self._store_input(name)))
+                    self._hooks.add(module.register_forward_pre_hook(self._store_input(name)))
                 if self.outputs:
-                    self._handles.append(module.register_forward_hook(self._store_output(name)))
+                    self._hooks.add(module.register_forward_hook(self._store_output(name)))
             for name in self.grad_layers:
-                self._handles.append(modules[name].register_forward_hook(self._tap(name)))
+                self._hooks.add(modules[name].register_forward_hook(self._tap(name)))
         except BaseException:
             self.remove()
             raise
@@ -227,8 +236,7 @@ class capture:
 
     def remove(self) -> None:
         """Remove every hook this object registered and restore the grad mode."""
-        while self._handles:
-            self._handles.pop().remove()
+        self._hooks.remove()
         torch.set_grad_enabled(self._grad_mode)
 
     def _keep(self, t: Tensor) -> Tensor:
@@ -294,7 +302,6 @@ def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
     model = unwrap_compiled(model)
     seen: dict[str, list[Any]] = {}
     order: list[str] = []
-    handles = []
 
     def make(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -306,17 +313,13 @@ def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
 
         return hook
 
-    with preserved(model):
-        try:
-            for name, module in model.named_modules():
-                if name:
-                    handles.append(module.register_forward_hook(make(name)))
-            model.eval()
-            with torch.no_grad():
-                model(x)
-        finally:
-            for h in handles:
-                h.remove()
+    with preserved(model), HookGroup() as hooks:
+        for name, module in model.named_modules():
+            if name:
+                hooks.add(module.register_forward_hook(make(name)))
+        model.eval()
+        with torch.no_grad():
+            model(x)
     calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2]) for n in order]
     # Forward hooks fire on exit, so call order is post-order; network order is named_modules order.
     rank = {n: i for i, (n, _) in enumerate(model.named_modules())}

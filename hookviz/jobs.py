@@ -50,15 +50,6 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
     return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
 
 
-METHOD_TITLES = {
-    "gradcam": "Grad-CAM",
-    "gradcampp": "Grad-CAM++",
-    "xgradcam": "XGrad-CAM",
-    "layercam": "LayerCAM",
-    "hirescam": "HiResCAM",
-    "eigencam": "Eigen-CAM",
-    "scorecam": "Score-CAM",
-}
 FUSED = "fused"
 
 
@@ -171,8 +162,7 @@ class CamJob:
 
     # -- compute --------------------------------------------------------------------------
     def compute(self, x: Any) -> CamBatch:
-        import torch.nn.functional as F
-
+        from hookviz import cams
         from hookviz.attribution import explain
 
         ex = explain(
@@ -185,40 +175,17 @@ class CamJob:
             scorecam_batch=self.scorecam_batch,
             progress=self.progress,
         )
-        maps = {key: value.numpy() for key, value in ex.maps.items()}
+        maps = dict(ex.maps)
         if FUSED in self._layer_names():
-            size = tuple(x.shape[2:])
+            size = (int(x.shape[2]), int(x.shape[3]))
             for m in self.methods:
-                ups = []
-                for layer in self.layers:
-                    t = ex.maps[(m, layer)]
-                    b, n = t.shape[:2]
-                    up = F.interpolate(
-                        t.reshape(b * n, 1, *t.shape[2:]), size=size, mode="bilinear", align_corners=False
-                    )
-                    up = up.reshape(b, n, *size)
-                    # Each layer on its own scale first, so no layer dominates by magnitude alone.
-                    flat = up.reshape(b, n, -1)
-                    if self.relu:
-                        lo = flat.amin(dim=2)[..., None, None]
-                        hi = flat.amax(dim=2)[..., None, None]
-                        up = (up - lo) / (hi - lo).clamp_min(1e-12)
-                    else:
-                        up = up / flat.abs().amax(dim=2)[..., None, None].clamp_min(1e-12)
-                    ups.append(up)
-                stacked = np.stack([u.numpy() for u in ups])
-                maps[(m, FUSED)] = stacked.mean(axis=0) if self.fuse == "mean" else stacked.max(axis=0)
-        return CamBatch(ex, maps, {key: self._scale(key, value) for key, value in maps.items()})
-
-    def _scale(self, key: tuple[str, str], maps: np.ndarray) -> tuple[float, float] | None:
-        finite = np.nan_to_num(maps, nan=0.0, posinf=0.0, neginf=0.0)
-        if self.normalize == "image":
-            return None
-        if self.normalize == "none":
-            top = float(self.vmax or 1.0)  # validated: --normalize none comes with --vmax > 0
-            return (0.0 if self.relu else -top, top)
-        top = float(np.abs(finite).max()) or 1.0
-        return (float(finite.min()) if self.relu else -top, float(finite.max()) if self.relu else top)
+                layer_maps = [ex.maps[(m, layer)] for layer in self.layers]
+                maps[(m, FUSED)] = cams.fuse(layer_maps, size, str(self.fuse), relu=self.relu)
+        scales = {
+            key: cams.colour_scale(value, self.normalize, relu=self.relu, vmax=self.vmax)
+            for key, value in maps.items()
+        }
+        return CamBatch(ex, {key: value.numpy() for key, value in maps.items()}, scales)
 
     # -- render ---------------------------------------------------------------------------
     def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None) -> np.ndarray:
@@ -252,7 +219,7 @@ class CamJob:
                 tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
                 where = "fused " + "+".join(self.layers) if layer == FUSED else layer
                 lines = [
-                    f"{lm.name} | {METHOD_TITLES[method]} at {where} | {_weights_note(lm)}",
+                    f"{lm.name} | {Method(method).label} at {where} | {_weights_note(lm)}",
                     f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}",
                     f"explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
                 ]
@@ -295,7 +262,7 @@ class CamJob:
             title = (
                 f"{lm.name} | predicted {lm.class_name(pred)} ({pred}) p={p_score:.3f} | {_weights_note(lm)}"
             )
-            sheet = render.sheet(rows, [METHOD_TITLES[m] for m in self.methods], title=title)
+            sheet = render.sheet(rows, [Method(m).label for m in self.methods], title=title)
             files.append((f"{stem}.sheet.png", encode_png(sheet)))
         first_t = int(ex.targets[index, 0])
         fields = {

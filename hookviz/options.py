@@ -28,16 +28,27 @@ class Choice(str, Enum):
 
 
 class Method(Choice):
-    """CAM methods, in the order sheets show them."""
+    """CAM methods, in the order sheets show them, each with the title pictures show.
 
-    gradcam = "gradcam"
-    gradcampp = "gradcampp"
-    xgradcam = "xgradcam"
-    layercam = "layercam"
-    hirescam = "hirescam"
-    eigencam = "eigencam"
-    scorecam = "scorecam"
-    all = "all"
+    A new method is its function in ``hookviz/cams.py`` (registered there) and one line here.
+    """
+
+    label: str
+
+    def __new__(cls, value: str, label: str = "") -> Method:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label = label or value
+        return member
+
+    gradcam = "gradcam", "Grad-CAM"
+    gradcampp = "gradcampp", "Grad-CAM++"
+    xgradcam = "xgradcam", "XGrad-CAM"
+    layercam = "layercam", "LayerCAM"
+    hirescam = "hirescam", "HiResCAM"
+    eigencam = "eigencam", "Eigen-CAM"
+    scorecam = "scorecam", "Score-CAM"
+    all = "all", "all methods"
 
 
 class Normalize(Choice):

@@ -137,7 +137,7 @@ def _attach(
 
     try:
         for name in names:
-            handle._handles.append(modules[name].register_forward_hook(make(name)))
+            handle.add(modules[name].register_forward_hook(make(name)))
     except BaseException:
         handle.remove()
         raise

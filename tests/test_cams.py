@@ -199,3 +199,40 @@ def test_every_gradient_method_localises_on_the_trained_model(trained: Trained) 
     }
     print("peak-in-shape rate per method:", {m: f"{r:.1%}" for m, r in rates.items()})
     assert all(r >= 0.85 for r in rates.values()), rates
+
+
+def test_fuse_upsamples_scales_each_layer_then_combines() -> None:
+    """Against an independent NumPy/OpenCV version: bilinear resize, per-map min-max, mean or max."""
+    import cv2
+
+    rng = np.random.default_rng(3)
+    coarse = torch.from_numpy(rng.random((2, 1, 2, 3)).astype(np.float32) * 7)  # a large-magnitude layer
+    fine = torch.from_numpy(rng.random((2, 1, 4, 6)).astype(np.float32) * 0.01)
+    size = (8, 12)
+
+    def reference(t: torch.Tensor) -> np.ndarray:
+        up = np.stack(
+            [cv2.resize(m[0].numpy(), (size[1], size[0]), interpolation=cv2.INTER_LINEAR) for m in t]
+        )
+        lo = up.reshape(2, -1).min(1)[:, None, None]
+        hi = up.reshape(2, -1).max(1)[:, None, None]
+        return (up - lo) / (hi - lo)
+
+    a, b = reference(coarse), reference(fine)
+    got_mean = cams.fuse([coarse, fine], size, "mean")[:, 0].numpy()
+    got_max = cams.fuse([coarse, fine], size, "max")[:, 0].numpy()
+    np.testing.assert_allclose(got_mean, (a + b) / 2, atol=1e-5)
+    np.testing.assert_allclose(got_max, np.maximum(a, b), atol=1e-5)
+    signed = cams.fuse([coarse - 3.5], size, "mean", relu=False)
+    assert float(signed.abs().max()) == pytest.approx(1.0)
+
+
+def test_colour_scale_policies() -> None:
+    maps = torch.tensor([[[[0.5, 2.0], [float("nan"), float("inf")]]]])
+    assert cams.colour_scale(maps, "image") is None
+    assert cams.colour_scale(maps, "none", vmax=3.0) == (0.0, 3.0)
+    assert cams.colour_scale(maps, "none", relu=False, vmax=3.0) == (-3.0, 3.0)
+    assert cams.colour_scale(maps, "batch") == (0.0, 2.0)  # NaN/Inf count as 0
+    assert cams.colour_scale(-maps, "batch", relu=False) == (-2.0, 2.0)
+    with pytest.raises(ValueError, match="vmax > 0"):
+        cams.colour_scale(maps, "none")

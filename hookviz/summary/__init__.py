@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.errors import UsageError
-from hookviz.hooks import preserved, probe_input, unwrap_compiled
+from hookviz.hooks import HookGroup, preserved, probe_input, unwrap_compiled
 from hookviz.summary.counting import _Counter, op_macs
 from hookviz.summary.data import ModelSummary, Row
 
@@ -78,7 +78,6 @@ def summarize(
     modules = list(model.named_modules())
     info: dict[str, dict[str, Any]] = {n: {"calls": 0, "in": [], "out": [], "bytes": 0} for n, _ in modules}
     counter = _Counter()
-    handles = []
 
     def pre(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -100,17 +99,13 @@ def summarize(
 
         return hook
 
-    with preserved(model):
-        try:
-            for n, m in modules:
-                handles.append(m.register_forward_pre_hook(pre(n)))
-                handles.append(m.register_forward_hook(post(n)))
-            model.eval()
-            with torch.no_grad(), counter:
-                model(x)
-        finally:
-            for h in handles:
-                h.remove()
+    with preserved(model), HookGroup() as hooks:
+        for n, m in modules:
+            hooks.add(m.register_forward_pre_hook(pre(n)))
+            hooks.add(m.register_forward_hook(post(n)))
+        model.eval()
+        with torch.no_grad(), counter:
+            model(x)
 
     seen: set[int] = set()
     rows = []
