@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from hookviz import cams
 from hookviz.errors import LayerError, TargetError, UsageError
-from hookviz.hooks import autograd_enabled, capture, preserved, unwrap_compiled
-from hookviz.layers import layout_of, to_spatial
+from hookviz.hooks import (
+    ModuleCall,
+    autograd_enabled,
+    capture,
+    logits_of,
+    preserved,
+    probe_input,
+    trace_shapes,
+    unwrap_compiled,
+)
+from hookviz.layers import Layout, layout_of, to_spatial
 
 Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | None
 
@@ -50,6 +61,19 @@ class CamResult:
     predicted_score: Tensor
     target: Tensor
     target_score: Tensor
+
+
+_TRACES: weakref.WeakKeyDictionary[nn.Module, dict[Any, list[ModuleCall]]] = weakref.WeakKeyDictionary()
+
+
+def traced(model: nn.Module, input_shape: tuple[int, ...], device: Any) -> list[ModuleCall]:
+    """:func:`~hookviz.hooks.trace_shapes` for one input of ``input_shape``, remembered per model while it
+    lives (a transformer's token layout needs its patch grid, and a batch run asks for it every batch)."""
+    per_model = _TRACES.setdefault(model, {})
+    key = (input_shape, str(device))
+    if key not in per_model:
+        per_model[key] = trace_shapes(model, probe_input(model, (1, *input_shape), device=device))
+    return per_model[key]
 
 
 def ranking(logits: Tensor) -> Tensor:
@@ -160,12 +184,12 @@ def _explain(
             hooks = capture(model, layers, outputs=True)
         with hooks as cap:
             with torch.no_grad():
-                logits = model(x)
+                logits = logits_of(model(x))
             if not isinstance(logits, Tensor) or logits.dim() != 2:
                 raise LayerError("the model must return class logits of shape (B, num_classes)")
             found = cap.captured.taps if gradient_methods else cap.captured.outputs
             raw: dict[str, Tensor] = {}
-            layouts: dict[str, str] = {}
+            layouts: dict[str, Layout] = {}
             for layer in layers:
                 got = found.get(layer)
                 if not got:
@@ -176,7 +200,8 @@ def _explain(
                         "pick a layer that runs once (e.g. its parent block)"
                     )
                 raw[layer] = got[0]
-                layouts[layer] = layout_of(model, layer, got[0].shape)
+                if got[0].dim() != 3:  # tokens wait for the patch grid, traced once the hooks are off
+                    layouts[layer] = layout_of(model, layer, got[0].shape)
             order = ranking(logits)
             t = _targets(targets, logits.detach(), order)
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
@@ -189,6 +214,10 @@ def _explain(
                     backward_passes += 1
                     for layer in layers:
                         grads[layer].append(cap.captured.grads[layer][-1])
+        for layer in layers:
+            if layer not in layouts:
+                calls = traced(model, tuple(x.shape[1:]), x.device)
+                layouts[layer] = layout_of(model, layer, raw[layer].shape, calls)
     result_probs = torch.softmax(logits.detach().float(), dim=1)
     del logits, cap  # free the recorded graph before any further work
     masked_total = sum(to_spatial(raw[la], layouts[la]).shape[1] for la in layers) * x.shape[0]
@@ -252,7 +281,8 @@ def _score_cam_scores(
             lo = up.amin(dim=(1, 2), keepdim=True)
             hi = up.amax(dim=(1, 2), keepdim=True)
             mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
-            probs = torch.softmax(model(x[i : i + 1] * mask[:, None].to(x.dtype)).float(), dim=1)
+            masked = x[i : i + 1] * mask[:, None].to(x.dtype)
+            probs = torch.softmax(logits_of(model(masked)).float(), dim=1)
             out[i, :, k0 : k0 + chunk] = probs[:, t[i]].T
             advance(mask.shape[0])
     return out

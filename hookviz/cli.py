@@ -121,11 +121,31 @@ InputSize = Annotated[
     ),
 ]
 ResizeOpt = Annotated[
-    Resize,
+    Resize | None,
     typer.Option(
         "--resize",
-        help="crop: torchvision's eval transform (centre crop; the map covers the part the model saw); "
-        "squash: whole image resized to a square.",
+        help="crop: centre crop, torchvision's eval transform (the map covers the part the model saw); "
+        "squash: whole image resized to a square. Default: the model's own.",
+        rich_help_panel=MODEL,
+    ),
+]
+MeanOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mean", help="input normalisation mean R,G,B (default: the model's).", rich_help_panel=MODEL
+    ),
+]
+StdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--std", help="input normalisation std R,G,B (default: the model's).", rich_help_panel=MODEL
+    ),
+]
+TrustPickle = Annotated[
+    bool,
+    typer.Option(
+        "--trust-pickle",
+        help="allow --model FILE.pt holding a whole pickled model (unpickling runs code from the file).",
         rich_help_panel=MODEL,
     ),
 ]
@@ -256,9 +276,24 @@ class ModelOptions:
     weights: str
     device: str = "auto"
     input_size: int | None = None
-    resize: str = "crop"
+    resize: str | None = None
     labels: Path | None = None
     weights_key: str | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    trust_pickle: bool = False
+
+
+def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.replace(" ", ",").split(",") if v]
+    except ValueError:
+        values = []
+    if len(values) != 3 or (option == "--std" and min(values) <= 0):
+        raise typer.BadParameter(f"{text!r}: give three numbers R,G,B (0.485,0.456,0.406)", param_hint=option)
+    return (values[0], values[1], values[2])
 
 
 @dataclass(frozen=True)
@@ -286,10 +321,13 @@ def _load(m: ModelOptions, quiet: bool) -> Any:
         m.weights,
         device=resolve_device(m.device),
         input_size=m.input_size,
-        resize=str(m.resize),
+        resize=str(m.resize) if m.resize is not None else None,
+        mean=m.mean,
+        std=m.std,
         progress=not quiet and sys.stderr.isatty(),
         labels=m.labels,
         weights_key=m.weights_key,
+        trust_pickle=m.trust_pickle,
     )
 
 
@@ -446,7 +484,10 @@ def gradcam(
     weights_key: WeightsKey = None,
     labels: Labels = None,
     input_size: InputSize = None,
-    resize: ResizeOpt = Resize.crop,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
     layers: Annotated[
         list[str] | None,
         typer.Option(
@@ -530,7 +571,18 @@ def gradcam(
     debug: Debug = False,
 ) -> None:
     """Grad-CAM and the CAM family over the original photos: where the model looks for a class."""
-    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
     r = RunOptions(
         inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
     )
@@ -592,7 +644,10 @@ def featuremaps(
     weights_key: WeightsKey = None,
     labels: Labels = None,
     input_size: InputSize = None,
-    resize: ResizeOpt = Resize.crop,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
     layers: Annotated[
         list[str] | None,
         typer.Option(
@@ -625,7 +680,18 @@ def featuremaps(
     debug: Debug = False,
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
-    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
     r = RunOptions(
         inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
     )
@@ -653,6 +719,7 @@ def layers(
     depth: Annotated[
         int | None, typer.Option("--depth", min=1, help="only names with at most this many dots + 1.")
     ] = None,
+    trust_pickle: TrustPickle = False,
     debug: Debug = False,
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
@@ -660,7 +727,7 @@ def layers(
         from hookviz.layers import default_cam_layer
         from hookviz.models import load_model, probe
 
-        loaded = load_model(model, weights, input_size=input_size)
+        loaded = load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle)
         calls = probe(loaded)
         default = default_cam_layer(loaded.model, calls)
         params = {
@@ -687,7 +754,10 @@ def gradflow(
     weights_key: WeightsKey = None,
     labels: Labels = None,
     input_size: InputSize = None,
-    resize: ResizeOpt = Resize.crop,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
     target: Annotated[
         str,
         typer.Option(
@@ -725,7 +795,18 @@ def gradflow(
     debug: Debug = False,
 ) -> None:
     """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
-    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
     r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
     with _guard(debug):
 
@@ -752,7 +833,10 @@ def dropblock(
     weights_key: WeightsKey = None,
     labels: Labels = None,
     input_size: InputSize = None,
-    resize: ResizeOpt = Resize.crop,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
     layer: Annotated[
         str, typer.Option("--layer", "-l", help="module whose output gets DropBlock.", rich_help_panel=MAPS)
     ] = "layer3",
@@ -783,7 +867,18 @@ def dropblock(
     debug: Debug = False,
 ) -> None:
     """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
-    m = ModelOptions(model, weights, device, input_size, resize, labels, weights_key)
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
     r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
     with _guard(debug):
 
@@ -825,7 +920,9 @@ def summary(
         str,
         typer.Option("--weights", "-w", help="none (default: counts need no weights), DEFAULT, or a path."),
     ] = "none",
-    input_size: Annotated[str, typer.Option("--input-size", help="C,H,W of one input.")] = "3,224,224",
+    input_size: Annotated[
+        str | None, typer.Option("--input-size", help="C,H,W of one input (default: the model's, 3,224,224).")
+    ] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")
     ] = 1,
@@ -837,10 +934,11 @@ def summary(
         Path | None, typer.Option("--plot", help="also write a bar chart of params and MACs (PNG).")
     ] = None,
     overwrite: Overwrite = False,
+    trust_pickle: TrustPickle = False,
     debug: Debug = False,
 ) -> None:
     """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
-    size = _parse_size(input_size)
+    size = _parse_size(input_size) if input_size is not None else None
     if plot is not None:
         if plot.exists() and not overwrite:
             _fail(f"--plot {str(plot)!r}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
@@ -855,9 +953,12 @@ def summary(
         from hookviz.models import load_model
         from hookviz.summary import summarize
 
-        loaded = load_model(model, weights)
+        loaded = load_model(model, weights, trust_pickle=trust_pickle)
+        if size is None:
+            size = [3, loaded.preprocess.crop_size, loaded.preprocess.crop_size]
+            input_size = ",".join(map(str, size))
         try:
-            result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=model)
+            result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name)
         except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             _fail(

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.errors import LayerError
-from hookviz.hooks import capture, preserved
+from hookviz.hooks import capture, logits_of, preserved
 from hookviz.options import Stage
 
 
@@ -82,7 +82,11 @@ def capture_features(
                         "pick a convolutional layer"
                     )
                 result.append(FeatureMap(name, side, call, t.float().cpu()))
-    return Features(result, out.detach().float().cpu() if isinstance(out, Tensor) else None)
+    try:
+        scores: Tensor | None = logits_of(out).detach().float().cpu()
+    except LayerError:  # feature maps need no scores; the caller is told there are none
+        scores = None
+    return Features(result, scores)
 
 
 def rank_channels(fmap: Tensor, limit: int) -> list[int]:

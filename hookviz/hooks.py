@@ -154,6 +154,34 @@ class Captured:
     grads: dict[str, list[Tensor]] = field(default_factory=dict)
 
 
+def logits_of(output: Any) -> Tensor:
+    """The class scores in a model's output: a tensor, a ``ModelOutput``/object with ``.logits``, a dict
+    with ``logits`` (or ``out``), or the first tensor of a tuple (``(logits, aux)``).
+
+    Raises:
+        LayerError: nothing in the output looks like scores (the message says what was found).
+    """
+    if isinstance(output, Tensor):
+        return output
+    found = getattr(output, "logits", None)
+    if isinstance(found, Tensor):
+        return found
+    if isinstance(output, dict):
+        for key in ("logits", "out", "output", "pred"):
+            if isinstance(output.get(key), Tensor):
+                return output[key]
+        raise LayerError(
+            f"the model returns a dict with keys {sorted(map(str, output))}, none of them 'logits' or 'out'; "
+            "wrap the model so that it returns the class scores"
+        )
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    raise LayerError(
+        f"the model returns {type(output).__name__}, not class scores; wrap it so that it returns a "
+        "(B, num_classes) tensor"
+    )
+
+
 def _first_tensor(value: Any) -> Tensor | None:
     if isinstance(value, Tensor):
         return value
@@ -292,6 +320,9 @@ class ModuleCall:
     type: str
     output_shape: tuple[int, ...] | None
     calls: int
+    #: When the module's first call finished, counting from 0 (forward hooks fire in post-order, so a
+    #: block finishes after its children); -1 for a module that did not run.
+    order: int = -1
 
 
 def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
@@ -320,7 +351,7 @@ def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
         model.eval()
         with torch.no_grad():
             model(x)
-    calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2]) for n in order]
+    calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2], i) for i, n in enumerate(order)]
     # Forward hooks fire on exit, so call order is post-order; network order is named_modules order.
     rank = {n: i for i, (n, _) in enumerate(model.named_modules())}
     calls.sort(key=lambda c: rank[c.name])

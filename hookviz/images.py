@@ -134,6 +134,9 @@ class Preprocess:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     resize: str = "crop"
+    #: How an enlarged region is resampled (``bilinear`` or ``bicubic``); shrinking always averages
+    #: areas (OpenCV's INTER_AREA), which is what an antialiased resize does.
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
         from hookviz.errors import UsageError
@@ -165,7 +168,8 @@ class Preprocess:
         region = rgb[box.y0 : box.y1, box.x0 : box.x1]
         s = self.crop_size
         shrinking = region.shape[0] > s or region.shape[1] > s
-        resized = cv2.resize(region, (s, s), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
+        grow = cv2.INTER_CUBIC if self.interpolation == "bicubic" else cv2.INTER_LINEAR
+        resized = cv2.resize(region, (s, s), interpolation=cv2.INTER_AREA if shrinking else grow)
         x = resized.astype(np.float32) / 255.0
         x -= np.asarray(self.mean, dtype=np.float32)
         x /= np.asarray(self.std, dtype=np.float32)

@@ -30,6 +30,7 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             "crop_size": p.crop_size,
             "resize_size": p.resize_size,
             "resize": str(p.resize),
+            "interpolation": p.interpolation,
             "mean": [round(float(v), 6) for v in p.mean],
             "std": [round(float(v), 6) for v in p.std],
         },
@@ -389,10 +390,12 @@ class GradFlowJob:
 
         from hookviz.attribution import ranking
         from hookviz.gradients import gradient_flow
+        from hookviz.hooks import logits_of
 
         seen: list[Any] = []
 
-        def loss(z: Any) -> Any:
+        def loss(output: Any) -> Any:
+            z = logits_of(output)
             seen.append(z.detach().float().cpu())
             if self.label is not None:
                 return F.cross_entropy(z, torch.tensor([self.label], device=z.device))

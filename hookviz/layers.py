@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
@@ -154,7 +156,7 @@ def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_na
     if call is None or call.calls == 0:
         raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass; pick another layer")
     try:
-        layout_of(model, name, call.output_shape or ())
+        layout_of(model, name, call.output_shape or (), calls)
     except LayerError as exc:
         raise LayerError(f"{exc} ({_listing(model_name)})") from None
     if call.calls > 1:
@@ -168,20 +170,30 @@ def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_na
 def channels(model: nn.Module, name: str, calls: Sequence[ModuleCall]) -> int:
     """How many channels layer ``name``'s map has (tokens: the embedding width)."""
     shape = _call(calls, name).output_shape or ()
-    return int(shape[1] if layout_of(model, name, shape) == "nchw" else shape[-1])
+    return int(shape[1] if layout_of(model, name, shape, calls).kind == "nchw" else shape[-1])
 
 
-def to_spatial(t: Tensor, layout: str) -> Tensor:
-    """``(B, C, H, W)`` from a layer output in ``layout`` (``nchw``, ``nhwc`` or ``tokens``).
+@dataclass(frozen=True)
+class Layout:
+    """How a layer's output holds its map: ``nchw``, ``nhwc`` (Swin, channels-last blocks) or ``tokens``
+    ``(B, N, D)``: ``prefix`` tokens (class, distillation, register) then a ``grid`` of patch tokens."""
 
-    Tokens ``(B, N, D)`` are reshaped to the patch grid; a leading class token is dropped when
-    ``N - 1`` is a square (ViT), kept out of nothing when ``N`` is a square.
-    """
-    if layout == "nchw":
+    kind: str
+    prefix: int = 0
+    grid: tuple[int, int] | None = None
+
+
+def to_spatial(t: Tensor, layout: Layout | str) -> Tensor:
+    """``(B, C, H, W)`` from a layer output in ``layout``."""
+    kind = layout if isinstance(layout, str) else layout.kind
+    if kind == "nchw":
         return t
-    if layout == "nhwc":
+    if kind == "nhwc":
         return t.permute(0, 3, 1, 2)
     b, n, d = t.shape
+    if isinstance(layout, Layout) and layout.grid is not None:
+        gh, gw = layout.grid
+        return t[:, layout.prefix :].reshape(b, gh, gw, d).permute(0, 3, 1, 2)
     side = math.isqrt(n)
     if side * side != n:
         side = math.isqrt(n - 1)
@@ -189,66 +201,158 @@ def to_spatial(t: Tensor, layout: str) -> Tensor:
     return t.reshape(b, side, side, d).permute(0, 3, 1, 2)
 
 
-def layout_of(model: nn.Module, layer: str, shape: Sequence[int]) -> str:
+#: At most this many tokens before the patch grid (class + distillation + register tokens).
+MAX_PREFIX_TOKENS = 16
+
+
+def patch_grid(calls: Sequence[ModuleCall], tokens: int, dim: int) -> tuple[int, int] | None:
+    """The patch grid behind ``tokens`` tokens of width ``dim``: the earliest 4-D output ``(B, dim, gh, gw)``
+    (the patch embedding's convolution) with ``gh * gw`` patches and at most 16 more tokens."""
+    for c in sorted((c for c in calls if c.calls and c.output_shape), key=lambda c: c.order):
+        shape = c.output_shape or ()
+        if len(shape) == 4 and shape[1] == dim:
+            gh, gw = int(shape[2]), int(shape[3])
+            if gh * gw <= tokens <= gh * gw + MAX_PREFIX_TOKENS:
+                return gh, gw
+    return None
+
+
+def _kind_4d(module: nn.Module, shape: Sequence[int]) -> str:
+    # Inputs are square, so a channels-first map has H == W and a channels-last one has shape[1] == shape[2].
+    if isinstance(module, nn.Conv2d) or shape[2] == shape[3] or shape[1] != shape[2]:
+        return "nchw"
+    return "nhwc"
+
+
+def layout_of(
+    model: nn.Module, layer: str, shape: Sequence[int], calls: Sequence[ModuleCall] | None = None
+) -> Layout:
     """How a layer's output is laid out, so maps come out as ``(B, C, H, W)`` for any architecture.
 
+    Decided from shapes: 4-D outputs are channels-first or channels-last (Swin); 3-D outputs are tokens,
+    whose patch grid (and so the number of prefix tokens, and non-square grids) comes from the patch
+    embedding seen in ``calls``; without ``calls``, a square number of tokens after 0 or 1 prefix token.
+
     Raises:
-        LayerError: the output has no spatial structure (a classifier head, a pooled vector).
+        LayerError: the output has no spatial structure (a classifier head, a pooled vector, 1x1).
     """
     module = dict(model.named_modules())[layer]
-    swin = type(model).__name__ == "SwinTransformer"
-    if len(shape) == 4 and shape[2] * shape[3] == 1 and not swin:
-        raise LayerError(
-            f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}: a 1x1 map has no "
-            "spatial extent left to show; pick an earlier layer"
-        )
+    what = f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}"
     if len(shape) == 4:
-        # torchvision's Swin keeps features channels-last after the patch-embedding conv.
-        return "nhwc" if swin and not isinstance(module, nn.Conv2d) else "nchw"
-    if len(shape) == 3:
-        n = shape[1]
-        if n > 1 and (math.isqrt(n) ** 2 == n or math.isqrt(n - 1) ** 2 == n - 1):
-            return "tokens"
+        kind = _kind_4d(module, shape)
+        pixels = shape[2] * shape[3] if kind == "nchw" else shape[1] * shape[2]
+        if pixels == 1:
+            raise LayerError(f"{what}: a 1x1 map has no spatial extent left to show; pick an earlier layer")
+        return Layout(kind)
+    if len(shape) == 3 and shape[1] > 1:
+        n, d = int(shape[1]), int(shape[2])
+        grid = patch_grid(calls, n, d) if calls else None
+        if grid is not None:
+            return Layout("tokens", n - grid[0] * grid[1], grid)
+        for prefix in (0, 1):
+            side = math.isqrt(n - prefix)
+            if side > 1 and side * side == n - prefix:
+                return Layout("tokens", prefix, (side, side))
     raise LayerError(
-        f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}, not a (B, C, H, W) "
-        "feature map or a grid of tokens, so it has no spatial map to show; pick a convolutional layer "
-        "or an encoder block"
+        f"{what}, not a (B, C, H, W) feature map or a grid of tokens, so it has no spatial map to show; "
+        "pick a convolutional layer or an encoder block"
     )
 
 
-def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
-    """The last convolutional stage: the outermost ancestor of the last Conv2d with the same spatial output.
+def _spatial(model: nn.Module, c: ModuleCall, calls: Sequence[ModuleCall], batch: int = 1) -> Layout | None:
+    if (
+        not c.calls
+        or c.output_shape is None
+        or len(c.output_shape) not in (3, 4)
+        or c.output_shape[0] != batch
+    ):
+        return None
+    try:
+        return layout_of(model, c.name, c.output_shape, calls)
+    except LayerError:
+        return None
 
-    For resnet18 that is ``layer4``, for mobilenet_v2 and densenet121 ``features``, for vgg16
-    ``features.28`` (the block after it pools).
+
+def _where(shape: Sequence[int] | None) -> tuple[int, ...] | None:
+    """The spatial part of a shape: (H, W) of a 4-D map (either layout), N of tokens."""
+    if shape is None or len(shape) not in (3, 4):
+        return None
+    if len(shape) == 3:
+        return (int(shape[1]),)
+    return tuple(shape[2:]) if shape[2] == shape[3] or shape[1] != shape[2] else tuple(shape[1:3])
+
+
+def _climb(name: str, info: dict[str, ModuleCall]) -> str:
+    """The outermost ancestor of ``name`` that runs once with the same spatial output (a block, a stage).
+
+    Containers that never run themselves (a ``ModuleList``) and blocks that work on another layout in
+    between (tokens inside a PVT stage) are looked through.
+    """
+    where = _where(info[name].output_shape)
+    parts = name.split(".")
+    for depth in range(1, len(parts)):
+        c = info.get(".".join(parts[:depth]))
+        if c is not None and c.calls == 1 and where is not None and _where(c.output_shape) == where:
+            return c.name
+    return name
+
+
+_INDEXED = re.compile(r"^(.*?)(\d+)$")
+
+
+def _last_token_block(model: nn.Module, tokens: list[ModuleCall]) -> ModuleCall | None:
+    """The last of a run of repeated sibling blocks with token outputs (``blocks.11``, ``layer.11``,
+    ``encoder_layer_11``), found from names and types alone, or None."""
+    groups: dict[tuple[str, str, str], list[ModuleCall]] = {}
+    for c in tokens:
+        parent, _, last = c.name.rpartition(".")
+        m = _INDEXED.match(last)
+        if m:
+            groups.setdefault((parent, m.group(1), c.type), []).append(c)
+    runs = [g for g in groups.values() if len(g) >= 2]
+    if not runs:
+        return None
+    return max((max(g, key=lambda c: c.order) for g in runs), key=lambda c: c.order)
+
+
+def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
+    """The layer a CAM uses when none is given, found from traced shapes (no list of class names).
+
+    The last module to finish with a spatial output decides the family: for token models (ViT, DeiT,
+    EVA) it is the first module of the last transformer block (its input norm: the block's own output
+    reaches the head only through the class token, so its patch tokens would get no gradient); for
+    channels-last models (Swin) that module's outermost same-shaped ancestor; for CNNs the last
+    convolutional stage, the outermost ancestor of the last Conv2d with the same spatial output (resnet18
+    ``layer4``, mobilenet_v2 and densenet121 ``features``, vgg11 ``features.18``).
 
     Raises:
-        UsageError: the model has no Conv2d that runs.
+        UsageError: no module has a spatial output.
     """
-    kind = type(model).__name__
-    if kind == "VisionTransformer":
-        # The last block's output reaches the head only through the class token, so its patch tokens
-        # get no gradient; the input norm of the last block still feeds every token into attention.
-        blocks = [c.name for c in calls if c.calls and c.type == "EncoderBlock"]
-        if blocks:
-            return f"{blocks[-1]}.ln_1"
-    if kind == "SwinTransformer":
-        return "features"
     info = {c.name: c for c in calls if c.calls}
-    convs = [c.name for c in calls if c.calls and c.type == "Conv2d"]
+    once = [c for c in calls if c.calls == 1]
+    layouts = {c.name: lay for c in once if (lay := _spatial(model, c, calls)) is not None}
+    if not layouts:
+        raise UsageError("the model has no layer with a spatial output; pass --layer explicitly")
+    modules = dict(model.named_modules())
+
+    def weighty(name: str) -> bool:  # not a parameter-free leaf (a Permute, a pooling, an activation)
+        m = modules[name]
+        return any(True for _ in m.children()) or any(True for _ in m.parameters(recurse=False))
+
+    last = max((info[n] for n in layouts if weighty(n)), key=lambda c: c.order, default=None)
+    if last is None:
+        last = max((info[n] for n in layouts), key=lambda c: c.order)
+    kind = layouts[last.name].kind
+    if kind == "tokens":
+        tokens = [info[n] for n, lay in layouts.items() if lay.kind == "tokens"]
+        block = _last_token_block(model, tokens)
+        if block is None:
+            return _climb(last.name, info)
+        inside = [c for c in tokens if c.name.startswith(f"{block.name}.")]
+        return min(inside, key=lambda c: c.order).name if inside else block.name
+    if kind == "nhwc":
+        return _climb(last.name, info)
+    convs = [c for c in calls if c.calls and c.type == "Conv2d" and c.name in layouts]
     if not convs:
-        raise UsageError("the model has no Conv2d layer; pass --layer explicitly")
-    last = convs[-1]
-    shape = info[last].output_shape
-    assert shape is not None
-    best = last
-    parts = last.split(".")
-    for depth in range(len(parts) - 1, 0, -1):
-        ancestor = ".".join(parts[:depth])
-        c = info.get(ancestor)
-        if c is None or c.calls != 1 or c.output_shape is None or len(c.output_shape) != 4:
-            break
-        if c.output_shape[2:] != shape[2:]:
-            break
-        best = ancestor
-    return best
+        return _climb(last.name, info)
+    return _climb(max(convs, key=lambda c: c.order).name, info)

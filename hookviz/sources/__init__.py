@@ -1,0 +1,107 @@
+"""Model sources: what ``--model`` can name, each turned into one :class:`Built` model.
+
+=====================================  =====================================================
+``resnet18``                           a torchvision classifier (:mod:`.torchvision`)
+``timm:convnext_tiny``                 a timm model (:mod:`.timm`, needs ``hookviz[timm]``)
+``hf:DIR_OR_ID``                       a Hugging Face image classifier (:mod:`.hf`, ``hookviz[hf]``)
+``net.py:make_net``, ``pkg.mod:Net``   a function or class in the user's code (:mod:`.python`)
+``model.pt``                           a whole pickled module, with ``trust_pickle`` only
+=====================================  =====================================================
+
+A new family is one module here with a ``build(spec, weights, options) -> Built`` function and one
+line in :func:`source_of`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookviz.errors import SetupError
+from hookviz.images import IMAGENET_MEAN, IMAGENET_STD
+
+WEIGHTS_NONE = "none"
+WEIGHTS_DEFAULT = "DEFAULT"
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to build: the options every source may use."""
+
+    weights_key: str | None = None
+    trust_pickle: bool = False
+    progress: bool = False
+
+
+@dataclass
+class Built:
+    """A model as a source made it, with the preprocessing and class names it comes with."""
+
+    model: nn.Module
+    name: str  # short, for captions and file names: "resnet18", "timm:convnext_tiny", "hf:vit-small"
+    weights: str  # what the captions say: "DEFAULT (IMAGENET1K_V1)", "none (random init)", a path
+    pretrained: bool
+    weights_id: str  # what identifies the weights' values (a name, or a content hash)
+    categories: tuple[str, ...] = ()
+    crop_size: int = 224
+    resize_size: int = 256
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    resize: str = "crop"
+    interpolation: str = "bilinear"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def missing_extra(package: str, extra: str) -> SetupError:
+    """The one-line error for an optional dependency that is not installed."""
+    return SetupError(f"this model needs {package}, which is not installed: pip install 'hookviz[{extra}]'")
+
+
+def seeded(make: Callable[[], nn.Module]) -> nn.Module:
+    """Build a model with random weights from seed 0, so two runs give the same maps."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return make()
+
+
+_MODULE_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def source_of(spec: str) -> str:
+    """Which source a ``--model`` spec names: torchvision, timm, hf, python or pickle."""
+    if spec.startswith("timm:"):
+        return "timm"
+    if spec.startswith("hf:"):
+        return "hf"
+    head, sep, tail = spec.rpartition(":")
+    if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
+        return "python"
+    if Path(spec).suffix.lower() in (".pt", ".pth", ".pkl", ".bin", ".ckpt") or Path(spec).is_file():
+        return "pickle"
+    return "torchvision"
+
+
+def build(spec: str, weights: str, options: Options) -> Built:
+    """The model ``spec`` names, with ``weights``: ``DEFAULT``, ``none``, a weights name, or a file.
+
+    Raises:
+        ModelNotFoundError, UsageError: the spec or weights name nothing buildable.
+        SetupError: a missing optional dependency, a refused pickle, a factory that returns no module.
+        WeightsError: weights that cannot be fetched or do not fit.
+    """
+    kind = source_of(spec)
+    if kind == "timm":
+        from hookviz.sources import timm as source
+    elif kind == "hf":
+        from hookviz.sources import hf as source  # type: ignore[no-redef]
+    elif kind in ("python", "pickle"):
+        from hookviz.sources import python as source  # type: ignore[no-redef]
+    else:
+        from hookviz.sources import torchvision as source  # type: ignore[no-redef]
+    return source.build(spec, weights, options)

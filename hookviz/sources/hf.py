@@ -1,0 +1,117 @@
+"""Hugging Face image classifiers: ``--model hf:DIR_OR_ID`` (needs ``pip install 'hookviz[hf]'``).
+
+``DIR`` is a folder written by ``save_pretrained`` (a hub id works where the network allows). Class
+names come from the config's ``id2label``, preprocessing from the image processor's config, and the
+logits from the output's ``.logits``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from hookviz.errors import UsageError, WeightsError
+from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
+from hookviz.sources.weights import apply_state_dict, file_digest, load_state_dict_file
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def build(spec: str, weights: str, options: Options) -> Built:
+    try:
+        import transformers
+    except ImportError:
+        raise missing_extra("transformers", "hf") from None
+    where = spec.split(":", 1)[1]
+    if not where:
+        raise UsageError("--model hf: needs a folder written by save_pretrained, or a hub id (hf:DIR_OR_ID)")
+    auto = transformers.AutoModelForImageClassification
+    try:
+        config = transformers.AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as exc:
+        raise WeightsError(
+            f"hf:{where}: cannot read a Hugging Face model config ({_first_line(exc)}); give a folder "
+            "written by save_pretrained, or a hub id (which needs the network)"
+        ) from None
+    name = f"hf:{Path(where).name or where}"
+    if weights.lower() == WEIGHTS_NONE:
+        model = seeded(lambda: auto.from_config(config))
+        label, pretrained, weights_id = "none (random init)", False, "none"
+    elif weights.upper() == WEIGHTS_DEFAULT:
+        try:
+            model = auto.from_pretrained(where)
+        except (OSError, ValueError) as exc:
+            raise WeightsError(
+                f"cannot get the weights of hf:{where} ({_first_line(exc)}); "
+                "use --weights PATH for a local file or --weights none for random weights"
+            ) from None
+        label, pretrained, weights_id = f"DEFAULT ({where})", True, _weights_id(where, config)
+    else:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise UsageError(f"--weights {weights!r}: no such file, and not DEFAULT or none (for {name})")
+        state = load_state_dict_file(path, options.weights_key)
+        model = apply_state_dict(seeded(lambda: auto.from_config(config)), state, path, name)
+        key = f"[{options.weights_key}]" if options.weights_key else ""
+        label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
+    built = Built(model, name, label, pretrained, weights_id, _categories(config))
+    _preprocessing(built, where, config)
+    return built
+
+
+def _weights_id(where: str, config: Any) -> str:
+    """The content of a local folder's weight files, or a hub id at its commit."""
+    folder = Path(where)
+    if folder.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(folder.iterdir()):
+            if f.suffix in (".safetensors", ".bin", ".json") and f.is_file():
+                h.update(f.name.encode() + file_digest(f).encode())
+        return f"hf-dir:{h.hexdigest()[:16]}"
+    return f"hf:{where}@{getattr(config, '_commit_hash', None) or 'main'}"
+
+
+def _categories(config: Any) -> tuple[str, ...]:
+    id2label = getattr(config, "id2label", None) or {}
+    names = [str(id2label[i]) for i in sorted(id2label, key=int)]
+    # transformers fills in LABEL_0, LABEL_1, ... when a model was saved without names.
+    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return ()
+    return tuple(names)
+
+
+def _preprocessing(built: Built, where: str, config: Any) -> None:
+    """Input size, resize mode, mean and std from the image processor's config (defaults: ImageNet, 224)."""
+    try:
+        import transformers
+
+        proc = transformers.AutoImageProcessor.from_pretrained(where)
+    except (OSError, ValueError, KeyError):
+        proc = None
+    size = dict(getattr(proc, "size", None) or {})
+    if "height" in size and "width" in size:  # resized straight to H x W (ViT-style): squash
+        built.crop_size = built.resize_size = int(size["height"])
+        built.resize = "squash"
+    elif "shortest_edge" in size:
+        edge = int(size["shortest_edge"])
+        crop = dict(getattr(proc, "crop_size", None) or {})
+        crop_pct = getattr(proc, "crop_pct", None)
+        if crop and getattr(proc, "do_center_crop", False):
+            built.crop_size, built.resize_size = int(crop.get("height", edge)), edge
+        elif crop_pct:  # ConvNeXt-style: resize to edge / crop_pct, centre crop edge
+            built.crop_size, built.resize_size = edge, round(edge / float(crop_pct))
+        else:
+            built.crop_size = built.resize_size = edge
+    elif getattr(config, "image_size", None):
+        side = config.image_size
+        built.crop_size = built.resize_size = int(side[0] if isinstance(side, (list, tuple)) else side)
+        built.resize = "squash"
+    if proc is not None and getattr(proc, "image_mean", None) and getattr(proc, "image_std", None):
+        built.mean = tuple(float(v) for v in proc.image_mean)  # type: ignore[assignment]
+        built.std = tuple(float(v) for v in proc.image_std)  # type: ignore[assignment]
+    resample = getattr(proc, "resample", None)
+    if resample is not None and int(resample) == 3:  # PIL's BICUBIC
+        built.interpolation = "bicubic"

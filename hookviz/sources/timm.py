@@ -1,0 +1,85 @@
+"""timm models: ``--model timm:convnext_tiny`` (needs ``pip install 'hookviz[timm]'``).
+
+Preprocessing comes from timm's data config (input size, crop percentage, mean, std, interpolation);
+a 1000-class head gets the ImageNet class names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
+from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
+from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
+
+
+def _timm() -> Any:
+    try:
+        import timm
+    except ImportError:
+        raise missing_extra("timm", "timm") from None
+    return timm
+
+
+def build(spec: str, weights: str, options: Options) -> Built:
+    timm = _timm()
+    name = spec.split(":", 1)[1]
+    if not name or not timm.is_model(name):
+        known = timm.list_models()
+        raise ModelNotFoundError(
+            f"unknown timm model {name!r}{close_matches(name, known)} (timm lists {len(known)} names: "
+            "python -c 'import timm; print(timm.list_models(\"*vit*\"))')"
+        )
+    if weights.lower() == WEIGHTS_NONE:
+        model = seeded(lambda: timm.create_model(name, pretrained=False))
+        label, pretrained, weights_id = "none (random init)", False, "none"
+    elif weights.upper() == WEIGHTS_DEFAULT:
+        try:
+            model = timm.create_model(name, pretrained=True)
+        except Exception as exc:  # the hub client raises many kinds when offline
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise WeightsError(
+                f"cannot get the pretrained weights for timm:{name} from the Hugging Face hub ({first}); "
+                "use --weights PATH for a local file or --weights none for random weights"
+            ) from None
+        cfg = getattr(model, "pretrained_cfg", {}) or {}
+        tag = cfg.get("hf_hub_id") or cfg.get("tag") or "default"
+        label, pretrained, weights_id = f"DEFAULT ({tag})", True, f"timm:{name}:{tag}"
+    else:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise UsageError(
+                f"--weights {weights!r}: no such file, and not DEFAULT or none (for timm:{name})"
+            )
+        state = load_state_dict_file(path, options.weights_key)
+        model = apply_state_dict(
+            seeded(lambda: timm.create_model(name, pretrained=False)),
+            state,
+            path,
+            f"timm:{name}",
+            rebuild=lambda n: timm.create_model(name, pretrained=False, num_classes=n),
+        )
+        key = f"[{options.weights_key}]" if options.weights_key else ""
+        label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
+    data = timm.data.resolve_data_config({}, model=model)
+    crop = int(data["input_size"][-1])
+    categories: tuple[str, ...] = ()
+    if classifier_out(model) == 1000:
+        from hookviz.sources.torchvision import _imagenet_categories
+
+        categories = _imagenet_categories()
+    return Built(
+        model,
+        f"timm:{name}",
+        label,
+        pretrained,
+        weights_id,
+        categories,
+        crop_size=crop,
+        resize_size=max(crop, round(crop / float(data.get("crop_pct") or 1.0))),
+        mean=tuple(float(v) for v in data["mean"]),  # type: ignore[arg-type]
+        std=tuple(float(v) for v in data["std"]),  # type: ignore[arg-type]
+        resize="squash" if data.get("crop_mode") == "squash" else "crop",
+        interpolation=str(data.get("interpolation") or "bilinear"),
+    )
