@@ -838,8 +838,14 @@ def dropblock(
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
     layer: Annotated[
-        str, typer.Option("--layer", "-l", help="module whose output gets DropBlock.", rich_help_panel=MAPS)
-    ] = "layer3",
+        str | None,
+        typer.Option(
+            "--layer",
+            "-l",
+            help="module whose output gets DropBlock (default: the default CAM layer).",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
     drop_prob: Annotated[
         float,
         typer.Option(
@@ -884,12 +890,14 @@ def dropblock(
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.jobs import DropBlockJob
-            from hookviz.layers import is_pattern, map_layers
+            from hookviz.layers import default_cam_layer, is_pattern, map_layers
             from hookviz.models import probe
 
-            if is_pattern(layer):
+            calls = probe(loaded)
+            chosen = layer or default_cam_layer(loaded.model, calls)
+            if is_pattern(chosen):
                 raise typer.BadParameter("takes one module name, not a pattern", param_hint="--layer")
-            (name,) = map_layers(loaded.model, [layer], probe(loaded), loaded.name)
+            (name,) = map_layers(loaded.model, [chosen], calls, loaded.name)
             return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
 
         _run_job(make, m, r)

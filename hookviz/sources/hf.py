@@ -8,6 +8,8 @@ logits from the output's ``.logits``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,27 @@ def build(spec: str, weights: str, options: Options) -> Built:
         import transformers
     except ImportError:
         raise missing_extra("transformers", "hf") from None
+    with _quiet(transformers):
+        return _build(transformers, spec, weights, options)
+
+
+@contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """No progress bars or info lines from transformers while loading (stdout/stderr stay hookviz's)."""
+    logging = transformers.utils.logging
+    level = logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _build(transformers: Any, spec: str, weights: str, options: Options) -> Built:
     where = spec.split(":", 1)[1]
     if not where:
         raise UsageError("--model hf: needs a folder written by save_pretrained, or a hub id (hf:DIR_OR_ID)")

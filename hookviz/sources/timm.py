@@ -6,8 +6,10 @@ a 1000-class head gets the ImageNet class names.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
@@ -22,9 +24,24 @@ def _timm() -> Any:
     return timm
 
 
+def parse(spec: str) -> tuple[str, dict[str, Any]]:
+    """``timm:NAME?key=value&...`` → the name and ``create_model`` arguments (values as Python literals
+    where they parse: ``img_size=384``, ``output_stride=8``, ``global_pool='avg'``)."""
+    name, _, query = spec.split(":", 1)[1].partition("?")
+    kwargs: dict[str, Any] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return name, kwargs
+
+
 def build(spec: str, weights: str, options: Options) -> Built:
+    """A timm model; ``timm:NAME?img_size=384`` passes arguments to ``create_model`` (a fine-tuned model
+    must be built as it was trained, or its checkpoint will not fit)."""
     timm = _timm()
-    name = spec.split(":", 1)[1]
+    name, kwargs = parse(spec)
     if not name or not timm.is_model(name):
         known = timm.list_models()
         raise ModelNotFoundError(
@@ -32,11 +49,11 @@ def build(spec: str, weights: str, options: Options) -> Built:
             "python -c 'import timm; print(timm.list_models(\"*vit*\"))')"
         )
     if weights.lower() == WEIGHTS_NONE:
-        model = seeded(lambda: timm.create_model(name, pretrained=False))
+        model = seeded(lambda: timm.create_model(name, pretrained=False, **kwargs))
         label, pretrained, weights_id = "none (random init)", False, "none"
     elif weights.upper() == WEIGHTS_DEFAULT:
         try:
-            model = timm.create_model(name, pretrained=True)
+            model = timm.create_model(name, pretrained=True, **kwargs)
         except Exception as exc:  # the hub client raises many kinds when offline
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise WeightsError(
@@ -54,11 +71,11 @@ def build(spec: str, weights: str, options: Options) -> Built:
             )
         state = load_state_dict_file(path, options.weights_key)
         model = apply_state_dict(
-            seeded(lambda: timm.create_model(name, pretrained=False)),
+            seeded(lambda: timm.create_model(name, pretrained=False, **kwargs)),
             state,
             path,
             f"timm:{name}",
-            rebuild=lambda n: timm.create_model(name, pretrained=False, num_classes=n),
+            rebuild=lambda n: timm.create_model(name, pretrained=False, **{**kwargs, "num_classes": n}),
         )
         key = f"[{options.weights_key}]" if options.weights_key else ""
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
@@ -69,9 +86,10 @@ def build(spec: str, weights: str, options: Options) -> Built:
         from hookviz.sources.torchvision import _imagenet_categories
 
         categories = _imagenet_categories()
+    args = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
     return Built(
         model,
-        f"timm:{name}",
+        f"timm:{name}" + (f"[{args}]" if args else ""),
         label,
         pretrained,
         weights_id,
