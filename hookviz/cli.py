@@ -45,7 +45,10 @@ MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
 Model = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="torchvision classification model (hookviz models).", rich_help_panel=MODEL
+        "--model",
+        "-m",
+        help="torchvision name (hookviz models), timm:NAME, hf:DIR, file.py:FN, pkg.mod:FN, or FILE.pt.",
+        rich_help_panel=MODEL,
     ),
 ]
 Weights = Annotated[
