@@ -12,7 +12,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 endif
 DEMO_OUT ?= out/demo
 
-.PHONY: help install demo test check lint bench clean
+.PHONY: help install browser demo test check lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -26,10 +26,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)  ## render feature maps and Grad-CAM overlays for sample_images/
+browser:  ## headless Chromium + chromedriver for the report tests (Debian packages; needs root)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "make browser: could not install chromium (not root?); the browser tests will be skipped" >&2
+
+demo: $(STAMP)  ## render feature maps and Grad-CAM overlays for sample_images/, and a report to browse them
 	@bash scripts/demo.sh $(VENV)/bin/hookviz $(DEMO_OUT)
 
-test: $(STAMP)  ## run the test suite
+test: $(STAMP) browser  ## run the test suite (slow tests included)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)  ## ruff + mypy

@@ -158,6 +158,12 @@ MaxPixels = Annotated[
         "--max-pixels", min=1, help="refuse images larger than this many pixels.", rich_help_panel=RUN
     ),
 ]
+ReportOpt = Annotated[
+    bool,
+    typer.Option(
+        "--report", help="write OUT/index.html to browse the run (hookviz report).", rich_help_panel=OUTPUT
+    ),
+]
 Null = Annotated[
     bool,
     typer.Option("--null", "-0", help="stdin paths are NUL-separated (find -print0).", rich_help_panel=RUN),
@@ -314,6 +320,7 @@ class RunOptions:
     quiet: bool = False
     as_json: bool = False
     debug: bool = False
+    report: bool = False
 
 
 def _load(m: ModelOptions, quiet: bool) -> Any:
@@ -471,6 +478,10 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
                 reporter.add(rec)
         finally:
             reporter.close()
+    if r.report:
+        from hookviz.report import build_report
+
+        typer.echo(f"hookviz: report: {build_report(r.out)}", err=True)
     if reporter.failed:
         typer.echo(
             f"hookviz: {reporter.failed} of {len(items)} input(s) failed; see {r.out / pipeline.MANIFEST}",
@@ -570,6 +581,7 @@ def gradcam(
     workers: Workers = 2,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    report: ReportOpt = False,
     null: Null = False,
     debug: Debug = False,
 ) -> None:
@@ -587,7 +599,18 @@ def gradcam(
         trust_pickle,
     )
     r = RunOptions(
-        inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
+        inputs,
+        out,
+        batch_size,
+        workers,
+        overwrite,
+        skip_existing,
+        max_pixels,
+        null,
+        quiet,
+        as_json,
+        debug,
+        report,
     )
     with _guard(debug):
 
@@ -679,6 +702,7 @@ def featuremaps(
     workers: Workers = 2,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    report: ReportOpt = False,
     null: Null = False,
     debug: Debug = False,
 ) -> None:
@@ -696,7 +720,18 @@ def featuremaps(
         trust_pickle,
     )
     r = RunOptions(
-        inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
+        inputs,
+        out,
+        batch_size,
+        workers,
+        overwrite,
+        skip_existing,
+        max_pixels,
+        null,
+        quiet,
+        as_json,
+        debug,
+        report,
     )
     with _guard(debug):
 
@@ -992,6 +1027,19 @@ def summary(
             finally:
                 tmp.unlink(missing_ok=True)
             typer.echo(f"hookviz: wrote {plot}", err=True)
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Argument(help="the --out folder of a run (it holds manifest.jsonl).")],
+    title: Annotated[str | None, typer.Option("--title", help="the page's title.")] = None,
+    debug: Debug = False,
+) -> None:
+    """Write OUT/index.html: one static page to browse, filter and sort a run's maps (opens from file://)."""
+    with _guard(debug):
+        from hookviz.report import build_report
+
+        typer.echo(str(build_report(out, title=title)))
 
 
 @app.command()

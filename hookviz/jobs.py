@@ -241,6 +241,7 @@ class CamJob:
                 cells[(method, layer, j)] = picture[box.y0 : box.y1, box.x0 : box.x1]
                 records.append(
                     {
+                        "file": f"{base}.png",
                         "method": method,
                         "layer": layer,
                         "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
@@ -348,9 +349,11 @@ class FeatureMapJob:
             )
             grid = render.feature_grid(t.numpy(), channels, title=title, colormap=self.colormap)
             suffix = f".call{fm.call}" if fm.call > 1 else ""
-            files.append((f"{stem}.featuremap.{fm.layer}.{fm.stage}{suffix}.png", encode_png(grid)))
+            name = f"{stem}.featuremap.{fm.layer}.{fm.stage}{suffix}.png"
+            files.append((name, encode_png(grid)))
             shown.append(
                 {
+                    "file": name,
                     "layer": fm.layer,
                     "stage": fm.stage,
                     "call": fm.call,

@@ -14,5 +14,9 @@ if [ $rc -eq 3 ]; then
   echo
   run --weights none; rc=$?
 fi
-[ $rc -eq 0 ] && echo "demo: outputs are in $out/ (manifest: $out/manifest.jsonl)"
+if [ $rc -eq 0 ]; then
+  report=$("$hv" report "$out" --title "hookviz demo: sample_images") || exit $?
+  echo "demo: outputs are in $out/ (manifest: $out/manifest.jsonl)"
+  echo "demo: browse them: $report"
+fi
 exit $rc

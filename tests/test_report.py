@@ -1,0 +1,174 @@
+"""``hookviz report``: a static page over a run, checked in a real browser (headless Chromium, Selenium)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hookviz.cli import app
+from hookviz.images import decode_png
+from hookviz.report import build_report, latest_records
+from tests.conftest import write_image
+
+FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
+HOSTILE = '<img src=x onerror="window.pwned=1">.png'
+
+
+def _browser_paths() -> tuple[str, str] | None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (chromium, driver) if chromium and driver else None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    paths = _browser_paths()
+    if paths is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Chromium and chromedriver (apt-get install chromium chromium-driver)")
+        pytest.skip("no chromium/chromedriver here (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = paths[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,1000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=paths[1]), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small run: four photos (one with a hostile name), one broken file, two methods x two layers."""
+    d = tmp_path_factory.mktemp("report")
+    photos = d / "in"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.jpg", "b.png", "c.png", HOSTILE):
+        write_image(photos / name, rng.integers(0, 256, (60, 80, 3), dtype=np.uint8))
+    (photos / "broken.png").write_text("not a picture")
+    out = d / "out"
+    r = CliRunner().invoke(
+        app,
+        ["gradcam", str(photos), *FAST, "--method", "gradcam", "--method", "layercam", "--layer", "layer3",
+         "--layer", "layer4", "--out", str(out), "-q", "--report"],
+    )  # fmt: skip
+    assert r.exit_code == 1  # the broken file
+    assert f"hookviz: report: {out / 'index.html'}" in r.stderr
+    return out
+
+
+def _open(browser: object, page: Path) -> None:
+    browser.get(page.as_uri())  # type: ignore[attr-defined]
+
+
+def test_the_page_loads_offline_with_a_card_per_input(browser: object, run: Path) -> None:
+    _open(browser, run / "index.html")
+    from selenium.webdriver.common.by import By
+
+    cards = browser.find_elements(By.CSS_SELECTOR, "article.card")  # type: ignore[attr-defined]
+    inputs = {json.loads(line)["input"] for line in (run / "manifest.jsonl").read_text().splitlines()}
+    assert {c.get_attribute("data-input") for c in cards} == inputs and len(cards) == 5
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]  # type: ignore[attr-defined]
+    assert not errors, errors
+    images = browser.find_elements(By.CSS_SELECTOR, "article.card img")  # type: ignore[attr-defined]
+    assert len(images) == 4 * 5  # 4 photos x (2 methods x 2 layers + the sheet)
+    assert all(img.get_attribute("alt") for img in images)
+    assert all(img.get_attribute("loading") == "lazy" for img in images)
+    # Every thumbnail decodes from its relative path (file://, no server).
+    browser.execute_script("document.querySelectorAll('img').forEach(i => i.loading = 'eager')")  # type: ignore[attr-defined]
+    loaded = browser.execute_async_script(  # type: ignore[attr-defined]
+        """const done = arguments[arguments.length - 1];
+        const imgs = Array.from(document.querySelectorAll('article.card img'));
+        Promise.all(imgs.map(i => i.decode().then(() => i.naturalWidth > 0, () => false))).then(done);"""
+    )
+    assert loaded and all(loaded)
+    shot = decode_png(browser.get_screenshot_as_png())  # type: ignore[attr-defined]
+    assert len(np.unique(shot.reshape(-1, 3), axis=0)) > 500  # pictures, text, colours: not blank
+    assert "RANDOM weights" in browser.find_element(By.CSS_SELECTOR, ".warning").text  # type: ignore[attr-defined]
+
+
+def test_filters_change_what_is_visible(browser: object, run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _open(browser, run / "index.html")
+    Select(browser.find_element(By.ID, "f-status")).select_by_visible_text("error")  # type: ignore[attr-defined]
+    cards = browser.find_elements(By.CSS_SELECTOR, "article.card")  # type: ignore[attr-defined]
+    assert [c.get_attribute("data-status") for c in cards] == ["error"]
+    assert "not an image file" in cards[0].text
+    Select(browser.find_element(By.ID, "f-status")).select_by_visible_text("all")  # type: ignore[attr-defined]
+    Select(browser.find_element(By.ID, "f-method")).select_by_visible_text("layercam")  # type: ignore[attr-defined]
+    Select(browser.find_element(By.ID, "f-layer")).select_by_visible_text("layer4")  # type: ignore[attr-defined]
+    cards = browser.find_elements(By.CSS_SELECTOR, "article.card")  # type: ignore[attr-defined]
+    images = browser.find_elements(By.CSS_SELECTOR, "article.card img")  # type: ignore[attr-defined]
+    assert len(cards) == 4 and len(images) == 4
+    assert all(".layercam.layer4.png" in i.get_attribute("src") for i in images)
+    assert browser.find_element(By.ID, "summary").text == "4 of 5 inputs"  # type: ignore[attr-defined]
+
+
+def test_a_hostile_file_name_stays_text(browser: object, run: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    _open(browser, run / "index.html")
+    assert browser.execute_script("return window.pwned === undefined")  # type: ignore[attr-defined]
+    titles = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "article.card h2")]  # type: ignore[attr-defined]
+    assert any(t.endswith(HOSTILE) for t in titles)
+    assert not browser.find_elements(By.CSS_SELECTOR, 'img[src="x"]')  # type: ignore[attr-defined]
+    html = (run / "index.html").read_text()
+    assert "<img src=x" not in html and "\\u003cimg src=x" in html  # escaped in the data
+
+
+def test_ten_thousand_records_page_by_page(browser: object, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    lines = []
+    for i in range(10_000):
+        ok = i % 10 != 0
+        rec = {"input": f"photos/{i:05d}.jpg", "status": "ok" if ok else "error", "key": "k", "model": "m",
+               "command": "gradcam", "weights": "w", "pretrained": True, "error": None if ok else "bad",
+               "predicted": {"index": i % 7, "name": f"class {i % 7}", "score": (i % 100) / 100},
+               "maps": [{"file": f"{i:05d}.gradcam.layer4.png", "method": "gradcam", "layer": "layer4",
+                         "target": {"index": i % 7, "name": f"class {i % 7}", "score": 0.5}}],
+               "outputs": [f"out/{i:05d}.gradcam.layer4.png"]}  # fmt: skip
+        lines.append(json.dumps(rec))
+    (tmp_path / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    page = build_report(tmp_path)
+    _open(browser, page)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "article.card")) == 60  # type: ignore[attr-defined]
+    assert browser.find_element(By.ID, "summary").text == "10000 of 10000 inputs"  # type: ignore[attr-defined]
+    assert browser.find_element(By.ID, "page").text == "page 1 of 167"  # type: ignore[attr-defined]
+    browser.find_element(By.ID, "next").click()  # type: ignore[attr-defined]
+    first = browser.find_element(By.CSS_SELECTOR, "article.card")  # type: ignore[attr-defined]
+    assert first.get_attribute("data-input") == "photos/00060.jpg"
+
+
+def test_latest_record_per_input_and_settings_wins() -> None:
+    lines = [
+        json.dumps({"input": "a.jpg", "key": "k1", "status": "error"}),
+        "not json",
+        json.dumps({"input": "a.jpg", "key": "k1", "status": "ok"}),
+        json.dumps({"input": "a.jpg", "key": "k2", "status": "ok"}),
+    ]
+    got = latest_records(lines)
+    assert [(r["key"], r["status"]) for r in got] == [("k1", "ok"), ("k2", "ok")]
+
+
+def test_report_command_and_its_errors(run: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["report", str(run), "--title", "My <b>run</b>"])
+    assert r.exit_code == 0 and r.stdout.strip() == str(run / "index.html")
+    assert "<title>My &lt;b&gt;run&lt;/b&gt;</title>" in (run / "index.html").read_text()
+    r = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and "holds no manifest.jsonl" in r.stderr
