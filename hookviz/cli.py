@@ -353,6 +353,8 @@ class _Reporter:
         self.ok = self.failed = 0
         self.bar: Any = None
         self._inner: Any = None
+        #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
+        self.count_from: Callable[[], int] | None = None
 
     def start(self, total: int) -> None:
         """Show the bar (on a terminal, unless quiet) for ``total`` inputs."""
@@ -397,7 +399,10 @@ class _Reporter:
         elif not self.quiet and rec["status"] != "error":
             self.say(_describe(rec))
         if self.bar is not None:
-            self.bar.advance(self._task)
+            if self.count_from is not None:
+                self.bar.update(self._task, completed=max(self.ok + self.failed, self.count_from()))
+            else:
+                self.bar.advance(self._task)
             if self._inner is not None:
                 self.bar.remove_task(self._inner)
                 self._inner = None
@@ -422,8 +427,12 @@ def _describe(rec: dict[str, Any]) -> str:
 
 
 def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions) -> None:
-    """The shared body of the per-image commands: inputs → model → job → pipeline → records."""
-    from hookviz import pipeline
+    """The shared body of the per-image commands: inputs → model → job → pipeline → records.
+
+    Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
+    manifest parts (and prints the records with ``--json``), and each exits with the worst code.
+    """
+    from hookviz import distributed
 
     if r.overwrite and r.skip_existing:
         raise typer.BadParameter(
@@ -431,7 +440,61 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
             "pass one",
             param_hint="--skip-existing",
         )
-    output = pipeline.Output(r.out, overwrite=r.overwrite)
+    dist = distributed.from_env()
+    if dist is None:
+        _run_shard(job_factory, m, r, None)
+        return
+    if "-" in r.inputs:
+        _fail(
+            "reading paths from stdin is not supported under torchrun (each rank has its own stdin); "
+            "pass files, folders or globs",
+            EXIT_USAGE,
+        )
+    distributed.init(dist)
+    m = ModelOptions(**{**m.__dict__, "device": distributed.device_and_threads(dist, m.device)})
+    code = 0
+    try:
+        _run_shard(job_factory, m, r, dist)
+    except typer.Exit as exc:
+        code = int(exc.exit_code or 0)
+    except KeyboardInterrupt:
+        typer.echo(f"hookviz[rank {dist.rank}]: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except HookvizError as exc:
+        typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
+        code = exc.exit_code
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        typer.echo(f"hookviz[rank {dist.rank}]: internal error: {type(exc).__name__}: {first}", err=True)
+        code = EXIT_INTERNAL
+    worst = distributed.finish(dist, code)  # every rank is done writing here
+    if dist.rank == 0 and r.out.is_dir():
+        from hookviz import pipeline
+
+        before = (r.out / pipeline.MANIFEST).read_bytes() if (r.out / pipeline.MANIFEST).exists() else b""
+        distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=False)
+        distributed.clear_progress(r.out, dist)
+        if r.as_json:
+            added = (r.out / pipeline.MANIFEST).read_bytes()[len(before) :].decode("utf-8", "replace")
+            sys.stdout.write(added)
+            sys.stdout.flush()
+        if r.report:
+            from hookviz.report import build_report
+
+            typer.echo(f"hookviz: report: {build_report(r.out)}", err=True)
+    # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
+    # which could cut rank 0's merge short. torchrun exits with rank 0's code.
+    if worst and dist.rank == 0:
+        raise typer.Exit(worst)
+
+
+def _run_shard(
+    job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions, dist: Any
+) -> None:
+    """One process's run (the whole run, or one torchrun rank's shard of it)."""
+    from hookviz import distributed, pipeline
+
+    lead = dist is None or dist.rank == 0
     real_out = r.out.resolve()
     for spec in r.inputs:
         if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
@@ -440,22 +503,32 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
                 "Choose another --out",
                 EXIT_USAGE,
             )
-    items = pipeline.expand_inputs(
+    everything = pipeline.expand_inputs(
         r.inputs, sys.stdin if "-" in r.inputs else None, exclude=r.out, null=r.null
     )
+    items = distributed.shard(everything, dist)
+    output = pipeline.Output(
+        r.out, overwrite=r.overwrite, manifest=dist.part_name if dist is not None else pipeline.MANIFEST
+    )
+    quiet = r.quiet or not lead or (r.as_json and dist is not None)
     with _stdout_reserved() as stdout:
-        loaded = _load(m, r.quiet)
-        reporter = _Reporter(stdout, r.quiet, r.as_json)
+        loaded = _load(m, quiet)
+        # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
+        reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
         try:
             job = job_factory(loaded, reporter)
-            if not loaded.pretrained and not r.quiet:
+            if not loaded.pretrained and not quiet:
                 typer.echo(
                     f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); "
                     "maps show mechanics only",
                     err=True,
                 )
+            if dist is not None and dist.rank == 0 and r.out.is_dir():
+                distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)  # left by a killed run
             output.prepare()
-            reporter.start(len(items))
+            if dist is not None:
+                reporter.count_from = lambda: distributed.global_progress(r.out, dist)
+            reporter.start(len(everything))
             base = {
                 "command": job.kind,
                 "model": loaded.name,
@@ -474,17 +547,21 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
                 skip_existing=r.skip_existing,
                 max_pixels=r.max_pixels,
             )
-            for rec in records:
+            for done, rec in enumerate(records, start=1):
                 reporter.add(rec)
+                if dist is not None:
+                    distributed.write_progress(r.out, dist, done)
         finally:
             reporter.close()
-    if r.report:
+    if r.report and dist is None:
         from hookviz.report import build_report
 
         typer.echo(f"hookviz: report: {build_report(r.out)}", err=True)
     if reporter.failed:
+        where = f"rank {dist.rank}: " if dist is not None else ""
         typer.echo(
-            f"hookviz: {reporter.failed} of {len(items)} input(s) failed; see {r.out / pipeline.MANIFEST}",
+            f"hookviz: {where}{reporter.failed} of {len(items)} input(s) failed; "
+            f"see {r.out / pipeline.MANIFEST}",
             err=True,
         )
         raise typer.Exit(EXIT_INPUTS_FAILED)

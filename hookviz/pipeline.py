@@ -179,6 +179,8 @@ class Output:
 
     root: Path
     overwrite: bool = False
+    #: The file records are appended to: ``manifest.jsonl``, or a torchrun rank's part of it.
+    manifest: str = MANIFEST
     _manifest_fd: int | None = field(default=None, repr=False)
     #: The latest result record (``ok`` or ``skipped``) per output prefix, read from an earlier manifest.
     previous: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -239,7 +241,9 @@ class Output:
     def record(self, entry: dict[str, Any]) -> None:
         """Append one line to the manifest with a single ``write`` (lines are never interleaved or cut)."""
         if self._manifest_fd is None:
-            self._manifest_fd = os.open(self.root / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._manifest_fd = os.open(
+                self.root / self.manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+            )
         os.write(self._manifest_fd, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
 
     def close(self) -> None:

@@ -1,0 +1,151 @@
+"""Running under ``torchrun``: every input to exactly one rank, one manifest at the end, the worst exit code.
+
+Nothing here launches processes: ``torchrun --nproc-per-node N -m hookviz gradcam ...`` starts them and
+sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and the rendezvous); without those variables (or with a
+world of one) nothing changes. The ranks talk through a gloo process group only to agree at the end
+(a barrier and the worst exit code); outputs need no coordination, because every input belongs to one
+rank and output names depend on the input and the settings alone.
+
+Manifest: each rank appends to its own part, ``.manifest.rank<R>.<pid>.jsonl``; once every rank is done,
+rank 0 appends the parts to ``manifest.jsonl`` in rank order and removes them. A part whose process
+died before the merge is merged by the next run (resume with ``--skip-existing``, any world size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PART = re.compile(r"^\.manifest\.rank(\d+)\.(\d+)\.jsonl$")
+PROGRESS = ".hookviz-progress.rank{}"
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a torchrun job."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+    @property
+    def part_name(self) -> str:
+        return f".manifest.rank{self.rank}.{os.getpid()}.jsonl"
+
+
+def from_env(env: dict[str, str] | None = None) -> Dist | None:
+    """The torchrun environment, or None when this is a plain single process."""
+    env = dict(os.environ) if env is None else env
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+        rank = int(env.get("RANK", "0"))
+    except ValueError:
+        return None
+    if world <= 1:
+        return None
+    local_rank = int(env.get("LOCAL_RANK", str(rank)))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+    return Dist(rank, world, local_rank, local_world)
+
+
+def shard(items: list[Any], dist: Dist | None) -> list[Any]:
+    """This rank's inputs: every ``world``-th of the list sorted by name (disjoint, complete, the same
+    split on every rank)."""
+    if dist is None:
+        return items
+    ordered = sorted(items, key=lambda item: str(item.name))
+    return ordered[dist.rank :: dist.world]
+
+
+def device_and_threads(dist: Dist, requested: str) -> str:
+    """``cuda:LOCAL_RANK`` when there is CUDA and the user asked for ``auto``; on the CPU, the cores are
+    split between the ranks of this machine so that they do not oversubscribe them."""
+    import torch
+
+    if requested == "auto" and torch.cuda.is_available():
+        return f"cuda:{dist.local_rank % torch.cuda.device_count()}"
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, dist.local_world)))
+    return requested
+
+
+def init(dist: Dist) -> None:
+    """Join the job's gloo group (the rendezvous torchrun set up), for the barrier and exit codes."""
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        td.init_process_group("gloo")
+
+
+def finish(dist: Dist, code: int) -> int:
+    """Wait for every rank, then return the worst exit code over the ranks (the same on each)."""
+    import torch
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        return code
+    worst = torch.tensor([code], dtype=torch.int64)
+    td.all_reduce(worst, op=td.ReduceOp.MAX)
+    td.destroy_process_group()
+    return int(worst.item())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def merge_parts(root: Path, manifest: str, *, only_dead: bool) -> int:
+    """Append the manifest parts in ``root`` to ``root/manifest`` in rank order, then remove them.
+
+    ``only_dead``: merge only parts whose process is gone (left by a killed run). Returns the number of
+    lines merged. Each line is appended with one ``write``, as every manifest line is.
+    """
+    parts = []
+    for p in root.iterdir():
+        m = PART.match(p.name)
+        if m and (not only_dead or not _alive(int(m.group(2)))):
+            parts.append((int(m.group(1)), p))
+    merged = 0
+    if not parts:
+        return 0
+    fd = os.open(root / manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for _, part in sorted(parts):
+            for line in part.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+                if line.strip():
+                    os.write(fd, (line if line.endswith("\n") else line + "\n").encode("utf-8"))
+                    merged += 1
+            part.unlink()
+    finally:
+        os.close(fd)
+    return merged
+
+
+def write_progress(root: Path, dist: Dist, done: int) -> None:
+    """Record how many inputs this rank has finished (rank 0 adds them up for the one progress bar)."""
+    tmp = root / f"{PROGRESS.format(dist.rank)}.tmp"
+    tmp.write_text(str(done))
+    os.replace(tmp, root / PROGRESS.format(dist.rank))
+
+
+def global_progress(root: Path, dist: Dist) -> int:
+    total = 0
+    for r in range(dist.world):
+        with contextlib.suppress(OSError, ValueError):
+            total += int((root / PROGRESS.format(r)).read_text() or 0)
+    return total
+
+
+def clear_progress(root: Path, dist: Dist) -> None:
+    for r in range(dist.world):
+        (root / PROGRESS.format(r)).unlink(missing_ok=True)

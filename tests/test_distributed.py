@@ -1,0 +1,161 @@
+"""Data-set scale: hookviz under ``torchrun --standalone`` (gloo, CPU), for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hookviz.distributed import Dist, from_env, merge_parts, shard
+from hookviz.images import decode_png
+from hookviz.pipeline import Item
+from tests.conftest import ROOT, write_image
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+ARGS = ["--weights", "none", "--input-size", "64", "--device", "cpu", "-q"]
+
+
+def _photos(folder: Path, n: int = 12) -> Path:
+    folder.mkdir(parents=True)
+    for i in range(n):
+        rgb = np.random.default_rng(i).integers(0, 256, (50 + 3 * i, 70, 3), dtype=np.uint8)
+        write_image(folder / f"p{i:02d}.png", rgb)
+    (folder / "broken.png").write_text("not a picture")
+    return folder
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _records(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_ranks_write_what_one_process_writes(tmp_path: Path) -> None:
+    photos = _photos(tmp_path / "in")
+    cam = [
+        "-m",
+        "hookviz",
+        "gradcam",
+        "in",
+        *ARGS,
+        "--save-raw",
+        "--method",
+        "gradcam",
+        "--method",
+        "layercam",
+    ]
+    one = _run([sys.executable, *cam, "--out", "one"], tmp_path)
+    two = _run([*TORCHRUN, "--nproc-per-node", "2", *cam, "--out", "two", "--json"], tmp_path)
+    assert one.returncode == two.returncode == 1, two.stderr  # broken.png failed; the others were done
+    recs = _records(tmp_path / "two")
+    inputs = [str(r["input"]) for r in recs]
+    assert sorted(inputs) == sorted(str(p.relative_to(tmp_path)) for p in photos.iterdir())  # each once
+    assert {r["status"] for r in recs if "broken" not in str(r["input"])} == {"ok"}
+    assert [json.loads(line)["input"] for line in two.stdout.splitlines()] == inputs  # --json: records only
+    assert not list((tmp_path / "two").glob(".manifest.rank*")) and not list(
+        (tmp_path / "two").glob(".hookviz-*")
+    )
+    ones = sorted(p.name for p in (tmp_path / "one").iterdir() if p.suffix in (".png", ".npy"))
+    twos = sorted(p.name for p in (tmp_path / "two").iterdir() if p.suffix in (".png", ".npy"))
+    assert ones == twos and len(ones) == 12 * 7  # 2 methods x (png + 2 npy) + the sheet
+    for name in ones:
+        a, b = tmp_path / "one" / name, tmp_path / "two" / name
+        if name.endswith(".npy"):
+            np.testing.assert_allclose(np.load(a), np.load(b), rtol=1e-5, atol=1e-6)
+        else:
+            assert np.abs(decode_png(a.read_bytes()).astype(int) - decode_png(b.read_bytes())).max() <= 1
+
+
+@pytest.mark.slow
+def test_a_partial_run_is_completed_by_three_ranks(tmp_path: Path) -> None:
+    _photos(tmp_path / "in")
+    cam = [
+        "-m",
+        "hookviz",
+        "gradcam",
+        "in",
+        *ARGS,
+        "--method",
+        "gradcam",
+        "--method",
+        "layercam",
+        "--out",
+        "o",
+    ]
+    assert _run([*TORCHRUN, "--nproc-per-node", "2", *cam], tmp_path).returncode == 1
+    out = tmp_path / "o"
+    first = len(_records(out))
+    for i in (0, 1, 2):  # partial: one of three files gone
+        next(out.glob(f"p{i:02d}-*.layercam.*.png")).unlink()
+    for i in (3, 4):  # never made
+        for f in out.glob(f"p{i:02d}-*"):
+            f.unlink()
+    # A killed rank's manifest part from an earlier run is merged, not lost.
+    (out / ".manifest.rank1.999999.jsonl").write_text(
+        json.dumps({"input": "ghost.png", "status": "error"}) + "\n"
+    )
+    res = _run([*TORCHRUN, "--nproc-per-node", "3", *cam, "--skip-existing"], tmp_path)
+    assert res.returncode == 1, res.stderr  # broken.png again
+    recs = _records(out)
+    assert any(r["input"] == "ghost.png" for r in recs[first:])
+    second = [r for r in recs[first:] if r["input"] != "ghost.png"]
+    assert sorted(str(r["input"]) for r in second) == sorted(
+        f"in/{p.name}" for p in (tmp_path / "in").iterdir()
+    )
+    status = {Path(str(r["input"])).stem: r["status"] for r in second}
+    assert [status[f"p{i:02d}"] for i in range(12)] == ["ok"] * 5 + ["skipped"] * 7
+    assert len(list(out.glob("p*.png"))) == 12 * 3
+
+
+def test_stdin_is_refused_under_torchrun(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    res = subprocess.run(
+        [sys.executable, "-m", "hookviz", "gradcam", "-", *ARGS, "--out", str(tmp_path / "o")],
+        input="x.png\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert res.returncode == 2
+    assert "reading paths from stdin is not supported under torchrun" in res.stderr
+
+
+def test_sharding_is_disjoint_complete_and_the_same_on_every_rank() -> None:
+    items = [Item(f"img{i:03d}.png", Path(f"img{i:03d}.png")) for i in (5, 3, 9, 1, 7, 2, 8)]
+    shards = [shard(list(reversed(items)) if r % 2 else items, Dist(r, 3, r, 3)) for r in range(3)]
+    names = [i.name for s in shards for i in s]
+    assert sorted(names) == sorted(i.name for i in items) and len(set(names)) == len(names)
+    assert [i.name for i in shards[0]] == ["img001.png", "img005.png", "img009.png"]
+    assert shard(items, None) == items
+
+
+def test_the_environment_decides() -> None:
+    assert from_env({}) is None and from_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
+    d = from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert d == Dist(3, 4, 1, 2)
+
+
+def test_merge_leaves_parts_of_live_processes(tmp_path: Path) -> None:
+    live = tmp_path / f".manifest.rank0.{os.getpid()}.jsonl"
+    dead = tmp_path / ".manifest.rank2.999999.jsonl"
+    live.write_text('{"input": "a"}\n')
+    dead.write_text('{"input": "b"}\n{"input": "c"}')
+    assert merge_parts(tmp_path, "manifest.jsonl", only_dead=True) == 2
+    assert live.exists() and not dead.exists()
+    assert merge_parts(tmp_path, "manifest.jsonl", only_dead=False) == 1
+    assert [json.loads(x)["input"] for x in (tmp_path / "manifest.jsonl").read_text().splitlines()] == [
+        "b",
+        "c",
+        "a",
+    ]
