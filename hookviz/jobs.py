@@ -523,3 +523,231 @@ class DropBlockJob:
         files = [(f"{stem}.dropblock.{self.layer}.png", encode_png(np.concatenate(padded, axis=0)))]
         fields = {"layer": self.layer, "dropped_fraction": round(dropped, 6), "channels": channels}
         return files, {"predicted": predicted(self.loaded, result[3], index), **fields}
+
+
+@dataclass
+class EvaluateJob:
+    """Faithfulness of every method x layer per image (deletion/insertion AUC, average drop, increase in
+    confidence), with the ``random`` and ``center`` chance baselines; no pictures, only records."""
+
+    loaded: LoadedModel
+    layers: Sequence[str]
+    methods: Sequence[str] = ("gradcam",)
+    targets: str | list[int] | None = None
+    steps: int = 16
+    chunk: int = 64
+    kind: str = "evaluate"
+
+    def __post_init__(self) -> None:
+        self.methods = [Method.parse(m, "--method").value for m in self.methods]
+        if "all" in self.methods:
+            self.methods = [m.value for m in Method if m is not Method.all]
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "targets": "top1" if self.targets is None else self.targets,
+            "steps": self.steps,
+            "baseline": "zeros (the data set's mean colour after normalisation)",
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        return []
+
+    def compute(self, x: Any) -> Any:
+        from hookviz import evaluation
+        from hookviz.attribution import explain
+
+        ex = explain(self.loaded.model, x, self.layers, self.methods, self.targets)
+        t = ex.targets[:, 0]
+        rows: dict[str, Any] = {}
+        passes = 0
+        for (method, layer), maps in ex.maps.items():
+            f = evaluation.faithfulness(
+                self.loaded.model, x, maps[:, 0], t, steps=self.steps, chunk=self.chunk
+            )
+            rows[f"{method}@{layer}"] = f
+            passes += f.forward_passes
+        b, h, w = x.shape[0], *ex.maps[(self.methods[0], self.layers[0])].shape[2:]
+        for name, maps in (
+            ("random", evaluation.random_maps(b, h, w)),
+            ("center", evaluation.center_maps(b, h, w)),
+        ):
+            f = evaluation.faithfulness(self.loaded.model, x, maps, t, steps=self.steps, chunk=self.chunk)
+            rows[name] = f
+            passes += f.forward_passes
+        return ex, rows, passes
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        ex, rows, passes = result
+        lm = self.loaded
+        pred, tgt = int(ex.predicted[index]), int(ex.targets[index, 0])
+        metrics = {
+            name: {
+                "deletion_auc": round(float(f.deletion_auc[index]), 6),
+                "insertion_auc": round(float(f.insertion_auc[index]), 6),
+                "average_drop": round(float(f.average_drop[index]), 4),
+                "increase": bool(f.increase[index] > 0),
+            }
+            for name, f in rows.items()
+        }
+        fields = {
+            "predicted": {
+                "index": pred,
+                "name": lm.class_name(pred),
+                "score": round(float(ex.predicted_score[index]), 6),
+            },
+            "target": {
+                "index": tgt,
+                "name": lm.class_name(tgt),
+                "score": round(float(ex.target_scores[index, 0]), 6),
+            },
+            "metrics": metrics,
+            "forward_passes": passes // max(1, int(ex.targets.shape[0])),
+        }
+        return [], fields
+
+
+def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per method@layer (and per chance baseline): mean and 95 % CI of each metric over the images."""
+    from hookviz.evaluation import mean_ci
+
+    names: list[str] = []
+    for rec in records:
+        names += [n for n in rec.get("metrics", {}) if n not in names]
+    rows = []
+    for name in names:
+        values = [rec["metrics"][name] for rec in records if name in rec.get("metrics", {})]
+        method, _, layer = name.partition("@")
+        row: dict[str, Any] = {"method": method, "layer": layer or "-", "images": len(values)}
+        for metric in ("deletion_auc", "insertion_auc", "average_drop"):
+            mean, half = mean_ci([float(v[metric]) for v in values])
+            row[metric], row[f"{metric}_ci95"] = round(mean, 4), round(half, 4)
+        mean, half = mean_ci([100.0 * float(v["increase"]) for v in values])
+        row["increase_in_confidence"], row["increase_in_confidence_ci95"] = round(mean, 2), round(half, 2)
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class SanityJob:
+    """The model-parameter randomisation test per image: each method's map after each cumulative
+    randomisation step (head first, on a copy), its Spearman correlation and SSIM with the original map,
+    and a strip of the maps; an ``edges`` map (the image's own gradient, independent of the model) is the
+    control that must stay the same."""
+
+    loaded: LoadedModel
+    layer: str
+    methods: Sequence[str] = ("gradcam",)
+    seed: int = 0
+    kind: str = "sanity"
+
+    def __post_init__(self) -> None:
+        self.methods = [Method.parse(m, "--method").value for m in self.methods]
+        if "all" in self.methods:
+            self.methods = [m.value for m in Method if m is not Method.all]
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layer": self.layer,
+            "methods": list(self.methods),
+            "seed": self.seed,
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        return [f"{stem}.sanity.{self.layer}.png"]
+
+    def compute(self, x: Any) -> Any:
+        import torch
+
+        from hookviz import evaluation
+        from hookviz.attribution import explain
+
+        with torch.no_grad():
+            target = explain(self.loaded.model, x, [self.layer], ["eigencam"]).predicted
+        edges = _edges(x)
+
+        def maps(model: Any) -> dict[str, Any]:
+            ex = explain(model, x, [self.layer], self.methods, target)
+            got = {m: ex.maps[(m, self.layer)][:, 0] for m in self.methods}
+            got["edges"] = edges
+            return got
+
+        return evaluation.cascade(self.loaded.model, maps, seed=self.seed), target
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        from hookviz import render
+        from hookviz.evaluation import spearman, ssim
+
+        steps, target = result
+        original = steps[0][1]
+        crop = rgb[box.y0 : box.y1, box.x0 : box.x1]
+        rows = []
+        records = []
+        for method in [*self.methods, "edges"]:
+            cells = []
+            for name, maps in steps:
+                cam = maps[method][index].float().numpy()
+                cells.append(render.overlay(crop, cam, Box(0, 0, crop.shape[1], crop.shape[0]), alpha=0.6))
+                records.append(
+                    {
+                        "randomized_up_to": name,
+                        "method": method,
+                        "spearman": round(spearman(maps[method][index], original[method][index]), 4),
+                        "ssim": round(ssim(maps[method][index], original[method][index]), 4),
+                    }
+                )
+            rows.append((Method(method).label if method != "edges" else "image edges (control)", cells))
+        columns = ["original", *(f"random up to {name}" for name, _ in steps[1:])]
+        t = int(target[index])
+        title = (
+            f"{self.loaded.name} | sanity check at {self.layer}: parameters randomised from the head down | "
+            f"explaining {self.loaded.class_name(t)} ({t}) | {_weights_note(self.loaded)}"
+        )
+        strip = render.sheet(rows, columns, title=title, cell=140)
+        name = f"{stem}.sanity.{self.layer}.png"
+        fields = {
+            "layer": self.layer,
+            "target": {"index": t, "name": self.loaded.class_name(t)},
+            "steps": records,
+        }
+        return [(name, encode_png(strip))], fields
+
+
+def _edges(x: Any) -> Any:
+    """The image's gradient magnitude at its own resolution: a 'map' that knows nothing of the model."""
+    import torch
+    import torch.nn.functional as F
+
+    gray = x.float().mean(dim=1, keepdim=True)
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], device=x.device)
+    gx = F.conv2d(gray, kx[None, None], padding=1)
+    gy = F.conv2d(gray, kx.T[None, None], padding=1)
+    return torch.sqrt(gx**2 + gy**2)[:, 0].cpu()
+
+
+def summarise_sanity(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean Spearman and SSIM over the images for each step and method, in cascade order."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rec in records:
+        for step in rec.get("steps", []):
+            groups.setdefault((step["randomized_up_to"], step["method"]), []).append(step)
+    return [
+        {
+            "randomized_up_to": name,
+            "method": method,
+            "images": len(v),
+            "spearman": round(sum(s["spearman"] for s in v) / len(v), 4),
+            "ssim": round(sum(s["ssim"] for s in v) / len(v), 4),
+        }
+        for (name, method), v in groups.items()
+    ]

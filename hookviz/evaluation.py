@@ -1,0 +1,258 @@
+"""Which map to trust: faithfulness metrics, chance baselines, and the model-randomisation sanity check.
+
+* **Deletion / insertion** (Petsiuk et al., RISE, BMVC 2018): pixels are removed from the image (deletion:
+  replaced by the baseline, zeros in the model's input space, i.e. the data set's mean colour) or revealed on
+  a blurred copy (insertion), most important first by the map; the area under the target's probability curve
+  over the fraction of pixels changed. A faithful map makes the probability fall fast (low deletion AUC) and
+  rise fast (high insertion).
+* **Average drop / increase in confidence** (Chattopadhay et al., Grad-CAM++, WACV 2018): the image multiplied
+  by the map (scaled to [0, 1]); average drop = mean of max(0, p - p_masked) / p (in %, lower is better);
+  increase in confidence = how often p_masked > p (in %, higher is better).
+* **Sanity check** (Adebayo et al., NeurIPS 2018): the model's parameters are randomised cumulatively from the
+  head down; a map that depends on what the model learned must change (its rank correlation and SSIM with the
+  original map fall), while a map that does not (edges of the image) stays the same.
+
+Every perturbed image of a batch is run through the model in chunks of ``chunk``; ``forward_passes`` counts
+them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hookviz.hooks import logits_of, preserved
+
+#: Fractions of pixels changed at each step of the deletion and insertion curves (0 .. 1 inclusive).
+STEPS = 16
+
+
+@dataclass(frozen=True)
+class Faithfulness:
+    """Per-image metrics for one set of maps (tensors of shape ``(B,)`` on the CPU)."""
+
+    deletion_auc: Tensor
+    insertion_auc: Tensor
+    average_drop: Tensor  # in %, per image: max(0, p - p_masked) / p * 100
+    increase: Tensor  # 1.0 where p_masked > p, else 0.0 (its mean x 100 is the "increase in confidence")
+    deletion_curve: Tensor  # (B, STEPS + 1)
+    insertion_curve: Tensor
+    forward_passes: int
+
+
+def upsample(maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """``(B, h, w)`` maps at the input's size (bilinear), NaN/Inf as 0."""
+    up = F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[:, 0]
+    return torch.nan_to_num(up, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def blurred(x: Tensor, factor: int = 16) -> Tensor:
+    """A heavily blurred copy (where the insertion curve starts): averaged ``factor`` times down, then up."""
+    h, w = x.shape[2:]
+    small = F.adaptive_avg_pool2d(x, (max(1, h // factor), max(1, w // factor)))
+    return F.interpolate(small, size=(h, w), mode="bilinear", align_corners=False)
+
+
+def _probabilities(
+    model: nn.Module, images: Tensor, targets: Tensor, chunk: int, counter: list[int]
+) -> Tensor:
+    out = []
+    for i in range(0, images.shape[0], chunk):
+        logits = logits_of(model(images[i : i + chunk])).float()
+        out.append(torch.softmax(logits, dim=1).gather(1, targets[i : i + chunk, None])[:, 0])
+        counter[0] += images[i : i + chunk].shape[0]
+    return torch.cat(out)
+
+
+def auc(curve: Tensor) -> Tensor:
+    """Area under curves sampled at evenly spaced fractions 0..1 (trapezoids), one per row."""
+    return torch.trapezoid(curve, dx=1.0 / (curve.shape[-1] - 1), dim=-1)
+
+
+def faithfulness(
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    targets: Tensor,
+    *,
+    steps: int = STEPS,
+    chunk: int = 64,
+    baseline: Tensor | None = None,
+) -> Faithfulness:
+    """Deletion and insertion AUCs, average drop and increase in confidence for ``maps`` of ``x``.
+
+    Args:
+        model: the classifier (eval mode is used; the model is left as found).
+        x: ``(B, 3, H, W)`` preprocessed inputs; ``maps``: ``(B, h, w)``, any resolution;
+        targets: ``(B,)`` the class each map explains.
+        baseline: what deleted pixels become (default zeros: the data set's mean colour after normalisation).
+    """
+    b = x.shape[0]
+    size = (int(x.shape[2]), int(x.shape[3]))
+    importance = upsample(maps.to(x.device), size).flatten(1)
+    # Pixels most important first; ties keep a fixed order, so the curve does not depend on chance.
+    order = torch.sort(importance, dim=1, descending=True, stable=True).indices
+    n = importance.shape[1]
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(n, device=x.device).expand(b, n))
+    counts = [round(n * k / steps) for k in range(steps + 1)]
+    base = torch.zeros_like(x) if baseline is None else baseline.expand_as(x)
+    start = blurred(x)
+    deleted, inserted = [], []
+    for c in counts:
+        keep = (rank >= c).reshape(b, 1, *size).to(x.dtype)  # pixels not yet changed
+        deleted.append(x * keep + base * (1 - keep))
+        inserted.append(start * keep + x * (1 - keep))
+    unit = importance - importance.amin(dim=1, keepdim=True)
+    unit = unit / unit.amax(dim=1, keepdim=True).clamp_min(1e-12)
+    masked = x * unit.reshape(b, 1, *size)
+    passes = [0]
+    with torch.no_grad(), preserved(model):
+        model.eval()
+        t = targets.to(x.device)
+        reps = t.repeat(steps + 1)
+        d = _probabilities(model, torch.cat(deleted), reps, chunk, passes).reshape(steps + 1, b).T
+        ins = _probabilities(model, torch.cat(inserted), reps, chunk, passes).reshape(steps + 1, b).T
+        p_masked = _probabilities(model, masked, t, chunk, passes)
+    p = d[:, 0]  # nothing deleted yet: the original image
+    drop = (p - p_masked).clamp_min(0) / p.clamp_min(1e-12) * 100
+    return Faithfulness(
+        deletion_auc=auc(d).cpu(),
+        insertion_auc=auc(ins).cpu(),
+        average_drop=drop.cpu(),
+        increase=(p_masked > p).float().cpu(),
+        deletion_curve=d.cpu(),
+        insertion_curve=ins.cpu(),
+        forward_passes=passes[0],
+    )
+
+
+def random_maps(b: int, h: int, w: int, seed: int = 0) -> Tensor:
+    """The ``random`` chance baseline: uniform noise, seeded (the same maps every run)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(b, h, w, generator=gen)
+
+
+def center_maps(b: int, h: int, w: int) -> Tensor:
+    """The ``center`` chance baseline: a centred Gaussian (sigma a quarter of the side)."""
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+    g = torch.exp(-(xx**2 + yy**2) / (2 * 0.5**2))
+    return g.expand(b, h, w).clone()
+
+
+# t quantiles (two-sided 95 %) for small samples; above 30 the normal 1.96.
+_T95 = [
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+]  # fmt: skip
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % confidence interval (Student's t; 0 for a single value)."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, 0.0
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return mean, t * sd / math.sqrt(n)
+
+
+def rankdata(x: Tensor) -> Tensor:
+    """Ranks 1..n of a 1-D tensor, ties given their average rank (as scipy.stats.rankdata)."""
+    order = torch.argsort(x, stable=True)
+    ranks = torch.empty(len(x), dtype=torch.float64)
+    sorted_x = x[order]
+    i = 0
+    n = len(x)
+    while i < n:
+        j = i
+        while j + 1 < n and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation of two maps (flattened); 0 when either is constant."""
+    ra, rb = rankdata(a.flatten().double()), rankdata(b.flatten().double())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = float(ra.norm() * rb.norm())
+    return float((ra * rb).sum()) / denom if denom > 0 else 0.0
+
+
+def ssim(a: Tensor, b: Tensor, size: int = 64) -> float:
+    """Structural similarity (Wang et al. 2004) of two maps, each min-max scaled to [0, 1] and resized to
+    ``size`` x ``size``; Gaussian window 11, sigma 1.5, as in the paper."""
+
+    def prep(m: Tensor) -> Tensor:
+        m = torch.nan_to_num(m.double(), nan=0.0)
+        m = (m - m.min()) / (m.max() - m.min()).clamp_min(1e-12)
+        return F.interpolate(m[None, None], size=(size, size), mode="bilinear", align_corners=False)
+
+    x, y = prep(a), prep(b)
+    coords = torch.arange(11, dtype=torch.float64) - 5
+    g = torch.exp(-(coords**2) / (2 * 1.5**2))
+    g = g / g.sum()
+    win = (g[:, None] * g[None, :])[None, None]
+
+    def blur(t: Tensor) -> Tensor:
+        return F.conv2d(t, win, padding=5)
+
+    mx, my = blur(x), blur(y)
+    vx, vy, cxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
+    c1, c2 = 0.01**2, 0.03**2
+    s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+    return float(s[..., 5:-5, 5:-5].mean())
+
+
+def randomisation_blocks(model: nn.Module) -> list[str]:
+    """The cascade's steps: the top-level children that hold parameters, from the head down."""
+    names = [n for n, m in model.named_children() if any(True for _ in m.parameters())]
+    return list(reversed(names))
+
+
+def randomise(module: nn.Module, generator: torch.Generator) -> None:
+    """Re-initialise every parameter of ``module`` in place: ``reset_parameters`` where a layer has it
+    (its own default initialisation), else a normal draw with the tensor's own scale; seeded."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+    try:
+        with torch.no_grad():
+            for m in module.modules():
+                if hasattr(m, "reset_parameters") and callable(m.reset_parameters):
+                    m.reset_parameters()
+                else:
+                    for p in m.parameters(recurse=False):
+                        p.normal_(0.0, float(p.detach().float().std()) if p.numel() > 1 else 0.02)
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def cascade(
+    model: nn.Module,
+    compute: Callable[[nn.Module], dict[str, Tensor]],
+    *,
+    seed: int = 0,
+) -> list[tuple[str, dict[str, Tensor]]]:
+    """Maps after each cumulative randomisation step (on a copy: ``model`` is not touched).
+
+    ``compute(model)`` returns maps per method; the result starts with ``("none", original maps)``.
+    """
+    import copy
+
+    work = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    steps = [("none", compute(work))]
+    for name in randomisation_blocks(work):
+        randomise(dict(work.named_modules())[name], gen)
+        steps.append((name, compute(work)))
+    return steps
