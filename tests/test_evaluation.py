@@ -1,0 +1,175 @@
+"""Which map to trust: each metric against a direct computation, and on a model trained here."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from typer.testing import CliRunner
+
+from hookviz import evaluation as ev
+from hookviz.attribution import explain
+from hookviz.cli import app
+from hookviz.shapes import SHAPES, draw_shape, shapes_batch
+from tests.conftest import TinyCNN, hook_counts, write_image
+
+
+class LeftHalf(nn.Module):
+    """Class 1's logit is 2 x the mean of channel 0 over the left half: a model whose evidence is known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)  # something for hooks to hold on to
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        left = x[:, 0, :, : x.shape[3] // 2].mean(dim=(1, 2))
+        return torch.stack([torch.zeros_like(left), 2 * left], dim=1) + 0 * self.conv(x).sum()
+
+
+def _p(m: float) -> float:
+    return 1 / (1 + math.exp(-2 * m))
+
+
+def test_metrics_on_a_hand_made_case() -> None:
+    x = torch.zeros(1, 3, 2, 4)
+    x[:, :, :, :2] = 1.0  # left half white, right half black
+    importance = torch.tensor([[[8.0, 7.0, 2.0, 1.0], [6.0, 5.0, 4.0, 3.0]]])  # the left half first
+    f = ev.faithfulness(LeftHalf(), x, importance, torch.tensor([1]), steps=4)
+    # Deletion (to zeros), 2 pixels a step: the left half's mean goes 1, 1/2, 0, 0, 0.
+    deletion = [_p(m) for m in (1, 0.5, 0, 0, 0)]
+    # Insertion from the blurred image (mean 1/2 everywhere): left mean 1/2, 3/4, 1, 1, 1.
+    insertion = [_p(m) for m in (0.5, 0.75, 1, 1, 1)]
+    np.testing.assert_allclose(f.deletion_curve[0].numpy(), deletion, rtol=1e-5)
+    np.testing.assert_allclose(f.insertion_curve[0].numpy(), insertion, rtol=1e-5)
+    trapezoid = lambda ys: sum((a + b) / 2 * 0.25 for a, b in itertools.pairwise(ys))  # noqa: E731
+    assert float(f.deletion_auc[0]) == pytest.approx(trapezoid(deletion), rel=1e-5)
+    assert float(f.insertion_auc[0]) == pytest.approx(trapezoid(insertion), rel=1e-5)
+    # Average drop: the image times the map scaled to [0, 1]: the left pixels become 1, 6/7, 5/7, 4/7.
+    p, p_masked = _p(1), _p((1 + 6 / 7 + 5 / 7 + 4 / 7) / 4)
+    assert float(f.average_drop[0]) == pytest.approx((p - p_masked) / p * 100, rel=1e-4)
+    assert float(f.increase[0]) == 0.0
+    assert f.forward_passes == 5 + 5 + 1
+
+
+def test_statistics_helpers() -> None:
+    assert ev.mean_ci([1.0, 2.0, 3.0]) == pytest.approx((2.0, 4.303 * 1.0 / math.sqrt(3)))
+    assert ev.mean_ci([5.0]) == (5.0, 0.0)
+    assert ev.rankdata(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert ev.spearman(a, a * 10 + 1) == pytest.approx(1.0) and ev.spearman(a, -a) == pytest.approx(-1.0)
+    assert ev.ssim(a, a) == pytest.approx(1.0) and ev.ssim(a, a.flip(0).flip(1)) < 0.5
+    assert ev.center_maps(1, 5, 5)[0].argmax() == 12 and ev.random_maps(2, 3, 3).shape == (2, 3, 3)
+
+
+@pytest.fixture(scope="module")
+def centred() -> TinyCNN:
+    """TinyCNN trained on shapes with inputs centred on the data's mean grey (x - 0.5), so that the deletion
+    baseline (zeros in input space) is that grey, as it is for ImageNet-normalised photos."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = TinyCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=400)
+    model.train()
+    for _ in range(400):
+        x, y, _ = shapes_batch(32, rng)
+        loss = F.cross_entropy(model(x - 0.5), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return model.eval()
+
+
+def test_grad_cam_beats_chance_on_a_trained_model(centred: TinyCNN) -> None:
+    x, y, _ = shapes_batch(100, np.random.default_rng(99))
+    x = x - 0.5
+    cam = explain(centred, x, ["features.8"], ["gradcam"], y).maps[("gradcam", "features.8")][:, 0]
+    ours = ev.faithfulness(centred, x, cam, y)
+    chance = ev.faithfulness(centred, x, ev.random_maps(100, 12, 12), y)
+    # Measured: deletion 0.37 vs 0.53, insertion 0.96 vs 0.59 (200-odd images give the same picture).
+    assert float(ours.deletion_auc.mean()) < float(chance.deletion_auc.mean()) - 0.08
+    assert float(ours.insertion_auc.mean()) > float(chance.insertion_auc.mean()) + 0.2
+    assert hook_counts(centred) == 0 and not centred.training
+
+
+def test_sanity_check_separates_a_faithful_map_from_a_model_blind_one(centred: TinyCNN) -> None:
+    x, y, _ = shapes_batch(16, np.random.default_rng(7))
+    x = x - 0.5
+    before = {k: v.clone() for k, v in centred.state_dict().items()}
+
+    def maps(model: nn.Module) -> dict[str, torch.Tensor]:
+        cam = explain(model, x, ["features.8"], ["gradcam"], y).maps[("gradcam", "features.8")][:, 0]
+        edges = x.abs().sum(1)  # knows nothing of the model
+        return {"gradcam": cam, "edges": edges}
+
+    steps = ev.cascade(centred, maps, seed=0)
+    assert [name for name, _ in steps] == ["none", "fc", "features"]
+    original, randomised = steps[0][1], steps[-1][1]
+    rho = np.mean([ev.spearman(randomised["gradcam"][i], original["gradcam"][i]) for i in range(16)])
+    sim = np.mean([ev.ssim(randomised["gradcam"][i], original["gradcam"][i]) for i in range(16)])
+    assert rho < 0.5 and sim < 0.5, (rho, sim)
+    assert np.mean([ev.ssim(randomised["edges"][i], original["edges"][i]) for i in range(16)]) > 0.99
+    assert all(torch.equal(before[k], v) for k, v in centred.state_dict().items())  # a copy was randomised
+
+
+@pytest.fixture(scope="module")
+def shape_photos(tmp_path_factory: pytest.TempPathFactory, centred: TinyCNN) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("ev")
+    torch.save(centred.state_dict(), d / "tiny.pth")
+    (d / "labels.txt").write_text("\n".join(SHAPES))
+    rng = np.random.default_rng(5)
+    (d / "in").mkdir()
+    for i in range(12):
+        img, _ = draw_shape(i % 3, 48, rng)
+        write_image(d / "in" / f"{i:02d}.png", (img * 255).round().astype(np.uint8))
+    return {"dir": d}
+
+
+def _cli_model(d: Path) -> list[str]:
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", str(d / "tiny.pth")]
+    model += ["--labels", str(d / "labels.txt")]
+    return [*model, "--input-size", "48", "--resize", "squash", "--mean", "0.5,0.5,0.5", "--std", "1,1,1"]
+
+
+def test_evaluate_command_writes_the_table_csv_and_json(
+    shape_photos: dict[str, Path], tmp_path: Path
+) -> None:
+    d, out = shape_photos["dir"], tmp_path / "o"
+    r = CliRunner().invoke(
+        app, ["evaluate", str(d / "in"), *_cli_model(d), "--method", "gradcam", "--method", "layercam",
+              "--out", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "12 image(s)" in r.stdout and "forward passes" in r.stdout
+    rows = list(csv.DictReader((out / "evaluation.csv").read_text().splitlines()))
+    assert [(row["method"], row["layer"]) for row in rows] == [
+        ("gradcam", "features"), ("layercam", "features"), ("random", "-"), ("center", "-"),
+    ]  # fmt: skip
+    assert set(rows[0]) >= {"method", "layer", "images", "deletion_auc", "insertion_auc", "average_drop",
+                            "increase_in_confidence"}  # fmt: skip
+    by = {row["method"]: row for row in rows}
+    assert float(by["gradcam"]["insertion_auc"]) > float(by["random"]["insertion_auc"])
+    data = json.loads((out / "evaluation.json").read_text())
+    assert data["images"] == 12 and data["forward_passes"] == 12 * 4 * (17 + 17 + 1)
+
+
+def test_sanity_command_writes_strips_and_json(shape_photos: dict[str, Path], tmp_path: Path) -> None:
+    d, out = shape_photos["dir"], tmp_path / "o"
+    r = CliRunner().invoke(app, ["sanity", str(d / "in"), *_cli_model(d), "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads((out / "sanity.json").read_text())
+    assert {s["randomized_up_to"] for s in data["steps"]} == {"none", "fc", "features"}
+    assert set(data["steps"][0]) >= {"randomized_up_to", "method", "spearman", "ssim"}
+    last = {s["method"]: s for s in data["steps"] if s["randomized_up_to"] == "features"}
+    assert last["gradcam"]["spearman"] < 0.5 and last["edges"]["spearman"] > 0.99
+    assert "gradcam: at full randomisation" in r.stdout and "(passes)" in r.stdout
+    assert len(list(out.glob("*.sanity.features.png"))) == 12
