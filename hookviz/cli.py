@@ -37,6 +37,7 @@ EXIT_USAGE = 2
 EXIT_SETUP = 3
 EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug in hookviz, not in the inputs or the options
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
 
 # Help panels: options grouped by what they are about.
 MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
@@ -229,6 +230,10 @@ def _guard(debug: bool) -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("hookviz: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:
+        # The reader of stdout went away (`hookviz ... | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
     except HookvizError as exc:
         if debug:
             raise
@@ -355,6 +360,8 @@ class _Reporter:
         self._inner: Any = None
         #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
         self.count_from: Callable[[], int] | None = None
+        #: ``first_images(n)``: the first ``n`` readable inputs, preprocessed, as one batch (or None).
+        self.first_images: Callable[[int], Any] = lambda n: None
 
     def start(self, total: int) -> None:
         """Show the bar (on a terminal, unless quiet) for ``total`` inputs."""
@@ -488,6 +495,27 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
         raise typer.Exit(worst)
 
 
+def _first_images(items: list[Any], loaded: Any, n: int, max_pixels: int) -> Any:
+    import numpy as np
+    import torch
+
+    from hookviz.errors import InputError
+    from hookviz.images import load_rgb
+
+    xs = []
+    for item in items:
+        if item.path is None:
+            continue
+        try:
+            x, _ = loaded.preprocess(load_rgb(item.path, max_pixels=max_pixels))
+        except InputError:
+            continue
+        xs.append(x)
+        if len(xs) == n:
+            break
+    return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+
+
 def _run_shard(
     job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions, dist: Any
 ) -> None:
@@ -515,6 +543,7 @@ def _run_shard(
         loaded = _load(m, quiet)
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
         reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
+        reporter.first_images = lambda n: _first_images(items, loaded, n, r.max_pixels)
         try:
             job = job_factory(loaded, reporter)
             if not loaded.pretrained and not quiet:
@@ -584,7 +613,8 @@ def gradcam(
         typer.Option(
             "--layer",
             "-l",
-            help="module name; repeatable (default: the last convolutional stage).",
+            help="module name; repeatable (default: the last convolutional stage); auto: the most faithful "
+            "of the candidate layers on the first images (--probe).",
             rich_help_panel=MAPS,
         ),
     ] = None,
@@ -626,6 +656,23 @@ def gradcam(
             "--sheet/--no-sheet", help="comparison sheet (default: when >1 map).", rich_help_panel=OUTPUT
         ),
     ] = None,
+    probe_images: Annotated[
+        int,
+        typer.Option(
+            "--probe",
+            min=1,
+            help="with --layer auto: images of the first batch that choose the layer.",
+            rich_help_panel=MAPS,
+        ),
+    ] = 8,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics",
+            help="deletion and insertion AUC of every map (record, caption, sheet).",
+            rich_help_panel=MAPS,
+        ),
+    ] = False,
     scorecam_batch: Annotated[
         int,
         typer.Option(
@@ -697,11 +744,15 @@ def gradcam(
             from hookviz.models import num_classes, parse_targets, probe
 
             calls = probe(loaded)
-            if not layers:
+            t = parse_targets(target, loaded, num_classes(loaded))
+            auto = None
+            if layers == ["auto"]:
+                auto = _auto_layer(loaded, calls, reporter, probe_images, [str(x) for x in methods or []])
+                chosen = [auto["chosen"]]
+            elif not layers:
                 chosen = [default_cam_layer(loaded.model, calls)]
             else:
                 chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(layers)]
-            t = parse_targets(target, loaded, num_classes(loaded))
             job = CamJob(
                 loaded,
                 chosen,
@@ -716,7 +767,9 @@ def gradcam(
                 fuse=str(fuse) if fuse is not None else None,
                 sheet=sheet,
                 scorecam_batch=scorecam_batch,
+                metrics=metrics,
             )
+            job.auto_layer = auto
             if not layers and not quiet:
                 typer.echo(
                     f"hookviz: using layer {chosen[0]} "
@@ -737,6 +790,32 @@ def gradcam(
             return job
 
         _run_job(make, m, r)
+
+
+def _auto_layer(loaded: Any, calls: Any, reporter: Any, count: int, methods: list[str]) -> dict[str, Any]:
+    """``--layer auto``: the candidate layer with the best insertion - deletion AUC on the first images."""
+    from hookviz.errors import UsageError
+    from hookviz.evaluation import rank_layers
+    from hookviz.layers import candidate_layers
+
+    x = reporter.first_images(count) if reporter is not None else None
+    if x is None:
+        raise UsageError("--layer auto needs at least one readable image among the inputs")
+    method = next((m for m in methods if m not in ("all", "eigencam", "scorecam")), "gradcam")
+    scores = rank_layers(loaded.model, x, candidate_layers(loaded.model, calls), method)
+    best = max(scores, key=lambda n: scores[n])
+    shown = ", ".join(f"{n} {v:+.3f}" for n, v in scores.items())
+    typer.echo(
+        f"hookviz: --layer auto chose {best} "
+        f"(insertion - deletion AUC of {method} on {x.shape[0]} image(s): {shown})",
+        err=True,
+    )
+    return {
+        "chosen": best,
+        "method": method,
+        "images": int(x.shape[0]),
+        "scores": {k: round(v, 4) for k, v in scores.items()},
+    }
 
 
 @app.command()

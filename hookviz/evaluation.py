@@ -256,3 +256,24 @@ def cascade(
         randomise(dict(work.named_modules())[name], gen)
         steps.append((name, compute(work)))
     return steps
+
+
+def rank_layers(
+    model: nn.Module, x: Tensor, layers: Sequence[str], method: str = "gradcam", targets: object = None
+) -> dict[str, float]:
+    """Mean insertion AUC minus deletion AUC of ``method``'s maps at each layer, over the images ``x``
+    (``--layer auto`` takes the best). A layer that cannot be explained (it runs twice, no spatial map)
+    scores ``-inf``."""
+    from hookviz.attribution import explain
+    from hookviz.errors import LayerError
+
+    scores: dict[str, float] = {}
+    for layer in layers:
+        try:
+            ex = explain(model, x, [layer], [method], targets)  # type: ignore[arg-type]
+        except LayerError:
+            scores[layer] = float("-inf")
+            continue
+        f = faithfulness(model, x, ex.maps[(method, layer)][:, 0], ex.targets[:, 0])
+        scores[layer] = float((f.insertion_auc - f.deletion_auc).mean())
+    return scores

@@ -61,6 +61,8 @@ class CamBatch:
     explanation: Any
     maps: dict[tuple[str, str], np.ndarray]  # (method, layer or "fused") -> (B, T, h, w)
     scales: dict[tuple[str, str], tuple[float, float] | None]  # None: per map
+    #: With ``metrics``: (method, layer) -> per target j, the Faithfulness of the batch's maps.
+    metrics: dict[tuple[str, str], list[Any]] | None = None
 
 
 @dataclass
@@ -85,9 +87,13 @@ class CamJob:
     fuse: str | None = None
     sheet: bool | None = None
     scorecam_batch: int = 64
+    #: Deletion and insertion AUCs for every map (in its record, caption and the sheet).
+    metrics: bool = False
     kind: str = "gradcam"
     #: Called as ``progress(done, total)`` during Score-CAM's masked passes (a progress bar).
     progress: Any = None
+    #: How ``--layer auto`` chose the layer (recorded with every input).
+    auto_layer: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.normalize = Normalize.parse(self.normalize, "--normalize").value
@@ -126,6 +132,7 @@ class CamJob:
             "vmax": self.vmax,
             "fuse": self.fuse,
             "sheet": self._want_sheet(),
+            "metrics": self.metrics,
         }
 
     # -- naming ---------------------------------------------------------------------------
@@ -186,7 +193,18 @@ class CamJob:
             key: cams.colour_scale(value, self.normalize, relu=self.relu, vmax=self.vmax)
             for key, value in maps.items()
         }
-        return CamBatch(ex, {key: value.numpy() for key, value in maps.items()}, scales)
+        metrics = None
+        if self.metrics:
+            from hookviz.evaluation import faithfulness
+
+            metrics = {
+                key: [
+                    faithfulness(self.loaded.model, x, value[:, j], ex.targets[:, j])
+                    for j in range(value.shape[1])
+                ]
+                for key, value in maps.items()
+            }
+        return CamBatch(ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics)
 
     # -- render ---------------------------------------------------------------------------
     def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None) -> np.ndarray:
@@ -229,6 +247,17 @@ class CamJob:
                     span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
                     sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
                     lines.append(f"colour scale {span}, {sign}")
+                faith = None
+                if result.metrics is not None:
+                    f = result.metrics[(method, layer)][j]
+                    faith = {
+                        "deletion_auc": round(float(f.deletion_auc[index]), 6),
+                        "insertion_auc": round(float(f.insertion_auc[index]), 6),
+                    }
+                    lines.append(
+                        f"deletion AUC {faith['deletion_auc']:.3f} (lower is better), "
+                        f"insertion AUC {faith['insertion_auc']:.3f} (higher is better)"
+                    )
                 base = self._name(stem, method, layer, suffix)
                 # A photo of a few pixels is enlarged, so that its caption can be read.
                 captioned = render.caption(render.enlarge_small(picture), lines)
@@ -238,7 +267,14 @@ class CamJob:
                     full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
                     full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
                     files.append((f"{base}.full.npy", _npy(full)))
-                cells[(method, layer, j)] = picture[box.y0 : box.y1, box.x0 : box.x1]
+                cell = picture[box.y0 : box.y1, box.x0 : box.x1]
+                if faith is not None:
+                    cell = cell.copy()
+                    note = f"del {faith['deletion_auc']:.2f} ins {faith['insertion_auc']:.2f}"
+                    render.label(
+                        cell, note, 3, max(0, cell.shape[0] - 22), scale=0.45 * max(1, cell.shape[0] / 200)
+                    )
+                cells[(method, layer, j)] = cell
                 records.append(
                     {
                         "file": f"{base}.png",
@@ -250,6 +286,7 @@ class CamJob:
                         "min": _finite_stat(np.min, cam),
                         "max": _finite_stat(np.max, cam),
                         "scale": list(scale) if scale else None,
+                        **({"metrics": faith} if faith is not None else {}),
                     }
                 )
         if self._want_sheet():
@@ -280,6 +317,7 @@ class CamJob:
             },
             "normalize": self.normalize,
             "maps": records,
+            **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
         }
         return files, fields
 

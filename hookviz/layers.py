@@ -356,3 +356,33 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     if not convs:
         return _climb(last.name, info)
     return _climb(max(convs, key=lambda c: c.order).name, info)
+
+
+def candidate_layers(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]:
+    """Layers worth trying as the CAM layer (``--layer auto``), in network order: for CNNs the last block of
+    each stage (the outermost module finishing last at each spatial size); for transformers the first module
+    of each encoder block (the last block's own output reaches the head only through the class token)."""
+    info = {c.name: c for c in calls if c.calls}
+    once = [c for c in calls if c.calls == 1]
+    layouts = {c.name: lay for c in once if (lay := _spatial(model, c, calls)) is not None}
+    tokens = [info[n] for n, lay in layouts.items() if lay.kind == "tokens"]
+    chosen: list[str] = []
+    block = _last_token_block(model, tokens)
+    if block is not None:
+        parent = block.name.rpartition(".")[0]
+        for c in tokens:
+            if c.name.rpartition(".")[0] == parent and _INDEXED.match(c.name.rpartition(".")[2]):
+                inside = [t for t in tokens if t.name.startswith(f"{c.name}.")]
+                chosen.append(min(inside, key=lambda t: t.order).name if inside else c.name)
+    else:
+        modules = dict(model.named_modules())
+        by_size: dict[tuple[int, ...] | None, ModuleCall] = {}
+        for n, lay in layouts.items():
+            if lay.kind == "tokens" or not any(True for _ in modules[n].parameters()):
+                continue
+            where = _where(info[n].output_shape)
+            if where not in by_size or info[n].order > by_size[where].order:
+                by_size[where] = info[n]
+        chosen = [_climb(c.name, info) for c in by_size.values()]
+    rank = {n: i for i, n in enumerate(module_names(model))}
+    return sorted(dict.fromkeys(chosen), key=lambda n: rank[n])

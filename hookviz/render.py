@@ -193,7 +193,7 @@ def feature_grid(
         if zoom > 1:
             tile = np.repeat(np.repeat(tile, zoom, axis=0), zoom, axis=1)
         grid[y : y + th, x : x + tw] = tile
-        _label(grid, str(ch), x, y, label_scale)
+        label(grid, str(ch), x, y, label_scale)
     if grid.shape[1] < 480:  # room for the title
         pad = np.full((grid.shape[0], 480 - grid.shape[1], 3), 255, dtype=np.uint8)
         grid = np.concatenate([grid, pad], axis=1)
@@ -229,18 +229,19 @@ def sheet(
     gap = 4
     width = len(columns) * (cw + gap) + gap
     body = []
-    for label, images in rows:
+    for name, images in rows:
         row = np.full((cell + 2 * gap, width, 3), 255, np.uint8)
         for c, img in enumerate(images):
             x = gap + c * (cw + gap)
             row[gap : gap + cell, x : x + cw] = cv2.resize(img, (cw, cell), interpolation=cv2.INTER_AREA)
-            _label(row, columns[c], x + 3, gap + 3)
-        body.append(caption(row, [label], top=True))
+            label(row, columns[c], x + 3, gap + 3)
+        body.append(caption(row, [name], top=True))
     grid = np.concatenate(body, axis=0)
     return caption(grid, [title], top=True)
 
 
-def _label(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.45) -> None:
+def label(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.45) -> None:
+    """White text on a black box at ``(x, y)`` (top-left), drawn into ``image``."""
     import cv2
 
     (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)

@@ -129,8 +129,9 @@ def shape_photos(tmp_path_factory: pytest.TempPathFactory, centred: TinyCNN) -> 
     rng = np.random.default_rng(5)
     (d / "in").mkdir()
     for i in range(12):
-        img, _ = draw_shape(i % 3, 48, rng)
+        img, mask = draw_shape(i % 3, 48, rng)
         write_image(d / "in" / f"{i:02d}.png", (img * 255).round().astype(np.uint8))
+        np.save(d / f"mask{i:02d}.npy", mask)
     return {"dir": d}
 
 
@@ -173,3 +174,30 @@ def test_sanity_command_writes_strips_and_json(shape_photos: dict[str, Path], tm
     assert last["gradcam"]["spearman"] < 0.5 and last["edges"]["spearman"] > 0.99
     assert "gradcam: at full randomisation" in r.stdout and "(passes)" in r.stdout
     assert len(list(out.glob("*.sanity.features.png"))) == 12
+
+
+def test_layer_auto_picks_a_layer_whose_maps_land_on_the_shapes(
+    shape_photos: dict[str, Path], tmp_path: Path
+) -> None:
+    d, out = shape_photos["dir"], tmp_path / "o"
+    r = CliRunner().invoke(
+        app, ["gradcam", str(d / "in"), *_cli_model(d), "--layer", "auto", "--probe", "6", "--save-raw",
+              "--metrics", "--out", str(out), "-q", "--json"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "--layer auto chose" in r.stderr
+    recs = [json.loads(line) for line in r.stdout.splitlines()]
+    auto = recs[0]["layer_auto"]
+    assert auto["chosen"] == recs[0]["layer"] and len(auto["scores"]) >= 3 and auto["images"] == 6
+    assert auto["scores"][auto["chosen"]] == max(auto["scores"].values())
+    inside = 0
+    for rec in recs:
+        i = int(Path(rec["input"]).stem)
+        full = np.load(next(o for o in rec["outputs"] if o.endswith(".full.npy")))
+        inside += bool(np.load(d / f"mask{i:02d}.npy").flat[int(np.nanargmax(full))])
+        (m,) = rec["maps"]
+        assert 0 <= m["metrics"]["deletion_auc"] <= 1 and 0 <= m["metrics"]["insertion_auc"] <= 1
+    assert inside >= 10, inside  # of 12
+    mean_del = np.mean([rec["maps"][0]["metrics"]["deletion_auc"] for rec in recs])
+    mean_ins = np.mean([rec["maps"][0]["metrics"]["insertion_auc"] for rec in recs])
+    assert mean_ins > mean_del + 0.3, (mean_ins, mean_del)
