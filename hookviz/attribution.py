@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz import cams
@@ -126,6 +128,8 @@ def explain(
     relu: bool = True,
     scorecam_batch: int = 64,
     progress: Callable[[int, int], None] | None = None,
+    eigen_smooth: bool = False,
+    aug_smooth: bool = False,
 ) -> Explanation:
     """Every requested CAM ``method`` at every ``layer`` for every target, from one forward pass.
 
@@ -145,6 +149,10 @@ def explain(
         relu: ``False`` keeps signed maps.
         progress: called as ``progress(done, total)`` after each Score-CAM forward pass, counting the
             masked inputs of this call (Score-CAM is the slow method: one input per channel).
+        eigen_smooth: gradient methods give the first principal component of their weighted activations
+            instead of the sum (as pytorch-grad-cam's ``eigen_smooth``).
+        aug_smooth: average the maps over test-time augmentations: horizontal flip x brightness 0.9,
+            1.0, 1.1 (as pytorch-grad-cam's ``aug_smooth``); six passes, the targets of the plain one.
 
     Raises:
         UsageError: an unknown method. LayerError: a layer that does not run, runs twice, or has no
@@ -156,7 +164,26 @@ def explain(
     """
     model = unwrap_compiled(model)
     with autograd_enabled(x) as x:
-        return _explain(model, x, layers, methods, targets, relu, scorecam_batch, progress)
+        plain = _explain(model, x, layers, methods, targets, relu, scorecam_batch, progress, eigen_smooth)
+        if not aug_smooth:
+            return plain
+        sums = {key: value.clone() for key, value in plain.maps.items()}
+        for flip, gain in ((False, 0.9), (False, 1.1), (True, 1.0), (True, 0.9), (True, 1.1)):
+            xa = (x.flip(-1) if flip else x) * gain
+            ex = _explain(
+                model,
+                xa,
+                layers,
+                methods,
+                plain.targets.to(x.device),
+                relu,
+                scorecam_batch,
+                None,
+                eigen_smooth,
+            )
+            for key, value in ex.maps.items():
+                sums[key] += value.flip(-1) if flip else value
+        return dataclasses.replace(plain, maps={key: value / 6 for key, value in sums.items()})
 
 
 def _explain(
@@ -168,12 +195,15 @@ def _explain(
     relu: bool,
     scorecam_batch: int,
     progress: Callable[[int, int], None] | None,
+    eigen_smooth: bool = False,
 ) -> Explanation:
     unknown = [m for m in methods if m not in cams.METHODS]
     if unknown:
         raise UsageError(f"unknown CAM method {unknown[0]!r}; choose from {', '.join(cams.METHODS)}")
     layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
     gradient_methods = [m for m in methods if m in cams.GRADIENT_METHODS]
+    if "guidedgradcam" in methods and "gradcam" not in gradient_methods:
+        gradient_methods.append("gradcam")  # Guided Grad-CAM is guided backprop x Grad-CAM
     maps: dict[tuple[str, str], Tensor] = {}
     backward_passes = 0
     with preserved(model):
@@ -234,6 +264,11 @@ def _explain(
             if gradient_methods:
                 g = [to_spatial(gj, layouts[layer]) for gj in grads[layer]]
                 for m in gradient_methods:
+                    if eigen_smooth:
+                        maps[(m, layer)] = torch.stack(
+                            [cams.eigen_smooth(m, a, gj, relu=relu) for gj in g], dim=1
+                        )
+                        continue
                     fn = cams.GRADIENT_METHODS[m]
                     maps[(m, layer)] = torch.stack([fn(a, gj, relu=relu) for gj in g], dim=1)
             if "eigencam" in methods:
@@ -246,6 +281,17 @@ def _explain(
                 maps[("scorecam", layer)] = torch.stack(
                     [cams.score_cam(a, scores[:, j], relu=relu) for j in range(t.shape[1])], dim=1
                 )
+    if any(m in methods for m in ("guidedbackprop", "guidedgradcam")):
+        from hookviz.guided import guided_backprop
+
+        saliency = guided_backprop(model, x, t)  # (B, T, H, W) at the input's resolution
+        size = (int(x.shape[2]), int(x.shape[3]))
+        for layer in layers:
+            maps[("guidedbackprop", layer)] = saliency
+            if "guidedgradcam" in methods:
+                cam = maps[("gradcam", layer)]
+                up = F.interpolate(cam.float(), size=size, mode="bilinear", align_corners=False)
+                maps[("guidedgradcam", layer)] = saliency * up.clamp_min(0)
     ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
     top = order[:, 0]
     top_score = result_probs.gather(1, top[:, None])[:, 0]

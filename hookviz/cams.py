@@ -18,9 +18,11 @@ def grad_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Te
 
     ``alpha_k = mean_ij G^k_ij``;  ``L = ReLU(sum_k alpha_k A^k)``.
     """
-    _check(activations, gradients)
-    alpha = gradients.mean(dim=(2, 3), keepdim=True)
-    return _finish((alpha * activations).sum(dim=1), relu)
+    return _finish(weighted("gradcam", activations, gradients).sum(dim=1), relu)
+
+
+def _grad_cam_weights(activations: Tensor, gradients: Tensor) -> Tensor:
+    return gradients.mean(dim=(2, 3), keepdim=True)
 
 
 def grad_cam_pp(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
@@ -31,29 +33,32 @@ def grad_cam_pp(activations: Tensor, gradients: Tensor, *, relu: bool = True) ->
     ``w_k = sum_ij a^k_ij ReLU(G^k_ij)`` and ``L = ReLU(sum_k w_k A^k)``. The common positive factor
     ``exp(Y^c)`` of ``dS/dA`` is dropped: it scales the map, not its shape.
     """
-    _check(activations, gradients)
+    return _finish(weighted("gradcampp", activations, gradients).sum(dim=1), relu)
+
+
+def _grad_cam_pp_weights(activations: Tensor, gradients: Tensor) -> Tensor:
     g2 = gradients.pow(2)
     g3 = gradients.pow(3)
     denom = 2 * g2 + activations.sum(dim=(2, 3), keepdim=True) * g3
     safe = torch.where(denom != 0, denom, torch.ones_like(denom))
     a = torch.where(denom != 0, g2 / safe, torch.zeros_like(denom))
-    w = (a * torch.relu(gradients)).sum(dim=(2, 3), keepdim=True)
-    return _finish((w * activations).sum(dim=1), relu)
+    return (a * torch.relu(gradients)).sum(dim=(2, 3), keepdim=True)
 
 
 def xgrad_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
     """XGrad-CAM (Fu et al., BMVC 2020, eq. 12): ``w_k = sum_ij (A^k_ij / sum_ab A^k_ab) G^k_ij``."""
-    _check(activations, gradients)
+    return _finish(weighted("xgradcam", activations, gradients).sum(dim=1), relu)
+
+
+def _xgrad_cam_weights(activations: Tensor, gradients: Tensor) -> Tensor:
     total = activations.sum(dim=(2, 3), keepdim=True)
     safe = torch.where(total == 0, torch.ones_like(total), total)  # an all-zero channel has weight 0
-    w = (activations * gradients).sum(dim=(2, 3), keepdim=True) / safe
-    return _finish((w * activations).sum(dim=1), relu)
+    return (activations * gradients).sum(dim=(2, 3), keepdim=True) / safe
 
 
 def layer_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
     """LayerCAM (Jiang et al., IEEE TIP 2021, eq. 5-6): ``L = ReLU(sum_k ReLU(G^k) * A^k)`` element-wise."""
-    _check(activations, gradients)
-    return _finish((torch.relu(gradients) * activations).sum(dim=1), relu)
+    return _finish(weighted("layercam", activations, gradients).sum(dim=1), relu)
 
 
 def hires_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
@@ -62,8 +67,7 @@ def hires_cam(activations: Tensor, gradients: Tensor, *, relu: bool = True) -> T
     For a head of global average pooling and one linear layer it equals the true contribution of
     each position to the score (up to the constant 1/HW).
     """
-    _check(activations, gradients)
-    return _finish((gradients * activations).sum(dim=1), relu)
+    return _finish(weighted("hirescam", activations, gradients).sum(dim=1), relu)
 
 
 def eigen_cam(activations: Tensor, *, relu: bool = True) -> Tensor:
@@ -106,6 +110,29 @@ def score_cam(activations: Tensor, channel_scores: Tensor, *, relu: bool = True)
     return _finish((alpha[:, :, None, None] * activations).sum(dim=1), relu)
 
 
+#: Each gradient method as the weights it gives the activations: ``map = sum_k (weights * A)_k``.
+_WEIGHTS = {
+    "gradcam": _grad_cam_weights,
+    "gradcampp": _grad_cam_pp_weights,
+    "xgradcam": _xgrad_cam_weights,
+    "layercam": lambda a, g: torch.relu(g),
+    "hirescam": lambda a, g: g,
+}
+
+
+def weighted(method: str, activations: Tensor, gradients: Tensor) -> Tensor:
+    """The activations as a gradient method weights them, ``(B, K, H, W)``: summed over ``K`` they give the
+    method's map; their first principal component is its ``eigen_smooth`` map."""
+    _check(activations, gradients)
+    return _WEIGHTS[method](activations, gradients) * activations
+
+
+def eigen_smooth(method: str, activations: Tensor, gradients: Tensor, *, relu: bool = True) -> Tensor:
+    """``--eigen-smooth`` (as pytorch-grad-cam offers): the first principal component of the weighted
+    activations instead of their sum, which keeps the dominant pattern and drops noise."""
+    return eigen_cam(weighted(method, activations, gradients), relu=relu)
+
+
 #: The gradient-based methods, by CLI name.
 GRADIENT_METHODS = {
     "gradcam": grad_cam,
@@ -115,7 +142,7 @@ GRADIENT_METHODS = {
     "hirescam": hires_cam,
 }
 #: Every method, in the order sheets show them.
-METHODS = (*GRADIENT_METHODS, "eigencam", "scorecam")
+METHODS = (*GRADIENT_METHODS, "eigencam", "scorecam", "guidedbackprop", "guidedgradcam")
 
 
 def fuse(maps: Sequence[Tensor], size: tuple[int, int], mode: str = "mean", *, relu: bool = True) -> Tensor:

@@ -665,6 +665,22 @@ def gradcam(
             rich_help_panel=MAPS,
         ),
     ] = 8,
+    eigen_smooth: Annotated[
+        bool,
+        typer.Option(
+            "--eigen-smooth",
+            help="gradient methods: first principal component of the weighted activations.",
+            rich_help_panel=MAPS,
+        ),
+    ] = False,
+    aug_smooth: Annotated[
+        bool,
+        typer.Option(
+            "--aug-smooth",
+            help="average over flips and brightness 0.9/1.0/1.1 (6 passes).",
+            rich_help_panel=MAPS,
+        ),
+    ] = False,
     metrics: Annotated[
         bool,
         typer.Option(
@@ -768,6 +784,8 @@ def gradcam(
                 sheet=sheet,
                 scorecam_batch=scorecam_batch,
                 metrics=metrics,
+                eigen_smooth=eigen_smooth,
+                aug_smooth=aug_smooth,
             )
             job.auto_layer = auto
             if not layers and not quiet:

@@ -89,6 +89,8 @@ class CamJob:
     scorecam_batch: int = 64
     #: Deletion and insertion AUCs for every map (in its record, caption and the sheet).
     metrics: bool = False
+    eigen_smooth: bool = False
+    aug_smooth: bool = False
     kind: str = "gradcam"
     #: Called as ``progress(done, total)`` during Score-CAM's masked passes (a progress bar).
     progress: Any = None
@@ -133,6 +135,8 @@ class CamJob:
             "fuse": self.fuse,
             "sheet": self._want_sheet(),
             "metrics": self.metrics,
+            "eigen_smooth": self.eigen_smooth,
+            "aug_smooth": self.aug_smooth,
         }
 
     # -- naming ---------------------------------------------------------------------------
@@ -182,6 +186,8 @@ class CamJob:
             relu=self.relu,
             scorecam_batch=self.scorecam_batch,
             progress=self.progress,
+            eigen_smooth=self.eigen_smooth,
+            aug_smooth=self.aug_smooth,
         )
         maps = dict(ex.maps)
         if FUSED in self._layer_names():

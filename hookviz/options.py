@@ -48,6 +48,8 @@ class Method(Choice):
     hirescam = "hirescam", "HiResCAM"
     eigencam = "eigencam", "Eigen-CAM"
     scorecam = "scorecam", "Score-CAM"
+    guidedbackprop = "guidedbackprop", "Guided Backprop"
+    guidedgradcam = "guidedgradcam", "Guided Grad-CAM"
     all = "all", "all methods"
 
 

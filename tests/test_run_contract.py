@@ -141,7 +141,7 @@ def test_partial_outputs_need_skip_existing_and_overwrite_conflicts(photos: Path
     victim.unlink()
     r = invoke(*args)
     assert r.exit_code == 1
-    assert "7 of 8 outputs exist from an earlier run with these settings" in r.stderr
+    assert "9 of 10 outputs exist from an earlier run with these settings" in r.stderr
     assert "--skip-existing to complete them" in r.stderr
     assert invoke(*args, "--skip-existing").exit_code == 0 and victim.exists()
     assert latest(out)[f"a.jpg|{records(out)[-1]['key']}"]["status"] == "ok"
