@@ -311,26 +311,37 @@ def _explain(
 def _score_cam_scores(
     model: nn.Module, x: Tensor, a: Tensor, t: Tensor, chunk: int, advance: Callable[[int], None]
 ) -> Tensor:
-    """Target probabilities ``(B, T, K)`` for the input masked by each upsampled, normalised channel."""
-    import torch.nn.functional as F
+    """Target probabilities ``(B, T, K)`` for the input masked by each upsampled, normalised channel.
 
+    The ``B x K`` masked inputs are run ``chunk`` at a time across images (not image by image), so a
+    batch of small-channel layers still fills every forward pass. A channel that is constant over the
+    map (a dead ReLU channel: common in late layers) masks the whole input to zeros; that input is the
+    same for every such channel and image, so it is run once.
+    """
     if chunk < 1:
         raise UsageError(f"--scorecam-batch {chunk}: must be at least 1")
     b, k = a.shape[:2]
     size = x.shape[2:]
     out = torch.empty(b, t.shape[1], k, device=x.device)
-    for i in range(b):
-        for k0 in range(0, k, chunk):
-            up = F.interpolate(
-                a[i : i + 1, k0 : k0 + chunk].float(), size=size, mode="bilinear", align_corners=False
-            )[0]
-            lo = up.amin(dim=(1, 2), keepdim=True)
-            hi = up.amax(dim=(1, 2), keepdim=True)
-            mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
-            masked = x[i : i + 1] * mask[:, None].to(x.dtype)
-            probs = torch.softmax(logits_of(model(masked)).float(), dim=1)
-            out[i, :, k0 : k0 + chunk] = probs[:, t[i]].T
-            advance(mask.shape[0])
+    flat = a.reshape(b * k, *a.shape[2:]).float()
+    constant = flat.flatten(1).amax(dim=1) <= flat.flatten(1).amin(dim=1)
+    if bool(constant.any()):
+        zero = torch.softmax(logits_of(model(torch.zeros_like(x[:1]))).float(), dim=1)[0]
+        idx = constant.nonzero()[:, 0]
+        out[idx // k, :, idx % k] = zero[t[idx // k]]
+        advance(int(idx.numel()))
+    live = (~constant).nonzero()[:, 0]
+    for start in range(0, int(live.numel()), chunk):
+        rows = live[start : start + chunk]
+        images, channels = rows // k, rows % k
+        up = F.interpolate(flat[rows][:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
+        lo = up.amin(dim=(1, 2), keepdim=True)
+        hi = up.amax(dim=(1, 2), keepdim=True)
+        mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
+        masked = x[images] * mask[:, None].to(x.dtype)
+        probs = torch.softmax(logits_of(model(masked)).float(), dim=1)
+        out[images, :, channels] = probs.gather(1, t[images])
+        advance(int(rows.numel()))
     return out
 
 

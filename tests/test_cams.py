@@ -98,13 +98,18 @@ def test_eigencam_is_the_first_principal_component(ag: tuple) -> None:
         assert (centred @ rand.T).var(axis=0).max() <= proj.var() + 1e-12
 
 
-def test_scorecam_against_a_direct_masked_forward_loop() -> None:
+@pytest.mark.parametrize("dead", [False, True], ids=["live", "dead-channels"])
+def test_scorecam_against_a_direct_masked_forward_loop(dead: bool) -> None:
     torch.manual_seed(0)
     model = TinyCNN(width=4).eval()
+    if dead:  # three channels that ReLU turns off everywhere: their masks are all zero (run once)
+        with torch.no_grad():
+            model.features[9].bias[:3] = -1e4
     x = torch.rand(2, 3, 24, 24)
     ex = explain(model, x, ["features"], ["scorecam"], targets=[1, 2], scorecam_batch=5)
     with torch.no_grad():
         acts = model.features(x)  # (2, 16, 6, 6)
+        assert bool((acts[:, :3] == 0).all()) == dead
         for b in range(2):
             scores = np.zeros((2, acts.shape[1]))
             for k in range(acts.shape[1]):
