@@ -994,18 +994,24 @@ def evaluate(
             made.append(job)
             return job
 
-        failed: typer.Exit | None = None
-        try:
-            _run_job(make, m, r)
-        except typer.Exit as exc:
-            failed = exc
-        from hookviz import distributed
+        _run_then(make, m, r, lambda: _write_evaluation(made[0], out, quiet, as_json) if made else None)
 
-        dist = distributed.from_env()
-        if made and (dist is None or dist.rank == 0):
-            _write_evaluation(made[0], out, quiet, as_json)
-        if failed is not None:
-            raise failed
+
+def _run_then(job_factory: Any, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
+    """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
+    some inputs failed; the run's exit code stands."""
+    from hookviz import distributed
+
+    failed: typer.Exit | None = None
+    try:
+        _run_job(job_factory, m, r)
+    except typer.Exit as exc:
+        failed = exc
+    dist = distributed.from_env()
+    if dist is None or dist.rank == 0:
+        summarise()
+    if failed is not None:
+        raise failed
 
 
 def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
@@ -1126,18 +1132,7 @@ def sanity(
             made.append(job)
             return job
 
-        failed: typer.Exit | None = None
-        try:
-            _run_job(make, m, r)
-        except typer.Exit as exc:
-            failed = exc
-        from hookviz import distributed
-
-        dist = distributed.from_env()
-        if made and (dist is None or dist.rank == 0):
-            _write_sanity(made[0], out, as_json)
-        if failed is not None:
-            raise failed
+        _run_then(make, m, r, lambda: _write_sanity(made[0], out, as_json) if made else None)
 
 
 def _write_sanity(job: Any, out: Path, as_json: bool) -> None:

@@ -94,26 +94,18 @@ def finish(dist: Dist, code: int) -> int:
     return int(worst.item())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def merge_parts(root: Path, manifest: str, *, only_dead: bool) -> int:
     """Append the manifest parts in ``root`` to ``root/manifest`` in rank order, then remove them.
 
     ``only_dead``: merge only parts whose process is gone (left by a killed run). Returns the number of
     lines merged. Each line is appended with one ``write``, as every manifest line is.
     """
+    from hookviz.pipeline import process_alive
+
     parts = []
     for p in root.iterdir():
         m = PART.match(p.name)
-        if m and (not only_dead or not _alive(int(m.group(2)))):
+        if m and (not only_dead or not process_alive(int(m.group(2)))):
             parts.append((int(m.group(1)), p))
     merged = 0
     if not parts:

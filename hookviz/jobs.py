@@ -37,6 +37,14 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
+def parse_methods(methods: Sequence[str]) -> list[str]:
+    """Method names validated (a typo is a :class:`UsageError`), ``all`` expanded, duplicates dropped."""
+    names = [Method.parse(m, "--method").value for m in methods]
+    if "all" in names:
+        names = [m.value for m in Method if m is not Method.all]
+    return list(dict.fromkeys(names))
+
+
 def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | None:
     """The top class of row ``index`` of a classifier's output (None when the output is not ``(B, C)``)."""
     import torch
@@ -100,9 +108,7 @@ class CamJob:
     def __post_init__(self) -> None:
         self.normalize = Normalize.parse(self.normalize, "--normalize").value
         self.colormap = Colormap.parse(self.colormap, "--colormap").value
-        self.methods = [Method.parse(m, "--method").value for m in self.methods]
-        if "all" in self.methods:
-            self.methods = [m.value for m in Method if m is not Method.all]
+        self.methods = parse_methods(self.methods)
         if self.fuse is not None:
             self.fuse = Fuse.parse(self.fuse, "--fuse").value
             if len(self.layers) < 2:
@@ -583,9 +589,7 @@ class EvaluateJob:
     kind: str = "evaluate"
 
     def __post_init__(self) -> None:
-        self.methods = [Method.parse(m, "--method").value for m in self.methods]
-        if "all" in self.methods:
-            self.methods = [m.value for m in Method if m is not Method.all]
+        self.methods = parse_methods(self.methods)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -692,9 +696,7 @@ class SanityJob:
     kind: str = "sanity"
 
     def __post_init__(self) -> None:
-        self.methods = [Method.parse(m, "--method").value for m in self.methods]
-        if "all" in self.methods:
-            self.methods = [m.value for m in Method if m is not Method.all]
+        self.methods = parse_methods(self.methods)
 
     def settings(self) -> dict[str, Any]:
         return {

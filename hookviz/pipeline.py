@@ -211,7 +211,7 @@ class Output:
         """Remove temp files left by a killed run (their process is gone); complete outputs are untouched."""
         for tmp in self.root.glob(".*.tmp"):
             parts = tmp.name.rsplit(".", 2)
-            if len(parts) == 3 and parts[1].isdigit() and not _alive(int(parts[1])):
+            if len(parts) == 3 and parts[1].isdigit() and not process_alive(int(parts[1])):
                 tmp.unlink(missing_ok=True)
 
     def path(self, name: str) -> Path:
@@ -273,7 +273,8 @@ def read_results(manifest: Path) -> dict[str, dict[str, Any]]:
 _RUN_FIELDS = ("input", "status", "error", "note", "time")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a temp file or manifest part of a dead one may be reclaimed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -89,29 +89,37 @@ class Trained:
     accuracy: float
 
 
-@pytest.fixture(scope="session")
-def trained() -> Trained:
-    """TinyCNN trained for a few seconds to tell squares, discs and crosses apart."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    model = TinyCNN()
+def train_on_shapes(model: nn.Module, steps: int = 400, *, seed: int = 0, shift: float = 0.0) -> nn.Module:
+    """Train ``model`` on synthetic shapes (batches of 32, Adam with a one-cycle schedule); eval mode after.
+
+    ``shift`` is subtracted from every input (0.5 centres them on the data's mean grey).
+    """
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=400)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=steps)
     model.train()
-    for _ in range(400):
+    for _ in range(steps):
         x, y, _ = shapes_batch(32, rng)
-        loss = nn.functional.cross_entropy(model(x), y)
+        loss = nn.functional.cross_entropy(model(x - shift), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
-    model.eval()
+    for p in model.parameters():
+        p.grad = None
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def trained() -> Trained:
+    """TinyCNN trained for a few seconds to tell squares, discs and crosses apart."""
+    torch.manual_seed(0)
+    model = train_on_shapes(TinyCNN())
     x, y, _ = shapes_batch(300, np.random.default_rng(99))
     with torch.no_grad():
         acc = float((model(x).argmax(1) == y).float().mean())
-    for p in model.parameters():
-        p.grad = None
-    return Trained(model, acc)
+    return Trained(model, acc)  # type: ignore[arg-type]
 
 
 def tiny_loaded(model: nn.Module, size: int = 48) -> LoadedModel:

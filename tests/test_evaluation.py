@@ -19,7 +19,7 @@ from hookviz import evaluation as ev
 from hookviz.attribution import explain
 from hookviz.cli import app
 from hookviz.shapes import SHAPES, draw_shape, shapes_batch
-from tests.conftest import TinyCNN, hook_counts, write_image
+from tests.conftest import TinyCNN, hook_counts, train_on_shapes, write_image
 
 
 class LeftHalf(nn.Module):
@@ -74,19 +74,7 @@ def centred() -> TinyCNN:
     """TinyCNN trained on shapes with inputs centred on the data's mean grey (x - 0.5), so that the deletion
     baseline (zeros in input space) is that grey, as it is for ImageNet-normalised photos."""
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    model = TinyCNN()
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=400)
-    model.train()
-    for _ in range(400):
-        x, y, _ = shapes_batch(32, rng)
-        loss = F.cross_entropy(model(x - 0.5), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    return model.eval()
+    return train_on_shapes(TinyCNN(), shift=0.5)  # type: ignore[return-value]
 
 
 def test_grad_cam_beats_chance_on_a_trained_model(centred: TinyCNN) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -20,8 +19,8 @@ from hookviz.attribution import explain
 from hookviz.cli import app
 from hookviz.layers import default_cam_layer
 from hookviz.models import load_model, probe
-from hookviz.shapes import SHAPES, draw_shape, shapes_batch
-from tests.conftest import ROOT, hook_counts, write_image
+from hookviz.shapes import SHAPES, draw_shape
+from tests.conftest import ROOT, hook_counts, train_on_shapes, write_image
 from tests.shapes_net import ShapesNet
 
 timm = pytest.importorskip("timm")
@@ -42,22 +41,6 @@ def records(out: Path) -> list[dict[str, object]]:
 # -- a model trained here, saved every way a user saves one ---------------------------------------
 
 
-def _train(model: torch.nn.Module, steps: int, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=steps)
-    model.train()
-    for _ in range(steps):
-        x, y, _ = shapes_batch(32, rng)
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """ShapesNet trained for a few seconds, as a checkpoint dict, safetensors and a whole pickle; a
@@ -65,11 +48,11 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from safetensors.torch import save_file
 
     d = tmp_path_factory.mktemp("saved")
-    net = _train(ShapesNet(), 400)
+    net = train_on_shapes(ShapesNet(), 400)
     torch.save({"epoch": 3, "state_dict": net.state_dict()}, d / "net.pth")
     save_file(net.state_dict(), str(d / "net.safetensors"))
     torch.save(net, d / "whole.pt")
-    tnet = _train(timm.create_model("test_resnet", num_classes=3, output_stride=8), 200)
+    tnet = train_on_shapes(timm.create_model("test_resnet", num_classes=3, output_stride=8), 200)
     save_file(tnet.state_dict(), str(d / "timm.safetensors"))
     (d / "labels.txt").write_text("\n".join(SHAPES) + "\n")
     photos = d / "photos"
