@@ -1,7 +1,8 @@
 """The ``hookviz`` command: parses options, calls the library, prints, and maps errors to exit codes.
 
 Exit codes: 0 all inputs done; 1 one or more inputs failed (the others were done); 2 bad command line
-or option value; 3 the run could not start (weights, output folder); 130 interrupted (Ctrl-C).
+or option value; 3 the run could not start (weights, output folder); 70 an internal error; 130
+interrupted (Ctrl-C); 141 stdout closed by its reader. Under torchrun, rank 0 exits with the worst code.
 Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--help`` is instant.
 """
 
