@@ -6,8 +6,8 @@ The model is a resnet18 whose head is trained for a few steps on the synthetic s
 passes' probabilities differ between channels, as with real weights) and whose layer4 has the dead
 channels a trained network has (ReLU outputs that are zero over the whole map). Both libraries score each
 masked input by the target's softmax probability (pytorch-grad-cam: ClassifierOutputSoftmaxTarget) and
-run 64 masked inputs per forward pass. The maps are compared after each library's own min-max
-normalisation at the input's resolution. Timings: median of the rounds, alternating which runs first.
+run 64 masked inputs per forward pass. The maps are compared as pytorch-grad-cam presents them: min-max
+normalised, resized to the input, normalised again. Timings: median of the rounds, alternating which runs first.
 """
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ def main() -> None:
         ex = explain(model, x, ["layer4"], ["scorecam"], targets, scorecam_batch=64)
         maps = ex.maps[("scorecam", "layer4")][:, 0].numpy()
         out = []
-        for m in maps:
+        for m in maps:  # as pytorch-grad-cam presents a map: min-max, resize, min-max again
             m = m - m.min()
-            m = m / (m.max() + 1e-7)
-            out.append(cv2.resize(m, (args.size, args.size)))
+            m = cv2.resize(m / (m.max() + 1e-7), (args.size, args.size))
+            m = m - m.min()
+            out.append(m / (m.max() + 1e-7))
         return np.stack(out)
 
     def theirs() -> np.ndarray:

@@ -98,6 +98,17 @@ def test_eigencam_is_the_first_principal_component(ag: tuple) -> None:
         assert (centred @ rand.T).var(axis=0).max() <= proj.var() + 1e-12
 
 
+def _bilinear_corners(m: np.ndarray, size: int) -> np.ndarray:
+    h, w = m.shape
+    ys, xs = np.linspace(0, h - 1, size), np.linspace(0, w - 1, size)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    fy, fx = (ys - y0)[:, None], (xs - x0)[None, :]
+    top = m[y0][:, x0] * (1 - fx) + m[y0][:, x1] * fx
+    bottom = m[y1][:, x0] * (1 - fx) + m[y1][:, x1] * fx
+    return (top * (1 - fy) + bottom * fy).astype(np.float32)
+
+
 @pytest.mark.parametrize("dead", [False, True], ids=["live", "dead-channels"])
 def test_scorecam_against_a_direct_masked_forward_loop(dead: bool) -> None:
     torch.manual_seed(0)
@@ -113,7 +124,8 @@ def test_scorecam_against_a_direct_masked_forward_loop(dead: bool) -> None:
         for b in range(2):
             scores = np.zeros((2, acts.shape[1]))
             for k in range(acts.shape[1]):
-                up = cv2.resize(acts[b, k].numpy(), (24, 24), interpolation=cv2.INTER_LINEAR)
+                # Corner-aligned bilinear upsampling, written out: sample (i, j) at i * 5 / 23 in the 6x6 map.
+                up = _bilinear_corners(acts[b, k].numpy(), 24)
                 mask = (up - up.min()) / (up.max() - up.min()) if up.max() > up.min() else np.zeros_like(up)
                 probs = torch.softmax(model(x[b : b + 1] * torch.from_numpy(mask)), dim=1)[0]
                 scores[:, k] = probs[[1, 2]].numpy()
@@ -208,7 +220,6 @@ def test_every_gradient_method_localises_on_the_trained_model(trained: Trained) 
 
 def test_fuse_upsamples_scales_each_layer_then_combines() -> None:
     """Against an independent NumPy/OpenCV version: bilinear resize, per-map min-max, mean or max."""
-    import cv2
 
     rng = np.random.default_rng(3)
     coarse = torch.from_numpy(rng.random((2, 1, 2, 3)).astype(np.float32) * 7)  # a large-magnitude layer
