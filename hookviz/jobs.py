@@ -219,10 +219,15 @@ class CamJob:
         return CamBatch(ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics)
 
     # -- render ---------------------------------------------------------------------------
-    def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None) -> np.ndarray:
+    def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None, method: str = "") -> np.ndarray:
         from hookviz import render
 
         if scale is None:
+            if method.startswith("guided"):
+                # Pixel-level saliency is sparse: a few pixels would take the whole colour range, so the
+                # top 0.5 % saturate instead (the usual way these maps are shown).
+                finite = np.nan_to_num(cam, nan=0.0, posinf=0.0, neginf=0.0)
+                return render.normalize(finite, float(finite.min()), float(np.percentile(finite, 99.5)))
             if self.relu:
                 return render.normalize(cam)
             top = float(np.abs(np.nan_to_num(cam)).max()) or 1.0
@@ -243,7 +248,7 @@ class CamJob:
         for (method, layer), maps in result.maps.items():
             for j, suffix in enumerate(suffixes):
                 cam = maps[index, j]
-                unit = self._unit(cam, result.scales[(method, layer)])
+                unit = self._unit(cam, result.scales[(method, layer)], method)
                 picture = render.overlay(
                     rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True
                 )

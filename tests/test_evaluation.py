@@ -265,3 +265,15 @@ def test_guided_grad_cam_and_smoothing_through_explain(centred: TinyCNN) -> None
         up = F.interpolate(s[:, None], size=(48, 48), mode="bilinear", align_corners=False)[:, 0]
         hits = np.mean([masks[i].flat[int(up[i].argmax())] for i in range(40)])
         assert hits >= 0.8, (m, hits)
+
+
+def test_guided_maps_are_drawn_with_the_top_half_percent_saturated() -> None:
+    from hookviz.jobs import CamJob
+    from tests.conftest import tiny_loaded
+
+    job = CamJob(tiny_loaded(TinyCNN()), ["features.8"], ["guidedbackprop"])
+    cam = np.linspace(0, 1, 10_000, dtype=np.float32).reshape(100, 100)
+    cam[0, 0] = 1e6  # one pixel would otherwise take the whole colour range
+    unit = job._unit(cam, None, "guidedbackprop")
+    assert unit[50, 50] == pytest.approx(0.5025, abs=0.01) and unit[0, 0] == 1.0
+    assert job._unit(cam, None, "gradcam")[50, 50] < 1e-5  # other maps: plain min-max
