@@ -1468,7 +1468,7 @@ def report(
 
 @app.command()
 def models() -> None:
-    """List torchvision's classification models."""
+    """List torchvision's classification models (timm:NAME, hf:DIR, file.py:FN and FILE.pt work too)."""
     from hookviz.models import list_models
 
     for name in list_models():
