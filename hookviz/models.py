@@ -137,16 +137,17 @@ def load_model(
             )
         categories = class_names
         labels_id = hashlib.sha256("\n".join(class_names).encode()).hexdigest()[:16]
-    crop, rsz = built.crop_size, built.resize_size
+    base = built.preprocess
+    crop, rsz = base.crop_size, base.resize_size
     if input_size is not None:
         rsz, crop = round(input_size * rsz / crop), input_size
     preprocess = Preprocess(
         crop_size=crop,
         resize_size=rsz,
-        mean=_triple(mean, "--mean") if mean is not None else built.mean,
-        std=_triple(std, "--std") if std is not None else built.std,
-        resize=resize or built.resize,
-        interpolation=built.interpolation,
+        mean=_triple(mean, "--mean") if mean is not None else base.mean,
+        std=_triple(std, "--std") if std is not None else base.std,
+        resize=resize or base.resize,
+        interpolation=base.interpolation,
     )
     device = torch.device(device)
     model = built.model.to(device).eval()

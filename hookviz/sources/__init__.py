@@ -18,13 +18,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from hookviz.errors import SetupError
-from hookviz.images import IMAGENET_MEAN, IMAGENET_STD
+from hookviz.images import Preprocess
 
 WEIGHTS_NONE = "none"
 WEIGHTS_DEFAULT = "DEFAULT"
@@ -49,13 +48,8 @@ class Built:
     pretrained: bool
     weights_id: str  # what identifies the weights' values (a name, or a content hash)
     categories: tuple[str, ...] = ()
-    crop_size: int = 224
-    resize_size: int = 256
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
-    resize: str = "crop"
-    interpolation: str = "bilinear"
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: How photos become inputs for it (ImageNet's 224 crop unless the source knows better).
+    preprocess: Preprocess = field(default_factory=Preprocess)
 
 
 def missing_extra(package: str, extra: str) -> SetupError:

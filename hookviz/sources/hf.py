@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hookviz.errors import UsageError, WeightsError
+from hookviz.images import Preprocess
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.sources.weights import apply_state_dict, file_digest, load_state_dict_file
 
@@ -114,27 +115,37 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
         proc = transformers.AutoImageProcessor.from_pretrained(where)
     except (OSError, ValueError, KeyError):
         proc = None
+    p = built.preprocess
+    crop, resize_size, resize = p.crop_size, p.resize_size, p.resize
     size = dict(getattr(proc, "size", None) or {})
     if "height" in size and "width" in size:  # resized straight to H x W (ViT-style): squash
-        built.crop_size = built.resize_size = int(size["height"])
-        built.resize = "squash"
+        crop = resize_size = int(size["height"])
+        resize = "squash"
     elif "shortest_edge" in size:
         edge = int(size["shortest_edge"])
-        crop = dict(getattr(proc, "crop_size", None) or {})
+        crop_size = dict(getattr(proc, "crop_size", None) or {})
         crop_pct = getattr(proc, "crop_pct", None)
-        if crop and getattr(proc, "do_center_crop", False):
-            built.crop_size, built.resize_size = int(crop.get("height", edge)), edge
+        if crop_size and getattr(proc, "do_center_crop", False):
+            crop, resize_size = int(crop_size.get("height", edge)), edge
         elif crop_pct:  # ConvNeXt-style: resize to edge / crop_pct, centre crop edge
-            built.crop_size, built.resize_size = edge, round(edge / float(crop_pct))
+            crop, resize_size = edge, round(edge / float(crop_pct))
         else:
-            built.crop_size = built.resize_size = edge
+            crop = resize_size = edge
     elif getattr(config, "image_size", None):
         side = config.image_size
-        built.crop_size = built.resize_size = int(side[0] if isinstance(side, (list, tuple)) else side)
-        built.resize = "squash"
+        crop = resize_size = int(side[0] if isinstance(side, (list, tuple)) else side)
+        resize = "squash"
+    mean, std = p.mean, p.std
     if proc is not None and getattr(proc, "image_mean", None) and getattr(proc, "image_std", None):
-        built.mean = tuple(float(v) for v in proc.image_mean)  # type: ignore[assignment]
-        built.std = tuple(float(v) for v in proc.image_std)  # type: ignore[assignment]
+        mean = tuple(float(v) for v in proc.image_mean)  # type: ignore[assignment]
+        std = tuple(float(v) for v in proc.image_std)  # type: ignore[assignment]
     resample = getattr(proc, "resample", None)
-    if resample is not None and int(resample) == 3:  # PIL's BICUBIC
-        built.interpolation = "bicubic"
+    bicubic = resample is not None and int(resample) == 3  # PIL's BICUBIC
+    built.preprocess = Preprocess(
+        crop_size=crop,
+        resize_size=resize_size,
+        mean=mean,
+        std=std,
+        resize=resize,
+        interpolation="bicubic" if bicubic else "bilinear",
+    )

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
+from hookviz.images import Preprocess
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
 
@@ -94,10 +95,12 @@ def build(spec: str, weights: str, options: Options) -> Built:
         pretrained,
         weights_id,
         categories,
-        crop_size=crop,
-        resize_size=max(crop, round(crop / float(data.get("crop_pct") or 1.0))),
-        mean=tuple(float(v) for v in data["mean"]),  # type: ignore[arg-type]
-        std=tuple(float(v) for v in data["std"]),  # type: ignore[arg-type]
-        resize="squash" if data.get("crop_mode") == "squash" else "crop",
-        interpolation=str(data.get("interpolation") or "bilinear"),
+        Preprocess(
+            crop_size=crop,
+            resize_size=max(crop, round(crop / float(data.get("crop_pct") or 1.0))),
+            mean=tuple(float(v) for v in data["mean"]),  # type: ignore[arg-type]
+            std=tuple(float(v) for v in data["std"]),  # type: ignore[arg-type]
+            resize="squash" if data.get("crop_mode") == "squash" else "crop",
+            interpolation=str(data.get("interpolation") or "bilinear"),
+        ),
     )

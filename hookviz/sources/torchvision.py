@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
+from hookviz.images import Preprocess
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
 from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
 
@@ -67,10 +68,12 @@ def build(name: str, weights: str, options: Options) -> Built:
             True,
             f"{name}:{chosen.name}",
             tuple(chosen.meta.get("categories") or ()),
-            crop_size=int(base.crop_size[0]),
-            resize_size=int(base.resize_size[0]),
-            mean=tuple(base.mean),
-            std=tuple(base.std),
+            Preprocess(
+                crop_size=int(base.crop_size[0]),
+                resize_size=int(base.resize_size[0]),
+                mean=tuple(base.mean),
+                std=tuple(base.std),
+            ),
         )
     path = Path(weights).expanduser()
     if not path.is_file():
