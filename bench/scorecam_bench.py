@@ -7,7 +7,8 @@ passes' probabilities differ between channels, as with real weights) and whose l
 channels a trained network has (ReLU outputs that are zero over the whole map). Both libraries score each
 masked input by the target's softmax probability (pytorch-grad-cam: ClassifierOutputSoftmaxTarget) and
 run 64 masked inputs per forward pass. The maps are compared as pytorch-grad-cam presents them: min-max
-normalised, resized to the input, normalised again. Timings: median of the rounds, alternating which runs first.
+normalised, resized to the input, normalised again. Timings: median of the rounds, alternating which runs
+first.
 """
 
 from __future__ import annotations
