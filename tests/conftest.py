@@ -8,6 +8,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -167,3 +168,19 @@ def picture(path: str | Path, min_size: tuple[int, int] = (100, 100), min_colour
     assert rgb.shape[1] >= min_size[0] and rgb.shape[0] >= min_size[1], rgb.shape
     assert len(np.unique(rgb.reshape(-1, 3), axis=0)) >= min_colours
     return rgb
+
+
+def invoke(*args: str, input: str | bytes | None = None) -> Any:
+    """Run the ``hookviz`` CLI in process (stdout and stderr kept apart)."""
+    from typer.testing import CliRunner
+
+    from hookviz.cli import app
+
+    return CliRunner().invoke(app, list(args), input=input)
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    """Every line of ``out/manifest.jsonl``, parsed."""
+    import json
+
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]

@@ -14,16 +14,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from typer.testing import CliRunner
 
-from hookviz.cli import app
-from tests.conftest import ROOT, SAMPLES, picture, write_image
+from tests.conftest import ROOT, SAMPLES, invoke, picture, records, write_image
 
 FAST = ["--model", "resnet18", "--weights", "none", "--input-size", "64", "--device", "cpu"]
-
-
-def invoke(*args: str, input: str | None = None) -> object:
-    return CliRunner().invoke(app, list(args), input=input)
 
 
 @pytest.fixture
@@ -36,16 +30,12 @@ def photos(tmp_path: Path) -> Path:
     return d
 
 
-def manifest(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-
-
 def test_gradcam_writes_overlays_at_the_original_size_and_a_manifest(photos: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = invoke("gradcam", str(photos), *FAST, "--out", str(out), "--save-raw", "--target", "281")
     assert r.exit_code == 0, r.stderr
     assert "using layer layer4 (the default for resnet18" in r.stderr and "RANDOM weights" in r.stderr
-    recs = manifest(out)
+    recs = records(out)
     assert [Path(str(x["input"])).name for x in recs] == ["tall.png", "wide.jpg"]
     for rec in recs:
         assert rec["status"] == "ok" and rec["model"] == "resnet18" and rec["weights"] == "none (random init)"
@@ -73,7 +63,7 @@ def test_one_bad_input_does_not_stop_the_others(photos: Path, tmp_path: Path) ->
     assert any("broken.png': not an image file" in e for e in err)
     assert any("missing.jpg': no such file or directory" in e for e in err)
     assert "Traceback" not in r.stderr
-    status = {Path(str(x["input"])).name: x["status"] for x in manifest(out)}
+    status = {Path(str(x["input"])).name: x["status"] for x in records(out)}
     assert status == {"broken.png": "error", "tall.png": "ok", "wide.jpg": "ok", "missing.jpg": "error"}
 
 
@@ -180,7 +170,7 @@ def test_featuremaps_grids(photos: Path, tmp_path: Path) -> None:
         str(out),
     )
     assert r.exit_code == 0, r.stderr
-    (rec,) = manifest(out)
+    (rec,) = records(out)
     names = sorted(Path(p).name.split(".featuremap.")[1] for p in rec["outputs"])
     assert names == [
         f"{layer}.{s}.png"
@@ -238,7 +228,7 @@ def test_installed_script_on_the_sample_images(tmp_path: Path) -> None:
         timeout=300,
     )
     assert res.returncode == 0, res.stderr
-    recs = manifest(out)
+    recs = records(out)
     assert sorted(Path(str(r["input"])).name for r in recs) == [
         "astronaut.jpg",
         "cat.jpg",

@@ -18,25 +18,19 @@ import torchvision
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from typer.testing import CliRunner
 
 from hookviz import cams
 from hookviz.attribution import explain, grad_cam
-from hookviz.cli import app
 from hookviz.features import feature_maps
 from hookviz.gradients import gradient_flow
 from hookviz.hooks import trace_shapes
 from hookviz.images import Preprocess, load_rgb
 from hookviz.render import overlay
 from hookviz.summary import summarize
-from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, write_image
+from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, invoke, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
 HOOKVIZ = [sys.executable, "-m", "hookviz"]
-
-
-def invoke(*args: str, input: str | None = None) -> object:
-    return CliRunner().invoke(app, list(args), input=input)
 
 
 def checksums(folder: Path) -> dict[str, str]:

@@ -20,17 +20,9 @@ from hookviz.attribution import explain
 from hookviz.cli import app
 from hookviz.images import decode_png
 from hookviz.models import _imagenet_categories, find_class
-from tests.conftest import ROOT, write_image
+from tests.conftest import ROOT, invoke, records, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
-
-
-def invoke(*args: str, input: str | bytes | None = None) -> object:
-    return CliRunner().invoke(app, list(args), input=input)
-
-
-def records(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
 
 
 def latest(out: Path) -> dict[str, dict[str, object]]:

@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from typer.testing import CliRunner
 
 from hookviz.attribution import explain
-from hookviz.cli import app
 from hookviz.layers import default_cam_layer
 from hookviz.models import load_model, probe
 from hookviz.shapes import SHAPES, draw_shape
-from tests.conftest import ROOT, hook_counts, train_on_shapes, write_image
+from tests.conftest import ROOT, hook_counts, invoke, records, train_on_shapes, write_image
 from tests.shapes_net import ShapesNet
 
 timm = pytest.importorskip("timm")
@@ -28,14 +26,6 @@ transformers = pytest.importorskip("transformers")
 
 NET = str(ROOT / "tests" / "shapes_net.py")
 RAW_INPUT = ["--input-size", "48", "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1"]
-
-
-def invoke(*args: str) -> object:
-    return CliRunner().invoke(app, list(args))
-
-
-def records(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
 
 
 # -- a model trained here, saved every way a user saves one ---------------------------------------
