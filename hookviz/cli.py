@@ -8,6 +8,7 @@ Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -232,8 +233,10 @@ def _guard(debug: bool) -> Iterator[None]:
         typer.echo("hookviz: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
-        # The reader of stdout went away (`hookviz ... | head`): stop quietly, as Unix tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader of stdout went away (`hookviz ... | head`): stop quietly, as Unix tools do; stdout
+        # now goes nowhere, so that Python's flush at exit does not complain about the pipe again.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(EXIT_BROKEN_PIPE) from None
     except HookvizError as exc:
         if debug:
@@ -276,11 +279,13 @@ def _stdout_reserved() -> Iterator[IO[str]]:
     try:
         yield stream
     finally:
-        stream.flush()
-        sys.stdout = real
-        if saved is not None and fd is not None:
-            os.dup2(saved, fd)
-            os.close(saved)
+        try:
+            stream.flush()  # may raise BrokenPipeError: restore stdout all the same
+        finally:
+            sys.stdout = real
+            if saved is not None and fd is not None:
+                os.dup2(saved, fd)
+                os.close(saved)
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,32 @@ def test_json_stdout_holds_records_whatever_a_dependency_prints(photos: Path, tm
     assert "UserWarning" not in r.stderr and "old API" not in r.stderr
 
 
+def test_a_closed_stdout_pipe_ends_the_run_quietly(photos: Path, tmp_path: Path) -> None:
+    """`hookviz ... --json | head -c 1`: the reader goes away; exit 141, no traceback, no internal error."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hookviz",
+            "gradcam",
+            str(photos),
+            *FAST,
+            "--out",
+            str(tmp_path / "o"),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # nobody reads the records
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "internal error" not in err and "Exception ignored" not in err
+
+
 # -- 5. targets ------------------------------------------------------------------------------------
 
 
