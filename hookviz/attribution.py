@@ -25,6 +25,9 @@ from hookviz.hooks import (
     unwrap_compiled,
 )
 from hookviz.layers import Layout, layout_of, to_spatial
+from hookviz.readout import Readout, Scorer, ranking, read
+
+__all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
 
 Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | None
 
@@ -39,6 +42,8 @@ class Explanation:
         targets: ``(B, T)`` classes explained, ``T`` per image; ``target_scores``: their probabilities.
         probs: ``(B, num_classes)`` softmax; ``predicted``/``predicted_score``: top-1 class and probability.
         grads_computed: number of backward passes run (one per target, each reusing the single graph).
+        labels: for a segmentation model, ``(B, H, W)`` the predicted class of each pixel (its
+            ``probs`` are then pixel shares, see :mod:`hookviz.readout`); ``region`` what a score sums.
     """
 
     layers: tuple[str, ...]
@@ -50,6 +55,8 @@ class Explanation:
     predicted: Tensor
     predicted_score: Tensor
     grads_computed: int
+    labels: Tensor | None = None
+    region: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,15 +83,6 @@ def traced(model: nn.Module, input_shape: tuple[int, ...], device: Any) -> list[
     if key not in per_model:
         per_model[key] = trace_shapes(model, probe_input(model, (1, *input_shape), device=device))
     return per_model[key]
-
-
-def ranking(logits: Tensor) -> Tensor:
-    """Classes of each row from the highest logit down; ties keep the lower index first.
-
-    The one ordering behind both "predicted" and "top-K", so the class explained for ``top1`` is
-    always the class reported as predicted, even when scores tie.
-    """
-    return logits.detach().float().sort(dim=1, descending=True, stable=True).indices
 
 
 def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:
@@ -130,6 +128,8 @@ def explain(
     progress: Callable[[int, int], None] | None = None,
     eigen_smooth: bool = False,
     aug_smooth: bool = False,
+    region: str = "class",
+    background: int | None = 0,
 ) -> Explanation:
     """Every requested CAM ``method`` at every ``layer`` for every target, from one forward pass.
 
@@ -140,7 +140,10 @@ def explain(
     gradient; Score-CAM runs its own masked forward passes, ``scorecam_batch`` inputs at a time.
 
     Args:
-        model: a classifier returning logits ``(B, num_classes)``.
+        model: a classifier returning logits ``(B, num_classes)``, or a segmentation model returning
+            ``(B, num_classes, H, W)`` (a dict's ``out``, as torchvision's): a class's score is then its
+            logit summed over its predicted pixels (``region="class"``) or all pixels (``"all"``), and
+            the predicted class the most frequent one other than ``background``.
         x: the preprocessed batch on the model's device.
         layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too).
         methods: names from ``hookviz.cams.METHODS``.
@@ -163,8 +166,14 @@ def explain(
         >>> ex.maps[("gradcam", "layer4")].shape  # (B, 5, 7, 7)
     """
     model = unwrap_compiled(model)
+
+    def readout(output: Any) -> Readout:
+        return read(logits_of(output), region, background)
+
     with autograd_enabled(x) as x:
-        plain = _explain(model, x, layers, methods, targets, relu, scorecam_batch, progress, eigen_smooth)
+        plain = _explain(
+            model, x, layers, methods, targets, relu, scorecam_batch, progress, eigen_smooth, readout
+        )
         if not aug_smooth:
             return plain
         sums = {key: value.clone() for key, value in plain.maps.items()}
@@ -180,6 +189,7 @@ def explain(
                 scorecam_batch,
                 None,
                 eigen_smooth,
+                readout,
             )
             for key, value in ex.maps.items():
                 sums[key] += value.flip(-1) if flip else value
@@ -195,7 +205,8 @@ def _explain(
     relu: bool,
     scorecam_batch: int,
     progress: Callable[[int, int], None] | None,
-    eigen_smooth: bool = False,
+    eigen_smooth: bool,
+    readout: Callable[[Any], Readout],
 ) -> Explanation:
     unknown = [m for m in methods if m not in cams.METHODS]
     if unknown:
@@ -214,9 +225,8 @@ def _explain(
             hooks = capture(model, layers, outputs=True)
         with hooks as cap:
             with torch.no_grad():
-                logits = logits_of(model(x))
-            if not isinstance(logits, Tensor) or logits.dim() != 2:
-                raise LayerError("the model must return class logits of shape (B, num_classes)")
+                scores = readout(model(x))
+            logits = scores.scores
             found = cap.captured.taps if gradient_methods else cap.captured.outputs
             raw: dict[str, Tensor] = {}
             layouts: dict[str, Layout] = {}
@@ -232,7 +242,7 @@ def _explain(
                 raw[layer] = got[0]
                 if got[0].dim() != 3:  # tokens wait for the patch grid, traced once the hooks are off
                     layouts[layer] = layout_of(model, layer, got[0].shape)
-            order = ranking(logits)
+            order = scores.order
             t = _targets(targets, logits.detach(), order)
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
             if gradient_methods:
@@ -248,7 +258,8 @@ def _explain(
             if layer not in layouts:
                 calls = traced(model, tuple(x.shape[1:]), x.device)
                 layouts[layer] = layout_of(model, layer, raw[layer].shape, calls)
-    result_probs = torch.softmax(logits.detach().float(), dim=1)
+    result_probs = scores.probs
+    scorer = scores.scorer()
     del logits, cap  # free the recorded graph before any further work
     masked_total = sum(to_spatial(raw[la], layouts[la]).shape[1] for la in layers) * x.shape[0]
     masked_done = [0]
@@ -277,14 +288,16 @@ def _explain(
             if "scorecam" in methods:
                 with preserved(model):
                     model.eval()
-                    scores = _score_cam_scores(model, x, a, t, scorecam_batch, advance)
+                    masked = _score_cam_scores(model, x, a, t, scorecam_batch, advance, scorer)
                 maps[("scorecam", layer)] = torch.stack(
-                    [cams.score_cam(a, scores[:, j], relu=relu) for j in range(t.shape[1])], dim=1
+                    [cams.score_cam(a, masked[:, j], relu=relu) for j in range(t.shape[1])], dim=1
                 )
     if any(m in methods for m in ("guidedbackprop", "guidedgradcam")):
         from hookviz.guided import guided_backprop
 
-        saliency = guided_backprop(model, x, t)  # (B, T, H, W) at the input's resolution
+        saliency = guided_backprop(
+            model, x, t, lambda output: readout(output).scores
+        )  # (B, T, H, W) at the input's resolution
         size = (int(x.shape[2]), int(x.shape[3]))
         for layer in layers:
             maps[("guidedbackprop", layer)] = saliency
@@ -305,11 +318,19 @@ def _explain(
         predicted=top.cpu(),
         predicted_score=top_score.cpu(),
         grads_computed=backward_passes,
+        labels=None if scores.labels is None else scores.labels.to(torch.int16).cpu(),
+        region=scores.region,
     )
 
 
 def _score_cam_scores(
-    model: nn.Module, x: Tensor, a: Tensor, t: Tensor, chunk: int, advance: Callable[[int], None]
+    model: nn.Module,
+    x: Tensor,
+    a: Tensor,
+    t: Tensor,
+    chunk: int,
+    advance: Callable[[int], None],
+    scorer: Scorer,
 ) -> Tensor:
     """Target probabilities ``(B, T, K)`` for the input masked by each upsampled, normalised channel.
 
@@ -326,9 +347,13 @@ def _score_cam_scores(
     flat = a.reshape(b * k, *a.shape[2:]).float()
     constant = flat.flatten(1).amax(dim=1) <= flat.flatten(1).amin(dim=1)
     if bool(constant.any()):
-        zero = torch.softmax(logits_of(model(torch.zeros_like(x[:1]))).float(), dim=1)[0]
+        zero_out = logits_of(model(torch.zeros_like(x[:1])))
         idx = constant.nonzero()[:, 0]
-        out[idx // k, :, idx % k] = zero[t[idx // k]]
+        images = (idx // k).unique()
+        zero = scorer(zero_out.expand(len(images), *zero_out.shape[1:]), images)
+        per_image = torch.zeros(b, zero.shape[1], device=x.device)
+        per_image[images] = zero.to(per_image.device)
+        out[idx // k, :, idx % k] = per_image[idx // k].gather(1, t[idx // k])
         advance(int(idx.numel()))
     live = (~constant).nonzero()[:, 0]
     for start in range(0, int(live.numel()), chunk):
@@ -340,7 +365,7 @@ def _score_cam_scores(
         hi = up.amax(dim=(1, 2), keepdim=True)
         mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
         masked = x[images] * mask[:, None].to(x.dtype)
-        probs = torch.softmax(logits_of(model(masked)).float(), dim=1)
+        probs = scorer(logits_of(model(masked)), images)
         out[images, :, channels] = probs.gather(1, t[images])
         advance(int(rows.numel()))
     return out
@@ -364,7 +389,10 @@ def grad_cam(
     hooks).
 
     Args:
-        model: a classifier returning logits ``(B, num_classes)``.
+        model: a classifier returning logits ``(B, num_classes)``, or a segmentation model returning
+            ``(B, num_classes, H, W)`` (a dict's ``out``, as torchvision's): a class's score is then its
+            logit summed over its predicted pixels (``region="class"``) or all pixels (``"all"``), and
+            the predicted class the most frequent one other than ``background``.
         x: the preprocessed batch ``(B, 3, H, W)`` on the model's device.
         layer: the module name (``layer4``, ``features.28``).
         target: ``None`` for each image's predicted class, one class index for all, or one per image.

@@ -23,7 +23,7 @@ import typer
 
 from hookviz import __version__
 from hookviz.errors import HookvizError
-from hookviz.options import Colormap, Fuse, Method, Normalize, Resize, Stage, SummaryFormat
+from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Resize, Stage, SummaryFormat
 
 app = typer.Typer(
     name="hookviz",
@@ -43,6 +43,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 
 # Help panels: options grouped by what they are about.
 MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
+DENSE = "Segmentation and detection"
 
 # Options shared by several commands.
 Model = Annotated[
@@ -427,11 +428,24 @@ class _Reporter:
 
 def _describe(rec: dict[str, Any]) -> str:
     parts = [f"{rec['input']}:"]
+    if rec.get("task") == "detection":
+        found = rec.get("detections") or []
+        if not found:
+            threshold = rec.get("settings", {}).get("score_threshold")
+            parts.append(f"nothing detected with score >= {threshold} (lower --score-threshold to see more);")
+        else:
+            shown = ", ".join(f"{d['name']} {d['score']:.2f}" for d in found[:5])
+            parts.append(f"{len(found)} detection(s): {shown}{' ...' if len(found) > 5 else ''};")
+        rec = {**rec, "predicted": None}
     p, t = rec.get("predicted"), rec.get("target")
+
+    def scored(score: float) -> str:  # a probability, or a segmentation's share of the pixels
+        return f"{score:.1%} of pixels" if rec.get("region") else f"p={score:.3f}"
+
     if p:
-        parts.append(f"predicted {p['name']} ({p['index']}) p={p['score']:.3f};")
+        parts.append(f"predicted {p['name']} ({p['index']}) {scored(p['score'])};")
         if t and t["index"] != p["index"]:
-            parts.append(f"explained {t['name']} ({t['index']}) p={t['score']:.3f};")
+            parts.append(f"explained {t['name']} ({t['index']}) {scored(t['score'])};")
     outs = rec["outputs"]
     verb = "exists" if rec["status"] == "skipped" else "wrote"
     if outs:
@@ -695,6 +709,33 @@ def gradcam(
             rich_help_panel=MAPS,
         ),
     ] = False,
+    region: Annotated[
+        Region,
+        typer.Option(
+            "--region",
+            help="segmentation: explain the class's score over its predicted pixels, or over all pixels.",
+            rich_help_panel=DENSE,
+        ),
+    ] = Region.class_,
+    score_threshold: Annotated[
+        float,
+        typer.Option(
+            "--score-threshold",
+            min=0.0,
+            max=1.0,
+            help="detection: explain the boxes scoring at least this.",
+            rich_help_panel=DENSE,
+        ),
+    ] = 0.5,
+    max_boxes: Annotated[
+        int,
+        typer.Option(
+            "--max-boxes",
+            min=1,
+            help="detection: at most this many boxes, best first.",
+            rich_help_panel=DENSE,
+        ),
+    ] = 10,
     scorecam_batch: Annotated[
         int,
         typer.Option(
@@ -731,7 +772,10 @@ def gradcam(
     null: Null = False,
     debug: Debug = False,
 ) -> None:
-    """Grad-CAM and the CAM family over the original photos: where the model looks for a class."""
+    """Grad-CAM and the CAM family over the original photos: where the model looks for a class.
+
+    Segmentation models explain a class's pixels (outlined); detectors explain each box they find.
+    """
     m = ModelOptions(
         model,
         weights,
@@ -767,6 +811,28 @@ def gradcam(
 
             calls = probe(loaded)
             t = parse_targets(target, loaded, num_classes(loaded))
+            if loaded.task == "detection":
+                return _detection_job(
+                    loaded,
+                    calls,
+                    layers,
+                    methods,
+                    t,
+                    score_threshold,
+                    max_boxes,
+                    quiet,
+                    alpha,
+                    colormap,
+                    no_relu,
+                    save_raw,
+                    eigen_smooth,
+                    dict(
+                        fuse=fuse,
+                        metrics=metrics,
+                        aug_smooth=aug_smooth,
+                        normalize=normalize != Normalize.image,
+                    ),
+                )
             auto = None
             if layers == ["auto"]:
                 auto = _auto_layer(loaded, calls, reporter, probe_images, [str(x) for x in methods or []])
@@ -792,6 +858,7 @@ def gradcam(
                 metrics=metrics,
                 eigen_smooth=eigen_smooth,
                 aug_smooth=aug_smooth,
+                region=str(region),
             )
             job.auto_layer = auto
             if not layers and not quiet:
@@ -814,6 +881,66 @@ def gradcam(
             return job
 
         _run_job(make, m, r)
+
+
+def _detection_job(
+    loaded: Any,
+    calls: Any,
+    layers: list[str] | None,
+    methods: list[Method] | None,
+    targets: str | list[int] | None,
+    score_threshold: float,
+    max_boxes: int,
+    quiet: bool,
+    alpha: float,
+    colormap: Colormap,
+    no_relu: bool,
+    save_raw: bool,
+    eigen_smooth: bool,
+    refused: dict[str, Any],
+) -> Any:
+    """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
+    from hookviz.errors import UsageError
+    from hookviz.jobs import DetectionJob
+    from hookviz.layers import cam_layer, default_cam_layer
+
+    options = {
+        "fuse": "--fuse",
+        "metrics": "--metrics",
+        "aug_smooth": "--aug-smooth",
+        "normalize": "--normalize",
+    }
+    for key, flag in options.items():
+        if refused[key]:
+            raise UsageError(f"{flag} is not available for detectors (each box's map is scaled on its own)")
+    if isinstance(targets, str):
+        raise UsageError(f"--target {targets}: a detector explains every box it finds; name classes to keep")
+    if layers == ["auto"]:
+        raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
+    chosen = (
+        [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(layers)]
+        if layers
+        else [default_cam_layer(loaded.model, calls)]
+    )
+    if not layers and not quiet:
+        typer.echo(
+            f"hookviz: using layer {chosen[0]} (the default for {loaded.name}: its backbone's last stage; "
+            "--layer to change)",
+            err=True,
+        )
+    return DetectionJob(
+        loaded,
+        chosen,
+        [str(x) for x in (methods or [Method.gradcam])],
+        targets,
+        score_threshold,
+        max_boxes,
+        alpha,
+        str(colormap),
+        relu=not no_relu,
+        save_raw=save_raw,
+        eigen_smooth=eigen_smooth,
+    )
 
 
 def _auto_layer(loaded: Any, calls: Any, reporter: Any, count: int, methods: list[str]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.hooks import logits_of, preserved
+from hookviz.readout import Scorer
 
 #: Fractions of pixels changed at each step of the deletion and insertion curves (0 .. 1 inclusive).
 STEPS = 16
@@ -59,12 +60,22 @@ def blurred(x: Tensor, factor: int = 16) -> Tensor:
 
 
 def _probabilities(
-    model: nn.Module, images: Tensor, targets: Tensor, chunk: int, counter: list[int]
+    model: nn.Module,
+    images: Tensor,
+    targets: Tensor,
+    chunk: int,
+    counter: list[int],
+    scorer: Scorer | None = None,
+    rows: Tensor | None = None,
 ) -> Tensor:
     out = []
+    rows = torch.arange(images.shape[0], device=images.device) if rows is None else rows
     for i in range(0, images.shape[0], chunk):
-        logits = logits_of(model(images[i : i + chunk])).float()
-        out.append(torch.softmax(logits, dim=1).gather(1, targets[i : i + chunk, None])[:, 0])
+        logits = logits_of(model(images[i : i + chunk]))
+        probs = (
+            torch.softmax(logits.float(), dim=1) if scorer is None else scorer(logits, rows[i : i + chunk])
+        )
+        out.append(probs.gather(1, targets[i : i + chunk, None])[:, 0])
         counter[0] += images[i : i + chunk].shape[0]
     return torch.cat(out)
 
@@ -83,6 +94,7 @@ def faithfulness(
     steps: int = STEPS,
     chunk: int = 64,
     baseline: Tensor | None = None,
+    scorer: Scorer | None = None,
 ) -> Faithfulness:
     """Deletion and insertion AUCs, average drop and increase in confidence for ``maps`` of ``x``.
 
@@ -91,6 +103,8 @@ def faithfulness(
         x: ``(B, 3, H, W)`` preprocessed inputs; ``maps``: ``(B, h, w)``, any resolution;
         targets: ``(B,)`` the class each map explains.
         baseline: what deleted pixels become (default zeros: the data set's mean colour after normalisation).
+        scorer: how an output becomes class probabilities (a segmentation's, from
+            :meth:`hookviz.readout.Readout.scorer`); default the softmax of a classifier's logits.
     """
     b = x.shape[0]
     size = (int(x.shape[2]), int(x.shape[3]))
@@ -116,9 +130,11 @@ def faithfulness(
         model.eval()
         t = targets.to(x.device)
         reps = t.repeat(steps + 1)
-        d = _probabilities(model, torch.cat(deleted), reps, chunk, passes).reshape(steps + 1, b).T
-        ins = _probabilities(model, torch.cat(inserted), reps, chunk, passes).reshape(steps + 1, b).T
-        p_masked = _probabilities(model, masked, t, chunk, passes)
+        rows = torch.arange(b, device=x.device).repeat(steps + 1)
+        d = _probabilities(model, torch.cat(deleted), reps, chunk, passes, scorer, rows)
+        ins = _probabilities(model, torch.cat(inserted), reps, chunk, passes, scorer, rows)
+        d, ins = d.reshape(steps + 1, b).T, ins.reshape(steps + 1, b).T
+        p_masked = _probabilities(model, masked, t, chunk, passes, scorer)
     p = d[:, 0]  # nothing deleted yet: the original image
     drop = (p - p_masked).clamp_min(0) / p.clamp_min(1e-12) * 100
     return Faithfulness(

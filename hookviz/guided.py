@@ -11,7 +11,7 @@ ICCV 2017) is the product of this saliency and the upsampled Grad-CAM map.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,10 +47,13 @@ def guided_relus() -> Iterator[_GuidedRelus]:
         yield mode
 
 
-def guided_backprop(model: nn.Module, x: Tensor, targets: Tensor) -> Tensor:
+def guided_backprop(
+    model: nn.Module, x: Tensor, targets: Tensor, scores: Callable[[Any], Tensor] | None = None
+) -> Tensor:
     """Guided-backpropagation saliency ``(B, T, H, W)`` at the input's resolution: per pixel, the largest
     absolute input gradient over the colour channels (Simonyan et al.'s reduction), one map per target.
 
+    ``scores(output)`` turns the model's output into ``(B, C)`` class scores (default: its logits).
     The model is left as found (mode, ``.grad``); no parameter gradient is computed.
     """
     rows = torch.arange(x.shape[0], device=x.device)
@@ -59,7 +62,8 @@ def guided_backprop(model: nn.Module, x: Tensor, targets: Tensor) -> Tensor:
         model.eval()
         xi = x.detach().clone().requires_grad_()
         with guided_relus():
-            logits = logits_of(model(xi))
+            output = model(xi)
+            logits = scores(output) if scores is not None else logits_of(output)
         for j in range(targets.shape[1]):
             (g,) = torch.autograd.grad(
                 logits[rows, targets[:, j]].sum(), xi, retain_graph=j < targets.shape[1] - 1

@@ -126,7 +126,11 @@ class Preprocess:
     ``resize="crop"`` is torchvision's evaluation transform (shorter side to ``resize_size``, centre
     crop of ``crop_size``), done as one crop of the original followed by one resize so that the
     region the model saw is an exact pixel box; ``resize="squash"`` resizes the whole photo to
-    ``crop_size`` x ``crop_size`` so the model sees everything (aspect ratio not kept).
+    ``crop_size`` x ``crop_size`` so the model sees everything (aspect ratio not kept);
+    ``resize="shorter"`` brings the shorter side to ``resize_size`` and keeps the whole photo and its
+    aspect (torchvision's segmentation transform); ``resize="model"`` hands over the photo itself,
+    scaled to [0, 1] and normalised with ``mean``/``std`` (a detector resizes inside its own transform,
+    so give it mean 0 and std 1). With the last two, inputs differ in size from photo to photo.
     """
 
     crop_size: int = 224
@@ -152,7 +156,7 @@ class Preprocess:
 
     def box(self, height: int, width: int) -> Box:
         """The region of an ``height`` x ``width`` photo that becomes the model input."""
-        if self.resize == "squash":
+        if self.resize in ("squash", "shorter", "model"):
             return Box(0, 0, width, height)
         side = min(height, width) * self.crop_size / self.resize_size
         side_i = max(1, min(round(side), height, width))
@@ -160,16 +164,28 @@ class Preprocess:
         y0 = (height - side_i) // 2
         return Box(x0, y0, x0 + side_i, y0 + side_i)
 
+    def input_size(self, height: int, width: int) -> tuple[int, int]:
+        """The model input's ``(height, width)`` for an ``height`` x ``width`` photo."""
+        if self.resize == "model":
+            return height, width
+        if self.resize == "shorter":
+            scale = self.resize_size / min(height, width)
+            return max(1, round(height * scale)), max(1, round(width * scale))
+        return self.crop_size, self.crop_size
+
     def __call__(self, rgb: np.ndarray) -> tuple[np.ndarray, Box]:
-        """Return the normalised ``(3, S, S)`` float32 input and the box it came from."""
+        """Return the normalised ``(3, h, w)`` float32 input and the box it came from."""
         import cv2
 
         box = self.box(rgb.shape[0], rgb.shape[1])
         region = rgb[box.y0 : box.y1, box.x0 : box.x1]
-        s = self.crop_size
-        shrinking = region.shape[0] > s or region.shape[1] > s
-        grow = cv2.INTER_CUBIC if self.interpolation == "bicubic" else cv2.INTER_LINEAR
-        resized = cv2.resize(region, (s, s), interpolation=cv2.INTER_AREA if shrinking else grow)
+        h, w = self.input_size(region.shape[0], region.shape[1])
+        if (h, w) == region.shape[:2]:
+            resized = region
+        else:
+            shrinking = region.shape[0] > h or region.shape[1] > w
+            grow = cv2.INTER_CUBIC if self.interpolation == "bicubic" else cv2.INTER_LINEAR
+            resized = cv2.resize(region, (w, h), interpolation=cv2.INTER_AREA if shrinking else grow)
         x = resized.astype(np.float32) / 255.0
         x -= np.asarray(self.mean, dtype=np.float32)
         x /= np.asarray(self.std, dtype=np.float32)

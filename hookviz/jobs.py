@@ -12,7 +12,7 @@ import numpy as np
 from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
 from hookviz.models import LoadedModel
-from hookviz.options import Colormap, Fuse, Method, Normalize, Stage
+from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Stage
 
 
 def _weights_note(loaded: LoadedModel) -> str:
@@ -60,6 +60,7 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
 
 
 FUSED = "fused"
+_REGION = {"class": "its pixels", "all": "all pixels"}
 
 
 @dataclass
@@ -104,9 +105,12 @@ class CamJob:
     progress: Any = None
     #: How ``--layer auto`` chose the layer (recorded with every input).
     auto_layer: dict[str, Any] | None = None
+    #: Segmentation: explain a class's pixels (``class``) or every pixel (``all``).
+    region: str = "class"
 
     def __post_init__(self) -> None:
         self.normalize = Normalize.parse(self.normalize, "--normalize").value
+        self.region = Region.parse(self.region, "--region").value
         self.colormap = Colormap.parse(self.colormap, "--colormap").value
         self.methods = parse_methods(self.methods)
         if self.fuse is not None:
@@ -143,6 +147,7 @@ class CamJob:
             "metrics": self.metrics,
             "eigen_smooth": self.eigen_smooth,
             "aug_smooth": self.aug_smooth,
+            **({"region": self.region} if self.loaded.task == "segmentation" else {}),
         }
 
     # -- naming ---------------------------------------------------------------------------
@@ -194,6 +199,7 @@ class CamJob:
             progress=self.progress,
             eigen_smooth=self.eigen_smooth,
             aug_smooth=self.aug_smooth,
+            region=self.region,
         )
         maps = dict(ex.maps)
         if FUSED in self._layer_names():
@@ -208,10 +214,12 @@ class CamJob:
         metrics = None
         if self.metrics:
             from hookviz.evaluation import faithfulness
+            from hookviz.readout import scorer
 
+            score = scorer(ex.labels, ex.region)
             metrics = {
                 key: [
-                    faithfulness(self.loaded.model, x, value[:, j], ex.targets[:, j])
+                    faithfulness(self.loaded.model, x, value[:, j], ex.targets[:, j], scorer=score)
                     for j in range(value.shape[1])
                 ]
                 for key, value in maps.items()
@@ -240,6 +248,11 @@ class CamJob:
         from hookviz import render
 
         lm, ex = self.loaded, result.explanation
+        dense = ex.labels is not None
+
+        def scored(score: float) -> str:  # a probability, or a segmentation's share of the pixels
+            return f"{score:.1%} of pixels" if dense else f"p={score:.3f}"
+
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         suffixes = self._target_suffixes()
         files: list[tuple[str, bytes]] = []
@@ -253,11 +266,14 @@ class CamJob:
                     rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True
                 )
                 tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
+                if dense:  # the pixels the model gives the explained class
+                    render.outline(picture, (ex.labels[index] == tgt).numpy(), box)
                 where = "fused " + "+".join(self.layers) if layer == FUSED else layer
                 lines = [
                     f"{lm.name} | {Method(method).label} at {where} | {_weights_note(lm)}",
-                    f"predicted: {lm.class_name(pred)} ({pred}) p={p_score:.3f}",
-                    f"explained: {lm.class_name(tgt)} ({tgt}) p={t_score:.3f}",
+                    f"predicted: {lm.class_name(pred)} ({pred}) {scored(p_score)}",
+                    f"explained: {lm.class_name(tgt)} ({tgt}) {scored(t_score)}"
+                    + (f", its score summed over {_REGION[str(ex.region)]} (outlined)" if dense else ""),
                 ]
                 scale = result.scales[(method, layer)]
                 if scale is not None or not self.relu:
@@ -312,11 +328,12 @@ class CamJob:
                 for j in range(len(suffixes)):
                     tgt = int(ex.targets[index, j])
                     label = (
-                        f"{layer} | {lm.class_name(tgt)} ({tgt}) p={float(ex.target_scores[index, j]):.3f}"
+                        f"{layer} | {lm.class_name(tgt)} ({tgt}) {scored(float(ex.target_scores[index, j]))}"
                     )
                     rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
             title = (
-                f"{lm.name} | predicted {lm.class_name(pred)} ({pred}) p={p_score:.3f} | {_weights_note(lm)}"
+                f"{lm.name} | predicted {lm.class_name(pred)} ({pred}) {scored(p_score)} | "
+                + _weights_note(lm)
             )
             sheet = render.sheet(rows, [Method(m).label for m in self.methods], title=title)
             files.append((f"{stem}.sheet.png", encode_png(sheet)))
@@ -333,8 +350,177 @@ class CamJob:
                 "score": round(float(ex.target_scores[index, 0]), 6),
             },
             "normalize": self.normalize,
+            **({"region": ex.region, "score": "share of pixels"} if dense else {}),
             "maps": records,
             **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
+        }
+        return files, fields
+
+
+@dataclass
+class DetectionJob:
+    """For each photo: one overlay per detected box (gradient methods) or per photo (Eigen-CAM), the box
+    drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written
+    last, so its presence means the photo is complete).
+
+    ``classes`` keeps only detections of those classes (``--target``); ``None`` keeps every class.
+    """
+
+    loaded: LoadedModel
+    layers: Sequence[str]
+    methods: Sequence[str] = ("gradcam",)
+    classes: list[int] | None = None
+    score_threshold: float = 0.5
+    max_boxes: int = 10
+    alpha: float = 0.5
+    colormap: str = "jet"
+    relu: bool = True
+    save_raw: bool = False
+    eigen_smooth: bool = False
+    kind: str = "gradcam"
+
+    def __post_init__(self) -> None:
+        from hookviz.detection import DETECTION_METHODS
+
+        self.colormap = Colormap.parse(self.colormap, "--colormap").value
+        self.methods = parse_methods(self.methods)
+        other = [m for m in self.methods if m not in DETECTION_METHODS]
+        if other:
+            raise UsageError(
+                f"--method {other[0]} is not available for detectors (a masked or guided pass per box would "
+                f"have to re-find the box); use {', '.join(DETECTION_METHODS)}"
+            )
+        if not 0.0 <= self.score_threshold <= 1.0:
+            raise UsageError(f"--score-threshold {self.score_threshold}: must be between 0 and 1")
+        if self.max_boxes < 1:
+            raise UsageError(f"--max-boxes {self.max_boxes}: must be at least 1")
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "task": "detection",
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "classes": self.classes,
+            "score_threshold": self.score_threshold,
+            "max_boxes": self.max_boxes,
+            "alpha": self.alpha,
+            "colormap": self.colormap,
+            "relu": self.relu,
+            "eigen_smooth": self.eigen_smooth,
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        """The outputs known before the model runs (the per-box ones depend on what it finds)."""
+        names = [f"{stem}.eigencam.{layer}.png" for layer in self.layers if "eigencam" in self.methods]
+        return [*names, f"{stem}.detections.png"]
+
+    def compute(self, x: Any) -> Any:
+        from hookviz.detection import explain_detections
+
+        return explain_detections(
+            self.loaded.model,
+            x,
+            self.layers,
+            self.methods,
+            score_threshold=self.score_threshold,
+            max_boxes=self.max_boxes,
+            classes=self.classes,
+            relu=self.relu,
+            eigen_smooth=self.eigen_smooth,
+        )
+
+    def _box_text(self, label: int, score: float) -> str:
+        return f"{self.loaded.class_name(label)} {score:.2f}"
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        from hookviz import render
+
+        lm, ex = self.loaded, result[index]
+        if (rgb.shape[0], rgb.shape[1]) != ex.image_size:
+            raise UsageError(f"the detector saw {ex.image_size}, the photo is {rgb.shape[:2]}")
+        n = len(ex.scores)
+        files: list[tuple[str, bytes]] = []
+        outputs: list[list[str]] = [[] for _ in range(n)]
+        maps: list[dict[str, Any]] = []
+        head = f"{lm.name} | {{method}} at {{layer}} | {_weights_note(lm)}"
+        for (method, layer), stack in ex.maps.items():
+            for i in range(stack.shape[0]):
+                cam = stack[i].numpy()
+                picture = render.overlay(
+                    rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                )
+                if method == "eigencam":
+                    for k in range(n):
+                        render.draw_box(
+                            picture,
+                            ex.boxes[k].tolist(),
+                            self._box_text(int(ex.labels[k]), float(ex.scores[k])),
+                        )
+                    name = f"{stem}.eigencam.{layer}.png"
+                    what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
+                else:
+                    for k in range(n):
+                        if k != i:
+                            render.draw_box(picture, ex.boxes[k].tolist(), "", strong=False)
+                    label, score = int(ex.labels[i]), float(ex.scores[i])
+                    render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
+                    name = f"{stem}.{method}.{layer}.box{i + 1}.png"
+                    what = f"box {i + 1} of {n}: {lm.class_name(label)} ({label}) score {score:.3f}"
+                    outputs[i].append(name)
+                lines = [head.format(method=Method(method).label, layer=layer), f"explained: {what}"]
+                files.append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
+                if self.save_raw:
+                    files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
+                maps.append(
+                    {
+                        "file": name,
+                        "method": method,
+                        "layer": layer,
+                        "box": None if method == "eigencam" else i + 1,
+                        "finite": bool(np.isfinite(cam).all()),
+                        "min": _finite_stat(np.min, cam),
+                        "max": _finite_stat(np.max, cam),
+                    }
+                )
+        summary = rgb.copy()
+        for k in range(n):
+            render.draw_box(
+                summary, ex.boxes[k].tolist(), self._box_text(int(ex.labels[k]), float(ex.scores[k]))
+            )
+        kept = f"{n} detection(s) with score >= {self.score_threshold:g}"
+        lines = [
+            f"{lm.name} | {_weights_note(lm)}",
+            kept
+            + (f" (best {self.max_boxes} kept)" if n == self.max_boxes else "")
+            + f"; {ex.found} returned",
+        ]
+        files.append(
+            (f"{stem}.detections.png", encode_png(render.caption(render.enlarge_small(summary), lines)))
+        )
+        detections = [
+            {
+                "box": [round(float(v), 2) for v in ex.boxes[k].tolist()],
+                "index": int(ex.labels[k]),
+                "name": lm.class_name(int(ex.labels[k])),
+                "score": round(float(ex.scores[k]), 6),
+                "outputs": outputs[k],
+            }
+            for k in range(n)
+        ]
+        top = detections[0] if detections else None
+        fields = {
+            "task": "detection",
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "layer": self.layers[0],
+            "method": self.methods[0],
+            "predicted": {k: top[k] for k in ("index", "name", "score")} if top else None,
+            "detections": detections,
+            "maps": maps,
         }
         return files, fields
 

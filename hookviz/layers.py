@@ -315,6 +315,15 @@ def _last_token_block(model: nn.Module, tokens: list[ModuleCall]) -> ModuleCall 
     return max((max(g, key=lambda c: c.order) for g in runs), key=lambda c: c.order)
 
 
+def backbone_prefix(model: nn.Module) -> str | None:
+    """The feature extractor of a segmentation or detection model: its ``backbone``'s ``body`` (before an
+    FPN) or ``features`` (SSD), else the ``backbone`` itself; None without a ``backbone`` child."""
+    modules = dict(model.named_modules())
+    if "backbone" not in modules:
+        return None
+    return next(p for p in ("backbone.body", "backbone.features", "backbone") if p in modules)
+
+
 def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     """The layer a CAM uses when none is given, found from traced shapes (no list of class names).
 
@@ -325,9 +334,17 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     convolutional stage, the outermost ancestor of the last Conv2d with the same spatial output (resnet18
     ``layer4``, mobilenet_v2 and densenet121 ``features``, vgg11 ``features.18``).
 
+    Segmentation and detection models (a ``backbone`` child, as torchvision's) take the map from the
+    backbone's last stage (``backbone.layer4``, ``backbone.body.layer4``), not from their heads.
+
     Raises:
         UsageError: no module has a spatial output.
     """
+    prefix = backbone_prefix(model)
+    if prefix is not None:
+        inside = [c for c in calls if c.name.startswith(f"{prefix}.")]
+        if any(c.calls for c in inside):
+            calls = inside
     info = {c.name: c for c in calls if c.calls}
     once = [c for c in calls if c.calls == 1]
     layouts = {c.name: lay for c in once if (lay := _spatial(model, c, calls)) is not None}

@@ -23,11 +23,31 @@ WEIGHTS_NONE = "none"
 WEIGHTS_DEFAULT = "DEFAULT"
 
 
-def list_models() -> list[str]:
-    """Names of torchvision's classification models."""
+def list_models(task: str | None = "classification") -> list[str]:
+    """Names of torchvision's models for ``task`` (``classification``, ``segmentation``, ``detection``;
+    ``None`` for all)."""
     from hookviz.sources.torchvision import list_models as names
 
-    return names()
+    return names(task)
+
+
+def task_of(model: nn.Module) -> str:
+    """``detection`` for torchvision's detector classes (Faster/Mask/Keypoint R-CNN, RetinaNet, FCOS, SSD
+    and the user's models built from them), ``segmentation`` for FCN, DeepLabV3 and LR-ASPP, else
+    ``classification`` (a model returning ``(B, C, H, W)`` scores is explained as segmentation anyway)."""
+    from torchvision.models import detection, segmentation
+
+    detectors = (
+        detection.generalized_rcnn.GeneralizedRCNN,
+        detection.retinanet.RetinaNet,
+        detection.fcos.FCOS,
+        detection.ssd.SSD,
+    )
+    if isinstance(model, detectors):
+        return "detection"
+    if isinstance(model, (segmentation.FCN, segmentation.DeepLabV3, segmentation.LRASPP)):
+        return "segmentation"
+    return "classification"
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -70,6 +90,8 @@ class LoadedModel:
     #: ``none`` (seeded random init); with the class names' source it goes into every output's key.
     weights_id: str = ""
     labels_id: str = ""
+    #: ``classification``, ``segmentation`` or ``detection``: what the output is and which job explains it.
+    task: str = "classification"
 
     def class_name(self, index: int) -> str:
         return self.categories[index] if 0 <= index < len(self.categories) else f"class {index}"
@@ -125,10 +147,13 @@ def load_model(
     from hookviz.sources.weights import classifier_out
 
     built = build(name, weights, Options(weights_key, trust_pickle, progress))
+    task = built.task if built.task != "classification" else task_of(built.model)
     categories, labels_id = built.categories, ""
     if labels is not None:
+        from hookviz.sources.torchvision import dense_classes
+
         class_names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
-        heads = classifier_out(built.model)
+        heads = classifier_out(built.model) if task == "classification" else dense_classes(built.model)
         if heads is not None and heads != len(class_names):
             where = f"--labels {str(labels)!r}" if isinstance(labels, (str, Path)) else "labels"
             raise UsageError(
@@ -138,9 +163,15 @@ def load_model(
         categories = class_names
         labels_id = hashlib.sha256("\n".join(class_names).encode()).hexdigest()[:16]
     base = built.preprocess
+    if task != built.task:  # a detector or segmenter from the user's code: its task's transform
+        from hookviz.sources.torchvision import _defaults
+
+        base = _defaults(task, categories)
     crop, rsz = base.crop_size, base.resize_size
     if input_size is not None:
         rsz, crop = round(input_size * rsz / crop), input_size
+        if task == "detection":
+            _detector_size(built.model, input_size, built.name)
     preprocess = Preprocess(
         crop_size=crop,
         resize_size=rsz,
@@ -161,7 +192,21 @@ def load_model(
         device,
         built.weights_id,
         labels_id,
+        task,
     )
+
+
+def _detector_size(model: nn.Module, size: int, name: str) -> None:
+    """``--input-size`` of a detector: the shorter side its transform resizes photos to (the longer one
+    capped at the same 1333/800 ratio as torchvision's default)."""
+    transform = getattr(model, "transform", None)
+    if transform is None or not hasattr(transform, "min_size"):
+        raise UsageError(f"--input-size: {name} has no resizing transform to set; leave it out")
+    if getattr(transform, "fixed_size", None) is not None:
+        h, w = transform.fixed_size
+        raise UsageError(f"--input-size: {name} resizes every photo to {w}x{h}; leave it out")
+    transform.min_size = (size,)
+    transform.max_size = round(size * 1333 / 800)
 
 
 def _triple(values: Sequence[float], option: str) -> tuple[float, float, float]:
@@ -180,13 +225,17 @@ def num_classes(loaded: LoadedModel) -> int:
     """How many classes the model's head scores (from the class names, else one forward pass of zeros)."""
     if loaded.categories:
         return len(loaded.categories)
+    if loaded.task == "detection":
+        from hookviz.sources.torchvision import dense_classes
+
+        return dense_classes(loaded.model) or 1
     from hookviz.hooks import preserved
 
     s = loaded.preprocess.crop_size
     with torch.no_grad(), preserved(loaded.model):
         loaded.model.eval()
         logits = logits_of(loaded.model(probe_input(loaded.model, (1, 3, s, s))))
-    return int(logits.shape[-1])
+    return int(logits.shape[1])
 
 
 def find_class(text: str, categories: Sequence[str], option: str = "--target", model: str = "") -> int:

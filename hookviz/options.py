@@ -75,8 +75,29 @@ class Stage(Choice):
 
 
 class Resize(Choice):
+    """How a photo becomes a model input (see :class:`hookviz.images.Preprocess`)."""
+
     crop = "crop"
     squash = "squash"
+    #: Shorter side to the input size, aspect kept, nothing cut (torchvision's segmentation transform).
+    shorter = "shorter"
+    #: The photo as it is, in [0, 1]: the model resizes and normalises it itself (detectors).
+    model = "model"
+
+
+class Task(Choice):
+    """What a model's output is: class scores, a per-pixel class map, or boxes."""
+
+    classification = "classification"
+    segmentation = "segmentation"
+    detection = "detection"
+
+
+class Region(Choice):
+    """Which pixels a segmentation map explains: those assigned to the class, or all of them."""
+
+    class_ = "class"
+    all = "all"
 
 
 class Colormap(Choice):

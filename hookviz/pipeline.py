@@ -421,24 +421,38 @@ def run(
                 xs.append(x)
             if not ready:
                 continue
-            batch = torch.from_numpy(np.stack(xs))
-            # Pinned host memory lets the copy to the GPU overlap with work already queued.
-            batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
-            try:
-                result = job.compute(batch)
-            except HookvizError:
-                raise  # a bad layer/target fails every batch alike: stop with its message
-            except Exception as exc:  # a model failure on this batch must not stop the others
-                for item, *_ in ready:
-                    yield record(
-                        item, "error", f"{quote(item.name)}: the model failed on this batch: {_describe(exc)}"
-                    )
-                continue
-            renders = [
-                pool.submit(job.render, result, i, rgb, box, prefix)
+            # Inputs of one size form one batch; photos of other sizes (a segmentation model keeps each
+            # photo's aspect, a detector takes it as it is) form their own.
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i, x in enumerate(xs):
+                groups.setdefault(tuple(x.shape), []).append(i)
+            placed: dict[int, tuple[Any, int]] = {}
+            failed: dict[int, str] = {}
+            for members in groups.values():
+                batch = torch.from_numpy(np.stack([xs[i] for i in members]))
+                # Pinned host memory lets the copy to the GPU overlap with work already queued.
+                batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
+                try:
+                    result = job.compute(batch)
+                except HookvizError:
+                    raise  # a bad layer/target fails every batch alike: stop with its message
+                except Exception as exc:  # a model failure on this batch must not stop the others
+                    for i in members:
+                        failed[i] = (
+                            f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
+                        )
+                    continue
+                placed.update({i: (result, j) for j, i in enumerate(members)})
+            renders = {
+                i: pool.submit(job.render, placed[i][0], placed[i][1], rgb, box, prefix)
                 for i, (_, prefix, rgb, box, _note) in enumerate(ready)
-            ]
-            for (item, prefix, _rgb, box, note), fut in zip(ready, renders, strict=True):
+                if i in placed
+            }
+            for i, (item, prefix, _rgb, box, note) in enumerate(ready):
+                if i in failed:
+                    yield record(item, "error", failed[i])
+                    continue
+                fut = renders[i]
                 try:
                     files, fields = fut.result()
                     fields["box"] = [box.x0, box.y0, box.x1, box.y1]

@@ -251,6 +251,43 @@ def label(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.45) -> 
     )
 
 
+def _line_width(image: np.ndarray) -> int:
+    return max(2, round(min(image.shape[:2]) / 250))
+
+
+def outline(image: np.ndarray, mask: np.ndarray, box: Box) -> None:
+    """Draw the border of ``mask`` (a region at any resolution, covering ``box``) into ``image``: white
+    over a dark edge, visible on any heatmap colour."""
+    import cv2
+
+    if not mask.any():
+        return
+    up = cv2.resize(mask.astype(np.uint8), (box.width, box.height), interpolation=cv2.INTER_NEAREST)
+    contours, _ = cv2.findContours(up, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    width = _line_width(image)
+    view = image[box.y0 : box.y1, box.x0 : box.x1]
+    cv2.drawContours(view, contours, -1, (0, 0, 0), width + 2, cv2.LINE_AA)
+    cv2.drawContours(view, contours, -1, (255, 255, 255), width, cv2.LINE_AA)
+
+
+def draw_box(image: np.ndarray, box: Sequence[float], text: str, *, strong: bool = True) -> None:
+    """A detection's box (``x0, y0, x1, y1`` in ``image``'s pixels) with its label above it (inside it at
+    the top edge); ``strong=False`` draws it thin and grey (the other detections)."""
+    import cv2
+
+    x0, y0, x1, y1 = (round(float(v)) for v in box)
+    width = _line_width(image) if strong else max(1, _line_width(image) // 2)
+    colour = (255, 255, 255) if strong else (170, 170, 170)
+    if strong:
+        cv2.rectangle(image, (x0, y0), (x1, y1), (0, 0, 0), width + 2)
+    cv2.rectangle(image, (x0, y0), (x1, y1), colour, width)
+    if text:
+        scale = 0.45 * max(1.0, min(image.shape[:2]) / 400)
+        (_, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+        ty = y0 - th - 8 if y0 - th - 8 >= 0 else y0 + width
+        label(image, text, max(0, min(x0, image.shape[1] - 1)), max(0, ty), scale)
+
+
 def figure_to_rgb(fig: object) -> np.ndarray:
     """Render a matplotlib figure (Agg) to an RGB array."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -50,6 +50,8 @@ class Built:
     categories: tuple[str, ...] = ()
     #: How photos become inputs for it (ImageNet's 224 crop unless the source knows better).
     preprocess: Preprocess = field(default_factory=Preprocess)
+    #: ``classification``, ``segmentation`` or ``detection`` (see :func:`hookviz.models.task_of`).
+    task: str = "classification"
 
 
 def missing_extra(package: str, extra: str) -> SetupError:

@@ -1,4 +1,9 @@
-"""torchvision's classifiers: ``--model resnet18`` with ``DEFAULT``, a weights name, ``none`` or a file."""
+"""torchvision's models: ``--model resnet18`` with ``DEFAULT``, a weights name, ``none`` or a file.
+
+Classifiers, semantic segmentation (``deeplabv3_resnet50``, ``fcn_resnet50``, ``lraspp_mobilenet_v3_large``)
+and detection (``fasterrcnn_resnet50_fpn``, ``retinanet_resnet50_fpn``, ``fcos_resnet50_fpn``,
+``ssd300_vgg16``, Mask and Keypoint R-CNN).
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,45 @@ from torch import nn
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
 from hookviz.images import Preprocess
+from hookviz.options import Task
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
 from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
 
 _IMAGENET_CLASSES = 1000
 
 
-def list_models() -> list[str]:
-    """Names of torchvision's classification models."""
+def list_models(task: str | None = "classification") -> list[str]:
+    """Names of torchvision's models for ``task`` (``classification``, ``segmentation``, ``detection``;
+    ``None``: all three)."""
     import torchvision
 
-    return sorted(torchvision.models.list_models(module=torchvision.models))
+    if task is None:
+        return sorted(n for t in Task for n in list_models(t.value))
+    task = Task.parse(task, "task").value
+    module = {
+        "classification": torchvision.models,
+        "segmentation": torchvision.models.segmentation,
+        "detection": torchvision.models.detection,
+    }[task]
+    return sorted(torchvision.models.list_models(module=module))
+
+
+def task_of_name(name: str) -> str:
+    """The task of a torchvision model name (``classification`` for names it does not know)."""
+    for task in (Task.segmentation, Task.detection):
+        if name in list_models(task.value):
+            return task.value
+    return Task.classification.value
+
+
+def _defaults(task: str, categories: tuple[str, ...]) -> Preprocess:
+    """Preprocessing of a segmentation or detection model (its own transform for a detector)."""
+    if task == Task.segmentation:
+        # torchvision's SemanticSegmentation transform: shorter side 520, whole image.
+        return Preprocess(crop_size=520, resize_size=520, resize="shorter")
+    return Preprocess(
+        crop_size=800, resize_size=800, resize="model", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)
+    )
 
 
 def _weights_enum(name: str) -> Any:
@@ -42,12 +75,15 @@ def build(name: str, weights: str, options: Options) -> Built:
     ``TORCH_HOME``), another weights name (``IMAGENET1K_V2``), ``none`` (seeded random init) or a file."""
     import torchvision
 
-    names = list_models()
+    names = list_models(None)
     if name not in names:
         raise ModelNotFoundError(
             f"unknown model {name!r}{close_matches(name, names)} (`hookviz models` lists all {len(names)}; "
             "timm:NAME, hf:DIR, file.py:FUNCTION and pickled modules work too)"
         )
+    task = task_of_name(name)
+    if task != Task.classification:
+        return _build_dense(name, weights, options, task)
     enum = _weights_enum(name)
     kwargs: dict[str, Any] = {}
     if name.startswith("inception") or name == "googlenet":
@@ -104,3 +140,73 @@ def _download(name: str, chosen: Any, progress: bool, kwargs: dict[str, Any]) ->
             f"cannot get the pretrained weights for {name} ({chosen.url}): {reason}; "
             "use --weights PATH for a local file or --weights none for random weights"
         ) from None
+
+
+def _build_dense(name: str, weights: str, options: Options, task: str) -> Built:
+    """A segmentation or detection model: its classes (VOC's 21, COCO's 91) come with the weights enum, and
+    random init never downloads a pretrained backbone (``weights_backbone=None``)."""
+    import torchvision
+
+    enum = _weights_enum(name)
+    categories = tuple(enum.DEFAULT.meta.get("categories") or ()) if enum is not None else ()
+    kwargs: dict[str, Any] = {"weights_backbone": None}
+    if task == Task.segmentation and not name.startswith("lraspp"):
+        kwargs["aux_loss"] = False
+    preprocess = _defaults(task, categories)
+    if weights.lower() == WEIGHTS_NONE:
+        model = seeded(lambda: torchvision.models.get_model(name, weights=None, **kwargs))
+        return Built(model, name, "none (random init)", False, "none", categories, preprocess, task)
+    if enum is not None and (weights.upper() == WEIGHTS_DEFAULT or weights in enum.__members__):
+        chosen = enum.DEFAULT if weights.upper() == WEIGHTS_DEFAULT else enum[weights]
+        model = _download(name, chosen, options.progress, {})
+        label = f"DEFAULT ({chosen.name})" if weights.upper() == WEIGHTS_DEFAULT else chosen.name
+        categories = tuple(chosen.meta.get("categories") or categories)
+        return Built(model, name, label, True, f"{name}:{chosen.name}", categories, preprocess, task)
+    path = Path(weights).expanduser()
+    if not path.is_file():
+        known = ", ".join(["DEFAULT", *(enum.__members__ if enum else []), "none"])
+        raise UsageError(f"--weights {weights!r}: no such file, and not a weights name for {name} ({known})")
+    state = load_state_dict_file(path, options.weights_key)
+    if task == Task.segmentation and any(k.startswith("aux_classifier.") for k in state):
+        kwargs["aux_loss"] = True
+    model = torchvision.models.get_model(name, weights=None, **kwargs)
+    class_key, per_class = dense_class_key(model)
+    model = apply_state_dict(
+        model,
+        state,
+        path,
+        name,
+        rebuild=lambda n: torchvision.models.get_model(name, weights=None, num_classes=n, **kwargs),
+        key=class_key,
+        per_class=per_class,
+    )
+    key = f"[{options.weights_key}]" if options.weights_key else ""
+    heads = dense_classes(model)
+    kept = categories if heads is None or heads == len(categories) else ()
+    return Built(model, name, str(path), True, f"sha256:{file_digest(path)}{key}", kept, preprocess, task)
+
+
+def dense_class_key(model: nn.Module) -> tuple[str | None, int]:
+    """The weight whose rows are a segmentation or detection model's classes, and rows per class."""
+    own = model.state_dict()
+    if "roi_heads.box_predictor.cls_score.weight" in own:  # Faster, Mask, Keypoint R-CNN
+        return "roi_heads.box_predictor.cls_score.weight", 1
+    head = getattr(getattr(model, "head", None), "classification_head", None)
+    if head is not None and "head.classification_head.cls_logits.weight" in own:  # RetinaNet, FCOS
+        return "head.classification_head.cls_logits.weight", int(getattr(head, "num_anchors", 1))
+    classifier = getattr(model, "classifier", None)
+    if isinstance(classifier, nn.Module):  # FCN, DeepLabV3, LR-ASPP: the last conv scores the classes
+        convs = [n for n, m in classifier.named_modules() if isinstance(m, nn.Conv2d)]
+        if convs:
+            return f"classifier.{convs[-1]}.weight", 1
+    return None, 1
+
+
+def dense_classes(model: nn.Module) -> int | None:
+    """How many classes a segmentation or detection model scores (None when unknown: SSD)."""
+    key, per_class = dense_class_key(model)
+    if key is None:
+        head = getattr(getattr(model, "head", None), "classification_head", None)
+        columns = getattr(head, "num_columns", None)
+        return int(columns) if columns else None
+    return int(model.state_dict()[key].shape[0]) // per_class

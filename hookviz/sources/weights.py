@@ -153,6 +153,8 @@ def apply_state_dict(
     path: Path,
     name: str,
     rebuild: Callable[[int], nn.Module] | None = None,
+    key: str | None = None,
+    per_class: int = 1,
 ) -> nn.Module:
     """Load ``state`` into ``model`` strictly, after the differences that do not matter.
 
@@ -162,14 +164,14 @@ def apply_state_dict(
     Raises:
         WeightsError: missing, unexpected or mis-shaped keys (the first of each named).
     """
-    key = classifier_key(model)
+    key = key or classifier_key(model)
     if (
         rebuild is not None
         and key
         and key in state
         and state[key].shape[0] != model.state_dict()[key].shape[0]
     ):
-        model = rebuild(int(state[key].shape[0]))
+        model = rebuild(int(state[key].shape[0]) // per_class)
     own = model.state_dict()
     for k, v in own.items():
         if k.endswith("num_batches_tracked") and k not in state:

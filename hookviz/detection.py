@@ -1,0 +1,226 @@
+"""Explaining a detector: one map per detected box, each from the gradient of that box's own score.
+
+torchvision's detectors (Faster/Mask/Keypoint R-CNN, RetinaNet, FCOS, SSD) take photos of any size in
+[0, 1], resize and normalise them inside their own ``transform``, pad the batch, and return boxes in the
+photo's pixels. One forward pass records the network from the target layer on; the score of each kept
+detection is a tensor of that very pass (the box is the same box, not a re-matched one), so each box
+costs one backward pass over the recorded graph. Eigen-CAM needs no gradient: one map per photo.
+
+The layer's map covers the padded canvas; it is upsampled to that canvas and cut to the resized photo,
+so maps and boxes land on the original photo exactly (tested with off-centre objects in non-square
+photos).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hookviz import cams
+from hookviz.errors import LayerError, UsageError
+from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
+
+#: What a detector's maps can be made with: the gradient methods and Eigen-CAM.
+DETECTION_METHODS = (*cams.GRADIENT_METHODS, "eigencam")
+
+
+@dataclass(frozen=True)
+class DetectionExplanation:
+    """One photo's detections and their maps (tensors on the CPU).
+
+    Attributes:
+        boxes: ``(N, 4)`` kept detections ``x0, y0, x1, y1`` in the photo's pixels, best first;
+            ``labels`` ``(N,)`` their classes, ``scores`` ``(N,)`` their scores.
+        maps: ``(method, layer) -> (N, h, w)`` one map per box for the gradient methods, ``(1, h, w)``
+            for Eigen-CAM, at the resolution the model resized the photo to (padding removed).
+        found: detections the model returned before ``score_threshold`` and ``classes`` (kept or not).
+        image_size, resized: the photo's ``(H, W)`` and the model's resized ``(h, w)``.
+    """
+
+    boxes: Tensor
+    labels: Tensor
+    scores: Tensor
+    layers: tuple[str, ...]
+    methods: tuple[str, ...]
+    maps: dict[tuple[str, str], Tensor]
+    found: int
+    image_size: tuple[int, int]
+    resized: tuple[int, int]
+    grads_computed: int
+
+
+@contextmanager
+def _score_floor(model: nn.Module, threshold: float) -> Iterator[None]:
+    """While open, the detector's own score cut-off is at most ``threshold`` (restored after), so a low
+    ``--score-threshold`` shows boxes it would drop (with random weights, every box)."""
+    holders = [m for m in (model, getattr(model, "roi_heads", None)) if hasattr(m, "score_thresh")]
+    saved = [m.score_thresh for m in holders]  # type: ignore[union-attr]
+    try:
+        for m in holders:
+            m.score_thresh = min(float(m.score_thresh), threshold)  # type: ignore[union-attr]
+        yield
+    finally:
+        for m, value in zip(holders, saved, strict=True):
+            m.score_thresh = value  # type: ignore[union-attr]
+
+
+def _canvas(model: nn.Module) -> tuple[HookGroup, dict[str, tuple[int, int]]]:
+    """A hook on the detector's transform reporting the resized photo's size and the padded canvas's."""
+    sizes: dict[str, tuple[int, int]] = {}
+    transform = getattr(model, "transform", None)
+    if transform is None:
+        raise UsageError("the detector has no `transform` module (torchvision's detectors have one)")
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        images = output[0]
+        h, w = images.image_sizes[0]
+        sizes["resized"] = (int(h), int(w))
+        sizes["padded"] = (int(images.tensors.shape[-2]), int(images.tensors.shape[-1]))
+
+    group = HookGroup()
+    group.add(transform.register_forward_hook(hook))
+    return group, sizes
+
+
+def explain_detections(
+    model: nn.Module,
+    images: Tensor | Sequence[Tensor],
+    layers: Sequence[str],
+    methods: Sequence[str] = ("gradcam",),
+    *,
+    score_threshold: float = 0.5,
+    max_boxes: int = 10,
+    classes: Sequence[int] | None = None,
+    relu: bool = True,
+    eigen_smooth: bool = False,
+) -> list[DetectionExplanation]:
+    """Detections of each photo above ``score_threshold`` (at most ``max_boxes``, best first), each with
+    a map per gradient method and layer; Eigen-CAM gives one map per photo.
+
+    Args:
+        model: a torchvision detector (or one built from its classes).
+        images: ``(B, 3, H, W)`` or a list of ``(3, H, W)`` photos in [0, 1], each at its own size.
+        layers: module names (default in the CLI: the backbone's last stage, ``backbone.body.layer4``).
+        classes: keep only detections of these classes.
+
+    Raises:
+        UsageError: a method that needs more than a gradient (Score-CAM, guided), or bad limits.
+        LayerError: a layer that does not run once with a ``(1, C, h, w)`` output.
+
+    Example:
+        >>> [ex] = explain_detections(model, [photo], ["backbone.body.layer4"], score_threshold=0.7)
+        >>> ex.boxes, ex.maps[("gradcam", "backbone.body.layer4")].shape  # (N, 4), (N, h, w)
+    """
+    unknown = [m for m in methods if m not in DETECTION_METHODS]
+    if unknown:
+        raise UsageError(
+            f"method {unknown[0]!r} is not available for detectors; use {', '.join(DETECTION_METHODS)}"
+        )
+    if not 0.0 <= score_threshold <= 1.0:
+        raise UsageError(f"--score-threshold {score_threshold}: must be between 0 and 1")
+    if max_boxes < 1:
+        raise UsageError(f"--max-boxes {max_boxes}: must be at least 1")
+    model = unwrap_compiled(model)
+    layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
+    return [
+        _explain_one(model, image, layers, methods, score_threshold, max_boxes, classes, relu, eigen_smooth)
+        for image in images
+    ]
+
+
+def _explain_one(
+    model: nn.Module,
+    image: Tensor,
+    layers: tuple[str, ...],
+    methods: tuple[str, ...],
+    threshold: float,
+    max_boxes: int,
+    classes: Sequence[int] | None,
+    relu: bool,
+    eigen_smooth: bool,
+) -> DetectionExplanation:
+    gradient_methods = [m for m in methods if m in cams.GRADIENT_METHODS]
+    passes = 0
+    with autograd_enabled(image[None]) as batch, preserved(model), _score_floor(model, threshold):
+        model.eval()
+        canvas, sizes = _canvas(model)
+        hooks = capture(model, layers, outputs=True, grad_layers=layers if gradient_methods else ())
+        with canvas, hooks as cap:
+            with torch.no_grad():
+                out = model([batch[0]])[0]
+            found = cap.captured.taps if gradient_methods else cap.captured.outputs
+            acts: dict[str, Tensor] = {}
+            for layer in layers:
+                got = found.get(layer)
+                if not got:
+                    raise LayerError(f"layer {layer!r} did not run in the forward pass; pick another layer")
+                if len(got) > 1:
+                    raise LayerError(f"layer {layer!r} runs {len(got)} times per pass; pick its parent block")
+                if got[0].dim() != 4:
+                    raise LayerError(
+                        f"layer {layer!r} gives shape {tuple(got[0].shape)}, not a (1, C, h, w) map; "
+                        "pick a convolutional layer of the backbone"
+                    )
+                acts[layer] = got[0]
+            scores, labels, boxes = out["scores"], out["labels"], out["boxes"]
+            keep = scores.detach() >= threshold
+            if classes is not None:
+                keep &= torch.isin(labels, torch.as_tensor(list(classes), device=labels.device))
+            kept = keep.nonzero()[:, 0]
+            kept = kept[scores.detach()[kept].argsort(descending=True, stable=True)][:max_boxes]
+            grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
+            taps = [acts[layer] for layer in layers]
+            for j, i in enumerate(kept.tolist()):
+                if not scores.requires_grad:
+                    break
+                got_grads = torch.autograd.grad(
+                    scores[i], taps, retain_graph=j < len(kept) - 1, allow_unused=True
+                )
+                passes += 1
+                for layer, g in zip(layers, got_grads, strict=True):
+                    grads[layer].append(torch.zeros_like(acts[layer]) if g is None else g)
+    if "resized" not in sizes:
+        raise UsageError("the detector's transform did not report the resized image size")
+    resized, padded = sizes["resized"], sizes["padded"]
+    n = len(kept)
+    maps: dict[tuple[str, str], Tensor] = {}
+    with torch.no_grad():
+        for layer in layers:
+            a = acts[layer].detach()
+            for m in gradient_methods:
+                if len(grads[layer]) < n:  # the scores do not depend on this layer: no evidence
+                    grads[layer] += [torch.zeros_like(a)] * (n - len(grads[layer]))
+                if eigen_smooth:
+                    per_box = [cams.eigen_smooth(m, a, g, relu=relu) for g in grads[layer]]
+                else:
+                    per_box = [cams.GRADIENT_METHODS[m](a, g, relu=relu) for g in grads[layer]]
+                stacked = torch.cat(per_box) if per_box else a.new_zeros(0, *a.shape[2:])
+                maps[(m, layer)] = _on_photo(stacked, padded, resized)
+            if "eigencam" in methods:
+                maps[("eigencam", layer)] = _on_photo(cams.eigen_cam(a, relu=relu), padded, resized)
+    return DetectionExplanation(
+        boxes=boxes.detach()[kept].float().cpu(),
+        labels=labels.detach()[kept].cpu(),
+        scores=scores.detach()[kept].float().cpu(),
+        layers=layers,
+        methods=methods,
+        maps={(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers},
+        found=int(scores.numel()),
+        image_size=(int(image.shape[-2]), int(image.shape[-1])),
+        resized=resized,
+        grads_computed=passes,
+    )
+
+
+def _on_photo(maps: Tensor, padded: tuple[int, int], resized: tuple[int, int]) -> Tensor:
+    """Maps over the padded canvas → the resized photo's part of it, at its resolution."""
+    if maps.shape[0] == 0:
+        return maps.new_zeros(0, *resized)
+    up = F.interpolate(maps[:, None].float(), size=padded, mode="bilinear", align_corners=False)[:, 0]
+    return up[:, : resized[0], : resized[1]]
