@@ -38,8 +38,8 @@ test: $(STAMP) browser  ## run the test suite (slow tests included)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)  ## ruff + mypy
-	$(VENV)/bin/ruff check hookviz tests bench examples
-	$(VENV)/bin/ruff format --check hookviz tests bench examples
+	$(VENV)/bin/ruff check hookviz tests bench examples scripts
+	$(VENV)/bin/ruff format --check hookviz tests bench examples scripts
 	$(VENV)/bin/mypy hookviz
 
 check: lint test  ## lint, types and tests

@@ -23,7 +23,7 @@ import typer
 
 from hookviz import __version__
 from hookviz.errors import HookvizError
-from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Resize, Stage, SummaryFormat
+from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Resize, Stage, SummaryFormat, Task
 
 app = typer.Typer(
     name="hookviz",
@@ -928,10 +928,16 @@ def _detection_job(
             "--layer to change)",
             err=True,
         )
+    if not methods and not quiet:
+        typer.echo(
+            "hookviz: using HiResCAM for a detector (Grad-CAM averages a box's local gradient over the "
+            "whole image, so its map spreads to similar objects; --method gradcam to see it)",
+            err=True,
+        )
     return DetectionJob(
         loaded,
         chosen,
-        [str(x) for x in (methods or [Method.gradcam])],
+        [str(x) for x in (methods or [Method.hirescam])],
         targets,
         score_threshold,
         max_boxes,
@@ -1599,12 +1605,23 @@ def report(
 
 
 @app.command()
-def models() -> None:
-    """List torchvision's classification models (timm:NAME, hf:DIR, file.py:FN and FILE.pt work too)."""
+def models(
+    task: Annotated[
+        Task | None,
+        typer.Option("--task", help="only this task's models, one name per line (for scripts)."),
+    ] = None,
+) -> None:
+    """List torchvision's models with their task (timm:NAME, hf:DIR, file.py:FN and FILE.pt work too)."""
     from hookviz.models import list_models
 
-    for name in list_models():
-        typer.echo(name)
+    if task is not None:
+        for name in list_models(str(task)):
+            typer.echo(name)
+        return
+    rows = [(name, t.value) for t in Task for name in list_models(t.value)]
+    width = max(len(name) for name, _ in rows)
+    for name, kind in rows:
+        typer.echo(f"{name:<{width}}  {kind}")
 
 
 def main() -> None:

@@ -6,6 +6,12 @@ photo's pixels. One forward pass records the network from the target layer on; t
 detection is a tensor of that very pass (the box is the same box, not a re-matched one), so each box
 costs one backward pass over the recorded graph. Eigen-CAM needs no gradient: one map per photo.
 
+The default method is HiResCAM (gradient x activation, summed over channels): a box's score reads the
+features inside its proposal only, so its gradient is local, and element-wise methods (HiResCAM,
+LayerCAM) keep it local. Grad-CAM averages that gradient over the whole map into one weight per channel,
+so its map lights up every object with those channels, not the box: on the shapes detector, HiResCAM's
+peak lies in the explained box for 35 of 37 boxes, LayerCAM's 36, Grad-CAM's 16 (tests/test_dense.py).
+
 The layer's map covers the padded canvas; it is upsampled to that canvas and cut to the resized photo,
 so maps and boxes land on the original photo exactly (tested with off-centre objects in non-square
 photos).
@@ -59,15 +65,15 @@ class DetectionExplanation:
 def _score_floor(model: nn.Module, threshold: float) -> Iterator[None]:
     """While open, the detector's own score cut-off is at most ``threshold`` (restored after), so a low
     ``--score-threshold`` shows boxes it would drop (with random weights, every box)."""
-    holders = [m for m in (model, getattr(model, "roi_heads", None)) if hasattr(m, "score_thresh")]
-    saved = [m.score_thresh for m in holders]  # type: ignore[union-attr]
+    holders: list[Any] = [m for m in (model, getattr(model, "roi_heads", None)) if hasattr(m, "score_thresh")]
+    saved = [m.score_thresh for m in holders]
     try:
         for m in holders:
-            m.score_thresh = min(float(m.score_thresh), threshold)  # type: ignore[union-attr]
+            m.score_thresh = min(float(m.score_thresh), threshold)
         yield
     finally:
         for m, value in zip(holders, saved, strict=True):
-            m.score_thresh = value  # type: ignore[union-attr]
+            m.score_thresh = value
 
 
 def _canvas(model: nn.Module) -> tuple[HookGroup, dict[str, tuple[int, int]]]:
@@ -92,7 +98,7 @@ def explain_detections(
     model: nn.Module,
     images: Tensor | Sequence[Tensor],
     layers: Sequence[str],
-    methods: Sequence[str] = ("gradcam",),
+    methods: Sequence[str] = ("hirescam",),
     *,
     score_threshold: float = 0.5,
     max_boxes: int = 10,

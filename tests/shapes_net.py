@@ -44,3 +44,24 @@ def make_dict() -> DictOut:
 
 def not_a_model() -> str:
     return "a string"
+
+
+def make_segmenter(classes: int = 4) -> nn.Module:
+    """torchvision's FCN over a small stride-4 backbone (``backbone.1`` its last stage): background and
+    the three shapes, trained in the tests on :func:`hookviz.shapes.shapes_scene`."""
+    from torchvision.models._utils import IntermediateLayerGetter
+    from torchvision.models.segmentation import FCN
+    from torchvision.models.segmentation.fcn import FCNHead
+
+    def stage(cin: int, cout: int) -> nn.Sequential:
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, padding=2, dilation=2, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+        )
+
+    body = nn.Sequential(stage(3, 24), stage(24, 48))
+    return FCN(IntermediateLayerGetter(body, {"1": "out"}), FCNHead(48, classes))

@@ -1,0 +1,308 @@
+"""Segmentation and detection models: every torchvision one runs; trained ones put each map on its region/box.
+
+The segmenter (torchvision's FCN over a small backbone) is trained here on synthetic scenes (~30 s);
+the detector (torchvision's Faster R-CNN, ``examples/shapes_detector.py``) is the fixture that
+``scripts/train_shapes_detector.py`` trained. Photos are non-square, with off-centre objects, and
+larger than what the models resize them to, so the maps must be mapped back exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hookviz.attribution import explain
+from hookviz.detection import explain_detections
+from hookviz.models import list_models, load_model
+from hookviz.shapes import shapes_scene
+from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
+from tests.shapes_net import make_segmenter
+
+DETECTOR = f"{ROOT / 'examples' / 'shapes_detector.py'}:make_detector"
+FIXTURE = ROOT / "tests" / "fixtures" / "shapes_detector.safetensors"
+SEGMENTER = f"{ROOT / 'tests' / 'shapes_net.py'}:make_segmenter"
+NAMES = ["__background__", "square", "disc", "cross"]
+
+
+def photo(img: np.ndarray, scale: int = 1) -> np.ndarray:
+    """A float scene as a uint8 photo, enlarged ``scale`` times (nearest: shapes stay crisp)."""
+    rgb = (img * 255).round().clip(0, 255).astype(np.uint8)
+    if scale == 1:
+        return rgb
+    return cv2.resize(rgb, (rgb.shape[1] * scale, rgb.shape[0] * scale), interpolation=cv2.INTER_NEAREST)
+
+
+def scenes(
+    n: int, seed: int, height: int = 64, width: int = 80, sizes: tuple[int, int] = (7, 12)
+) -> list[tuple[np.ndarray, ...]]:
+    rng = np.random.default_rng(seed)
+    return [shapes_scene(rng, height, width, 2, sizes) for _ in range(n)]
+
+
+# -- segmentation -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def segmenter(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    """FCN trained on scenes of 1-2 shapes (per-pixel classes); its state_dict saved as safetensors."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = make_segmenter()
+    steps = 220
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=steps)
+    model.train()
+    for _ in range(steps):
+        batch = [shapes_scene(rng, 64, 80, 2, (7, 12)) for _ in range(16)]
+        x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in batch]))
+        y = torch.from_numpy(np.stack([b[3] for b in batch]))
+        loss = F.cross_entropy(model(x)["out"], y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    for p in model.parameters():
+        p.grad = None
+    path = tmp_path_factory.mktemp("seg") / "segmenter.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return model, path
+
+
+def test_segmenter_learned_the_shapes(segmenter: tuple[torch.nn.Module, Path]) -> None:
+    model, _ = segmenter
+    batch = scenes(24, seed=7)
+    x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in batch]))
+    y = np.stack([b[3] for b in batch])
+    with torch.no_grad():
+        pred = model(x)["out"].argmax(1).numpy()
+    ious = [((pred == k) & (y == k)).sum() / max(((pred == k) | (y == k)).sum(), 1) for k in range(4)]
+    assert min(ious) > 0.6, ious
+
+
+def test_segmentation_map_lands_on_the_explained_class(segmenter: tuple[torch.nn.Module, Path]) -> None:
+    """For each shape in a scene, the Grad-CAM of its class (summed over its predicted pixels) peaks on it;
+    the default target is the most frequent non-background class of the prediction."""
+    model, _ = segmenter
+    hits = total = 0
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for img, _boxes, labels, classes in scenes(24, seed=11):
+        x = torch.from_numpy(img.transpose(2, 0, 1))[None]
+        ex = explain(model, x, ["backbone.1"], ["gradcam"])
+        with torch.no_grad():
+            pred = model(x)["out"].argmax(1)[0]
+        counts = torch.bincount(pred.flatten(), minlength=4)
+        counts[0] = -1
+        assert int(ex.predicted[0]) == int(counts.argmax())
+        assert float(ex.predicted_score[0]) == pytest.approx(float(counts.max()) / pred.numel())
+        assert ex.labels is not None and torch.equal(ex.labels[0].long(), pred)
+        for k in set(labels.tolist()):
+            ex = explain(model, x, ["backbone.1"], ["gradcam"], [k + 1])
+            cam = F.interpolate(ex.maps[("gradcam", "backbone.1")][:, :1], size=x.shape[2:], mode="bilinear")
+            peak = np.unravel_index(int(cam[0, 0].argmax()), cam.shape[2:])
+            total += 1
+            hits += bool(classes[peak] == k + 1)
+    assert total >= 25 and hits / total >= 0.9, (hits, total)
+    assert hook_counts(model) == 0 and not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_segmentation_cli_maps_back_onto_the_photo(
+    segmenter: tuple[torch.nn.Module, Path], tmp_path: Path
+) -> None:
+    """A 192x240 photo goes in at 64x80 (--input-size 64, aspect kept): the raw map at photo resolution
+    peaks on the disc, the record gives the disc's share of the pixels, the overlay is a picture."""
+    _, weights = segmenter
+    rng = np.random.default_rng(3)
+    while True:
+        img, _b, labels, classes = shapes_scene(rng, 64, 80, 2, (7, 12))
+        if sorted(labels.tolist()) == [0, 1]:  # a square and a disc
+            break
+    src = write_image(tmp_path / "scene.png", photo(img, 3))
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("\n".join(NAMES) + "\n")
+    out = tmp_path / "out"
+    r = invoke(
+        "gradcam", str(src), "--model", SEGMENTER, "--weights", str(weights), "--labels", str(labels_file),
+        "--input-size", "64", "--target", "disc", "--save-raw", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    [rec] = records(out)
+    assert rec["status"] == "ok" and rec["region"] == "class" and rec["settings"]["region"] == "class"
+    assert rec["target"]["name"] == "disc" and rec["target"]["index"] == 2
+    assert 0 < rec["target"]["score"] < 0.2
+    full = np.load(next(p for p in rec["outputs"] if p.endswith(".full.npy")))
+    assert full.shape == (192, 240)
+    peak = np.unravel_index(int(np.nanargmax(full)), full.shape)
+    assert classes[peak[0] // 3, peak[1] // 3] == 2, peak
+    picture(next(p for p in rec["outputs"] if p.endswith(".png")))
+    # The default target: the most frequent non-background class, its share in the caption's record.
+    r = invoke(
+        "gradcam", str(src), "--model", SEGMENTER, "--weights", str(weights), "--labels", str(labels_file),
+        "--input-size", "64", "--region", "all", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["region"] == "all" and rec["predicted"]["name"] in ("square", "disc")
+
+
+# -- detection --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def detector() -> object:
+    assert FIXTURE.stat().st_size <= 10_000_000
+    return load_model(DETECTOR, str(FIXTURE), labels=NAMES)
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    x0, y0 = max(a[0], b[0]), max(a[1], b[1])
+    x1, y1 = min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def test_detector_boxes_and_maps_land_on_the_objects(detector: object) -> None:
+    """240x320 photos (the detector resizes them to 120x160 inside): boxes come back in photo pixels on
+    the right shapes, and each box's HiResCAM and LayerCAM peak inside that box (Grad-CAM's channel
+    weights average the box's gradient over the whole map, so its peak often lands on another shape)."""
+    model = detector.model  # type: ignore[attr-defined]
+    assert detector.task == "detection"  # type: ignore[attr-defined]
+    methods = ["hirescam", "layercam", "gradcam", "eigencam"]
+    found = wanted = right = explained = 0
+    inside = dict.fromkeys(methods[:3], 0)
+    for img, boxes, labels, _ in scenes(24, seed=21, height=120, width=160, sizes=(9, 18)):
+        x = torch.from_numpy(photo(img, 2).transpose(2, 0, 1).copy()).float() / 255
+        [ex] = explain_detections(model, [x], ["backbone.2"], methods, score_threshold=0.5)
+        assert ex.image_size == (240, 320) and ex.resized == (120, 160)
+        found += len(ex.scores)
+        wanted += len(boxes)
+        for box, label in zip(boxes * 2, labels, strict=True):
+            right += any(
+                _iou(box, b.numpy()) >= 0.5 and int(lab) == label + 1
+                for b, lab in zip(ex.boxes, ex.labels, strict=True)
+            )
+        assert ex.maps[("eigencam", "backbone.2")].shape == (1, 120, 160)
+        explained += len(ex.scores)
+        for m in inside:
+            cams = ex.maps[(m, "backbone.2")]
+            assert cams.shape == (len(ex.scores), 120, 160)
+            for cam, b in zip(cams, ex.boxes, strict=True):
+                up = cv2.resize(cam.numpy(), (320, 240), interpolation=cv2.INTER_LINEAR)
+                py, px = np.unravel_index(int(up.argmax()), up.shape)
+                x0, y0, x1, y1 = b.tolist()
+                inside[m] += x0 - 4 <= px <= x1 + 4 and y0 - 4 <= py <= y1 + 4
+    print(f"boxes right {right}/{wanted}, found {found}; map peaks in their box {inside} of {explained}")
+    assert wanted >= 30
+    assert right / wanted >= 0.9 and right / max(found, 1) >= 0.85, (right, found, wanted)
+    assert inside["hirescam"] / explained >= 0.9 and inside["layercam"] / explained >= 0.9, inside
+
+
+def test_detection_leaves_the_model_as_found(detector: object) -> None:
+    model = detector.model  # type: ignore[attr-defined]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    threshold = model.roi_heads.score_thresh
+    x = torch.rand(3, 100, 140)
+    [ex] = explain_detections(model, [x], ["backbone.2"], score_threshold=0.0, max_boxes=3)
+    assert len(ex.scores) == 3  # below the model's own 0.05 cut-off: boxes it would have dropped
+    with pytest.raises(Exception, match="layer"):
+        explain_detections(model, [x], ["roi_heads.box_head"], score_threshold=0.0)
+    assert model.roi_heads.score_thresh == threshold and not model.training
+    assert hook_counts(model) == 0 and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(Exception, match="not available for detectors"):
+        explain_detections(model, [x], ["backbone.2"], ["scorecam"])
+
+
+def test_detection_cli_manifest_lists_every_box(detector: object, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    img, boxes, labels, _ = shapes_scene(rng, 120, 160, 3, (9, 16))
+    src = write_image(tmp_path / "scene.png", photo(img, 2))
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("\n".join(NAMES) + "\n")
+    out = tmp_path / "out"
+    args = ["--model", DETECTOR, "--weights", str(FIXTURE), "--labels", str(labels_file), "--out", str(out)]
+    r = invoke("gradcam", str(src), *args, "--method", "hirescam", "--method", "eigencam", "--json")
+    assert r.exit_code == 0, r.stderr
+    [rec] = records(out)
+    dets = rec["detections"]
+    assert len(dets) == len(boxes) and rec["task"] == "detection"
+    for box, label in zip(boxes * 2, labels, strict=True):
+        match = [d for d in dets if _iou(box, np.asarray(d["box"])) >= 0.5]
+        assert len(match) == 1 and match[0]["name"] == NAMES[label + 1] and match[0]["score"] >= 0.5
+        [out_png] = match[0]["outputs"]
+        assert ".box" in out_png and (out / out_png).exists()
+        picture(out / out_png)
+    assert rec["predicted"]["score"] == max(d["score"] for d in dets)
+    written = [Path(p).name for p in rec["outputs"]]
+    assert written[-1].endswith(".detections.png") and any(".eigencam." in n for n in written)
+    # The same run again: complete outputs are skipped; a higher threshold finds nothing, and says so.
+    r = invoke("gradcam", str(src), *args, "--method", "hirescam", "--method", "eigencam")
+    assert r.exit_code == 0 and "exists" in r.stdout
+    r = invoke("gradcam", str(src), *args, "--score-threshold", "1.0", "--json")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["status"] == "ok" and rec["detections"] == [] and rec["maps"] == []
+    assert rec["outputs"][-1].endswith(".detections.png")
+    r = invoke("gradcam", str(src), *args, "--score-threshold", "1.0", "--overwrite")
+    assert "nothing detected with score >= 1.0" in r.stdout
+    # A class filter keeps only that class's boxes.
+    r = invoke("gradcam", str(src), *args, "--target", NAMES[labels[0] + 1], "--json")
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["detections"] and {d["name"] for d in rec["detections"]} == {NAMES[labels[0] + 1]}
+    r = invoke("gradcam", str(src), *args, "--method", "scorecam")
+    assert r.exit_code == 2 and "not available for detectors" in r.stderr
+
+
+def test_models_lists_tasks() -> None:
+    r = invoke("models")
+    rows = dict(line.split() for line in r.stdout.splitlines())
+    assert rows["resnet18"] == "classification" and rows["deeplabv3_resnet50"] == "segmentation"
+    assert rows["fasterrcnn_resnet50_fpn"] == "detection" and len(rows) >= 76 + 6 + 12
+    r = invoke("models", "--task", "detection")
+    assert r.stdout.split() == list_models("detection") and len(r.stdout.split()) == 12
+
+
+# -- every torchvision model ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_torchvision_segmentation_and_detection_model_runs(tmp_path: Path) -> None:
+    """Random weights, one non-square photo: gradcam (maps), layers and summary work on each."""
+    rng = np.random.default_rng(0)
+    img, *_ = shapes_scene(rng, 90, 150, 2, (9, 16))
+    src = write_image(tmp_path / "scene.png", photo(img))
+    failures = []
+    for name in list_models("segmentation") + list_models("detection"):
+        out = tmp_path / name
+        dense = name in list_models("segmentation")
+        extra = ["--input-size", "96"] if dense or not name.startswith("ssd") else []
+        if not dense:
+            extra += ["--score-threshold", "0", "--max-boxes", "2"]
+        r = invoke(
+            "gradcam", str(src), "--model", name, "--weights", "none", "--method", "gradcam",
+            "--method", "eigencam", "--out", str(out), "--quiet", *extra,
+        )  # fmt: skip
+        recs = records(out) if (out / "manifest.jsonl").exists() else []
+        if r.exit_code != 0 or not recs or recs[0]["status"] != "ok":
+            failures.append((name, r.stderr[-300:]))
+            continue
+        rec = recs[0]
+        if dense:
+            assert rec["region"] == "class" and len(rec["maps"]) == 2, name
+        else:
+            assert len(rec["detections"]) == 2 and len(rec["maps"]) == 3, name
+        assert all(m["finite"] for m in rec["maps"]), name
+        r = invoke("layers", "--model", name, "--weights", "none")
+        assert r.exit_code == 0 and "default Grad-CAM layer" in r.stdout, name
+        r = invoke("summary", "--model", name, "--weights", "none", "--input-size", "3,96,128")
+        assert r.exit_code == 0 and "MACs" in r.stdout, name
+    assert not failures, failures
