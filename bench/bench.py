@@ -150,6 +150,130 @@ with GradCAM(model=model, target_layers=[model.layer4]) as cam:
 """
 
 
+FLOOR_SCRIPT = r"""
+# The job's floor: what any tool must do for each photo (decode, resize + crop, infer in batches of 8,
+# write a PNG of the photo's size), with nothing else: no hooks, no gradient, no map, no caption.
+import sys, glob, os, cv2, numpy as np, torch, torchvision
+src, out, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.makedirs(out, exist_ok=True)
+model = torchvision.models.resnet18(weights=None).eval()
+mean = np.array([0.485, 0.456, 0.406], np.float32)
+std = np.array([0.229, 0.224, 0.225], np.float32)
+paths = sorted(glob.glob(os.path.join(src, "*.jpg")))
+for i in range(0, len(paths), bs):
+    chunk = paths[i:i + bs]
+    rgbs = [cv2.imread(p)[:, :, ::-1] for p in chunk]
+    xs = []
+    for rgb in rgbs:
+        h, w = rgb.shape[:2]
+        side = round(min(h, w) * 224 / 256)
+        y0, x0 = (h - side) // 2, (w - side) // 2
+        crop = cv2.resize(rgb[y0:y0 + side, x0:x0 + side], (224, 224), interpolation=cv2.INTER_AREA)
+        xs.append(((crop.astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1))
+    with torch.inference_mode():
+        model(torch.from_numpy(np.stack(xs)))
+    for p, rgb in zip(chunk, rgbs):
+        cv2.imwrite(os.path.join(out, os.path.basename(p) + ".png"), np.ascontiguousarray(rgb[:, :, ::-1]))
+"""
+
+
+def throughput_bench(rounds: int, tmp: Path, n: int, peers: bool) -> list[tuple[str, float, float]]:
+    """Whole processes on ``n`` photos, interleaved: the floor script, ``hookviz gradcam`` (with per-stage
+    timings from a separate run), ``hookviz featuremaps``, and (``peers``) the pytorch-grad-cam script."""
+    import json
+
+    imgs = tmp / f"imgs{n}"
+    make_images(imgs, n)
+    floor_py, pgc_py = tmp / "floor.py", tmp / "pgc_script.py"
+    floor_py.write_text(FLOOR_SCRIPT)
+    pgc_py.write_text(PGC_SCRIPT)
+    common = ["--weights", "none", "-q", "--device", "cpu"]
+    runs: dict[str, Callable[[Path], list[str]]] = {
+        "floor": lambda o: [sys.executable, str(floor_py), str(imgs), str(o), "8"],
+        "gradcam": lambda o: [HOOKVIZ, "gradcam", str(imgs), "--out", str(o), *common],
+        "featuremaps": lambda o: [HOOKVIZ, "featuremaps", str(imgs), "--out", str(o), *common],
+    }
+    if peers:
+        runs["pgc"] = lambda o: [sys.executable, str(pgc_py), str(imgs), str(o), "8"]
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    rss: dict[str, int] = {}
+    order = list(runs)
+    rng = random.Random(n)
+    for r in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            out = tmp / f"{name}{n}_{r}"
+            dt, peak = run_timed(runs[name](out))
+            times[name].append(dt)
+            rss[name] = max(rss.get(name, 0), peak)
+            shutil.rmtree(out)
+    t = {k: statistics.median(v) for k, v in times.items()}
+    stages_file = tmp / "stages.json"
+    os.environ["HOOKVIZ_TIMINGS"] = str(stages_file)
+    try:
+        run_timed(runs["gradcam"](tmp / f"stages{n}"))
+    finally:
+        del os.environ["HOOKVIZ_TIMINGS"]
+    stages = json.loads(stages_file.read_text())
+    rows = [
+        (f"floor script, {n} photos (decode, crop, inference batch 8, write PNG)", t["floor"], 1.0),
+        (f"hookviz gradcam, {n} photos (goal <= 1.25x floor)", t["gradcam"], t["gradcam"] / t["floor"]),
+        (f"hookviz featuremaps, {n} photos", t["featuremaps"], t["featuremaps"] / t["floor"]),
+    ]
+    if peers:
+        rows.append((f"pytorch-grad-cam script, {n} photos", t["pgc"], t["pgc"] / t["floor"]))
+        rows.append(
+            (
+                f"-> pytorch-grad-cam / hookviz gradcam, {n} photos (goal >= 2)",
+                t["pgc"] / t["gradcam"],
+                float("nan"),
+            )
+        )
+    for name in ("decode", "preprocess", "compute", "render", "encode", "write"):
+        per = stages.get(name, 0.0) / max(stages["images"], 1) * 1000
+        rows.append(
+            (f"  hookviz gradcam stage: {name}, ms per photo (summed over threads)", per, float("nan"))
+        )
+    rows += [(f"peak RSS, {k}, {n} photos (MiB)", rss[k], rss[k] / rss["floor"]) for k in runs]
+    return rows
+
+
+def png_bench(rounds: int) -> list[tuple[str, float, float]]:
+    """PNG encoding of a typical overlay (a photo with a heatmap, captioned) at several zlib levels."""
+    import cv2
+    import numpy as np
+
+    from hookviz import render
+    from hookviz.images import Box, load_rgb
+
+    rgb = load_rgb(sorted(SAMPLES.glob("*.jpg"))[1])
+    cam = np.random.default_rng(0).random((7, 7)).astype(np.float32)
+    picture = render.caption(
+        render.overlay(rgb, cam, Box(0, 0, rgb.shape[1], rgb.shape[0])), ["a caption"] * 3
+    )
+    bgr = np.ascontiguousarray(picture[:, :, ::-1])
+    variants: dict[str, list[int]] = {
+        f"zlib level {level}": [cv2.IMWRITE_PNG_COMPRESSION, level] for level in (0, 1, 3, 6, 9)
+    }
+    for level in (1, 3):
+        variants[f"zlib level {level}, Sub filter"] = [
+            cv2.IMWRITE_PNG_COMPRESSION, level, cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FILTER_SUB,
+        ]  # fmt: skip
+        variants[f"zlib level {level}, fast filters"] = [
+            cv2.IMWRITE_PNG_COMPRESSION, level, cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FAST_FILTERS,
+        ]  # fmt: skip
+    variants["zlib RLE strategy, Sub filter"] = [
+        cv2.IMWRITE_PNG_STRATEGY, cv2.IMWRITE_PNG_STRATEGY_RLE,
+        cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FILTER_SUB,
+    ]  # fmt: skip
+    times = medians({k: (lambda p=p: cv2.imencode(".png", bgr, p)) for k, p in variants.items()}, rounds)
+    rows = []
+    for name, params in variants.items():
+        size = len(cv2.imencode(".png", bgr, params)[1])
+        rows.append((f"PNG {name}: ms per overlay, {size / 1024:.0f} KiB", times[name] * 1000, float("nan")))
+    return rows
+
+
 def make_images(folder: Path, n: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     samples = sorted(SAMPLES.glob("*.jpg"))
@@ -171,36 +295,6 @@ def run_timed(cmd: list[str]) -> tuple[float, int]:
     if rc != "0":
         raise RuntimeError(f"{cmd[0]} failed: {res.stderr}")
     return float(dt), int(rss) // 1024
-
-
-def process_bench(rounds: int, tmp: Path, n: int) -> list[tuple[str, float, float]]:
-    imgs = tmp / f"imgs{n}"
-    make_images(imgs, n)
-    script = tmp / "pgc_script.py"
-    script.write_text(PGC_SCRIPT)
-    ours_t, theirs_t = [], []
-    for r in range(rounds):
-        out_a, out_b = tmp / f"a{n}_{r}", tmp / f"b{n}_{r}"
-        cmd = [
-            HOOKVIZ,
-            "gradcam",
-            str(imgs),
-            "--weights",
-            "none",
-            "--out",
-            str(out_a),
-            "-q",
-            "--device",
-            "cpu",
-        ]
-        ours_t.append(run_timed(cmd)[0])
-        theirs_t.append(run_timed([sys.executable, str(script), str(imgs), str(out_b), "8"])[0])
-        assert len(list(out_a.glob("*.png"))) == n and len(list(out_b.glob("*.png"))) == n
-    a, b = statistics.median(ours_t), statistics.median(theirs_t)
-    return [
-        (f"hookviz gradcam, {n} images, whole process", a, 1.0),
-        (f"pytorch-grad-cam script, {n} images, batch 8, show_cam_on_image + imwrite", b, b / a),
-    ]
 
 
 def startup_bench(rounds: int) -> list[tuple[str, float, float]]:
@@ -258,6 +352,9 @@ def main() -> None:
     parser.add_argument("--process-rounds", type=int, default=3, help="rounds for the whole-process runs")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument(
+        "--only", choices=["all", "throughput"], default="all", help="throughput: #16's rows only"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -270,17 +367,34 @@ def main() -> None:
     print(
         f"resnet18, weights=None, batch {args.batch}, 224x224, median of {args.rounds} interleaved rounds\n"
     )
+    if args.only == "throughput":
+        rows = png_bench(args.rounds)
+        with tempfile.TemporaryDirectory() as d:
+            rows += throughput_bench(args.process_rounds, Path(d), 32, peers=True)
+            rows += throughput_bench(1, Path(d), 256, peers=True)
+        _print(rows)
+        return
     rows = compute_bench(args.rounds, args.batch)
+    rows += png_bench(args.rounds)
     with tempfile.TemporaryDirectory() as d:
+        rows += throughput_bench(args.process_rounds, Path(d), 32, peers=True)
+        rows += throughput_bench(1, Path(d), 256, peers=True)
         rows += startup_bench(args.process_rounds)
-        rows += process_bench(args.process_rounds, Path(d), 64)
-        rows += process_bench(1, Path(d), 256)
         rows += memory_bench(Path(d))
+    _print(rows)
+
+
+def _print(rows: list[tuple[str, float, float]]) -> None:
     print(f"| {'measurement':<80} | {'median':>10} | {'ratio':>7} |")
     print(f"|{'-' * 82}|{'-' * 12}|{'-' * 9}|")
     for name, value, ratio in rows:
-        unit = "" if "RSS" in name or name.startswith("->") else " s"
-        val = f"{value:.0f}" if "RSS" in name else f"{value:.3f}{unit}" if unit else f"{value:.2f}x"
+        unit = "" if "RSS" in name or name.startswith("->") else " ms" if " ms " in name else " s"
+        if "RSS" in name:
+            val = f"{value:.0f}"
+        elif unit == " ms":
+            val = f"{value:.1f}"
+        else:
+            val = f"{value:.3f}{unit}" if unit else f"{value:.2f}x"
         rat = "" if ratio != ratio else f"{ratio:.2f}x"
         print(f"| {name:<80} | {val:>10} | {rat:>7} |")
 

@@ -22,6 +22,8 @@ _EXPORTS = {
     "explain": "hookviz.attribution",
     "CamResult": "hookviz.attribution",
     "Explanation": "hookviz.attribution",
+    "explain_detections": "hookviz.detection",
+    "DetectionExplanation": "hookviz.detection",
     "summarize": "hookviz.summary",
     "ModelSummary": "hookviz.summary",
     "attach_dropblock": "hookviz.regularize",
@@ -44,6 +46,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load on first use
     from hookviz.attribution import CamResult, Explanation, explain, grad_cam
+    from hookviz.detection import DetectionExplanation, explain_detections
     from hookviz.errors import HookvizError
     from hookviz.features import FeatureMap, feature_maps
     from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
@@ -57,6 +60,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
 
 __all__ = [
     "CamResult",
+    "DetectionExplanation",
     "Explanation",
     "FeatureMap",
     "GlobalNormClipper",
@@ -73,6 +77,7 @@ __all__ = [
     "clip_grad_values",
     "drop_block",
     "explain",
+    "explain_detections",
     "feature_maps",
     "grad_cam",
     "gradient_flow",

@@ -132,7 +132,8 @@ ResizeOpt = Annotated[
     typer.Option(
         "--resize",
         help="crop: centre crop, torchvision's eval transform (the map covers the part the model saw); "
-        "squash: whole image resized to a square. Default: the model's own.",
+        "squash: whole image resized to a square; shorter: shorter side to --input-size, aspect kept "
+        "(segmentation); model: the photo as it is (detectors resize it). Default: the model's own.",
         rich_help_panel=MODEL,
     ),
 ]

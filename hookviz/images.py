@@ -21,6 +21,8 @@ IMAGE_SUFFIXES = frozenset(
 )
 #: Largest image accepted by default (pixels); a 12000x12000 photo decodes to 430 MB of RGB.
 DEFAULT_MAX_PIXELS = 80_000_000
+#: zlib level of every PNG written (bench/bench.py's PNG rows measure the others).
+PNG_LEVEL = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -196,7 +198,11 @@ def encode_png(rgb: np.ndarray) -> bytes:
     """Encode an RGB ``uint8`` image as PNG bytes."""
     import cv2
 
-    ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+    from hookviz import timing
+
+    with timing.stage("encode"):
+        params = [cv2.IMWRITE_PNG_COMPRESSION, PNG_LEVEL]
+        ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]), params)
     if not ok:  # pragma: no cover - cv2 only fails on impossible shapes
         raise ValueError(f"cannot encode an image of shape {rgb.shape} as PNG")
     return buf.tobytes()

@@ -13,14 +13,16 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import numpy as np
 
+from hookviz import timing
 from hookviz.errors import HookvizError, OutputError, UsageError
 from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, image_suffixes, load_rgb, quote
 
@@ -284,6 +286,10 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+#: Records one input of a computed batch, once its render is done.
+_Finisher = Callable[[], dict[str, Any]]
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
@@ -291,9 +297,16 @@ def _describe(exc: BaseException) -> str:
 
 def _load(item: Item, preprocess: Preprocess, max_pixels: int) -> tuple[np.ndarray, np.ndarray, Box]:
     assert item.path is not None
-    rgb = load_rgb(item.path, max_pixels=max_pixels)
-    x, box = preprocess(rgb)
+    with timing.stage("decode"):
+        rgb = load_rgb(item.path, max_pixels=max_pixels)
+    with timing.stage("preprocess"):
+        x, box = preprocess(rgb)
     return rgb, x, box
+
+
+def _render(job: Job, result: Any, index: int, rgb: np.ndarray, box: Box, prefix: str) -> Any:
+    with timing.stage("render"):
+        return job.render(result, index, rgb, box, prefix)
 
 
 def run(
@@ -395,6 +408,89 @@ def run(
         kept["outputs"] = [str(output.path(n)) for n in job.planned(prefix)]
         return record(item, "skipped", note="outputs exist for these settings", **kept)
 
+    done = [0]
+
+    def finish(item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
+        """Wait for one input's render, write its files, and record it."""
+        try:
+            files, fields = fut.result()
+            fields["box"] = [box.x0, box.y0, box.x1, box.y1]
+            if note == "fill":
+                return skipped(item, prefix, fields)
+            # Resuming, an input is redone only when its outputs are incomplete (a killed run):
+            # replacing the partial set is the point.
+            with timing.stage("write"):
+                written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
+        except HookvizError as exc:
+            return record(item, "error", f"{quote(item.name)}: {exc}")
+        except FileExistsError as exc:
+            return record(
+                item, "error", f"{quote(item.name)}: output exists: {exc} (pass --overwrite to replace it)"
+            )
+        except OSError as exc:
+            return record(item, "error", f"{quote(item.name)}: cannot write output ({exc.strerror or exc})")
+        except Exception as exc:  # a rendering bug on one image must not stop the others
+            return record(item, "error", f"{quote(item.name)}: cannot render: {_describe(exc)}")
+        done[0] += 1
+        return record(item, "ok", prefix=prefix, outputs=written, **fields)
+
+    def compute(current: list[Started]) -> list[_Finisher]:
+        """Run the model on one decoded batch now and start rendering it; return, in input order, what
+        records each input once its render is done (so rendering overlaps the next batch's compute)."""
+        finishers: list[_Finisher | int] = []
+        ready: list[tuple[Item, str, np.ndarray, Box, str | None]] = []
+        xs: list[np.ndarray] = []
+        for item, prefix, fut, note in current:
+            if fut is None:
+                if note == "skipped":
+                    finishers.append(partial(skipped, item, prefix, output.previous[prefix]))
+                else:
+                    finishers.append(partial(record, item, "error", note))
+                continue
+            try:
+                rgb, x, box = fut.result()
+            except HookvizError as exc:
+                finishers.append(partial(record, item, "error", str(exc)))
+                continue
+            finishers.append(len(ready))
+            ready.append((item, prefix, rgb, box, note))
+            xs.append(x)
+        # Inputs of one size form one batch; photos of other sizes (a segmentation model keeps each
+        # photo's aspect, a detector takes it as it is) form their own.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, x in enumerate(xs):
+            groups.setdefault(tuple(x.shape), []).append(i)
+        placed: dict[int, tuple[Any, int]] = {}
+        failed: dict[int, str] = {}
+        for members in groups.values():
+            batch = torch.from_numpy(np.stack([xs[i] for i in members]))
+            # Pinned host memory lets the copy to the GPU overlap with work already queued.
+            batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
+            try:
+                with timing.stage("compute"):
+                    result = job.compute(batch)
+            except HookvizError:
+                raise  # a bad layer/target fails every batch alike: stop with its message
+            except Exception as exc:  # a model failure on this batch must not stop the others
+                for i in members:
+                    failed[i] = f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
+                continue
+            placed.update({i: (result, j) for j, i in enumerate(members)})
+        out: list[_Finisher] = []
+        for slot in finishers:
+            if not isinstance(slot, int):
+                out.append(slot)
+                continue
+            item, prefix, rgb, box, note = ready[slot]
+            if slot in failed:
+                out.append(partial(record, item, "error", failed[slot]))
+                continue
+            result, j = placed[slot]
+            fut = pool.submit(_render, job, result, j, rgb, box, prefix)
+            out.append(partial(finish, item, prefix, box, note, fut))
+        return out
+
+    previous: list[_Finisher] = []
     try:
         it = batches()
         pending = start(next(it, []))
@@ -403,84 +499,19 @@ def run(
             nxt = next(it, None)
             if nxt is not None:
                 pending = start(nxt)  # decode the next batch while this one computes
-            ready: list[tuple[Item, str, np.ndarray, Box, str | None]] = []
-            xs: list[np.ndarray] = []
-            for item, prefix, fut, note in current:
-                if fut is None:
-                    if note == "skipped":
-                        yield skipped(item, prefix, output.previous[prefix])
-                    else:
-                        yield record(item, "error", note)
-                    continue
-                try:
-                    rgb, x, box = fut.result()
-                except HookvizError as exc:
-                    yield record(item, "error", str(exc))
-                    continue
-                ready.append((item, prefix, rgb, box, note))
-                xs.append(x)
-            if not ready:
-                continue
-            # Inputs of one size form one batch; photos of other sizes (a segmentation model keeps each
-            # photo's aspect, a detector takes it as it is) form their own.
-            groups: dict[tuple[int, ...], list[int]] = {}
-            for i, x in enumerate(xs):
-                groups.setdefault(tuple(x.shape), []).append(i)
-            placed: dict[int, tuple[Any, int]] = {}
-            failed: dict[int, str] = {}
-            for members in groups.values():
-                batch = torch.from_numpy(np.stack([xs[i] for i in members]))
-                # Pinned host memory lets the copy to the GPU overlap with work already queued.
-                batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
-                try:
-                    result = job.compute(batch)
-                except HookvizError:
-                    raise  # a bad layer/target fails every batch alike: stop with its message
-                except Exception as exc:  # a model failure on this batch must not stop the others
-                    for i in members:
-                        failed[i] = (
-                            f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
-                        )
-                    continue
-                placed.update({i: (result, j) for j, i in enumerate(members)})
-            renders = {
-                i: pool.submit(job.render, placed[i][0], placed[i][1], rgb, box, prefix)
-                for i, (_, prefix, rgb, box, _note) in enumerate(ready)
-                if i in placed
-            }
-            for i, (item, prefix, _rgb, box, note) in enumerate(ready):
-                if i in failed:
-                    yield record(item, "error", failed[i])
-                    continue
-                fut = renders[i]
-                try:
-                    files, fields = fut.result()
-                    fields["box"] = [box.x0, box.y0, box.x1, box.y1]
-                    if note == "fill":
-                        yield skipped(item, prefix, fields)
-                        continue
-                    # Resuming, an input is redone only when its outputs are incomplete (a killed
-                    # run): replacing the partial set is the point.
-                    written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
-                except HookvizError as exc:
-                    yield record(item, "error", f"{quote(item.name)}: {exc}")
-                    continue
-                except FileExistsError as exc:
-                    yield record(
-                        item,
-                        "error",
-                        f"{quote(item.name)}: output exists: {exc} (pass --overwrite to replace it)",
-                    )
-                    continue
-                except OSError as exc:
-                    yield record(
-                        item, "error", f"{quote(item.name)}: cannot write output ({exc.strerror or exc})"
-                    )
-                    continue
-                except Exception as exc:  # a rendering bug on one image must not stop the others
-                    yield record(item, "error", f"{quote(item.name)}: cannot render: {_describe(exc)}")
-                    continue
-                yield record(item, "ok", prefix=prefix, outputs=written, **fields)
+            try:
+                finishers = compute(current)
+            except HookvizError:
+                for f in previous:  # the batch before is done: record it before stopping
+                    yield f()
+                previous = []
+                raise
+            for f in previous:  # rendered while this batch computed
+                yield f()
+            previous = finishers
+        for f in previous:
+            yield f()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         output.close()
+        timing.dump(done[0])

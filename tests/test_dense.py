@@ -154,6 +154,53 @@ def test_segmentation_cli_maps_back_onto_the_photo(
     assert rec["region"] == "all" and rec["predicted"]["name"] in ("square", "disc")
 
 
+def test_segmentation_every_method_and_metrics(
+    segmenter: tuple[torch.nn.Module, Path], tmp_path: Path
+) -> None:
+    """Every CAM method on a segmenter; Score-CAM's masked passes are scored over the class's own pixels, and
+    the metrics' deletion curve falls (probability of the class on its region)."""
+    model, weights = segmenter
+    img, _b, labels, classes = scenes(1, seed=4)[0]
+    x = torch.from_numpy(img.transpose(2, 0, 1))[None]
+    k = int(labels[0]) + 1
+    ex = explain(model, x, ["backbone.1"], _ALL, [k])
+    for (method, _layer), cam in ex.maps.items():
+        assert torch.isfinite(cam).all() and cam.shape[:2] == (1, 1), method
+        up = F.interpolate(cam.float(), size=x.shape[2:], mode="bilinear")[0, 0]
+        if method in ("gradcam", "hirescam", "layercam", "scorecam"):
+            peak = np.unravel_index(int(up.argmax()), up.shape)
+            assert classes[peak] == k, (method, peak)
+    src = write_image(tmp_path / "scene.png", photo(img, 2))
+    out = tmp_path / "out"
+    r = invoke(
+        "gradcam", str(src), "--model", SEGMENTER, "--weights", str(weights), "--input-size", "64",
+        "--metrics", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    [m] = records(out)[0]["maps"]
+    assert m["metrics"]["deletion_auc"] < m["metrics"]["insertion_auc"]
+
+
+_ALL = ["gradcam", "gradcampp", "xgradcam", "layercam", "hirescam", "eigencam", "scorecam", "guidedgradcam"]
+
+
+def test_torchvision_detector_from_a_weights_file(tmp_path: Path) -> None:
+    """A fine-tuned torchvision detector (5 classes, not COCO's 91) loads by name from a local file: the
+    head is rebuilt to fit and COCO's names are dropped."""
+    from torchvision.models import get_model
+
+    torch.manual_seed(0)
+    model = get_model(
+        "fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, weights_backbone=None, num_classes=5
+    )
+    path = tmp_path / "det.pth"
+    torch.save(model.state_dict(), path)
+    loaded = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", str(path))
+    assert loaded.task == "detection" and loaded.categories == () and loaded.pretrained
+    assert loaded.model.roi_heads.box_predictor.cls_score.out_features == 5
+    assert loaded.preprocess.resize == "model" and loaded.weights_id.startswith("sha256:")
+
+
 # -- detection --------------------------------------------------------------------------------
 
 
