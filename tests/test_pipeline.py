@@ -73,3 +73,32 @@ def test_atomic_write_and_no_overwrite(tmp_path: Path) -> None:
     assert sorted(f.name for f in (tmp_path / "o").iterdir()) == ["x.png"]  # no temp files left
     with pytest.raises(ValueError, match="unsafe"):
         out.write("../escape.png", b"")
+
+
+def test_stage_timings_account_for_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOOKVIZ_TIMINGS=FILE: per-stage seconds of the run (encode taken out of render), and the photo count;
+    records still come in input order although each batch renders while the next one computes."""
+    import json
+
+    from hookviz import timing
+    from tests.conftest import invoke, records
+
+    target = tmp_path / "stages.json"
+    monkeypatch.setenv("HOOKVIZ_TIMINGS", str(target))
+    monkeypatch.setattr(timing, "ENABLED", True)
+    monkeypatch.setattr(timing, "_TOTALS", {})
+    rng = np.random.default_rng(0)
+    photos = [
+        write_image(tmp_path / f"p{i}.png", rng.integers(0, 255, (60 + i, 80, 3), dtype=np.uint8))
+        for i in range(5)
+    ]
+    out = tmp_path / "out"
+    r = invoke(
+        "gradcam", *map(str, photos), "--weights", "none", "--batch-size", "2", "--out", str(out), "-q"
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert [rec["input"] for rec in records(out)] == [str(p) for p in photos]
+    stages = json.loads(target.read_text())
+    assert stages["images"] == 5
+    for name in ("decode", "preprocess", "compute", "render", "encode", "write"):
+        assert stages[name] > 0, name
