@@ -884,6 +884,19 @@ def gradcam(
         _run_job(make, m, r)
 
 
+def _refuse_task(loaded: Any, command: str, refused: tuple[str, ...]) -> None:
+    """One line for a command that does not apply to a segmentation model or a detector."""
+    from hookviz.errors import UsageError
+
+    if loaded.task in refused:
+        a = "a detector" if loaded.task == "detection" else "a segmentation model"
+        works = "classifiers" if "segmentation" in refused else "classifiers and segmentation models"
+        raise UsageError(
+            f"`hookviz {command}` works on {works}, and {loaded.name} is {a}; "
+            "`hookviz gradcam` explains it (and `featuremaps`, `dropblock`, `layers`, `summary` work on it)"
+        )
+
+
 def _detection_job(
     loaded: Any,
     calls: Any,
@@ -1115,6 +1128,7 @@ def evaluate(
     with _guard(debug):
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            _refuse_task(loaded, "evaluate", ("detection",))
             from hookviz.jobs import EvaluateJob
             from hookviz.layers import cam_layer, default_cam_layer
             from hookviz.models import num_classes, parse_targets, probe
@@ -1258,6 +1272,7 @@ def sanity(
     with _guard(debug):
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            _refuse_task(loaded, "sanity", ("detection",))
             from hookviz.jobs import SanityJob
             from hookviz.layers import cam_layer, default_cam_layer
             from hookviz.models import probe
@@ -1412,6 +1427,7 @@ def gradflow(
     with _guard(debug):
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            _refuse_task(loaded, "gradflow", ("segmentation", "detection"))
             from hookviz.jobs import GradFlowJob
             from hookviz.layers import resolve_layers
             from hookviz.models import num_classes, parse_target

@@ -290,6 +290,9 @@ def rank_layers(
         except LayerError:
             scores[layer] = float("-inf")
             continue
-        f = faithfulness(model, x, ex.maps[(method, layer)][:, 0], ex.targets[:, 0])
+        from hookviz.readout import scorer
+
+        score = scorer(ex.labels, ex.region)
+        f = faithfulness(model, x, ex.maps[(method, layer)][:, 0], ex.targets[:, 0], scorer=score)
         scores[layer] = float((f.insertion_auc - f.deletion_auc).mean())
     return scores

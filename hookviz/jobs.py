@@ -799,14 +799,16 @@ class EvaluateJob:
     def compute(self, x: Any) -> Any:
         from hookviz import evaluation
         from hookviz.attribution import explain
+        from hookviz.readout import scorer
 
         ex = explain(self.loaded.model, x, self.layers, self.methods, self.targets)
         t = ex.targets[:, 0]
+        score = scorer(ex.labels, ex.region)  # a segmentation's class probability over its region
         rows: dict[str, Any] = {}
         passes = 0
         for (method, layer), maps in ex.maps.items():
             f = evaluation.faithfulness(
-                self.loaded.model, x, maps[:, 0], t, steps=self.steps, chunk=self.chunk
+                self.loaded.model, x, maps[:, 0], t, steps=self.steps, chunk=self.chunk, scorer=score
             )
             rows[f"{method}@{layer}"] = f
             passes += f.forward_passes
@@ -815,7 +817,9 @@ class EvaluateJob:
             ("random", evaluation.random_maps(b, h, w)),
             ("center", evaluation.center_maps(b, h, w)),
         ):
-            f = evaluation.faithfulness(self.loaded.model, x, maps, t, steps=self.steps, chunk=self.chunk)
+            f = evaluation.faithfulness(
+                self.loaded.model, x, maps, t, steps=self.steps, chunk=self.chunk, scorer=score
+            )
             rows[name] = f
             passes += f.forward_passes
         return ex, rows, passes

@@ -353,3 +353,30 @@ def test_every_torchvision_segmentation_and_detection_model_runs(tmp_path: Path)
         r = invoke("summary", "--model", name, "--weights", "none", "--input-size", "3,96,128")
         assert r.exit_code == 0 and "MACs" in r.stdout, name
     assert not failures, failures
+
+
+def test_commands_that_need_class_scores_refuse_a_detector_in_one_line(tmp_path: Path) -> None:
+    src = write_image(tmp_path / "p.png", np.full((40, 60, 3), 128, np.uint8))
+    for command in ("evaluate", "sanity", "gradflow"):
+        r = invoke(command, str(src), "--model", DETECTOR, "--weights", str(FIXTURE), "--out", str(tmp_path))
+        assert r.exit_code == 2 and "is a detector; `hookviz gradcam` explains it" in r.stderr, command
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_evaluate_a_segmentation_model(segmenter: tuple[torch.nn.Module, Path], tmp_path: Path) -> None:
+    """Deletion/insertion over the class's own pixels: the trained segmenter's Grad-CAM beats random maps."""
+    _, weights = segmenter
+    photos = [write_image(tmp_path / f"s{i}.png", photo(img, 2)) for i, (img, *_) in enumerate(scenes(6, 31))]
+    out = tmp_path / "out"
+    r = invoke(
+        "evaluate", *map(str, photos), "--model", SEGMENTER, "--weights", str(weights), "--input-size", "64",
+        "--out", str(out),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rows = {row["method"]: row for row in json.loads((out / "evaluation.json").read_text())["rows"]}
+    assert rows["gradcam"]["images"] == 6
+
+    def gap(row: dict[str, float]) -> float:
+        return row["insertion_auc"] - row["deletion_auc"]
+
+    assert gap(rows["gradcam"]) > gap(rows["random"]) + 0.05, rows
