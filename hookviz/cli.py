@@ -531,6 +531,8 @@ def _first_images(items: list[Any], loaded: Any, n: int, max_pixels: int) -> Any
             x, _ = loaded.preprocess(load_rgb(item.path, max_pixels=max_pixels))
         except InputError:
             continue
+        if xs and x.shape != xs[0].shape:  # one batch: photos of the first one's input size
+            continue
         xs.append(x)
         if len(xs) == n:
             break

@@ -481,6 +481,13 @@ class DetectionJob:
                         "method": method,
                         "layer": layer,
                         "box": None if method == "eigencam" else i + 1,
+                        "target": None
+                        if method == "eigencam"
+                        else {
+                            "index": int(ex.labels[i]),
+                            "name": lm.class_name(int(ex.labels[i])),
+                            "score": round(float(ex.scores[i]), 6),
+                        },
                         "finite": bool(np.isfinite(cam).all()),
                         "min": _finite_stat(np.min, cam),
                         "max": _finite_stat(np.max, cam),

@@ -380,3 +380,25 @@ def test_evaluate_a_segmentation_model(segmenter: tuple[torch.nn.Module, Path], 
         return row["insertion_auc"] - row["deletion_auc"]
 
     assert gap(rows["gradcam"]) > gap(rows["random"]) + 0.05, rows
+
+
+def test_segmentation_layer_auto_and_top_k_over_photos_of_two_shapes(
+    segmenter: tuple[torch.nn.Module, Path], tmp_path: Path
+) -> None:
+    """Photos of different aspect ratios (each kept whole: inputs of different sizes in one run)."""
+    _, weights = segmenter
+    a, b = scenes(1, 41)[0][0], scenes(1, 42, height=64, width=112)[0][0]
+    photos = [
+        write_image(tmp_path / "wide.png", photo(b, 2)),
+        write_image(tmp_path / "narrow.png", photo(a, 2)),
+    ]
+    out = tmp_path / "out"
+    r = invoke(
+        "gradcam", *map(str, photos), "--model", SEGMENTER, "--weights", str(weights), "--input-size", "64",
+        "--layer", "auto", "--target", "top2", "--out", str(out),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    recs = records(out)
+    assert [rec["status"] for rec in recs] == ["ok", "ok"]
+    assert all(rec["layer_auto"]["chosen"] == rec["layer"] for rec in recs)
+    assert all(len(rec["maps"]) == 2 for rec in recs)
