@@ -523,7 +523,7 @@ def _first_images(items: list[Any], loaded: Any, n: int, max_pixels: int) -> Any
     from hookviz.errors import InputError
     from hookviz.images import load_rgb
 
-    xs = []
+    xs: list[Any] = []
     for item in items:
         if item.path is None:
             continue
