@@ -368,7 +368,7 @@ class DetectionJob:
 
     loaded: LoadedModel
     layers: Sequence[str]
-    methods: Sequence[str] = ("gradcam",)
+    methods: Sequence[str] = ("hirescam",)
     classes: list[int] | None = None
     score_threshold: float = 0.5
     max_boxes: int = 10
@@ -446,7 +446,6 @@ class DetectionJob:
         files: list[tuple[str, bytes]] = []
         outputs: list[list[str]] = [[] for _ in range(n)]
         maps: list[dict[str, Any]] = []
-        head = f"{lm.name} | {{method}} at {{layer}} | {_weights_note(lm)}"
         for (method, layer), stack in ex.maps.items():
             for i in range(stack.shape[0]):
                 cam = stack[i].numpy()
@@ -471,7 +470,8 @@ class DetectionJob:
                     name = f"{stem}.{method}.{layer}.box{i + 1}.png"
                     what = f"box {i + 1} of {n}: {lm.class_name(label)} ({label}) score {score:.3f}"
                     outputs[i].append(name)
-                lines = [head.format(method=Method(method).label, layer=layer), f"explained: {what}"]
+                head = f"{lm.name} | {Method(method).label} at {layer} | {_weights_note(lm)}"
+                lines = [head, f"explained: {what}"]
                 files.append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
                 if self.save_raw:
                     files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))

@@ -329,8 +329,10 @@ def run(
     never collide and an existing output is known to match these settings. An input whose outputs
     all exist is ``skipped`` (its record repeats the results of the run that made them); one whose
     outputs exist only in part (a killed run) is completed with ``skip_existing``, else an ``error``.
-    Decoding the next batch overlaps with the model's work on the current one; rendering and
-    writing run in the same thread pool. One bad input gives an ``error`` record and the rest go on.
+    Decoding the next batch and rendering the previous one (in one thread pool) overlap with the
+    model's work on the current one; records and files still follow the input order. Inputs of one
+    size form one model batch (photos whose aspect is kept form several). One bad input gives an
+    ``error`` record and the rest go on.
 
     Raises:
         HookvizError: a problem that would fail every input (a bad layer, target or device).
