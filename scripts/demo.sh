@@ -15,6 +15,12 @@ if [ $rc -eq 3 ]; then
   run --weights none; rc=$?
 fi
 if [ $rc -eq 0 ]; then
+  # Detection, offline, with trained weights: the shapes detector the tests use (scripts/train_shapes_detector.py).
+  "$hv" gradcam examples/shapes_scene.png --model examples/shapes_detector.py:make_detector \
+    --weights tests/fixtures/shapes_detector.safetensors --labels examples/shapes_labels.txt \
+    --method hirescam --method eigencam --out "$out" --overwrite; rc=$?
+fi
+if [ $rc -eq 0 ]; then
   report=$("$hv" report "$out" --title "hookviz demo: sample_images") || exit $?
   echo "demo: outputs are in $out/ (manifest: $out/manifest.jsonl)"
   echo "demo: browse them: $report"
