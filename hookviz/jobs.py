@@ -60,7 +60,17 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
 
 
 FUSED = "fused"
-_REGION = {"class": "its pixels", "all": "all pixels"}
+
+
+def _region_note(region: str | None, asked: str | None) -> str:
+    """The caption's account of which pixels a segmentation score sums."""
+    if region is None:
+        return ""
+    if region == "class":
+        return ", its score summed over its pixels (outlined)"
+    if asked == "class":
+        return ", its score summed over all pixels (the model gives it none)"
+    return ", its score summed over all pixels (its own outlined)"
 
 
 @dataclass
@@ -266,14 +276,17 @@ class CamJob:
                     rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True
                 )
                 tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
-                if dense:  # the pixels the model gives the explained class
-                    render.outline(picture, (ex.labels[index] == tgt).numpy(), box)
+                region = None
+                if dense:  # the pixels the model gives the explained class; none: all pixels count
+                    own = (ex.labels[index] == tgt).numpy()
+                    render.outline(picture, own, box)
+                    region = "class" if ex.region == "class" and own.any() else "all"
                 where = "fused " + "+".join(self.layers) if layer == FUSED else layer
                 lines = [
                     f"{lm.name} | {Method(method).label} at {where} | {_weights_note(lm)}",
                     f"predicted: {lm.class_name(pred)} ({pred}) {scored(p_score)}",
                     f"explained: {lm.class_name(tgt)} ({tgt}) {scored(t_score)}"
-                    + (f", its score summed over {_REGION[str(ex.region)]} (outlined)" if dense else ""),
+                    + _region_note(region, ex.region),
                 ]
                 scale = result.scales[(method, layer)]
                 if scale is not None or not self.relu:
@@ -320,6 +333,7 @@ class CamJob:
                         "max": _finite_stat(np.max, cam),
                         "scale": list(scale) if scale else None,
                         **({"metrics": faith} if faith is not None else {}),
+                        **({"region": region} if region is not None else {}),
                     }
                 )
         if self._want_sheet():

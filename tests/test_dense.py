@@ -138,6 +138,7 @@ def test_segmentation_cli_maps_back_onto_the_photo(
     [rec] = records(out)
     assert rec["status"] == "ok" and rec["region"] == "class" and rec["settings"]["region"] == "class"
     assert rec["target"]["name"] == "disc" and rec["target"]["index"] == 2
+    assert rec["maps"][0]["region"] == "class"
     assert 0 < rec["target"]["score"] < 0.2
     full = np.load(next(p for p in rec["outputs"] if p.endswith(".full.npy")))
     assert full.shape == (192, 240)
@@ -152,6 +153,14 @@ def test_segmentation_cli_maps_back_onto_the_photo(
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout.splitlines()[-1])
     assert rec["region"] == "all" and rec["predicted"]["name"] in ("square", "disc")
+    # A plain grey photo: no pixel is a disc, so the disc's score is summed over all pixels, and said so.
+    grey = write_image(tmp_path / "grey.png", np.full((128, 160, 3), 128, np.uint8))
+    r = invoke(
+        "gradcam", str(grey), "--model", SEGMENTER, "--weights", str(weights), "--labels", str(labels_file),
+        "--input-size", "64", "--target", "disc", "--out", str(out), "--json",
+    )  # fmt: skip
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["target"]["score"] == 0 and rec["maps"][0]["region"] == "all"
 
 
 def test_segmentation_every_method_and_metrics(
