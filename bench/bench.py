@@ -267,7 +267,31 @@ def png_bench(rounds: int) -> list[tuple[str, float, float]]:
         cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FILTER_SUB,
     ]  # fmt: skip
     times = medians({k: (lambda p=p: cv2.imencode(".png", bgr, p)) for k, p in variants.items()}, rounds)
-    rows = []
+    box = Box(0, 0, rgb.shape[1], rgb.shape[0])
+    lines = [
+        "resnet18 | Grad-CAM at layer4 | RANDOM WEIGHTS (--weights none)",
+        "predicted: x",
+        "explained: x",
+    ]
+    drawing = medians(
+        {
+            "overlay": lambda: render.overlay(rgb, cam, box),
+            "caption": lambda: render.caption(render.enlarge_small(picture), lines),
+        },
+        rounds,
+    )
+    rows = [
+        (
+            "overlay of a 451x300 photo (colour map, blend): ms per call",
+            drawing["overlay"] * 1000,
+            float("nan"),
+        ),
+        (
+            "caption of 3 lines (text measured, wrapped, drawn): ms per call",
+            drawing["caption"] * 1000,
+            float("nan"),
+        ),
+    ]
     for name, params in variants.items():
         size = len(cv2.imencode(".png", bgr, params)[1])
         rows.append((f"PNG {name}: ms per overlay, {size / 1024:.0f} KiB", times[name] * 1000, float("nan")))
@@ -353,7 +377,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument(
-        "--only", choices=["all", "throughput"], default="all", help="throughput: #16's rows only"
+        "--only",
+        choices=["all", "throughput", "render"],
+        default="all",
+        help="throughput: #16's rows only; render: drawing and PNG encoding only (seconds)",
     )
     args = parser.parse_args()
     if args.threads:
@@ -367,6 +394,9 @@ def main() -> None:
     print(
         f"resnet18, weights=None, batch {args.batch}, 224x224, median of {args.rounds} interleaved rounds\n"
     )
+    if args.only == "render":
+        _print(png_bench(args.rounds))
+        return
     if args.only == "throughput":
         rows = png_bench(args.rounds)
         with tempfile.TemporaryDirectory() as d:
