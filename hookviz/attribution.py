@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz import cams
-from hookviz.errors import LayerError, TargetError, UsageError
+from hookviz.errors import TargetError, UsageError
 from hookviz.hooks import (
     ModuleCall,
     autograd_enabled,
@@ -24,7 +24,7 @@ from hookviz.hooks import (
     trace_shapes,
     unwrap_compiled,
 )
-from hookviz.layers import Layout, layout_of, to_spatial
+from hookviz.layers import Layout, layout_of, single_call, to_spatial
 from hookviz.readout import Readout, Scorer, ranking, read
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
@@ -231,17 +231,9 @@ def _explain(
             raw: dict[str, Tensor] = {}
             layouts: dict[str, Layout] = {}
             for layer in layers:
-                got = found.get(layer)
-                if not got:
-                    raise LayerError(f"layer {layer!r} did not run in the forward pass; pick another layer")
-                if len(got) > 1:
-                    raise LayerError(
-                        f"layer {layer!r} runs {len(got)} times per forward pass, so its map is ambiguous; "
-                        "pick a layer that runs once (e.g. its parent block)"
-                    )
-                raw[layer] = got[0]
-                if got[0].dim() != 3:  # tokens wait for the patch grid, traced once the hooks are off
-                    layouts[layer] = layout_of(model, layer, got[0].shape)
+                raw[layer] = single_call(found, layer)
+                if raw[layer].dim() != 3:  # tokens wait for the patch grid, traced once the hooks are off
+                    layouts[layer] = layout_of(model, layer, raw[layer].shape)
             order = scores.order
             t = _targets(targets, logits.detach(), order)
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}

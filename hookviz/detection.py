@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from hookviz import cams
 from hookviz.errors import LayerError, UsageError
 from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
+from hookviz.layers import single_call
 
 #: What a detector's maps can be made with: the gradient methods and Eigen-CAM.
 DETECTION_METHODS = (*cams.GRADIENT_METHODS, "eigencam")
@@ -156,24 +157,22 @@ def _explain_one(
     with autograd_enabled(image[None]) as batch, preserved(model), _score_floor(model, threshold):
         model.eval()
         canvas, sizes = _canvas(model)
-        hooks = capture(model, layers, outputs=True, grad_layers=layers if gradient_methods else ())
+        # Gradient methods read the activations at their taps; Eigen-CAM alone needs stored outputs.
+        hooks = capture(
+            model, () if gradient_methods else layers, grad_layers=layers if gradient_methods else ()
+        )
         with canvas, hooks as cap:
             with torch.no_grad():
                 out = model([batch[0]])[0]
             found = cap.captured.taps if gradient_methods else cap.captured.outputs
             acts: dict[str, Tensor] = {}
             for layer in layers:
-                got = found.get(layer)
-                if not got:
-                    raise LayerError(f"layer {layer!r} did not run in the forward pass; pick another layer")
-                if len(got) > 1:
-                    raise LayerError(f"layer {layer!r} runs {len(got)} times per pass; pick its parent block")
-                if got[0].dim() != 4:
+                acts[layer] = single_call(found, layer)
+                if acts[layer].dim() != 4:
                     raise LayerError(
-                        f"layer {layer!r} gives shape {tuple(got[0].shape)}, not a (1, C, h, w) map; "
+                        f"layer {layer!r} gives shape {tuple(acts[layer].shape)}, not a (1, C, h, w) map; "
                         "pick a convolutional layer of the backbone"
                     )
-                acts[layer] = got[0]
             scores, labels, boxes = out["scores"], out["labels"], out["boxes"]
             keep = scores.detach() >= threshold
             if classes is not None:

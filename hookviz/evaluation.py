@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.hooks import logits_of, preserved
-from hookviz.readout import Scorer
+from hookviz.readout import Scorer, scorer
 
 #: Fractions of pixels changed at each step of the deletion and insertion curves (0 .. 1 inclusive).
 STEPS = 16
@@ -290,9 +290,8 @@ def rank_layers(
         except LayerError:
             scores[layer] = float("-inf")
             continue
-        from hookviz.readout import scorer
-
-        score = scorer(ex.labels, ex.region)
-        f = faithfulness(model, x, ex.maps[(method, layer)][:, 0], ex.targets[:, 0], scorer=score)
+        f = faithfulness(
+            model, x, ex.maps[(method, layer)][:, 0], ex.targets[:, 0], scorer=scorer(ex.labels, ex.region)
+        )
         scores[layer] = float((f.insertion_auc - f.deletion_auc).mean())
     return scores

@@ -315,6 +315,23 @@ def _last_token_block(model: nn.Module, tokens: list[ModuleCall]) -> ModuleCall 
     return max((max(g, key=lambda c: c.order) for g in runs), key=lambda c: c.order)
 
 
+def single_call(found: dict[str, list[Tensor]], layer: str) -> Tensor:
+    """What ``layer`` gave in one forward pass (``found``: captured per layer, one entry per call).
+
+    Raises:
+        LayerError: the layer did not run, or ran several times (its map would be ambiguous).
+    """
+    got = found.get(layer)
+    if not got:
+        raise LayerError(f"layer {layer!r} did not run in the forward pass; pick another layer")
+    if len(got) > 1:
+        raise LayerError(
+            f"layer {layer!r} runs {len(got)} times per forward pass, so its map is ambiguous; "
+            "pick a layer that runs once (e.g. its parent block)"
+        )
+    return got[0]
+
+
 def backbone_prefix(model: nn.Module) -> str | None:
     """The feature extractor of a segmentation or detection model: its ``backbone``'s ``body`` (before an
     FPN) or ``features`` (SSD), else the ``backbone`` itself; None without a ``backbone`` child."""

@@ -164,9 +164,9 @@ def load_model(
         labels_id = hashlib.sha256("\n".join(class_names).encode()).hexdigest()[:16]
     base = built.preprocess
     if task != built.task:  # a detector or segmenter from the user's code: its task's transform
-        from hookviz.sources.torchvision import _defaults
+        from hookviz.sources.torchvision import task_preprocess
 
-        base = _defaults(task, categories)
+        base = task_preprocess(task)
     crop, rsz = base.crop_size, base.resize_size
     if input_size is not None:
         rsz, crop = round(input_size * rsz / crop), input_size

@@ -41,10 +41,6 @@ class Readout:
     labels: Tensor | None = None
     region: str | None = None
 
-    @property
-    def task(self) -> str:
-        return "classification" if self.labels is None else "segmentation"
-
     def scorer(self) -> Scorer:
         """Probabilities of new outputs for the same images (see :data:`Scorer`)."""
         return scorer(self.labels, self.region)

@@ -411,3 +411,28 @@ def test_segmentation_layer_auto_and_top_k_over_photos_of_two_shapes(
     assert [rec["status"] for rec in recs] == ["ok", "ok"]
     assert all(rec["layer_auto"]["chosen"] == rec["layer"] for rec in recs)
     assert all(len(rec["maps"]) == 2 for rec in recs)
+
+
+def test_detection_raw_maps_and_refused_options(detector: object, tmp_path: Path) -> None:
+    """--save-raw writes each box's map at the detector's resized resolution; options that make no sense for
+    a detector are refused in one line (exit 2), as is --input-size for SSD's fixed 300x300 transform."""
+    img, boxes, _labels, _ = shapes_scene(np.random.default_rng(9), 120, 160, 2, (9, 16))
+    src = write_image(tmp_path / "scene.png", photo(img, 2))
+    out = tmp_path / "out"
+    args = ["--model", DETECTOR, "--weights", str(FIXTURE), "--out", str(out)]
+    r = invoke("gradcam", str(src), *args, "--save-raw", "--json")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    raws = [p for p in rec["outputs"] if p.endswith(".npy")]
+    assert len(raws) == len(rec["detections"]) == len(boxes)
+    assert all(np.load(p).shape == (120, 160) for p in raws)
+    for extra, said in (
+        (["--fuse", "mean", "--layer", "backbone.1", "--layer", "backbone.2"], "--fuse"),
+        (["--metrics"], "--metrics"),
+        (["--target", "top3"], "name classes to keep"),
+        (["--layer", "auto"], "--layer auto"),
+    ):
+        r = invoke("gradcam", str(src), *args, *extra)
+        assert r.exit_code == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, extra
+    r = invoke("gradcam", str(src), "--model", "ssd300_vgg16", "--weights", "none", "--input-size", "128")
+    assert r.exit_code == 2 and "resizes every photo to 300x300" in r.stderr

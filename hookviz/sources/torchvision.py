@@ -46,7 +46,7 @@ def task_of_name(name: str) -> str:
     return Task.classification.value
 
 
-def _defaults(task: str, categories: tuple[str, ...]) -> Preprocess:
+def task_preprocess(task: str) -> Preprocess:
     """Preprocessing of a segmentation or detection model (its own transform for a detector)."""
     if task == Task.segmentation:
         # torchvision's SemanticSegmentation transform: shorter side 520, whole image.
@@ -111,22 +111,48 @@ def build(name: str, weights: str, options: Options) -> Built:
                 std=tuple(base.std),
             ),
         )
+    path, state = _weights_file(name, weights, enum, options)
+    model = _fitted(name, torchvision.models.get_model(name, weights=None, **kwargs), state, path, kwargs)
+    categories = _imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
+    return Built(model, name, str(path), True, _file_id(path, options), categories)
+
+
+def _weights_file(name: str, weights: str, enum: Any, options: Options) -> tuple[Path, dict[str, Any]]:
+    """The state_dict in the file ``weights`` names (a UsageError when it is neither a file nor a name)."""
     path = Path(weights).expanduser()
     if not path.is_file():
         known = ", ".join(["DEFAULT", *(enum.__members__ if enum else []), "none"])
         raise UsageError(f"--weights {weights!r}: no such file, and not a weights name for {name} ({known})")
-    state = load_state_dict_file(path, options.weights_key)
-    model = torchvision.models.get_model(name, weights=None, **kwargs)
-    model = apply_state_dict(
+    return path, load_state_dict_file(path, options.weights_key)
+
+
+def _fitted(
+    name: str,
+    model: nn.Module,
+    state: dict[str, Any],
+    path: Path,
+    kwargs: dict[str, Any],
+    key: str | None = None,
+    per_class: int = 1,
+) -> nn.Module:
+    """``model`` (torchvision's ``name``) with ``state`` loaded; rebuilt with ``kwargs`` and the file's
+    number of classes when its head has another."""
+    import torchvision
+
+    return apply_state_dict(
         model,
         state,
         path,
         name,
         rebuild=lambda n: torchvision.models.get_model(name, weights=None, num_classes=n, **kwargs),
+        key=key,
+        per_class=per_class,
     )
+
+
+def _file_id(path: Path, options: Options) -> str:
     key = f"[{options.weights_key}]" if options.weights_key else ""
-    categories = _imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
-    return Built(model, name, str(path), True, f"sha256:{file_digest(path)}{key}", categories)
+    return f"sha256:{file_digest(path)}{key}"
 
 
 def _download(name: str, chosen: Any, progress: bool, kwargs: dict[str, Any]) -> nn.Module:
@@ -152,7 +178,7 @@ def _build_dense(name: str, weights: str, options: Options, task: str) -> Built:
     kwargs: dict[str, Any] = {"weights_backbone": None}
     if task == Task.segmentation and not name.startswith("lraspp"):
         kwargs["aux_loss"] = False
-    preprocess = _defaults(task, categories)
+    preprocess = task_preprocess(task)
     if weights.lower() == WEIGHTS_NONE:
         model = seeded(lambda: torchvision.models.get_model(name, weights=None, **kwargs))
         return Built(model, name, "none (random init)", False, "none", categories, preprocess, task)
@@ -162,28 +188,14 @@ def _build_dense(name: str, weights: str, options: Options, task: str) -> Built:
         label = f"DEFAULT ({chosen.name})" if weights.upper() == WEIGHTS_DEFAULT else chosen.name
         categories = tuple(chosen.meta.get("categories") or categories)
         return Built(model, name, label, True, f"{name}:{chosen.name}", categories, preprocess, task)
-    path = Path(weights).expanduser()
-    if not path.is_file():
-        known = ", ".join(["DEFAULT", *(enum.__members__ if enum else []), "none"])
-        raise UsageError(f"--weights {weights!r}: no such file, and not a weights name for {name} ({known})")
-    state = load_state_dict_file(path, options.weights_key)
+    path, state = _weights_file(name, weights, enum, options)
     if task == Task.segmentation and any(k.startswith("aux_classifier.") for k in state):
         kwargs["aux_loss"] = True
     model = torchvision.models.get_model(name, weights=None, **kwargs)
-    class_key, per_class = dense_class_key(model)
-    model = apply_state_dict(
-        model,
-        state,
-        path,
-        name,
-        rebuild=lambda n: torchvision.models.get_model(name, weights=None, num_classes=n, **kwargs),
-        key=class_key,
-        per_class=per_class,
-    )
-    key = f"[{options.weights_key}]" if options.weights_key else ""
+    model = _fitted(name, model, state, path, kwargs, *dense_class_key(model))
     heads = dense_classes(model)
     kept = categories if heads is None or heads == len(categories) else ()
-    return Built(model, name, str(path), True, f"sha256:{file_digest(path)}{key}", kept, preprocess, task)
+    return Built(model, name, str(path), True, _file_id(path, options), kept, preprocess, task)
 
 
 def dense_class_key(model: nn.Module) -> tuple[str | None, int]:
