@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,9 @@ class Explanation:
         grads_computed: number of backward passes run (one per target, each reusing the single graph).
         labels: for a segmentation model, ``(B, H, W)`` the predicted class of each pixel (its
             ``probs`` are then pixel shares, see :mod:`hookviz.readout`); ``region`` what a score sums.
+        negative_share: per layer, ``(B,)`` the share of each image's CAM-tensor values below zero (some
+            formulas assume none: :data:`hookviz.cams.ASSUMES_NONNEGATIVE`).
+        guided: with Guided Backprop, how many activations of each kind were guided (``{"relu": 17}``).
     """
 
     layers: tuple[str, ...]
@@ -57,6 +60,8 @@ class Explanation:
     grads_computed: int
     labels: Tensor | None = None
     region: str | None = None
+    negative_share: dict[str, Tensor] = field(default_factory=dict)
+    guided: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -261,9 +266,11 @@ def _explain(
         if progress is not None:
             progress(masked_done[0], masked_total)
 
+    negative: dict[str, Tensor] = {}
     with torch.no_grad():
         for layer in layers:
             a = to_spatial(raw[layer].detach(), layouts[layer])
+            negative[layer] = (a < 0).flatten(1).float().mean(dim=1).cpu()
             if gradient_methods:
                 g = [to_spatial(gj, layouts[layer]) for gj in grads[layer]]
                 for m in gradient_methods:
@@ -284,10 +291,11 @@ def _explain(
                 maps[("scorecam", layer)] = torch.stack(
                     [cams.score_cam(a, masked[:, j], relu=relu) for j in range(t.shape[1])], dim=1
                 )
+    guided = None
     if any(m in methods for m in ("guidedbackprop", "guidedgradcam")):
-        from hookviz.guided import guided_backprop
+        from hookviz.guided import guided_backprop_counted
 
-        saliency = guided_backprop(
+        saliency, guided = guided_backprop_counted(
             model, x, t, lambda output: readout(output).scores
         )  # (B, T, H, W) at the input's resolution
         size = (int(x.shape[2]), int(x.shape[3]))
@@ -312,6 +320,8 @@ def _explain(
         grads_computed=backward_passes,
         labels=None if scores.labels is None else scores.labels.to(torch.int16).cpu(),
         region=scores.region,
+        negative_share=negative,
+        guided=guided,
     )
 
 

@@ -410,7 +410,9 @@ class _Reporter:
         else:
             self.ok += 1
         if self.as_json:
-            self.say(json.dumps(rec, ensure_ascii=False))
+            from hookviz.pipeline import to_json
+
+            self.say(to_json(rec))
         elif not self.quiet and rec["status"] != "error":
             self.say(_describe(rec))
         if self.bar is not None:
@@ -599,7 +601,11 @@ def _run_shard(
                 skip_existing=r.skip_existing,
                 max_pixels=r.max_pixels,
             )
+            take_notes = getattr(job, "take_notes", None)
             for done, rec in enumerate(records, start=1):
+                for text in take_notes() if take_notes is not None else ():
+                    if not quiet:
+                        reporter.say(f"hookviz: note: {text}", err=True)
                 reporter.add(rec)
                 if dist is not None:
                     distributed.write_progress(r.out, dist, done)
@@ -812,6 +818,8 @@ def gradcam(
             from hookviz.layers import cam_layer, default_cam_layer
             from hookviz.models import num_classes, parse_targets, probe
 
+            # Under torchrun only rank 0 talks (its reporter is the one that is not quiet).
+            hush = quiet or (reporter is not None and reporter.quiet)
             calls = probe(loaded)
             t = parse_targets(target, loaded, num_classes(loaded))
             if loaded.task == "detection":
@@ -823,7 +831,7 @@ def gradcam(
                     t,
                     score_threshold,
                     max_boxes,
-                    quiet,
+                    hush,
                     alpha,
                     colormap,
                     no_relu,
@@ -864,13 +872,13 @@ def gradcam(
                 region=str(region),
             )
             job.auto_layer = auto
-            if not layers and not quiet:
+            if not layers and not hush:
                 typer.echo(
                     f"hookviz: using layer {chosen[0]} "
                     f"(the default for {loaded.name}: its last spatial stage; --layer to change)",
                     err=True,
                 )
-            if "scorecam" in job.methods and not quiet:
+            if "scorecam" in job.methods and not hush:
                 from hookviz.layers import channels
 
                 passes = sum(channels(loaded.model, name, calls) for name in chosen)
@@ -1176,6 +1184,7 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     import io
 
     from hookviz import pipeline
+    from hookviz.files import atomic_write
     from hookviz.jobs import summarise_evaluation
     from hookviz.report import latest_records
 
@@ -1186,11 +1195,15 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     passes = sum(int(x.get("forward_passes", 0)) for x in recs)
     columns = ["method", "layer", "images", "deletion_auc", "deletion_auc_ci95", "insertion_auc",
                "insertion_auc_ci95", "average_drop", "average_drop_ci95", "increase_in_confidence",
-               "increase_in_confidence_ci95"]  # fmt: skip
+               "increase_in_confidence_ci95_low", "increase_in_confidence_ci95_high"]  # fmt: skip
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    for row in rows:
+        low, high = row["increase_in_confidence_ci95"]
+        writer.writerow(
+            {**row, "increase_in_confidence_ci95_low": low, "increase_in_confidence_ci95_high": high}
+        )
     summary = {
         "key": key,
         "settings": job.settings(),
@@ -1200,11 +1213,9 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     }
     for name, text in (
         ("evaluation.csv", buf.getvalue()),
-        ("evaluation.json", json.dumps(summary, indent=1)),
+        ("evaluation.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False)),
     ):
-        tmp = out / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
+        atomic_write(out / name, text)
     table = [
         f"{'method':<12} {'layer':<28} {'n':>4}  {'deletion AUC ↓':>16}  {'insertion AUC ↑':>16}  "
         f"{'avg drop % ↓':>14}  {'increase % ↑':>13}"
@@ -1215,11 +1226,12 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
             f"{row['deletion_auc']:>8.3f} ±{row['deletion_auc_ci95']:<6.3f}  "
             f"{row['insertion_auc']:>8.3f} ±{row['insertion_auc_ci95']:<6.3f}  "
             f"{row['average_drop']:>6.1f} ±{row['average_drop_ci95']:<5.1f}  "
-            f"{row['increase_in_confidence']:>5.1f} ±{row['increase_in_confidence_ci95']:<5.1f}"
+            f"{row['increase_in_confidence']:>5.1f} "
+            f"[{row['increase_in_confidence_ci95'][0]:.0f}, {row['increase_in_confidence_ci95'][1]:.0f}]"
         )
     table.append(
-        f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean; "
-        "random and center are chance baselines"
+        f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean "
+        "(Student's t), [low, high] that of a proportion (Wilson); random and center are chance baselines"
     )
     table.append(f"wrote {out / 'evaluation.csv'} and {out / 'evaluation.json'}")
     if not quiet or not as_json:
@@ -1294,6 +1306,7 @@ def sanity(
 
 def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
     from hookviz import pipeline
+    from hookviz.files import atomic_write
     from hookviz.jobs import summarise_sanity
     from hookviz.report import latest_records
 
@@ -1301,11 +1314,8 @@ def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
     lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
     recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
     steps = summarise_sanity(recs)
-    tmp = out / f".sanity.json.{os.getpid()}.tmp"
-    tmp.write_text(
-        json.dumps({"key": key, "layer": job.layer, "images": len(recs), "steps": steps}, indent=1)
-    )
-    tmp.replace(out / "sanity.json")
+    summary = {"key": key, "layer": job.layer, "images": len(recs), "steps": steps}
+    atomic_write(out / "sanity.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False))
     lines_out = []
     for method in [*job.methods, "edges"]:
         mine = [s for s in steps if s["method"] == method]
@@ -1598,15 +1608,11 @@ def summary(
         text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
         typer.echo(text.rstrip("\n"))
         if plot is not None:
+            from hookviz.files import atomic_write
             from hookviz.images import encode_png
             from hookviz.render import summary_plot
 
-            tmp = plot.with_name(f".{plot.stem}.{os.getpid()}.tmp")
-            try:
-                tmp.write_bytes(encode_png(summary_plot(result)))
-                tmp.replace(plot)  # atomic: never half a PNG
-            finally:
-                tmp.unlink(missing_ok=True)
+            atomic_write(plot, encode_png(summary_plot(result)))  # never half a PNG
             typer.echo(f"hookviz: wrote {plot}", err=True)
 
 

@@ -125,9 +125,9 @@ def merge_parts(root: Path, manifest: str, *, only_dead: bool) -> int:
 
 def write_progress(root: Path, dist: Dist, done: int) -> None:
     """Record how many inputs this rank has finished (rank 0 adds them up for the one progress bar)."""
-    tmp = root / f"{PROGRESS.format(dist.rank)}.tmp"
-    tmp.write_text(str(done))
-    os.replace(tmp, root / PROGRESS.format(dist.rank))
+    from hookviz.files import atomic_write
+
+    atomic_write(root / PROGRESS.format(dist.rank), str(done))
 
 
 def global_progress(root: Path, dist: Dist) -> int:

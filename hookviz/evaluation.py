@@ -148,10 +148,21 @@ def faithfulness(
     )
 
 
-def random_maps(b: int, h: int, w: int, seed: int = 0) -> Tensor:
-    """The ``random`` chance baseline: uniform noise, seeded (the same maps every run)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.rand(b, h, w, generator=gen)
+def random_maps(b: int, h: int, w: int, seed: int = 0, x: Tensor | None = None) -> Tensor:
+    """The ``random`` chance baseline: uniform noise, seeded (the same maps every run).
+
+    With the batch ``x``, each image's map is seeded by its own pixels (and ``seed``), so an image gets the
+    same map whatever batch it is in and whatever its neighbours (``--batch-size`` changes nothing)."""
+    if x is None:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.rand(b, h, w, generator=gen)
+    import zlib
+
+    maps = []
+    for image in x.detach().float().cpu().numpy():
+        gen = torch.Generator().manual_seed(zlib.crc32(image.tobytes(), seed & 0xFFFFFFFF))
+        maps.append(torch.rand(h, w, generator=gen))
+    return torch.stack(maps)
 
 
 def center_maps(b: int, h: int, w: int) -> Tensor:
@@ -179,6 +190,17 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
     return mean, t * sd / math.sqrt(n)
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval (95 %) of a proportion, as fractions: inside 0..1 for any n and count,
+    unlike the normal or t interval, which gives 0 +- 0 for 0 of 3 and runs past 100 % for 3 of 3."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def rankdata(x: Tensor) -> Tensor:

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.errors import LayerError, close_matches
+from hookviz.taps import FunctionTaps, PoolSite, PoolTracer, depth_tracker, parse
 
 
 @contextmanager
@@ -195,11 +196,13 @@ class capture:
 
     Args:
         model: the network; nothing about it is changed once the context closes.
-        layers: module names whose input (forward-pre hook) and/or output (forward hook) are stored.
+        layers: module names whose input (forward-pre hook) and/or output (forward hook) are stored; a
+            CAM tensor name (:mod:`hookviz.taps`: ``avgpool:input``, ``adaptive_avg_pool2d:input``) stores
+            that tensor in ``outputs`` under its name.
         inputs: store each layer's first positional input.
         outputs: store each layer's output.
-        grad_layers: module names whose output becomes a gradient *tap*: the gradient reaching it
-            in a later backward (``torch.autograd.grad`` or ``.backward``) is stored in
+        grad_layers: module names (or CAM tensor names) whose tensor becomes a gradient *tap*: the gradient
+            reaching it in a later backward (``torch.autograd.grad`` or ``.backward``) is stored in
             ``captured.grads``. The first tap to fire turns autograd recording on, so running the
             forward under ``torch.no_grad()`` records only the network after it (the fast path).
         clone: store clones, so a later in-place op (``ReLU(inplace=True)``, ``out += identity``)
@@ -238,22 +241,43 @@ class capture:
         self.captured = Captured()
         self._hooks = HookGroup()
         self._grad_mode = True
+        self._mode: FunctionTaps | None = None
 
     def __enter__(self) -> capture:
         modules = dict(self.model.named_modules())
-        missing = [n for n in [*self.layers, *self.grad_layers] if n not in modules or not n]
+        refs = {n: parse(n, modules) for n in [*self.layers, *self.grad_layers]}
+        missing = [n for n, ref in refs.items() if ref is None]
         if missing:
             raise LayerError(f"no layer {missing[0]!r} in the model{close_matches(missing[0], modules)}")
         self._grad_mode = torch.is_grad_enabled()
+        functional: dict[str, Any] = {}
         try:
             for name in self.layers:
-                module = modules[name]
-                if self.inputs:
-                    self._hooks.add(module.register_forward_pre_hook(self._store_input(name)))
-                if self.outputs:
-                    self._hooks.add(module.register_forward_hook(self._store_output(name)))
+                ref = refs[name]
+                assert ref is not None
+                module = modules[ref.module]
+                if ref.function is not None:
+                    functional[name] = ref
+                elif ref.stage == "input":  # a NAME:input tensor is what this capture stores for it
+                    self._hooks.add(module.register_forward_pre_hook(self._store_input(name, "outputs")))
+                else:
+                    if self.inputs:
+                        self._hooks.add(module.register_forward_pre_hook(self._store_input(name)))
+                    if self.outputs:
+                        self._hooks.add(module.register_forward_hook(self._store_output(name)))
             for name in self.grad_layers:
-                self._hooks.add(modules[name].register_forward_hook(self._tap(name)))
+                ref = refs[name]
+                assert ref is not None
+                if ref.function is not None:
+                    functional[name] = ref
+                elif ref.stage == "input":
+                    self._hooks.add(modules[ref.module].register_forward_pre_hook(self._tap_input(name)))
+                else:
+                    self._hooks.add(modules[ref.module].register_forward_hook(self._tap(name)))
+            if functional:
+                running = depth_tracker(self.model, [r.module for r in functional.values()], self._hooks)
+                self._mode = FunctionTaps(functional, running, self._take)
+                self._mode.__enter__()
         except BaseException:
             self.remove()
             raise
@@ -264,6 +288,9 @@ class capture:
 
     def remove(self) -> None:
         """Remove every hook this object registered and restore the grad mode."""
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
         self._hooks.remove()
         torch.set_grad_enabled(self._grad_mode)
 
@@ -271,11 +298,13 @@ class capture:
         t = t.detach()
         return t.clone() if self.clone else t
 
-    def _store_input(self, name: str) -> Any:
+    def _store_input(self, name: str, into: str = "inputs") -> Any:
+        store: dict[str, list[Tensor]] = getattr(self.captured, into)
+
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             t = _first_tensor(args)
             if t is not None:
-                self.captured.inputs.setdefault(name, []).append(self._keep(t))
+                store.setdefault(name, []).append(self._keep(t))
 
         return hook
 
@@ -287,6 +316,31 @@ class capture:
 
         return hook
 
+    def _make_tap(self, name: str, t: Tensor, *, view: bool) -> Tensor:
+        """Turn ``t`` into a gradient tap for ``name``; returns what the network continues with."""
+        taps = self.captured.taps.setdefault(name, [])
+        if taps and not self.reuse:
+            raise LayerError(
+                f"layer {name!r} runs more than once per forward pass, so its gradient is ambiguous; "
+                "pick a layer that runs once (e.g. its parent block)"
+            )
+        # Outside a recorded graph (fast path) the tensor becomes a fresh leaf and recording starts here;
+        # inside one, gradients flow through it (an input's tap is a view, so that only the gradient through
+        # this consumer is read, not that of every other use of the same tensor).
+        tap = (t.view_as(t) if view else t) if t.requires_grad else t.detach().requires_grad_()
+        torch.set_grad_enabled(True)
+        tap.register_hook(lambda g: self.captured.grads.setdefault(name, []).append(g))
+        taps.append(tap)
+        # The network continues on a copy, so in-place ops downstream cannot alter the tap.
+        return tap.clone()
+
+    def _take(self, name: str, t: Tensor) -> Tensor:
+        """A functional pooling's input: a gradient tap, or stored as this capture's tensor for ``name``."""
+        if name in self.grad_layers:
+            return self._make_tap(name, t, view=True)
+        self.captured.outputs.setdefault(name, []).append(self._keep(t))
+        return t
+
     def _tap(self, name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             if not isinstance(output, Tensor):
@@ -294,20 +348,15 @@ class capture:
                     f"layer {name!r} returns {type(output).__name__}, not a tensor; "
                     "pick a layer with a tensor output"
                 )
-            taps = self.captured.taps.setdefault(name, [])
-            if taps and not self.reuse:
-                raise LayerError(
-                    f"layer {name!r} runs more than once per forward pass, so its gradient is ambiguous; "
-                    "pick a layer that runs once (e.g. its parent block)"
-                )
-            # Outside a recorded graph (fast path) the output becomes a fresh leaf and recording
-            # starts here; inside one, gradients simply flow through it.
-            tap = output if output.requires_grad else output.detach().requires_grad_()
-            torch.set_grad_enabled(True)
-            tap.register_hook(lambda g: self.captured.grads.setdefault(name, []).append(g))
-            taps.append(tap)
-            # The network continues on a copy, so in-place ops downstream cannot alter the tap.
-            return tap.clone()
+            return self._make_tap(name, output, view=False)
+
+        return hook
+
+    def _tap_input(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
+            if not args or not isinstance(args[0], Tensor):
+                raise LayerError(f"{name!r}: the module's first input is not a tensor; pick another layer")
+            return (self._make_tap(name, args[0], view=True), *args[1:])
 
         return hook
 
@@ -323,23 +372,47 @@ class ModuleCall:
     #: When the module's first call finished, counting from 0 (forward hooks fire in post-order, so a
     #: block finishes after its children); -1 for a module that did not run.
     order: int = -1
+    #: The shape of its first positional input (a ``NAME:input`` CAM tensor), if a tensor.
+    input_shape: tuple[int, ...] | None = None
 
 
-def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
-    """Run ``x`` through ``model`` (eval mode, no grad) and report every module's output shape, in call order.
+class Trace(list[ModuleCall]):
+    """What :func:`trace_shapes` saw: every module's :class:`ModuleCall` (a list), and ``pool``, where the
+    head's global pooling takes its input (:class:`hookviz.taps.PoolSite`), None without one."""
+
+    pool: PoolSite | None = None
+
+
+def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
+    """Run ``x`` through ``model`` (eval mode, no grad) and report every module's input and output shape, in
+    call order, and where the head's global pooling takes its input (``.pool``, see :mod:`hookviz.taps`).
 
     Modules that never run are listed last with ``calls == 0``.
     """
     model = unwrap_compiled(model)
     seen: dict[str, list[Any]] = {}
     order: list[str] = []
+    tracer = PoolTracer()
+
+    def make_pre(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            tracer.pre(name, _first_tensor(args))
+
+        return hook
 
     def make(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             t = _first_tensor(output)
+            tracer.post(name, t)
             if name not in seen:
                 order.append(name)
-                seen[name] = [type(module).__name__, tuple(t.shape) if t is not None else None, 0]
+                first = tracer.inputs.get(name)
+                seen[name] = [
+                    type(module).__name__,
+                    tuple(t.shape) if t is not None else None,
+                    0,
+                    tuple(first[0].shape) if first is not None else None,
+                ]
             seen[name][2] += 1
 
         return hook
@@ -347,15 +420,18 @@ def trace_shapes(model: nn.Module, x: Tensor) -> list[ModuleCall]:
     with preserved(model), HookGroup() as hooks:
         for name, module in model.named_modules():
             if name:
+                hooks.add(module.register_forward_pre_hook(make_pre(name)))
                 hooks.add(module.register_forward_hook(make(name)))
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), tracer.mode:
             model(x)
-    calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2], i) for i, n in enumerate(order)]
+    calls = [ModuleCall(n, seen[n][0], seen[n][1], seen[n][2], i, seen[n][3]) for i, n in enumerate(order)]
     # Forward hooks fire on exit, so call order is post-order; network order is named_modules order.
     rank = {n: i for i, (n, _) in enumerate(model.named_modules())}
     calls.sort(key=lambda c: rank[c.name])
     unused = [
         ModuleCall(n, type(m).__name__, None, 0) for n, m in model.named_modules() if n and n not in seen
     ]
-    return calls + unused
+    trace = Trace(calls + unused)
+    trace.pool = tracer.site({n: v[2] for n, v in seen.items()}, {n: v[0] for n, v in seen.items()})
+    return trace

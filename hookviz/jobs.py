@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -13,6 +13,7 @@ from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
 from hookviz.models import LoadedModel
 from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Stage
+from hookviz.taps import slug
 
 
 def _weights_note(loaded: LoadedModel) -> str:
@@ -117,6 +118,41 @@ class CamJob:
     auto_layer: dict[str, Any] | None = None
     #: Segmentation: explain a class's pixels (``class``) or every pixel (``all``).
     region: str = "class"
+    #: Notes for the user found while computing (each said once); :meth:`take_notes` hands them over.
+    notes: list[str] = field(default_factory=list)
+    _noted: set[str] = field(default_factory=set, repr=False)
+
+    def take_notes(self) -> list[str]:
+        """The notes found since the last call (signed activations, a network with no rectifier)."""
+        taken, self.notes = self.notes, []
+        return taken
+
+    def _note_once(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
+
+    def _check_assumptions(self, ex: Any) -> None:
+        from hookviz import cams
+        from hookviz.taps import MATERIAL_NEGATIVE
+
+        risky = [m for m in self.methods if m in cams.ASSUMES_NONNEGATIVE]
+        for layer, share in ex.negative_share.items():
+            worst = float(share.max()) if share.numel() else 0.0
+            if risky and worst >= MATERIAL_NEGATIVE:
+                names = " and ".join(Method(m).label for m in risky)
+                self._note_once(
+                    f"signed:{layer}",
+                    f"{worst:.0%} of the values of {layer} are negative, and {names} assume non-negative "
+                    f"activations ({cams.ASSUMES_NONNEGATIVE[risky[0]]}), so their maps there can point "
+                    "anywhere; take a post-activation tensor (the default: the one entering the pooling)",
+                )
+        if ex.guided is not None and not ex.guided:
+            self._note_once(
+                "guided",
+                f"{self.loaded.name} has no rectifier (ReLU, ReLU6, LeakyReLU, hardtanh(0, x)): Guided "
+                "Backprop is the plain input gradient here",
+            )
 
     def __post_init__(self) -> None:
         self.normalize = Normalize.parse(self.normalize, "--normalize").value
@@ -178,7 +214,7 @@ class CamJob:
         return len(self.methods) * len(self._layer_names()) * len(self._target_suffixes()) > 1
 
     def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
-        return f"{stem}.{method}.{layer}{suffix}"
+        return f"{stem}.{method}.{slug(layer)}{suffix}"
 
     def planned(self, stem: str) -> list[str]:
         names = []
@@ -211,6 +247,7 @@ class CamJob:
             aug_smooth=self.aug_smooth,
             region=self.region,
         )
+        self._check_assumptions(ex)
         maps = dict(ex.maps)
         if FUSED in self._layer_names():
             size = (int(x.shape[2]), int(x.shape[3]))
@@ -334,6 +371,7 @@ class CamJob:
                         "scale": list(scale) if scale else None,
                         **({"metrics": faith} if faith is not None else {}),
                         **({"region": region} if region is not None else {}),
+                        **self._sign_fields(ex, method, layer, index),
                     }
                 )
         if self._want_sheet():
@@ -367,8 +405,23 @@ class CamJob:
             **({"region": ex.region, "score": "share of pixels"} if dense else {}),
             "maps": records,
             **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
+            **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
         }
         return files, fields
+
+    @staticmethod
+    def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
+        """``negative_share`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
+        from hookviz import cams
+        from hookviz.taps import MATERIAL_NEGATIVE
+
+        if layer not in ex.negative_share:
+            return {}
+        share = float(ex.negative_share[layer][index])
+        fields: dict[str, Any] = {"negative_share": round(share, 4)}
+        if method in cams.ASSUMES_NONNEGATIVE and share >= MATERIAL_NEGATIVE:
+            fields["assumption_broken"] = "non-negative activations"
+        return fields
 
 
 @dataclass
@@ -427,7 +480,7 @@ class DetectionJob:
 
     def planned(self, stem: str) -> list[str]:
         """The outputs known before the model runs (the per-box ones depend on what it finds)."""
-        names = [f"{stem}.eigencam.{layer}.png" for layer in self.layers if "eigencam" in self.methods]
+        names = [f"{stem}.eigencam.{slug(layer)}.png" for layer in self.layers if "eigencam" in self.methods]
         return [*names, f"{stem}.detections.png"]
 
     def compute(self, x: Any) -> Any:
@@ -473,7 +526,7 @@ class DetectionJob:
                             ex.boxes[k].tolist(),
                             self._box_text(int(ex.labels[k]), float(ex.scores[k])),
                         )
-                    name = f"{stem}.eigencam.{layer}.png"
+                    name = f"{stem}.eigencam.{slug(layer)}.png"
                     what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
                 else:
                     for k in range(n):
@@ -481,7 +534,7 @@ class DetectionJob:
                             render.draw_box(picture, ex.boxes[k].tolist(), "", strong=False)
                     label, score = int(ex.labels[i]), float(ex.scores[i])
                     render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
-                    name = f"{stem}.{method}.{layer}.box{i + 1}.png"
+                    name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
                     what = f"box {i + 1} of {n}: {lm.class_name(label)} ({label}) score {score:.3f}"
                     outputs[i].append(name)
                 head = f"{lm.name} | {Method(method).label} at {layer} | {_weights_note(lm)}"
@@ -835,7 +888,7 @@ class EvaluateJob:
             passes += f.forward_passes
         b, h, w = x.shape[0], *ex.maps[(self.methods[0], self.layers[0])].shape[2:]
         for name, maps in (
-            ("random", evaluation.random_maps(b, h, w)),
+            ("random", evaluation.random_maps(b, h, w, x=x)),
             ("center", evaluation.center_maps(b, h, w)),
         ):
             f = evaluation.faithfulness(
@@ -879,7 +932,7 @@ class EvaluateJob:
 
 def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per method@layer (and per chance baseline): mean and 95 % CI of each metric over the images."""
-    from hookviz.evaluation import mean_ci
+    from hookviz.evaluation import mean_ci, wilson
 
     names: list[str] = []
     for rec in records:
@@ -892,8 +945,11 @@ def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, An
         for metric in ("deletion_auc", "insertion_auc", "average_drop"):
             mean, half = mean_ci([float(v[metric]) for v in values])
             row[metric], row[f"{metric}_ci95"] = round(mean, 4), round(half, 4)
-        mean, half = mean_ci([100.0 * float(v["increase"]) for v in values])
-        row["increase_in_confidence"], row["increase_in_confidence_ci95"] = round(mean, 2), round(half, 2)
+        # A proportion: the Wilson interval stays inside 0..100 % for small n (a t interval does not).
+        hits = sum(bool(v["increase"]) for v in values)
+        low, high = wilson(hits, len(values))
+        row["increase_in_confidence"] = round(100.0 * hits / max(1, len(values)), 2)
+        row["increase_in_confidence_ci95"] = [round(100.0 * low, 2), round(100.0 * high, 2)]
         rows.append(row)
     return rows
 

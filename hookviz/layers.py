@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from hookviz import taps
 from hookviz.errors import LayerError, UsageError, close_matches
 from hookviz.hooks import ModuleCall
 
@@ -142,8 +143,42 @@ def output_layers(
     return outermost(map_layers(model, specs, calls, model_name))
 
 
+def tensor_of(
+    model: nn.Module, name: str, calls: Sequence[ModuleCall], model_name: str = "the model"
+) -> ModuleCall:
+    """The traced call behind CAM tensor ``name`` (a module's output, ``NAME:input``, or a functional
+    pooling's input, see :mod:`hookviz.taps`), its ``output_shape`` being that tensor's shape.
+
+    Raises:
+        LayerError: no such module, or no such functional pooling in the traced pass.
+    """
+    if not taps.is_input(name):
+        (name,) = resolve_layers(model, [name], model_name=model_name)
+        return next((c for c in calls if c.name == name), ModuleCall(name, "", None, 0))
+    modules = dict(model.named_modules())
+    ref = taps.parse(name, modules)
+    if ref is None:
+        head = taps.base(name)
+        near = close_matches(head, [n for n in modules if n])
+        raise LayerError(
+            f"no layer {head!r} in {model_name}{near}, and {name!r} is not a global pooling's input "
+            f"({_listing(model_name)}; NAME:input takes a module's input)"
+        )
+    if ref.function is not None:
+        pool = getattr(calls, "pool", None)
+        if pool is None or pool.name != name:
+            found = f"; the head's pooling input is {pool.name!r}" if pool is not None else ""
+            raise LayerError(f"{name!r}: {model_name} makes no such functional global pooling call{found}")
+        return ModuleCall(name, pool.pooled_by, pool.shape, 1)
+    call = next((c for c in calls if c.name == ref.module), None)
+    if call is None:
+        return ModuleCall(name, "", None, 0)
+    return ModuleCall(name, call.type, call.input_shape, call.calls, call.order)
+
+
 def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_name: str = "the model") -> str:
-    """Check that ``name`` can be a CAM layer: it exists, runs once, and has a spatial map.
+    """Check that ``name`` can be a CAM tensor: a module (its output) or ``NAME:input`` that exists, runs
+    once, and has a spatial map.
 
     Raises:
         LayerError: a pattern, an unknown name, a layer that does not run or runs twice, or one with
@@ -151,12 +186,14 @@ def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_na
     """
     if is_pattern(name):
         raise LayerError(f"--layer takes module names, not patterns ({name!r})")
-    (name,) = resolve_layers(model, [name], model_name=model_name)
-    call = next((c for c in calls if c.name == name), None)
-    if call is None or call.calls == 0:
+    call = tensor_of(model, name, calls, model_name)
+    name = call.name
+    if call.calls == 0:
         raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass; pick another layer")
+    if call.output_shape is None:
+        raise LayerError(f"{name!r} is not a tensor; pick another layer")
     try:
-        layout_of(model, name, call.output_shape or (), calls)
+        layout_of(model, name, call.output_shape, calls)
     except LayerError as exc:
         raise LayerError(f"{exc} ({_listing(model_name)})") from None
     if call.calls > 1:
@@ -168,8 +205,8 @@ def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_na
 
 
 def channels(model: nn.Module, name: str, calls: Sequence[ModuleCall]) -> int:
-    """How many channels layer ``name``'s map has (tokens: the embedding width)."""
-    shape = _call(calls, name).output_shape or ()
+    """How many channels CAM tensor ``name``'s map has (tokens: the embedding width)."""
+    shape = tensor_of(model, name, calls).output_shape or ()
     return int(shape[1] if layout_of(model, name, shape, calls).kind == "nchw" else shape[-1])
 
 
@@ -217,7 +254,7 @@ def patch_grid(calls: Sequence[ModuleCall], tokens: int, dim: int) -> tuple[int,
     return None
 
 
-def _kind_4d(module: nn.Module, shape: Sequence[int]) -> str:
+def _kind_4d(module: nn.Module | None, shape: Sequence[int]) -> str:
     # Inputs are square, so a channels-first map has H == W and a channels-last one has shape[1] == shape[2].
     if isinstance(module, nn.Conv2d) or shape[2] == shape[3] or shape[1] != shape[2]:
         return "nchw"
@@ -236,8 +273,9 @@ def layout_of(
     Raises:
         LayerError: the output has no spatial structure (a classifier head, a pooled vector, 1x1).
     """
-    module = dict(model.named_modules())[layer]
-    what = f"layer {layer!r} ({type(module).__name__}) outputs shape {tuple(shape)}"
+    module = None if taps.is_input(layer) else dict(model.named_modules())[layer]
+    kind_name = type(module).__name__ if module is not None else "input"
+    what = f"layer {layer!r} ({kind_name}) outputs shape {tuple(shape)}"
     if len(shape) == 4:
         kind = _kind_4d(module, shape)
         pixels = shape[2] * shape[3] if kind == "nchw" else shape[1] * shape[2]
@@ -354,10 +392,22 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     Segmentation and detection models (a ``backbone`` child, as torchvision's) take the map from the
     backbone's last stage (``backbone.layer4``, ``backbone.body.layer4``), not from their heads.
 
+    Before all these shape rules: a classifier whose head pools globally (a pooling module, or
+    ``F.adaptive_avg_pool2d`` / ``mean`` over H and W in its code) takes the tensor entering that pooling,
+    the one the CAM papers mean (``calls.pool``, traced by :func:`hookviz.hooks.trace_shapes`): named by
+    the module that made it where one did (resnet18 ``layer4``), else ``NAME:input``.
+
     Raises:
         UsageError: no module has a spatial output.
     """
     prefix = backbone_prefix(model)
+    pool = getattr(calls, "pool", None)
+    if prefix is None and pool is not None and len(pool.shape) == 4:
+        try:
+            if layout_of(model, pool.name, pool.shape, calls).kind == "nchw":
+                return pool.name
+        except (LayerError, KeyError):
+            pass
     if prefix is not None:
         inside = [c for c in calls if c.name.startswith(f"{prefix}.")]
         if any(c.calls for c in inside):
@@ -419,4 +469,12 @@ def candidate_layers(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]
                 by_size[where] = info[n]
         chosen = [_climb(c.name, info) for c in by_size.values()]
     rank = {n: i for i, n in enumerate(module_names(model))}
-    return sorted(dict.fromkeys(chosen), key=lambda n: rank[n])
+    chosen = sorted(dict.fromkeys(chosen), key=lambda n: rank[n])
+    pool = getattr(calls, "pool", None)
+    if pool is not None and pool.name not in chosen and backbone_prefix(model) is None:
+        try:
+            layout_of(model, pool.name, pool.shape, calls)
+            chosen.append(pool.name)  # the head's pooling input comes last in the network
+        except (LayerError, KeyError):
+            pass
+    return chosen

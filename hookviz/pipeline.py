@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -24,6 +25,7 @@ import numpy as np
 
 from hookviz import timing
 from hookviz.errors import HookvizError, OutputError, UsageError
+from hookviz.files import TEMP, atomic_write, open_append
 from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, image_suffixes, load_rgb, quote
 
 MANIFEST = "manifest.jsonl"
@@ -212,8 +214,8 @@ class Output:
     def _clean_stale_temps(self) -> None:
         """Remove temp files left by a killed run (their process is gone); complete outputs are untouched."""
         for tmp in self.root.glob(".*.tmp"):
-            parts = tmp.name.rsplit(".", 2)
-            if len(parts) == 3 and parts[1].isdigit() and not process_alive(int(parts[1])):
+            m = TEMP.match(tmp.name)
+            if m and not process_alive(int(m.group(1))):
                 tmp.unlink(missing_ok=True)
 
     def path(self, name: str) -> Path:
@@ -228,30 +230,50 @@ class Output:
             FileExistsError: the file exists and neither ``overwrite`` nor ``replace`` is on.
         """
         final = self.path(name)
-        if not (self.overwrite or replace) and final.exists():
+        keep = not (self.overwrite or replace)
+        if keep and os.path.lexists(final):
             raise FileExistsError(final)
-        tmp = self.root / f".{name}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return final
+        return atomic_write(final, data, exclusive=keep)
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append one line to the manifest with a single ``write`` (lines are never interleaved or cut)."""
         if self._manifest_fd is None:
-            self._manifest_fd = os.open(
-                self.root / self.manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-            )
-        os.write(self._manifest_fd, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+            try:
+                self._manifest_fd = open_append(self.root / self.manifest)
+            except OSError as exc:
+                raise OutputError(
+                    f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}; a symlink "
+                    "is refused); remove it or choose another --out"
+                ) from None
+        os.write(self._manifest_fd, (to_json(entry) + "\n").encode("utf-8"))
 
     def close(self) -> None:
         if self._manifest_fd is not None:
             os.close(self._manifest_fd)
             self._manifest_fd = None
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None, in nested dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def to_json(entry: dict[str, Any]) -> str:
+    """One record as strict JSON on one line: non-finite numbers are ``null`` (``NaN`` is not JSON), and a
+    file name that is not valid UTF-8 (its bytes kept by Python as lone surrogates) is written with ``\\u``
+    escapes, which Python's ``json`` and ``os.fsencode`` turn back into the very same bytes."""
+    line = json.dumps(finite(entry), ensure_ascii=False, allow_nan=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(finite(entry), ensure_ascii=True, allow_nan=False)
+    return line
 
 
 def read_results(manifest: Path) -> dict[str, dict[str, Any]]:

@@ -208,14 +208,18 @@ def test_vit_and_swin_maps_on_the_patch_grid() -> None:
 def test_every_gradient_method_localises_on_the_trained_model(trained: Trained) -> None:
     from tests.test_localisation import _peak_hits
 
+    from hookviz.hooks import trace_shapes
+    from hookviz.layers import default_cam_layer
+
     x, y, masks = shapes_batch(200, np.random.default_rng(5))
-    ex = explain(trained.model, x, ["features.8"], list(cams.GRADIENT_METHODS), y)
+    layer = default_cam_layer(trained.model, trace_shapes(trained.model, x[:1]))
+    assert layer == "features"  # the tensor entering the pooling: after the last ReLU
+    ex = explain(trained.model, x, [layer], list(cams.GRADIENT_METHODS), y)
     rates = {
-        m: float(_peak_hits(ex.maps[(m, "features.8")][:, 0].numpy(), masks).mean())
-        for m in cams.GRADIENT_METHODS
+        m: float(_peak_hits(ex.maps[(m, layer)][:, 0].numpy(), masks).mean()) for m in cams.GRADIENT_METHODS
     }
     print("peak-in-shape rate per method:", {m: f"{r:.1%}" for m, r in rates.items()})
-    assert all(r >= 0.85 for r in rates.values()), rates
+    assert all(r >= 0.9 for r in rates.values()), rates
 
 
 def test_fuse_upsamples_scales_each_layer_then_combines() -> None:

@@ -48,7 +48,7 @@ def photos(tmp_path: Path) -> Path:
 
 def test_two_models_with_the_same_default_layer_name_share_a_folder(photos: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    for model in ("mobilenet_v2", "densenet121"):  # both default to the layer named "features"
+    for model in ("mobilenet_v2", "mobilenet_v3_small"):  # both default to the layer named "features"
         r = invoke("gradcam", str(photos), "--model", model, *FAST, "--out", str(out), "-q")
         assert r.exit_code == 0, r.stderr
     recs = records(out)

@@ -10,12 +10,12 @@ rendered a page at a time and images load lazily, so 10,000 inputs stay responsi
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from hookviz.errors import OutputError, UsageError
+from hookviz.files import atomic_write
 
 MANIFEST = "manifest.jsonl"
 REPORT = "index.html"
@@ -114,11 +114,8 @@ def build_report(out: str | Path, *, title: str | None = None) -> Path:
         counts={s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "error")},
     )
     final = out / REPORT
-    tmp = out / f".{REPORT}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, final)
+        atomic_write(final, page)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {final} ({exc.strerror or exc})") from None
     return final

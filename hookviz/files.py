@@ -1,0 +1,60 @@
+"""Writing files safely in a folder others may share: never half a file, never through a planted link.
+
+Temp files are created by :func:`tempfile.mkstemp` (``O_CREAT | O_EXCL``: a name someone else created, a
+symlink included, is never opened), then renamed over the final name (a rename replaces a symlink at the
+final name instead of writing through it). Appends (the manifest) open with ``O_NOFOLLOW``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+#: A temp file of :func:`atomic_write` (or of hookviz before it): ``.<name>.<pid>[.<random>].tmp``.
+TEMP = re.compile(r"^\..+\.(\d+)(?:\.[A-Za-z0-9_]+)?\.tmp$")
+
+
+def atomic_write(final: Path, data: bytes | str, *, exclusive: bool = False) -> Path:
+    """Write ``data`` to ``final`` through a fresh temp file beside it and a rename.
+
+    ``exclusive``: fail with ``FileExistsError`` instead of replacing an existing ``final`` (checked just
+    before the rename; a hard link would make it atomic, but not every file system has them).
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name[:80]}.{os.getpid()}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            f.write(raw)
+        if exclusive and os.path.lexists(final):
+            raise FileExistsError(final)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def open_append(path: Path) -> int:
+    """A file descriptor appending to ``path`` (created if missing), refusing a symlink (``OSError``,
+    ``ELOOP``). If the file's last line lacks its newline (a killed writer, a hand edit), one is added first,
+    so the next line is not swallowed by it."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            with open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    os.write(fd, b"\n")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
