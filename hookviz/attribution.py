@@ -26,6 +26,7 @@ from hookviz.hooks import (
 )
 from hookviz.layers import Layout, layout_of, single_call, to_spatial
 from hookviz.readout import Readout, Scorer, ranking, read
+from hookviz.taps import negative_mass
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
 
@@ -44,8 +45,9 @@ class Explanation:
         grads_computed: number of backward passes run (one per target, each reusing the single graph).
         labels: for a segmentation model, ``(B, H, W)`` the predicted class of each pixel (its
             ``probs`` are then pixel shares, see :mod:`hookviz.readout`); ``region`` what a score sums.
-        negative_share: per layer, ``(B,)`` the share of each image's CAM-tensor values below zero (some
-            formulas assume none: :data:`hookviz.cams.ASSUMES_NONNEGATIVE`).
+        negative_mass: per layer, ``(B,)`` the share of each image's CAM-tensor mass (sum of absolute
+            values) that is below zero: ~0.5 for a BatchNorm's output, 0 after a ReLU, a few % after SiLU
+            (some formulas assume none: :data:`hookviz.cams.ASSUMES_NONNEGATIVE`).
         guided: with Guided Backprop, how many activations of each kind were guided (``{"relu": 17}``).
     """
 
@@ -60,7 +62,7 @@ class Explanation:
     grads_computed: int
     labels: Tensor | None = None
     region: str | None = None
-    negative_share: dict[str, Tensor] = field(default_factory=dict)
+    negative_mass: dict[str, Tensor] = field(default_factory=dict)
     guided: dict[str, int] | None = None
 
 
@@ -270,7 +272,7 @@ def _explain(
     with torch.no_grad():
         for layer in layers:
             a = to_spatial(raw[layer].detach(), layouts[layer])
-            negative[layer] = (a < 0).flatten(1).float().mean(dim=1).cpu()
+            negative[layer] = negative_mass(a).cpu()
             if gradient_methods:
                 g = [to_spatial(gj, layouts[layer]) for gj in grads[layer]]
                 for m in gradient_methods:
@@ -320,7 +322,7 @@ def _explain(
         grads_computed=backward_passes,
         labels=None if scores.labels is None else scores.labels.to(torch.int16).cpu(),
         region=scores.region,
-        negative_share=negative,
+        negative_mass=negative,
         guided=guided,
     )
 

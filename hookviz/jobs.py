@@ -137,15 +137,16 @@ class CamJob:
         from hookviz.taps import MATERIAL_NEGATIVE
 
         risky = [m for m in self.methods if m in cams.ASSUMES_NONNEGATIVE]
-        for layer, share in ex.negative_share.items():
+        for layer, share in ex.negative_mass.items():
             worst = float(share.max()) if share.numel() else 0.0
             if risky and worst >= MATERIAL_NEGATIVE:
                 names = " and ".join(Method(m).label for m in risky)
                 self._note_once(
                     f"signed:{layer}",
-                    f"{worst:.0%} of the values of {layer} are negative, and {names} assume non-negative "
-                    f"activations ({cams.ASSUMES_NONNEGATIVE[risky[0]]}), so their maps there can point "
-                    "anywhere; take a post-activation tensor (the default: the one entering the pooling)",
+                    f"{worst:.0%} of the activation mass of {layer} is negative, and {names} assume "
+                    f"non-negative activations ({cams.ASSUMES_NONNEGATIVE[risky[0]]}), so their maps there "
+                    "can point anywhere; take a post-activation tensor (the default: the one entering the "
+                    "pooling)",
                 )
         if ex.guided is not None and not ex.guided:
             self._note_once(
@@ -411,14 +412,14 @@ class CamJob:
 
     @staticmethod
     def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
-        """``negative_share`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
+        """``negative_mass`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
         from hookviz import cams
         from hookviz.taps import MATERIAL_NEGATIVE
 
-        if layer not in ex.negative_share:
+        if layer not in ex.negative_mass:
             return {}
-        share = float(ex.negative_share[layer][index])
-        fields: dict[str, Any] = {"negative_share": round(share, 4)}
+        share = float(ex.negative_mass[layer][index])
+        fields: dict[str, Any] = {"negative_mass": round(share, 4)}
         if method in cams.ASSUMES_NONNEGATIVE and share >= MATERIAL_NEGATIVE:
             fields["assumption_broken"] = "non-negative activations"
         return fields

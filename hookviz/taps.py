@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
@@ -248,15 +249,18 @@ def depth_tracker(model: nn.Module, owners: Sequence[str], hooks: Any) -> Callab
     return running
 
 
-def negative_share(t: Tensor) -> float:
-    """The share of a tensor's values below zero (what makes some CAM formulas meaningless)."""
-    if t.numel() == 0:
-        return 0.0
-    return float((t < 0).float().mean())
+def negative_mass(t: Tensor) -> Tensor:
+    """Per image of ``t`` (B, ...), the share of its mass (sum of absolute values) below zero: what makes
+    the CAM formulas that assume non-negative activations meaningless. A ReLU's output has none, a
+    BatchNorm's about half; SiLU's and GELU's small negative tails a few percent."""
+    flat = torch.nan_to_num(t.detach().float().flatten(1))
+    total = flat.abs().sum(dim=1)
+    neg = (-flat).clamp_min(0).sum(dim=1)
+    return torch.where(total > 0, neg / total.clamp_min(1e-30), torch.zeros_like(total))
 
 
-#: Below this share of negative values, a CAM tensor counts as non-negative (a ReLU's output has none;
-#: a BatchNorm's output about half).
+#: From this share of its mass below zero, a CAM tensor counts as signed (a ReLU's output has none, a
+#: BatchNorm's about half).
 MATERIAL_NEGATIVE = 0.05
 
 
@@ -277,7 +281,7 @@ __all__ = [
     "base",
     "depth_tracker",
     "is_input",
-    "negative_share",
+    "negative_mass",
     "parse",
     "pooled_input_of",
     "slug",

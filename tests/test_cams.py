@@ -206,10 +206,9 @@ def test_vit_and_swin_maps_on_the_patch_grid() -> None:
 
 
 def test_every_gradient_method_localises_on_the_trained_model(trained: Trained) -> None:
-    from tests.test_localisation import _peak_hits
-
     from hookviz.hooks import trace_shapes
     from hookviz.layers import default_cam_layer
+    from tests.test_localisation import _peak_hits
 
     x, y, masks = shapes_batch(200, np.random.default_rng(5))
     layer = default_cam_layer(trained.model, trace_shapes(trained.model, x[:1]))
