@@ -125,16 +125,23 @@ class Box:
 
 @dataclass(frozen=True)
 class Preprocess:
-    """How a photo becomes a model input.
+    """How a photo becomes a model input: the model's own evaluation pipeline, pixel for pixel.
 
-    ``resize="crop"`` is torchvision's evaluation transform (shorter side to ``resize_size``, centre
-    crop of ``crop_size``), done as one crop of the original followed by one resize so that the
-    region the model saw is an exact pixel box; ``resize="squash"`` resizes the whole photo to
-    ``crop_size`` x ``crop_size`` so the model sees everything (aspect ratio not kept);
-    ``resize="shorter"`` brings the shorter side to ``resize_size`` and keeps the whole photo and its
-    aspect (torchvision's segmentation transform); ``resize="model"`` hands over the photo itself,
-    scaled to [0, 1] and normalised with ``mean``/``std`` (a detector resizes inside its own transform,
-    so give it mean 0 and std 1). With the last two, inputs differ in size from photo to photo.
+    ``resize="crop"`` is torchvision's evaluation transform (and timm's, and a Hugging Face processor's
+    ``shortest_edge`` + centre crop): the whole photo's shorter side to ``resize_size`` (the longer one
+    truncated, as theirs), an antialiased resize, then the centre ``crop_size`` square.
+    ``resize="squash"`` resizes the whole photo to ``resize_size`` x ``resize_size`` (aspect not kept: a
+    ViT processor's ``{"height", "width"}``, timm's ``crop_mode="squash"``), then takes the centre
+    ``crop_size`` square when that is smaller (DeiT's 256 → 224). ``resize="shorter"`` brings the shorter
+    side to ``resize_size`` and keeps the whole photo and its aspect (torchvision's segmentation
+    transform); ``resize="model"`` hands over the photo itself, scaled to [0, 1] and normalised with
+    ``mean``/``std`` (a detector resizes inside its own transform, so give it mean 0 and std 1). With
+    the last two, inputs differ in size from photo to photo.
+
+    Resizing is PIL's, as torchvision's, timm's and Hugging Face's transforms do it on a PIL image (an
+    antialiased filter whose support grows with the scale), so the pixels and the predicted class equal
+    those of the user's own evaluation script. ``crop_round``: where a centre crop starts when the margin
+    is odd, ``round`` (torchvision, timm: ``int(round(margin / 2))``) or ``floor`` (Hugging Face).
     """
 
     crop_size: int = 224
@@ -142,9 +149,9 @@ class Preprocess:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     resize: str = "crop"
-    #: How an enlarged region is resampled (``bilinear`` or ``bicubic``); shrinking always averages
-    #: areas (OpenCV's INTER_AREA), which is what an antialiased resize does.
+    #: How the photo is resampled: ``bilinear``, ``bicubic`` or ``nearest`` (PIL's filters).
     interpolation: str = "bilinear"
+    crop_round: str = "round"
 
     def __post_init__(self) -> None:
         from hookviz.errors import UsageError
@@ -157,43 +164,65 @@ class Preprocess:
             )
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise UsageError(f"mean and std take 3 values each, std > 0; got {self.mean} and {self.std}")
+        if self.interpolation not in _FILTERS:
+            raise UsageError(f"interpolation {self.interpolation!r}: use one of {', '.join(_FILTERS)}")
+        if self.crop_round not in ("round", "floor"):
+            raise UsageError(f"crop_round {self.crop_round!r}: use round or floor")
+
+    def _resized(self, height: int, width: int) -> tuple[int, int]:
+        """The whole photo's size after the resize step."""
+        if self.resize == "model":
+            return height, width
+        if self.resize == "squash":
+            return self.resize_size, self.resize_size
+        short, long = (height, width) if height <= width else (width, height)
+        new_long = max(1, int(self.resize_size * long / short))
+        return (self.resize_size, new_long) if height <= width else (new_long, self.resize_size)
+
+    def _crop(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(top, left, h, w)`` of the crop taken from the resized photo."""
+        if self.resize in ("model", "shorter"):
+            return 0, 0, height, width
+        c = self.crop_size
+        if self.resize == "squash" and c >= height:
+            return 0, 0, height, width
+
+        def start(margin: int) -> int:
+            return round(margin / 2.0) if self.crop_round == "round" else margin // 2
+
+        return start(height - c), start(width - c), min(c, height), min(c, width)
 
     def box(self, height: int, width: int) -> Box:
         """The region of an ``height`` x ``width`` photo that becomes the model input."""
-        if self.resize in ("squash", "shorter", "model"):
-            return Box(0, 0, width, height)
-        side = min(height, width) * self.crop_size / self.resize_size
-        side_i = max(1, min(round(side), height, width))
-        x0 = (width - side_i) // 2
-        y0 = (height - side_i) // 2
-        return Box(x0, y0, x0 + side_i, y0 + side_i)
+        rh, rw = self._resized(height, width)
+        top, left, h, w = self._crop(rh, rw)
+        sy, sx = height / rh, width / rw
+        x0, y0 = round(left * sx), round(top * sy)
+        return Box(x0, y0, max(x0 + 1, round((left + w) * sx)), max(y0 + 1, round((top + h) * sy)))
 
     def input_size(self, height: int, width: int) -> tuple[int, int]:
         """The model input's ``(height, width)`` for an ``height`` x ``width`` photo."""
-        if self.resize == "model":
-            return height, width
-        if self.resize == "shorter":
-            scale = self.resize_size / min(height, width)
-            return max(1, round(height * scale)), max(1, round(width * scale))
-        return self.crop_size, self.crop_size
+        rh, rw = self._resized(height, width)
+        return self._crop(rh, rw)[2:]
 
     def __call__(self, rgb: np.ndarray) -> tuple[np.ndarray, Box]:
-        """Return the normalised ``(3, h, w)`` float32 input and the box it came from."""
-        import cv2
+        """Return the normalised ``(3, h, w)`` float32 input and the box of the photo it came from."""
+        from PIL import Image
 
-        box = self.box(rgb.shape[0], rgb.shape[1])
-        region = rgb[box.y0 : box.y1, box.x0 : box.x1]
-        h, w = self.input_size(region.shape[0], region.shape[1])
-        if (h, w) == region.shape[:2]:
-            resized = region
-        else:
-            shrinking = region.shape[0] > h or region.shape[1] > w
-            grow = cv2.INTER_CUBIC if self.interpolation == "bicubic" else cv2.INTER_LINEAR
-            resized = cv2.resize(region, (w, h), interpolation=cv2.INTER_AREA if shrinking else grow)
-        x = resized.astype(np.float32) / 255.0
+        height, width = rgb.shape[:2]
+        rh, rw = self._resized(height, width)
+        if (rh, rw) != (height, width):
+            rgb = np.asarray(Image.fromarray(rgb).resize((rw, rh), _FILTERS[self.interpolation]))
+        top, left, h, w = self._crop(rh, rw)
+        region = rgb[top : top + h, left : left + w]
+        x = region.astype(np.float32) / 255.0
         x -= np.asarray(self.mean, dtype=np.float32)
         x /= np.asarray(self.std, dtype=np.float32)
-        return np.ascontiguousarray(x.transpose(2, 0, 1)), box
+        return np.ascontiguousarray(x.transpose(2, 0, 1)), self.box(height, width)
+
+
+#: PIL's resampling filters by name (``Image.Resampling`` values).
+_FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1, "box": 4, "hamming": 5}
 
 
 def encode_png(rgb: np.ndarray) -> bytes:

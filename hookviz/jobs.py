@@ -32,6 +32,9 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             "resize_size": p.resize_size,
             "resize": str(p.resize),
             "interpolation": p.interpolation,
+            # PIL's antialiased resize of the whole photo, then the crop (the model's own transform)
+            "resampler": "PIL",
+            "crop_round": p.crop_round,
             "mean": [round(float(v), 6) for v in p.mean],
             "std": [round(float(v), 6) for v in p.std],
         },

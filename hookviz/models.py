@@ -168,6 +168,8 @@ def load_model(
 
         base = task_preprocess(task)
     crop, rsz = base.crop_size, base.resize_size
+    if resize == "squash" and base.resize != "squash":
+        rsz = crop  # --resize squash: the whole photo, squashed to the input size, no crop
     if input_size is not None:
         rsz, crop = round(input_size * rsz / crop), input_size
         if task == "detection":
@@ -179,6 +181,7 @@ def load_model(
         std=_triple(std, "--std") if std is not None else base.std,
         resize=resize or base.resize,
         interpolation=base.interpolation,
+        crop_round=base.crop_round,
     )
     device = torch.device(device)
     model = built.model.to(device).eval()
@@ -216,9 +219,24 @@ def _triple(values: Sequence[float], option: str) -> tuple[float, float, float]:
 
 
 def probe(loaded: LoadedModel) -> list[ModuleCall]:
-    """Every module's type and output shape for one input of the model's size."""
+    """Every module's type and output shape for one input of the model's size.
+
+    Raises:
+        SetupError: the model cannot take an input of that size (a ViT built for 224 given 64): one line.
+    """
+    from hookviz.errors import HookvizError, SetupError
+
     s = loaded.preprocess.crop_size
-    return trace_shapes(loaded.model, probe_input(loaded.model, (1, 3, s, s)))
+    try:
+        return trace_shapes(loaded.model, probe_input(loaded.model, (1, 3, s, s)))
+    except HookvizError:
+        raise
+    except Exception as exc:  # a model's own size checks raise AssertionError, RuntimeError, ValueError
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise SetupError(
+            f"{loaded.name} cannot take a 3x{s}x{s} input ({first}); leave --input-size out, or build the "
+            "model for that size (timm:NAME?img_size=N)"
+        ) from None
 
 
 def num_classes(loaded: LoadedModel) -> int:

@@ -79,8 +79,10 @@ def test_bad_files_are_input_errors(tmp_path: Path) -> None:
 def test_crop_box_matches_torchvision_eval_transform() -> None:
     pre = Preprocess(crop_size=224, resize_size=256)
     # A 451x300 photo: the shorter side 300 → 256, the 224 crop is 262.5 px of the original, centred.
-    assert pre.box(300, 451) == Box(94, 19, 356, 281)
-    assert Preprocess(resize="squash").box(300, 451) == Box(0, 0, 451, 300)
+    assert pre.box(300, 451) == Box(94, 19, 357, 281)
+    assert Preprocess(crop_size=224, resize_size=224, resize="squash").box(300, 451) == Box(0, 0, 451, 300)
+    # DeiT's processor: squashed to 256 x 256, then the centre 224: 16 px of 256 off each side.
+    assert Preprocess(resize="squash").box(256, 512) == Box(32, 16, 480, 240)
     x, _ = pre(_gradient(300, 451))
     assert x.shape == (3, 224, 224) and x.dtype == np.float32
 

@@ -107,6 +107,17 @@ def _categories(config: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _sizes(value: Any) -> dict[str, int]:
+    """An image processor's ``size`` / ``crop_size`` (a dict, or transformers 5's ``SizeDict``) as a dict of
+    the keys that are set."""
+    if not value:
+        return {}
+    keys = ("height", "width", "shortest_edge", "longest_edge")
+    if isinstance(value, dict):
+        return {k: int(v) for k, v in value.items() if k in keys and v is not None}
+    return {k: int(v) for k in keys if (v := getattr(value, k, None)) is not None}
+
+
 def _preprocessing(built: Built, where: str, config: Any) -> None:
     """Input size, resize mode, mean and std from the image processor's config (defaults: ImageNet, 224)."""
     try:
@@ -117,20 +128,38 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
         proc = None
     p = built.preprocess
     crop, resize_size, resize = p.crop_size, p.resize_size, p.resize
-    size = dict(getattr(proc, "size", None) or {})
-    if "height" in size and "width" in size:  # resized straight to H x W (ViT-style): squash
-        crop = resize_size = int(size["height"])
+    size = _sizes(getattr(proc, "size", None))
+    crop_to = _sizes(getattr(proc, "crop_size", None))
+    do_crop = bool(getattr(proc, "do_center_crop", False)) and bool(crop_to)
+    crop_pct = getattr(proc, "crop_pct", None)
+
+    def square(d: dict[str, Any], what: str) -> int:
+        if int(d["height"]) != int(d["width"]):
+            raise UsageError(
+                f"{where}: the image processor's {what} is {d['height']}x{d['width']}; hookviz takes square "
+                "inputs (give --input-size N to use N x N)"
+            )
+        return int(d["height"])
+
+    if "height" in size and "width" in size:  # resized straight to H x W (ViT, DeiT: 256, then crop 224)
+        resize_size = square(size, "size")
+        crop = square(crop_to, "crop_size") if do_crop else resize_size
         resize = "squash"
     elif "shortest_edge" in size:
         edge = int(size["shortest_edge"])
-        crop_size = dict(getattr(proc, "crop_size", None) or {})
-        crop_pct = getattr(proc, "crop_pct", None)
-        if crop_size and getattr(proc, "do_center_crop", False):
-            crop, resize_size = int(crop_size.get("height", edge)), edge
-        elif crop_pct:  # ConvNeXt-style: resize to edge / crop_pct, centre crop edge
-            crop, resize_size = edge, round(edge / float(crop_pct))
-        else:
+        if crop_pct is not None and not crop_to:
+            # ConvNeXt: below 384, the shorter side to int(edge / crop_pct) and the centre edge x edge;
+            # from 384, the photo is squashed to edge x edge, no crop.
+            if edge < 384:
+                crop, resize_size, resize = edge, int(edge / float(crop_pct)), "crop"
+            else:
+                crop = resize_size = edge
+                resize = "squash"
+        elif do_crop:  # CLIP: the shorter side to edge, then the centre crop
+            crop, resize_size, resize = square(crop_to, "crop_size"), edge, "crop"
+        else:  # the shorter side to edge, aspect kept: the whole photo
             crop = resize_size = edge
+            resize = "shorter"
     elif getattr(config, "image_size", None):
         side = config.image_size
         crop = resize_size = int(side[0] if isinstance(side, (list, tuple)) else side)
@@ -140,12 +169,13 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
         mean = tuple(float(v) for v in proc.image_mean)  # type: ignore[assignment]
         std = tuple(float(v) for v in proc.image_std)  # type: ignore[assignment]
     resample = getattr(proc, "resample", None)
-    bicubic = resample is not None and int(resample) == 3  # PIL's BICUBIC
+    filters = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
     built.preprocess = Preprocess(
         crop_size=crop,
         resize_size=resize_size,
         mean=mean,
         std=std,
         resize=resize,
-        interpolation="bicubic" if bicubic else "bilinear",
+        interpolation=filters.get(int(resample), "bilinear") if resample is not None else "bilinear",
+        crop_round="floor",  # transformers' center_crop: (height - crop) // 2
     )

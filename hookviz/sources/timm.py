@@ -7,6 +7,7 @@ a 1000-class head gets the ImageNet class names.
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -80,7 +81,16 @@ def build(spec: str, weights: str, options: Options) -> Built:
         )
         key = f"[{options.weights_key}]" if options.weights_key else ""
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
-    data = timm.data.resolve_data_config({}, model=model)
+    # The data config of the model as built: an ``img_size`` argument overrides the pretrained config's.
+    given = kwargs.get("img_size")
+    override = {}
+    if given is not None:
+        side = given if isinstance(given, int) else tuple(given)
+        if not isinstance(side, int) and len(set(side)) != 1:
+            raise UsageError(f"timm:{name}: img_size={given}: hookviz takes square inputs; give one size")
+        n = side if isinstance(side, int) else side[0]
+        override = {"input_size": (3, int(n), int(n))}
+    data = timm.data.resolve_data_config(override, model=model)
     crop = int(data["input_size"][-1])
     categories: tuple[str, ...] = ()
     if classifier_out(model) == 1000:
@@ -97,7 +107,8 @@ def build(spec: str, weights: str, options: Options) -> Built:
         categories,
         Preprocess(
             crop_size=crop,
-            resize_size=max(crop, round(crop / float(data.get("crop_pct") or 1.0))),
+            # timm's eval transform: scale_size = floor(img_size / crop_pct)
+            resize_size=max(crop, math.floor(crop / float(data.get("crop_pct") or 1.0))),
             mean=tuple(float(v) for v in data["mean"]),  # type: ignore[arg-type]
             std=tuple(float(v) for v in data["std"]),  # type: ignore[arg-type]
             resize="squash" if data.get("crop_mode") == "squash" else "crop",

@@ -96,7 +96,6 @@ def build(name: str, weights: str, options: Options) -> Built:
         kwargs.pop("init_weights", None)
         model = _download(name, chosen, options.progress, kwargs)
         label = f"DEFAULT ({chosen.name})" if weights.upper() == WEIGHTS_DEFAULT else chosen.name
-        base = chosen.transforms()
         return Built(
             model,
             name,
@@ -104,17 +103,24 @@ def build(name: str, weights: str, options: Options) -> Built:
             True,
             f"{name}:{chosen.name}",
             tuple(chosen.meta.get("categories") or ()),
-            Preprocess(
-                crop_size=int(base.crop_size[0]),
-                resize_size=int(base.resize_size[0]),
-                mean=tuple(base.mean),
-                std=tuple(base.std),
-            ),
+            preprocess_of(chosen.transforms()),
         )
     path, state = _weights_file(name, weights, enum, options)
     model = _fitted(name, torchvision.models.get_model(name, weights=None, **kwargs), state, path, kwargs)
     categories = _imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
     return Built(model, name, str(path), True, _file_id(path, options), categories)
+
+
+def preprocess_of(transform: Any) -> Preprocess:
+    """The :class:`Preprocess` equal to a torchvision ``ImageClassification`` transform (a weights enum's
+    ``transforms()``): the same resize, crop, interpolation, mean and std."""
+    return Preprocess(
+        crop_size=int(transform.crop_size[0]),
+        resize_size=int(transform.resize_size[0]),
+        mean=tuple(transform.mean),
+        std=tuple(transform.std),
+        interpolation=str(getattr(transform.interpolation, "value", transform.interpolation)),
+    )
 
 
 def _weights_file(name: str, weights: str, enum: Any, options: Options) -> tuple[Path, dict[str, Any]]:
