@@ -429,6 +429,16 @@ class _Reporter:
             self.bar.stop()
 
 
+def _warn(text: str) -> None:
+    typer.echo(f"hookviz: warning: {text}", err=True)
+
+
+def _named(d: dict[str, Any]) -> str:
+    """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
+    name, index = d.get("name"), d.get("index")
+    return f"class {index}" if name in (None, f"class {index}") else f"{name} ({index})"
+
+
 def _describe(rec: dict[str, Any]) -> str:
     parts = [f"{rec['input']}:"]
     if rec.get("task") == "detection":
@@ -446,9 +456,9 @@ def _describe(rec: dict[str, Any]) -> str:
         return f"{score:.1%} of pixels" if rec.get("region") else f"p={score:.3f}"
 
     if p:
-        parts.append(f"predicted {p['name']} ({p['index']}) {scored(p['score'])};")
+        parts.append(f"predicted {_named(p)} {scored(p['score'])};")
         if t and t["index"] != p["index"]:
-            parts.append(f"explained {t['name']} ({t['index']}) {scored(t['score'])};")
+            parts.append(f"explained {_named(t)} {scored(t['score'])};")
     outs = rec["outputs"]
     verb = "exists" if rec["status"] == "skipped" else "wrote"
     if outs:
@@ -511,7 +521,7 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
         if r.report:
             from hookviz.report import build_report
 
-            typer.echo(f"hookviz: report: {build_report(r.out)}", err=True)
+            typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
     # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
     # which could cut rank 0's merge short. torchrun exits with rank 0's code.
     if worst and dist.rank == 0:
@@ -614,7 +624,7 @@ def _run_shard(
     if r.report and dist is None:
         from hookviz.report import build_report
 
-        typer.echo(f"hookviz: report: {build_report(r.out)}", err=True)
+        typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
     if reporter.failed:
         where = f"rank {dist.rank}: " if dist is not None else ""
         typer.echo(
@@ -1348,6 +1358,8 @@ def layers(
         int | None, typer.Option("--depth", min=1, help="only names with at most this many dots + 1.")
     ] = None,
     trust_pickle: TrustPickle = False,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
     debug: Debug = False,
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
@@ -1572,6 +1584,8 @@ def summary(
     ] = None,
     overwrite: Overwrite = False,
     trust_pickle: TrustPickle = False,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
     debug: Debug = False,
 ) -> None:
     """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
@@ -1626,7 +1640,7 @@ def report(
     with _guard(debug):
         from hookviz.report import build_report
 
-        typer.echo(str(build_report(out, title=title)))
+        typer.echo(str(build_report(out, title=title, warn=_warn)))
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,8 +176,8 @@ class CamJob:
         if self.vmax is not None:
             if self.normalize != Normalize.none:
                 raise UsageError(f"--vmax goes with --normalize none (not {self.normalize})")
-            if not self.vmax > 0:
-                raise UsageError(f"--vmax {self.vmax}: must be greater than 0")
+            if not (self.vmax > 0 and math.isfinite(self.vmax)):
+                raise UsageError(f"--vmax {self.vmax}: must be a finite number greater than 0")
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
@@ -325,9 +326,8 @@ class CamJob:
                 where = "fused " + "+".join(self.layers) if layer == FUSED else layer
                 lines = [
                     f"{lm.name} | {Method(method).label} at {where} | {_weights_note(lm)}",
-                    f"predicted: {lm.class_name(pred)} ({pred}) {scored(p_score)}",
-                    f"explained: {lm.class_name(tgt)} ({tgt}) {scored(t_score)}"
-                    + _region_note(region, ex.region),
+                    f"predicted: {lm.describe(pred)} {scored(p_score)}",
+                    f"explained: {lm.describe(tgt)} {scored(t_score)}" + _region_note(region, ex.region),
                 ]
                 scale = result.scales[(method, layer)]
                 if scale is not None or not self.relu:
@@ -383,14 +383,9 @@ class CamJob:
             for layer in self._layer_names():
                 for j in range(len(suffixes)):
                     tgt = int(ex.targets[index, j])
-                    label = (
-                        f"{layer} | {lm.class_name(tgt)} ({tgt}) {scored(float(ex.target_scores[index, j]))}"
-                    )
+                    label = f"{layer} | {lm.describe(tgt)} {scored(float(ex.target_scores[index, j]))}"
                     rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
-            title = (
-                f"{lm.name} | predicted {lm.class_name(pred)} ({pred}) {scored(p_score)} | "
-                + _weights_note(lm)
-            )
+            title = f"{lm.name} | predicted {lm.describe(pred)} {scored(p_score)} | " + _weights_note(lm)
             sheet = render.sheet(rows, [Method(m).label for m in self.methods], title=title)
             files.append((f"{stem}.sheet.png", encode_png(sheet)))
         first_t = int(ex.targets[index, 0])
@@ -539,7 +534,7 @@ class DetectionJob:
                     label, score = int(ex.labels[i]), float(ex.scores[i])
                     render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
                     name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
-                    what = f"box {i + 1} of {n}: {lm.class_name(label)} ({label}) score {score:.3f}"
+                    what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
                     outputs[i].append(name)
                 head = f"{lm.name} | {Method(method).label} at {layer} | {_weights_note(lm)}"
                 lines = [head, f"explained: {what}"]
@@ -1033,7 +1028,7 @@ class SanityJob:
         t = int(target[index])
         title = (
             f"{self.loaded.name} | sanity check at {self.layer}: parameters randomised from the head down | "
-            f"explaining {self.loaded.class_name(t)} ({t}) | {_weights_note(self.loaded)}"
+            f"explaining {self.loaded.describe(t)} | {_weights_note(self.loaded)}"
         )
         strip = render.sheet(rows, columns, title=title, cell=140)
         name = f"{stem}.sanity.{self.layer}.png"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,12 @@ class LoadedModel:
     def class_name(self, index: int) -> str:
         return self.categories[index] if 0 <= index < len(self.categories) else f"class {index}"
 
+    def describe(self, index: int) -> str:
+        """``tabby (281)`` with a class name, ``class 281`` without one (never ``class 281 (281)``)."""
+        if 0 <= index < len(self.categories):
+            return f"{self.categories[index]} ({index})"
+        return f"class {index}"
+
 
 def _imagenet_categories() -> tuple[str, ...]:
     from hookviz.sources.torchvision import _imagenet_categories as names
@@ -131,8 +138,9 @@ def load_model(
         resize: ``crop`` (centre crop, torchvision's eval transform) or ``squash`` (whole image, aspect
             not kept); defaults to the source's.
         mean, std: input normalisation; default the source's (ImageNet's for custom models).
-        labels: class names for the head (a file, see :func:`read_labels`, or a sequence); they
-            replace the source's names in captions, records and ``--target NAME``.
+        labels: class names for the head (a file, see :func:`read_labels`, a sequence, or ``imagenet``:
+            the ImageNet-1k names, for any 1000-way head); they replace the source's names in captions,
+            records and ``--target NAME``.
         weights_key: the key of the state_dict inside a checkpoint dict (``ema``, ``model_ema``...).
         trust_pickle: allow unpickling a whole model file (it runs code from the file).
 
@@ -152,7 +160,12 @@ def load_model(
     if labels is not None:
         from hookviz.sources.torchvision import dense_classes
 
-        class_names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
+        if isinstance(labels, str) and labels.lower() == "imagenet" and not Path(labels).exists():
+            class_names = _imagenet_categories()
+        elif isinstance(labels, (str, Path)):
+            class_names = read_labels(labels)
+        else:
+            class_names = tuple(labels)
         heads = classifier_out(built.model) if task == "classification" else dense_classes(built.model)
         if heads is not None and heads != len(class_names):
             where = f"--labels {str(labels)!r}" if isinstance(labels, (str, Path)) else "labels"
@@ -256,6 +269,11 @@ def num_classes(loaded: LoadedModel) -> int:
     return int(logits.shape[1])
 
 
+#: A class index as a user types it: ASCII digits (``"²".isdigit()`` is true, and ``int("²")`` fails).
+_DIGITS = re.compile(r"^[0-9]+$")
+_INDEX = re.compile(r"^(?:class\s+)?(-?[0-9]+)$", re.IGNORECASE)
+
+
 def find_class(text: str, categories: Sequence[str], option: str = "--target", model: str = "") -> int:
     """The index of a class name: exact match first, then case-insensitive exact, then a unique partial match.
 
@@ -267,6 +285,11 @@ def find_class(text: str, categories: Sequence[str], option: str = "--target", m
     """
     of = f" of {model}" if model else ""
     exact = [i for i, c in enumerate(categories) if c == text]
+    if len(exact) > 1:
+        raise TargetError(
+            f"{option} {text!r} is ambiguous: classes {', '.join(map(str, exact))} all have this name; "
+            "give an index"
+        )
     if exact:
         return exact[0]
     low = text.lower()
@@ -298,8 +321,9 @@ def parse_target(
     if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("top1", "")):
         return None
     text = str(spec).strip()
-    if text.lstrip("-").isdigit():
-        index = int(text)
+    by_index = _INDEX.match(text)
+    if by_index:  # "281", or "class 281" as captions write a class without a name
+        index = int(by_index.group(1))
         if not 0 <= index < num_classes:
             raise TargetError(
                 f"{option} {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}"
@@ -324,7 +348,7 @@ def parse_targets(spec: str, loaded: LoadedModel, num_classes: int) -> str | lis
     text = spec.strip().lower()
     if text.startswith("top"):
         k = text[3:]
-        if not k.isdigit() or not 1 <= int(k) <= num_classes:
+        if not _DIGITS.match(k) or not 1 <= int(k) <= num_classes:
             raise TargetError(f"--target {spec!r}: use top1..top{num_classes}, a class index or a class name")
         return None if int(k) == 1 else f"top{int(k)}"
     indices = [parse_target(part, loaded, num_classes) for part in spec.split(",") if part.strip()]
@@ -333,8 +357,35 @@ def parse_targets(spec: str, loaded: LoadedModel, num_classes: int) -> str | lis
     return list(dict.fromkeys(i for i in indices if i is not None))
 
 
+def _json_names(data: object, path: Path) -> list[str]:
+    """Names from a JSON list of strings, or an object keyed by index 0..n-1 (``{"0": "tench"}``; Keras'
+    ``imagenet_class_index.json`` maps each index to ``["n01440764", "tench"]``: the last string is the name).
+    """
+    where = f"--labels {str(path)!r}"
+    if isinstance(data, list) and all(isinstance(n, str) for n in data):
+        return list(data)
+    if isinstance(data, dict):
+        try:
+            indexed = {int(k): v for k, v in data.items()}
+        except (TypeError, ValueError):
+            raise UsageError(f"{where}: a JSON object must be keyed by class index (0, 1, ...)") from None
+        if sorted(indexed) != list(range(len(indexed))):
+            raise UsageError(f"{where}: the JSON object's keys must be the indices 0..{len(indexed) - 1}")
+        names = []
+        for i in range(len(indexed)):
+            v = indexed[i]
+            if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+                v = v[-1]
+            if not isinstance(v, str):
+                raise UsageError(f"{where}: class {i} is not a name (a string, or a list ending in one)")
+            names.append(v)
+        return names
+    raise UsageError(f"{where}: the JSON must be a list of class names or an object keyed by index")
+
+
 def read_labels(path: str | Path) -> tuple[str, ...]:
-    """Class names from a file: one per line (blank lines at the end ignored), or a JSON list of strings.
+    """Class names from a file: one per line (blank lines at the end ignored), a JSON list of strings, or a
+    JSON object keyed by index (Keras' ``imagenet_class_index.json``).
 
     Raises:
         UsageError: the file cannot be read, is empty, or is JSON but not a list of strings.
@@ -347,15 +398,14 @@ def read_labels(path: str | Path) -> tuple[str, ...]:
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise UsageError(f"--labels {str(path)!r}: cannot read the file ({reason})") from None
-    if text.lstrip().startswith("["):
+    if text.lstrip().startswith(("[", "{")):
         try:
-            names = json.loads(text)
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UsageError(
                 f"--labels {str(path)!r}: not valid JSON ({exc.msg}, line {exc.lineno})"
             ) from None
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise UsageError(f"--labels {str(path)!r}: the JSON must be a list of class-name strings")
+        names = _json_names(data, path)
     else:
         names = [line.strip() for line in text.rstrip("\n\r ").splitlines()]
     if not names:

@@ -45,20 +45,38 @@ def _has_glob(text: str) -> bool:
 
 
 def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
-    """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped."""
+    """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped.
+
+    Symlinked folders are followed, each real folder once (a link back to an ancestor, or two links to
+    one folder, cannot loop or list a photo twice). In ``exclude`` (the output folder) hookviz's own
+    outputs are left out and any other photo is listed. A suffix is compared without surrounding spaces
+    (``photo.jpg `` from a Windows zip is a photo).
+    """
     suffixes = image_suffixes()
     found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    visited: set[Path] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         here = Path(dirpath)
-        dirnames[:] = sorted(
-            d for d in dirnames if not d.startswith(".") and (exclude is None or _real(here / d) != exclude)
-        )
+        real = _real(here)
+        if real in visited:
+            dirnames[:] = []
+            continue
+        visited.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and _real(here / d) not in visited)
+        ours = exclude is not None and real == exclude  # the output folder: its photos count, ours do not
         found += [
             here / f
             for f in sorted(filenames)
-            if not f.startswith(".") and Path(f).suffix.lower() in suffixes
+            if not f.startswith(".")
+            and Path(f).suffix.strip().lower() in suffixes
+            and not (ours and OUTPUT_NAME.search(f))
         ]
     return found
+
+
+#: What an output file's name looks like (``<stem>-<path hash>.<model>.<settings key>.``): such files in the
+#: output folder are never read back as inputs; the photos a user keeps there are.
+OUTPUT_NAME = re.compile(r"-[0-9a-f]{8}\.[\w.-]+\.[0-9a-f]{8}\.")
 
 
 def _real(p: Path) -> Path:
@@ -75,9 +93,10 @@ def expand_inputs(
 
     Stdin holds one path per line (blank lines and CRLF endings are fine) or, with ``null``,
     NUL-separated paths (``find -print0``), which may contain any character. Directory symlinks are
-    not followed (no loops); hidden files and folders are skipped; ``exclude`` (the output folder)
-    is never searched; each real file is listed once. A spec that finds nothing (a missing file, an
-    empty folder, empty stdin) becomes an ``Item`` with an ``error``, so the caller reports it and goes on.
+    followed, each real folder once (no loops); hidden files and folders are skipped; in ``exclude`` (the
+    output folder) hookviz's own outputs are never listed, a user's photos are; each real file is listed
+    once. A spec that finds nothing (a missing file, an empty folder, empty stdin) becomes an ``Item`` with
+    an ``error``, so the caller reports it and goes on.
     """
     exclude = _real(exclude) if exclude is not None else None
     names: list[str] = []
@@ -102,6 +121,8 @@ def expand_inputs(
 
     def add(name: str, path: Path) -> None:
         real = _real(path)
+        if exclude is not None and real.parent == exclude and OUTPUT_NAME.search(path.name):
+            return  # an output of an earlier run, matched by a glob
         if real not in seen:
             seen.add(real)
             items.append(Item(name, path))
@@ -380,15 +401,18 @@ def run(
         return entry
 
     def batches() -> Iterator[list[tuple[Item, str]]]:
+        # An input that cannot be read stays in its place among the others, so records keep input order.
         chunk: list[tuple[Item, str]] = []
+        readable = 0
         for item in items:
             if item.error is not None or item.path is None:
-                yield [(item, "")]
+                chunk.append((item, ""))
                 continue
             chunk.append((item, output_prefix(item.path, model, key)))
-            if len(chunk) == batch_size:
+            readable += 1
+            if readable == batch_size:
                 yield chunk
-                chunk = []
+                chunk, readable = [], 0
         if chunk:
             yield chunk
 

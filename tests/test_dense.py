@@ -377,7 +377,9 @@ def test_evaluate_a_segmentation_model(segmenter: tuple[torch.nn.Module, Path], 
     insertion (its deletion AUC does not beat random on this small segmenter: context pixels carry its
     score; noted, not hidden)."""
     _, weights = segmenter
-    photos = [write_image(tmp_path / f"s{i}.png", photo(img, 2)) for i, (img, *_) in enumerate(scenes(16, 31))]
+    photos = [
+        write_image(tmp_path / f"s{i}.png", photo(img, 2)) for i, (img, *_) in enumerate(scenes(16, 31))
+    ]
     out = tmp_path / "out"
     r = invoke(
         "evaluate", *map(str, photos), "--model", SEGMENTER, "--weights", str(weights), "--input-size", "64",

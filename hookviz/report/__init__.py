@@ -10,7 +10,8 @@ rendered a page at a time and images load lazily, so 10,000 inputs stay responsi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,58 +22,96 @@ MANIFEST = "manifest.jsonl"
 REPORT = "index.html"
 
 
-def latest_records(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The latest record per (input, settings key), in first-seen order; unreadable lines are skipped."""
+def latest_records(lines: Iterable[str], warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The latest record per (input, settings key), in first-seen order; unreadable lines are skipped (and,
+    with ``warn``, named by their line number)."""
     latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(rec, dict) and "input" in rec:
-            latest[(str(rec["input"]), str(rec.get("key", "")))] = rec
+            rec = None
+        if isinstance(rec, dict) and isinstance(rec.get("input"), str):
+            latest[(rec["input"], str(rec.get("key", "")))] = rec
+        elif warn is not None:
+            warn(f"manifest line {number} is not a hookviz record; left out")
     return list(latest.values())
 
 
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _num(value: Any) -> float | None:
+    """A finite number, else None (a hand-edited ``"0.9"``, a ``null``, a NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _card(rec: dict[str, Any]) -> dict[str, Any]:
-    """What the page needs of one record: names, status, prediction, and its pictures by file name."""
+    """What the page needs of one record: names, status, prediction, and its pictures by file name.
+
+    Every field is read by its type (a record from another tool or edited by hand may hold anything): a
+    value of the wrong type counts as absent; a metric that is not a finite number is left out."""
     pictures = []
     named = set()
-    for m in rec.get("maps") or []:
-        if m.get("file"):
-            target = m.get("target") or {}
-            label = m.get("method") or m.get("stage") or "map"
-            pictures.append(
-                {
-                    "file": str(m["file"]),
-                    "method": label if "method" in m else "featuremap",
-                    "layer": m.get("layer"),
-                    "target": target.get("name"),
-                    "metrics": m.get("metrics"),
-                }
-            )
-            named.add(str(m["file"]))
-    for out in rec.get("outputs") or []:  # the sheet, gradflow and dropblock pictures
-        name = Path(str(out)).name
+    for m in _list(rec.get("maps")):
+        if not isinstance(m, dict) or not isinstance(m.get("file"), str):
+            continue
+        target = _dict(m.get("target"))
+        label = _text(m.get("method")) or _text(m.get("stage")) or "map"
+        metrics = {k: v for k, v in _dict(m.get("metrics")).items() if _num(v) is not None}
+        pictures.append(
+            {
+                "file": Path(m["file"]).name,
+                "method": label if "method" in m else "featuremap",
+                "layer": _text(m.get("layer")),
+                "target": _text(target.get("name")),
+                "metrics": metrics if {"deletion_auc", "insertion_auc"} <= set(metrics) else None,
+            }
+        )
+        named.add(Path(m["file"]).name)
+    for out in _list(rec.get("outputs")):  # the sheet, gradflow and dropblock pictures
+        if not isinstance(out, str):
+            continue
+        name = Path(out).name
         if name.endswith(".png") and name not in named:
             sheet = name.endswith(".sheet.png")
             kind = "sheet" if sheet else str(rec.get("command") or "picture")
-            layer = None if sheet else rec.get("layer")
+            layer = None if sheet else _text(rec.get("layer"))
             pictures.append({"file": name, "method": kind, "layer": layer, "target": None})
-    predicted = rec.get("predicted") or {}
-    targets = [m["target"] for m in rec.get("maps") or [] if isinstance(m.get("target"), dict)]
+    predicted = _dict(rec.get("predicted"))
+    targets = [_dict(m.get("target")) for m in _list(rec.get("maps")) if isinstance(m, dict)]
+    targets = [{"index": _int(t.get("index")), "name": _text(t.get("name"))} for t in targets if t]
     return {
         "input": str(rec.get("input", "")),
         "status": str(rec.get("status", "")),
-        "error": rec.get("error"),
-        "note": rec.get("note"),
-        "command": rec.get("command"),
-        "model": rec.get("model"),
-        "key": rec.get("key"),
-        "predicted": predicted.get("name"),
-        "predicted_index": predicted.get("index"),
-        "score": predicted.get("score"),
-        "targets": list({t.get("index"): t for t in targets}.values()),
+        "error": _text(rec.get("error")),
+        "note": _text(rec.get("note")),
+        "command": _text(rec.get("command")),
+        "model": _text(rec.get("model")),
+        "key": _text(rec.get("key")),
+        "predicted": _text(predicted.get("name")),
+        "predicted_index": _int(predicted.get("index")),
+        "score": _num(predicted.get("score")),
+        # A segmentation's scores are shares of the pixels, not probabilities.
+        "share": rec.get("score") == "share of pixels",
+        "targets": list({t["index"]: t for t in targets}.values()),
         "pictures": pictures,
     }
 
@@ -84,17 +123,22 @@ def _runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if key and key not in runs:
             runs[key] = {
                 "key": key,
-                "command": rec.get("command"),
-                "model": rec.get("model"),
-                "weights": rec.get("weights"),
+                "command": _text(rec.get("command")),
+                "model": _text(rec.get("model")),
+                "weights": _text(rec.get("weights")),
                 "pretrained": bool(rec.get("pretrained", True)),
-                "settings": rec.get("settings") or {},
+                "settings": _dict(rec.get("settings")),
             }
     return list(runs.values())
 
 
-def build_report(out: str | Path, *, title: str | None = None) -> Path:
+def build_report(
+    out: str | Path, *, title: str | None = None, warn: Callable[[str], None] | None = None
+) -> Path:
     """Write ``out/index.html`` for the manifest in ``out``; return its path.
+
+    A line that is not a record (not JSON, not an object, a field of an impossible type) is left out, and
+    ``warn`` is told which line it was.
 
     Raises:
         UsageError: ``out`` holds no manifest. OutputError: the page cannot be written.
@@ -105,12 +149,22 @@ def build_report(out: str | Path, *, title: str | None = None) -> Path:
     manifest = out / MANIFEST
     if not manifest.is_file():
         raise UsageError(f"{str(out)!r} holds no {MANIFEST}; give the --out folder of a hookviz run")
-    records = latest_records(manifest.read_text(encoding="utf-8", errors="replace").splitlines())
+    lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines()
+    cards = []
+    for rec in latest_records(lines, warn):
+        try:
+            cards.append(_card(rec))
+        except Exception as exc:  # a foreign record must not stop the page
+            if warn is not None:
+                warn(f"{manifest}: record for {str(rec.get('input'))[:80]!r} left out ({type(exc).__name__})")
+    records = latest_records(lines)
+    from hookviz.pipeline import finite  # NaN is not JSON: JSON.parse would blank the page
+
     env = Environment(loader=PackageLoader("hookviz", "report"), autoescape=select_autoescape(["html"]))
     page = env.get_template("template.html").render(
         title=title or f"hookviz report: {out.resolve().name}",
-        runs=_runs(records),
-        cards=[_card(r) for r in records],
+        runs=finite(_runs(records)),
+        cards=finite(cards),
         counts={s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "error")},
     )
     final = out / REPORT

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,27 @@ def _strip_prefixes(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
+def strip_wrapper_prefix(state: dict[str, torch.Tensor], own: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``state`` without a wrapper prefix that every key shares (``model.`` from Lightning and other training
+    frameworks, ``net.``, ``backbone.``, ``module.``, several levels deep), when the rest fits the model's
+    own names; otherwise ``state`` unchanged (the mismatch is then reported as it is)."""
+
+    def fits(names: Iterable[str]) -> bool:
+        needed = {k for k in own if not k.endswith("num_batches_tracked")}
+        return needed <= set(names) <= set(own)
+
+    current = state
+    while current and not fits(current):
+        heads = {k.split(".", 1)[0] for k in current}
+        if len(heads) != 1 or not all("." in k for k in current):
+            return state
+        (head,) = heads
+        current = {k[len(head) + 1 :]: v for k, v in current.items()}
+        if fits(current):
+            return current
+    return current if fits(current) else state
+
+
 def classifier_key(model: nn.Module) -> str | None:
     """The weight of the layer that produces the class scores: the last Linear (or Conv2d, for squeezenet)."""
     last = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, nn.Conv2d))]
@@ -164,6 +185,7 @@ def apply_state_dict(
     Raises:
         WeightsError: missing, unexpected or mis-shaped keys (the first of each named).
     """
+    state = strip_wrapper_prefix(state, model.state_dict())
     key = key or classifier_key(model)
     if (
         rebuild is not None
