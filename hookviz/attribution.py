@@ -21,6 +21,7 @@ from hookviz.hooks import (
     logits_of,
     preserved,
     probe_input,
+    serialised,
     trace_shapes,
     unwrap_compiled,
 )
@@ -177,7 +178,7 @@ def explain(
     def readout(output: Any) -> Readout:
         return read(logits_of(output), region, background)
 
-    with autograd_enabled(x) as x:
+    with serialised(model), autograd_enabled(x) as x:
         plain = _explain(
             model, x, layers, methods, targets, relu, scorecam_batch, progress, eigen_smooth, readout
         )

@@ -370,6 +370,10 @@ class _Reporter:
         self.count_from: Callable[[], int] | None = None
         #: ``first_images(n)``: the first ``n`` readable inputs, preprocessed, as one batch (or None).
         self.first_images: Callable[[int], Any] = lambda n: None
+        #: Whether this process speaks for the run (rank 0 under torchrun, or the only process).
+        self.lead = True
+        #: ``agree(value)``: rank 0's value on every rank under torchrun (a choice made from data).
+        self.agree: Callable[[Any], Any] = lambda value: value
 
     def start(self, total: int) -> None:
         """Show the bar (on a terminal, unless quiet) for ``total`` inputs."""
@@ -484,7 +488,9 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
     if dist is None:
         _run_shard(job_factory, m, r, None)
         return
-    if "-" in r.inputs:
+    if "-" in r.inputs:  # said once, by rank 0; every rank stops with the same code
+        if dist.rank != 0:
+            raise typer.Exit(EXIT_USAGE)
         _fail(
             "reading paths from stdin is not supported under torchrun (each rank has its own stdin); "
             "pass files, folders or globs",
@@ -501,7 +507,8 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
         typer.echo(f"hookviz[rank {dist.rank}]: interrupted", err=True)
         code = EXIT_INTERRUPTED
     except HookvizError as exc:
-        typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
+        if dist.rank == 0 or exc.exit_code != EXIT_USAGE:  # a usage error is the same on every rank
+            typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
         code = exc.exit_code
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -512,7 +519,7 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
         from hookviz import pipeline
 
         before = (r.out / pipeline.MANIFEST).read_bytes() if (r.out / pipeline.MANIFEST).exists() else b""
-        distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=False)
+        distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=False, job=dist.job)
         distributed.clear_progress(r.out, dist)
         if r.as_json:
             added = (r.out / pipeline.MANIFEST).read_bytes()[len(before) :].decode("utf-8", "replace")
@@ -578,7 +585,11 @@ def _run_shard(
         loaded = _load(m, quiet)
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
         reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
-        reporter.first_images = lambda n: _first_images(items, loaded, n, r.max_pixels)
+        reporter.lead = lead
+        # The first images of the whole input list, not of this rank's shard: every rank sees the same.
+        reporter.first_images = lambda n: _first_images(everything, loaded, n, r.max_pixels)
+        if dist is not None:
+            reporter.agree = distributed.agree
         try:
             job = job_factory(loaded, reporter)
             if not loaded.pretrained and not quiet:
@@ -587,8 +598,17 @@ def _run_shard(
                     "maps show mechanics only",
                     err=True,
                 )
-            if dist is not None and dist.rank == 0 and r.out.is_dir():
-                distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)  # left by a killed run
+            if not quiet and not loaded.categories and loaded.task == "classification":
+                from hookviz.sources.weights import classifier_out
+
+                if classifier_out(loaded.model) == 1000:
+                    typer.echo(
+                        f"hookviz: note: {loaded.name}'s head has 1000 classes and no names; if they are "
+                        "ImageNet's, --labels imagenet names them",
+                        err=True,
+                    )
+            if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
+                distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
             output.prepare()
             if dist is not None:
                 reporter.count_from = lambda: distributed.global_progress(r.out, dist)
@@ -856,7 +876,11 @@ def gradcam(
                 )
             auto = None
             if layers == ["auto"]:
-                auto = _auto_layer(loaded, calls, reporter, probe_images, [str(x) for x in methods or []])
+                # Said even with -q (it is a result), once under torchrun.
+                auto = _auto_layer(
+                    loaded, calls, reporter, probe_images, [str(x) for x in methods or []],
+                    reporter is not None and not reporter.lead,
+                )  # fmt: skip
                 chosen = [auto["chosen"]]
             elif not layers:
                 chosen = [default_cam_layer(loaded.model, calls)]
@@ -983,30 +1007,31 @@ def _detection_job(
     )
 
 
-def _auto_layer(loaded: Any, calls: Any, reporter: Any, count: int, methods: list[str]) -> dict[str, Any]:
-    """``--layer auto``: the candidate layer with the best insertion - deletion AUC on the first images."""
+def _auto_layer(
+    loaded: Any, calls: Any, reporter: Any, count: int, methods: list[str], quiet: bool = False
+) -> dict[str, Any]:
+    """``--layer auto``: the candidate layer with the best insertion - deletion AUC on the first images
+    (:func:`hookviz.evaluation.choose_layer`); under torchrun every rank takes rank 0's choice."""
     from hookviz.errors import UsageError
-    from hookviz.evaluation import rank_layers
+    from hookviz.evaluation import choose_layer
     from hookviz.layers import candidate_layers
 
     x = reporter.first_images(count) if reporter is not None else None
     if x is None:
         raise UsageError("--layer auto needs at least one readable image among the inputs")
-    method = next((m for m in methods if m not in ("all", "eigencam", "scorecam")), "gradcam")
-    scores = rank_layers(loaded.model, x, candidate_layers(loaded.model, calls), method)
-    best = max(scores, key=lambda n: scores[n])
-    shown = ", ".join(f"{n} {v:+.3f}" for n, v in scores.items())
-    typer.echo(
-        f"hookviz: --layer auto chose {best} "
-        f"(insertion - deletion AUC of {method} on {x.shape[0]} image(s): {shown})",
-        err=True,
-    )
-    return {
-        "chosen": best,
-        "method": method,
-        "images": int(x.shape[0]),
-        "scores": {k: round(v, 4) for k, v in scores.items()},
-    }
+    chosen = choose_layer(loaded.model, x, candidate_layers(loaded.model, calls), methods)
+    if reporter is not None:
+        chosen = reporter.agree(chosen)
+    if not quiet:
+        shown = ", ".join(f"{n} {v:+.3f}" for n, v in chosen["scores"].items())
+        signed = chosen.get("signed")
+        passed = f"; passed over signed {', '.join(signed)}" if signed else ""
+        typer.echo(
+            f"hookviz: --layer auto chose {chosen['chosen']} (insertion - deletion AUC of {chosen['method']} "
+            f"on {chosen['images']} image(s): {shown}{passed})",
+            err=True,
+        )
+    return chosen
 
 
 @app.command()

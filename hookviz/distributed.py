@@ -14,13 +14,15 @@ died before the merge is merged by the next run (resume with ``--skip-existing``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PART = re.compile(r"^\.manifest\.rank(\d+)\.(\d+)\.jsonl$")
+#: ``.manifest.<job>.rank<R>.<pid>.jsonl`` (``.manifest.rank<R>.<pid>.jsonl`` before parts named their job).
+PART = re.compile(r"^\.manifest\.(?:([\w-]+)\.)?rank(\d+)\.(\d+)\.jsonl$")
 PROGRESS = ".hookviz-progress.rank{}"
 
 
@@ -33,9 +35,13 @@ class Dist:
     local_rank: int
     local_world: int
 
+    #: This torchrun job's identity (its run id), so that two jobs writing into one folder merge only
+    #: their own parts.
+    job: str = "job"
+
     @property
     def part_name(self) -> str:
-        return f".manifest.rank{self.rank}.{os.getpid()}.jsonl"
+        return f".manifest.{self.job}.rank{self.rank}.{os.getpid()}.jsonl"
 
 
 def from_env(env: dict[str, str] | None = None) -> Dist | None:
@@ -50,7 +56,9 @@ def from_env(env: dict[str, str] | None = None) -> Dist | None:
         return None
     local_rank = int(env.get("LOCAL_RANK", str(rank)))
     local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
-    return Dist(rank, world, local_rank, local_world)
+    run = env.get("TORCHELASTIC_RUN_ID") or f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    job = hashlib.sha256(run.encode()).hexdigest()[:12]
+    return Dist(rank, world, local_rank, local_world, job)
 
 
 def shard(items: list[Any], dist: Dist | None) -> list[Any]:
@@ -81,6 +89,18 @@ def init(dist: Dist) -> None:
         td.init_process_group("gloo")
 
 
+def agree(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a choice made from data, such as ``--layer auto``'s, must be one
+    choice for the whole job: one settings key, one set of output names)."""
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        return value
+    box = [value]
+    td.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def finish(dist: Dist, code: int) -> int:
     """Wait for every rank, then return the worst exit code over the ranks (the same on each)."""
     import torch
@@ -94,23 +114,27 @@ def finish(dist: Dist, code: int) -> int:
     return int(worst.item())
 
 
-def merge_parts(root: Path, manifest: str, *, only_dead: bool) -> int:
+def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None = None) -> int:
     """Append the manifest parts in ``root`` to ``root/manifest`` in rank order, then remove them.
 
-    ``only_dead``: merge only parts whose process is gone (left by a killed run). Returns the number of
-    lines merged. Each line is appended with one ``write``, as every manifest line is.
+    ``job``: merge only that job's parts (another job writing into the same folder keeps its own);
+    ``only_dead``: merge only parts whose process is gone (left by a killed run, of any job). Returns the
+    number of lines merged. Each line is appended with one ``write``, as every manifest line is.
     """
+    from hookviz.files import open_append
     from hookviz.pipeline import process_alive
 
     parts = []
     for p in root.iterdir():
         m = PART.match(p.name)
-        if m and (not only_dead or not process_alive(int(m.group(2)))):
-            parts.append((int(m.group(1)), p))
+        if not m or (job is not None and m.group(1) != job):
+            continue
+        if not only_dead or not process_alive(int(m.group(3))):
+            parts.append((int(m.group(2)), p))
     merged = 0
     if not parts:
         return 0
-    fd = os.open(root / manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_append(root / manifest)
     try:
         for _, part in sorted(parts):
             for line in part.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):

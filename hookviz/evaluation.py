@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -317,3 +318,37 @@ def rank_layers(
         )
         scores[layer] = float((f.insertion_auc - f.deletion_auc).mean())
     return scores
+
+
+def choose_layer(
+    model: nn.Module, x: Tensor, candidates: Sequence[str], methods: Sequence[str] = ("gradcam",)
+) -> dict[str, Any]:
+    """``--layer auto``: the candidate with the best insertion - deletion AUC of the first gradient method
+    among ``methods`` on the images ``x``, as a record (``chosen``, ``method``, ``images``, ``scores``).
+
+    For a method whose formula assumes non-negative activations (Grad-CAM++, XGrad-CAM), candidates whose
+    activation mass is materially negative on ``x`` (a BatchNorm's output) are passed over when a
+    non-negative one exists; the record lists them under ``signed`` with their negative mass.
+    """
+    from hookviz import cams
+    from hookviz.hooks import capture
+    from hookviz.taps import MATERIAL_NEGATIVE, negative_mass
+
+    method = next((m for m in methods if m not in ("all", "eigencam", "scorecam")), "gradcam")
+    scores = rank_layers(model, x, candidates, method)
+    record: dict[str, Any] = {"method": method, "images": int(x.shape[0])}
+    eligible = list(scores)
+    if method in cams.ASSUMES_NONNEGATIVE:
+        with capture(model, list(scores)) as cap, torch.no_grad():
+            model(x)
+        mass = {
+            n: float(negative_mass(cap.captured.outputs[n][0]).max())
+            for n in scores
+            if n in cap.captured.outputs
+        }
+        signed = {n: round(v, 4) for n, v in mass.items() if v >= MATERIAL_NEGATIVE}
+        if signed and len(signed) < len(scores):
+            eligible = [n for n in scores if n not in signed]
+            record["signed"] = signed
+    best = max(eligible, key=lambda n: scores[n])
+    return {"chosen": best, **record, "scores": {k: round(v, 4) for k, v in scores.items()}}

@@ -18,7 +18,9 @@ the network after the tap is recorded and no parameter gradient is ever computed
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +34,27 @@ from torch import Tensor, nn
 
 from hookviz.errors import LayerError, close_matches
 from hookviz.taps import FunctionTaps, PoolSite, PoolTracer, depth_tracker, parse
+
+_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The one re-entrant lock of ``model``: hooks are per module, not per thread, so two threads explaining
+    one model would see each other's hooks fire (a false "runs more than once"). hookviz holds it while
+    its hooks are on a model and while it runs a model it explains; other threads wait."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
+@contextmanager
+def serialised(model: nn.Module) -> Iterator[None]:
+    """Hold :func:`model_lock` for the block."""
+    with model_lock(model):
+        yield
 
 
 @contextmanager
@@ -242,6 +265,7 @@ class capture:
         self._hooks = HookGroup()
         self._grad_mode = True
         self._mode: FunctionTaps | None = None
+        self._lock: Any = None
 
     def __enter__(self) -> capture:
         modules = dict(self.model.named_modules())
@@ -251,6 +275,8 @@ class capture:
             raise LayerError(f"no layer {missing[0]!r} in the model{close_matches(missing[0], modules)}")
         self._grad_mode = torch.is_grad_enabled()
         functional: dict[str, Any] = {}
+        self._lock = model_lock(self.model)
+        self._lock.acquire()
         try:
             for name in self.layers:
                 ref = refs[name]
@@ -288,11 +314,16 @@ class capture:
 
     def remove(self) -> None:
         """Remove every hook this object registered and restore the grad mode."""
-        if self._mode is not None:
-            mode, self._mode = self._mode, None
-            mode.__exit__(None, None, None)
-        self._hooks.remove()
-        torch.set_grad_enabled(self._grad_mode)
+        try:
+            if self._mode is not None:
+                mode, self._mode = self._mode, None
+                mode.__exit__(None, None, None)
+            self._hooks.remove()
+            torch.set_grad_enabled(self._grad_mode)
+        finally:
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
     def _keep(self, t: Tensor) -> Tensor:
         t = t.detach()
@@ -417,7 +448,7 @@ def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
 
         return hook
 
-    with preserved(model), HookGroup() as hooks:
+    with serialised(model), preserved(model), HookGroup() as hooks:
         for name, module in model.named_modules():
             if name:
                 hooks.add(module.register_forward_pre_hook(make_pre(name)))

@@ -67,6 +67,31 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
 FUSED = "fused"
 
 
+def _full_map(cam: np.ndarray, rgb: np.ndarray, box: Box) -> np.ndarray:
+    """``cam`` upsampled onto the photo's pixels where the model saw them, NaN elsewhere (float32)."""
+    from hookviz import render
+
+    full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
+    full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
+    return full
+
+
+def _check_finite(ex: Any, index: int) -> None:
+    """Refuse an image whose scores are not finite: its "prediction" would be an arbitrary class.
+
+    Raises:
+        InputError: NaN or infinite probabilities (a diverged model, an fp16 overflow).
+    """
+    from hookviz.errors import InputError
+
+    probs = ex.probs[index]
+    if not bool(probs.isfinite().all()):
+        raise InputError(
+            "the model's output is not finite (NaN or inf) for this input, so it predicts nothing; check "
+            "the weights (a diverged checkpoint) or run in float32"
+        )
+
+
 def _region_note(region: str | None, asked: str | None) -> str:
     """The caption's account of which pixels a segmentation score sums."""
     if region is None:
@@ -306,6 +331,7 @@ class CamJob:
             return f"{score:.1%} of pixels" if dense else f"p={score:.3f}"
 
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        _check_finite(ex, index)
         suffixes = self._target_suffixes()
         files: list[tuple[str, bytes]] = []
         records = []
@@ -351,9 +377,7 @@ class CamJob:
                 files.append((f"{base}.png", encode_png(captioned)))
                 if self.save_raw:
                     files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
-                    full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
-                    full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
-                    files.append((f"{base}.full.npy", _npy(full)))
+                    files.append((f"{base}.full.npy", _npy(_full_map(cam, rgb, box))))
                 cell = picture[box.y0 : box.y1, box.x0 : box.x1]
                 if faith is not None:
                     cell = cell.copy()
@@ -539,8 +563,9 @@ class DetectionJob:
                 head = f"{lm.name} | {Method(method).label} at {layer} | {_weights_note(lm)}"
                 lines = [head, f"explained: {what}"]
                 files.append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
-                if self.save_raw:
+                if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
                     files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
+                    files.append((name[: -len(".png")] + ".full.npy", _npy(_full_map(cam, rgb, box))))
                 maps.append(
                     {
                         "file": name,
@@ -901,6 +926,7 @@ class EvaluateJob:
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         ex, rows, passes = result
+        _check_finite(ex, index)
         lm = self.loaded
         pred, tgt = int(ex.predicted[index]), int(ex.targets[index, 0])
         metrics = {

@@ -402,9 +402,9 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     """
     prefix = backbone_prefix(model)
     pool = getattr(calls, "pool", None)
-    if prefix is None and pool is not None and len(pool.shape) == 4:
+    if prefix is None and pool is not None:
         try:
-            if layout_of(model, pool.name, pool.shape, calls).kind == "nchw":
+            if layout_of(model, pool.name, pool.shape, calls).kind in ("nchw", "tokens"):
                 return pool.name
         except (LayerError, KeyError):
             pass

@@ -416,8 +416,9 @@ def run(
         if chunk:
             yield chunk
 
-    # (item, prefix, decoding future, note): note is an error, "skipped", or "fill" (outputs exist,
-    # no earlier record: compute the results for the record but write nothing).
+    # (item, prefix, decoding future, note): note is an error, "skipped", "fill" (outputs exist, no
+    # earlier record: compute the results for the record but write nothing), or "add" (only raw arrays
+    # are missing: write those, keep the rest).
     Started = tuple[Item, str, Future[Any] | None, str | None]
 
     def start(chunk: list[tuple[Item, str]]) -> list[Started]:
@@ -430,8 +431,11 @@ def run(
             existing = [p for p in planned if p.exists()]
             note = None
             if existing and not output.overwrite:
+                missing = [p for p in planned if p not in existing]
                 if len(existing) == len(planned):
                     note = "skipped" if prefix in output.previous else "fill"
+                elif all(p.name.endswith(".npy") for p in missing) and not skip_existing:
+                    note = "add"  # --save-raw added to a finished run: write the arrays, keep the pictures
                 elif not skip_existing:
                     started.append(
                         (
@@ -475,7 +479,15 @@ def run(
             # Resuming, an input is redone only when its outputs are incomplete (a killed run):
             # replacing the partial set is the point.
             with timing.stage("write"):
-                written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
+                if note == "add":
+                    written = [
+                        str(output.path(name))
+                        if output.path(name).exists()
+                        else str(output.write(name, data))
+                        for name, data in files
+                    ]
+                else:
+                    written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
         except HookvizError as exc:
             return record(item, "error", f"{quote(item.name)}: {exc}")
         except FileExistsError as exc:

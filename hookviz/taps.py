@@ -92,7 +92,12 @@ def _global(function: str, args: Sequence[Any], out: Any) -> Tensor | None:
         return None
     x = args[0]
     y = out[0] if isinstance(out, (tuple, list)) and out else out
-    if x.dim() != 4 or x.shape[2] * x.shape[3] <= 1 or not isinstance(y, Tensor):
+    if not isinstance(y, Tensor):
+        return None
+    if x.dim() == 3 and function == "mean" and x.shape[1] > 1:  # tokens (B, N, C) averaged: LeViT
+        b, _, c = x.shape
+        return x if tuple(y.shape) in ((b, c), (b, 1, c)) else None
+    if x.dim() != 4 or x.shape[2] * x.shape[3] <= 1:
         return None
     b, c = x.shape[:2]
     if tuple(y.shape) in ((b, c), (b, c, 1, 1)):
@@ -171,6 +176,8 @@ class PoolTracer:
         # makes the pooled values differ from what the module returned.
         seen = (x, version)
         made = next((n for n in once if _same(self.outputs.get(n), seen)), None)
+        if x.dim() == 3:  # pooled tokens count only as a module's whole output (not a ViT's patch slice)
+            return PoolSite(made, shape, function) if made is not None else None
         if made is not None:
             return PoolSite(made, shape, types.get(owner, function) if owner in stack else function)
         entered = next((n for n in stack if calls.get(n) == 1 and _same(self.inputs.get(n), seen)), None)

@@ -424,9 +424,16 @@ def test_detection_raw_maps_and_refused_options(detector: object, tmp_path: Path
     r = invoke("gradcam", str(src), *args, "--save-raw", "--json")
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout.splitlines()[-1])
-    raws = [p for p in rec["outputs"] if p.endswith(".npy")]
+    raws = [p for p in rec["outputs"] if p.endswith(".npy") and not p.endswith(".full.npy")]
     assert len(raws) == len(rec["detections"]) == len(boxes)
     assert all(np.load(p).shape == (120, 160) for p in raws)
+    # ... and at the photo's resolution (240 x 320), the same map bilinearly enlarged
+    for raw in raws:
+        full = np.load(raw[: -len(".npy")] + ".full.npy")
+        small = np.load(raw)
+        assert full.shape == (240, 320) and np.isfinite(full).all()
+        expected = cv2.resize(small, (320, 240), interpolation=cv2.INTER_LINEAR)
+        np.testing.assert_allclose(full, expected, rtol=1e-5, atol=1e-6)
     for extra, said in (
         (["--fuse", "mean", "--layer", "backbone.1", "--layer", "backbone.2"], "--fuse"),
         (["--metrics"], "--metrics"),

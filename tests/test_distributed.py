@@ -142,8 +142,12 @@ def test_sharding_is_disjoint_complete_and_the_same_on_every_rank() -> None:
 
 def test_the_environment_decides() -> None:
     assert from_env({}) is None and from_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
-    d = from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
-    assert d == Dist(3, 4, 1, 2)
+    env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    d = from_env({**env, "TORCHELASTIC_RUN_ID": "run-a"})
+    assert d is not None and (d.rank, d.world, d.local_rank, d.local_world) == (3, 4, 1, 2)
+    # Each torchrun job has its own identity, named in its manifest parts.
+    other = from_env({**env, "TORCHELASTIC_RUN_ID": "run-b"})
+    assert other is not None and d.job != other.job and d.job in d.part_name
 
 
 def test_merge_leaves_parts_of_live_processes(tmp_path: Path) -> None:

@@ -44,11 +44,17 @@ def test_stdin_with_crlf_blank_lines_and_duplicates(tree: Path) -> None:
     assert all(i.error is None for i in items)
 
 
-def test_output_folder_is_never_searched(tree: Path) -> None:
+def test_outputs_in_the_output_folder_are_never_read_back(tree: Path) -> None:
+    """An --out folder inside an input folder: hookviz's outputs there are not inputs, a user's photo is."""
     (tree / "a" / "out").mkdir()
-    write_image(tree / "a" / "out" / "old.png", np.zeros((4, 4, 3), np.uint8))
+    ours = "cat-0123abcd.resnet18.89abcdef.gradcam.layer4.png"
+    for name in (ours, "holiday.png"):
+        write_image(tree / "a" / "out" / name, np.zeros((4, 4, 3), np.uint8))
     items = expand_inputs([str(tree / "a")], exclude=tree / "a" / "out")
-    assert not any("old.png" in i.name for i in items)
+    assert not any(ours in i.name for i in items)
+    assert any(i.name.endswith("out/holiday.png") for i in items)
+    globbed = expand_inputs([str(tree / "a" / "**" / "*.png")], exclude=tree / "a" / "out")
+    assert not any(ours in i.name for i in globbed) and any("holiday" in i.name for i in globbed)
 
 
 def test_output_names_are_deterministic_collision_free_and_safe(tree: Path) -> None:

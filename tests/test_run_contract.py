@@ -164,7 +164,8 @@ def test_fixed_scale_pictures_do_not_depend_on_the_batch(photos: Path, tmp_path:
     [
         (["--normalize", "none"], "--normalize none needs --vmax"),
         (["--vmax", "2"], "--vmax goes with --normalize none (not image)"),
-        (["--normalize", "none", "--vmax", "0"], "--vmax 0.0: must be greater than 0"),
+        (["--normalize", "none", "--vmax", "0"], "--vmax 0.0: must be a finite number greater than 0"),
+        (["--normalize", "none", "--vmax", "inf"], "--vmax inf: must be a finite number greater than 0"),
         (["--fuse", "mean"], "--fuse combines the maps of several layers: give two or more --layer"),
     ],
 )

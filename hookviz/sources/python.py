@@ -18,7 +18,13 @@ from torch import nn
 
 from hookviz.errors import SetupError, UsageError, WeightsError
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
-from hookviz.sources.weights import apply_state_dict, file_digest, is_torchscript, load_state_dict_file
+from hookviz.sources.weights import (
+    apply_state_dict,
+    file_digest,
+    is_torchscript,
+    load_state_dict_file,
+    values_digest,
+)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -49,8 +55,10 @@ def build(spec: str, weights: str, options: Options) -> Built:
     if weights.lower() == WEIGHTS_NONE:
         return Built(seeded(make), name, "none (random init)", False, f"none:{code_id}")
     if weights.upper() == WEIGHTS_DEFAULT:
-        # Whatever the factory returns: its own initialisation, or weights it loads itself.
-        return Built(seeded(make), name, f"as built by {name}", True, f"factory:{code_id}")
+        # Whatever the factory returns: its own initialisation, or weights it loads itself (from a file the
+        # code names, which may be retrained under the same name): the key hashes the values as built.
+        model = seeded(make)
+        return Built(model, name, f"as built by {name}", True, f"factory:{code_id}:{values_digest(model)}")
     path = Path(weights).expanduser()
     if not path.is_file():
         raise UsageError(f"--weights {weights!r}: no such file, and not DEFAULT or none (for {name})")

@@ -29,6 +29,17 @@ def file_digest(path: Path) -> str:
 _CHECKPOINT_KEYS = ("state_dict", "model", "model_state_dict", "net", "network")
 
 
+def values_digest(model: nn.Module) -> str:
+    """16 hex digits of SHA-256 over every parameter's and buffer's name, dtype, shape and bytes (the model as
+    built: a factory that loads its own checkpoint gets another digest when the checkpoint changes)."""
+    h = hashlib.sha256()
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        data = t.detach().cpu().contiguous()
+        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 def is_torchscript(path: Path) -> bool:
     """Whether ``path`` is a TorchScript archive (a zip holding compiled ``code/`` and ``constants.pkl``)."""
     try:
