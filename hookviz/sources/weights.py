@@ -35,7 +35,7 @@ def values_digest(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        data = t.detach().cpu().contiguous()
+        data = t.detach().cpu().contiguous().reshape(-1)
         h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return h.hexdigest()[:16]
 
