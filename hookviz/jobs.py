@@ -1005,7 +1005,7 @@ class SanityJob:
         }
 
     def planned(self, stem: str) -> list[str]:
-        return [f"{stem}.sanity.{self.layer}.png"]
+        return [f"{stem}.sanity.{slug(self.layer)}.png"]
 
     def compute(self, x: Any) -> Any:
         import torch
@@ -1057,7 +1057,7 @@ class SanityJob:
             f"explaining {self.loaded.describe(t)} | {_weights_note(self.loaded)}"
         )
         strip = render.sheet(rows, columns, title=title, cell=140)
-        name = f"{stem}.sanity.{self.layer}.png"
+        name = f"{stem}.sanity.{slug(self.layer)}.png"
         fields = {
             "layer": self.layer,
             "target": {"index": t, "name": self.loaded.class_name(t)},

@@ -279,3 +279,17 @@ def test_input_tensor_names_work_from_the_cli(tmp_path: Path) -> None:
     r = invoke("gradcam", str(photo), "--weights", "none", "--layer", "mean:input", "--out", str(out), "-q")
     assert r.exit_code == 2 and "no such functional global pooling" in r.stderr
     assert json.loads(json.dumps(rec)) == rec
+
+
+def test_input_tensor_names_in_evaluate_and_sanity(tmp_path: Path) -> None:
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(1).integers(0, 256, (50, 60, 3), np.uint8))
+    fast = ["--weights", "none", "--input-size", "64", "--device", "cpu", "-q"]
+    out = tmp_path / "e"
+    r = invoke("evaluate", str(photo), *fast, "--layer", "avgpool:input", "--out", str(out))
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads((out / "evaluation.json").read_text())["rows"]
+    assert rows[0]["layer"] == "avgpool:input"
+    out = tmp_path / "s"
+    r = invoke("sanity", str(photo), *fast, "--layer", "avgpool:input", "--out", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert [p.name for p in out.glob("*.sanity.*.png")][0].endswith(".sanity.avgpool-input.png")

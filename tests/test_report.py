@@ -172,3 +172,32 @@ def test_report_command_and_its_errors(run: Path, tmp_path: Path) -> None:
     assert "<title>My &lt;b&gt;run&lt;/b&gt;</title>" in (run / "index.html").read_text()
     r = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert r.exit_code == 2 and "holds no manifest.jsonl" in r.stderr
+
+
+def test_foreign_and_null_values_do_not_stop_the_page(browser: object, tmp_path: Path) -> None:
+    """A null metric, a NaN score, a string where a dict belongs: every card still shows, with no script
+    error, and a segmentation's score reads as a share of the pixels."""
+    from selenium.webdriver.common.by import By
+
+    recs = [
+        {"input": "a.png", "status": "ok", "key": "k", "score": "share of pixels",
+         "predicted": {"index": 3, "name": "class 3", "score": 1.0},
+         "maps": [{"file": "a.gradcam.png", "method": "gradcam", "layer": "l",
+                   "metrics": {"deletion_auc": None, "insertion_auc": 0.4}}]},
+        {"input": "b.png", "status": "ok", "key": "k", "predicted": {"index": 1, "name": "cat", "score": None},
+         "maps": "oops"},
+        {"input": "c.png", "status": "ok", "key": "k", "predicted": {"index": 2, "name": "dog", "score": 0.25}},
+    ]  # fmt: skip
+    lines = [json.dumps(r) for r in recs]
+    lines.insert(1, '{"input": "d.png", "status": "ok", "predicted": {"score": NaN}}')  # Python's old NaN
+    (tmp_path / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    _open(browser, build_report(tmp_path))
+    cards = browser.find_elements(By.CSS_SELECTOR, "article.card")  # type: ignore[attr-defined]
+    assert len(cards) == 4
+    logs = browser.get_log("browser")  # type: ignore[attr-defined]
+    errors = [e for e in logs if e["level"] == "SEVERE" and e.get("source") != "network"]  # no picture files
+    assert not errors, errors
+    text = {c.get_attribute("data-input"): c.text for c in cards}
+    assert "class 3 100.0% of pixels" in text["a.png"] and "(3)" not in text["a.png"]
+    assert "dog (2) p=0.250" in text["c.png"]
+    assert "deletion" not in text["a.png"]  # a null metric is left out, not drawn as NaN
