@@ -292,4 +292,4 @@ def test_input_tensor_names_in_evaluate_and_sanity(tmp_path: Path) -> None:
     out = tmp_path / "s"
     r = invoke("sanity", str(photo), *fast, "--layer", "avgpool:input", "--out", str(out))
     assert r.exit_code == 0, r.stderr
-    assert [p.name for p in out.glob("*.sanity.*.png")][0].endswith(".sanity.avgpool-input.png")
+    assert next(p.name for p in out.glob("*.sanity.*.png")).endswith(".sanity.avgpool-input.png")

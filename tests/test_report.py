@@ -184,9 +184,10 @@ def test_foreign_and_null_values_do_not_stop_the_page(browser: object, tmp_path:
          "predicted": {"index": 3, "name": "class 3", "score": 1.0},
          "maps": [{"file": "a.gradcam.png", "method": "gradcam", "layer": "l",
                    "metrics": {"deletion_auc": None, "insertion_auc": 0.4}}]},
-        {"input": "b.png", "status": "ok", "key": "k", "predicted": {"index": 1, "name": "cat", "score": None},
-         "maps": "oops"},
-        {"input": "c.png", "status": "ok", "key": "k", "predicted": {"index": 2, "name": "dog", "score": 0.25}},
+        {"input": "b.png", "status": "ok", "key": "k",
+         "predicted": {"index": 1, "name": "cat", "score": None}, "maps": "oops"},
+        {"input": "c.png", "status": "ok", "key": "k",
+         "predicted": {"index": 2, "name": "dog", "score": 0.25}},
     ]  # fmt: skip
     lines = [json.dumps(r) for r in recs]
     lines.insert(1, '{"input": "d.png", "status": "ok", "predicted": {"score": NaN}}')  # Python's old NaN
