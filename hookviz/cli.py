@@ -907,9 +907,11 @@ def gradcam(
             )
             job.auto_layer = auto
             if not layers and not hush:
+                from hookviz.layers import default_reason
+
                 typer.echo(
-                    f"hookviz: using layer {chosen[0]} "
-                    f"(the default for {loaded.name}: its last spatial stage; --layer to change)",
+                    f"hookviz: using layer {chosen[0]} (the default for {loaded.name}: "
+                    f"{default_reason(calls, chosen[0])}; --layer to change)",
                     err=True,
                 )
             if "scorecam" in job.methods and not hush:

@@ -442,6 +442,14 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     return _climb(max(convs, key=lambda c: c.order).name, info)
 
 
+def default_reason(calls: Sequence[ModuleCall], layer: str) -> str:
+    """Why ``layer`` is the default (for the note the CLI prints)."""
+    pool = getattr(calls, "pool", None)
+    if pool is not None and pool.name == layer:
+        return f"the tensor entering its global pooling ({pool.pooled_by})"
+    return "its last spatial stage"
+
+
 def candidate_layers(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]:
     """Layers worth trying as the CAM layer (``--layer auto``), in network order: for CNNs the last block of
     each stage (the outermost module finishing last at each spatial size); for transformers the first module
