@@ -39,7 +39,8 @@ _EXPORTS = {
     "load_rgb": "hookviz.images",
     "Preprocess": "hookviz.images",
     "HookvizError": "hookviz.errors",
-    "Method": "hookviz.options",
+    "Method": "hookviz.methods",
+    "register_method": "hookviz.methods",
     "Normalize": "hookviz.options",
     "Stage": "hookviz.options",
 }
@@ -53,8 +54,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.hooks import capture, preserved, trace_shapes
     from hookviz.images import Preprocess, load_rgb
     from hookviz.layers import resolve_layers
+    from hookviz.methods import Method, register_method
     from hookviz.models import LoadedModel, load_model
-    from hookviz.options import Method, Normalize, Stage
+    from hookviz.options import Normalize, Stage
     from hookviz.regularize import attach_dropblock, attach_dropout2d, drop_block
     from hookviz.summary import ModelSummary, summarize
 
@@ -84,6 +86,7 @@ __all__ = [
     "load_model",
     "load_rgb",
     "preserved",
+    "register_method",
     "resolve_layers",
     "summarize",
     "trace_shapes",

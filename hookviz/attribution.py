@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz import cams
 from hookviz.errors import TargetError, UsageError
 from hookviz.hooks import (
     ModuleCall,
@@ -26,6 +25,7 @@ from hookviz.hooks import (
     unwrap_compiled,
 )
 from hookviz.layers import Layout, layout_of, single_call, to_spatial
+from hookviz.methods.compute import LayerPass
 from hookviz.readout import Readout, Scorer, ranking, read
 from hookviz.taps import negative_mass
 
@@ -154,7 +154,7 @@ def explain(
             the predicted class the most frequent one other than ``background``.
         x: the preprocessed batch on the model's device.
         layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too).
-        methods: names from ``hookviz.cams.METHODS``.
+        methods: registered method names (:mod:`hookviz.methods`); the pass gives them what they need.
         targets: ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every
             image, a list of class indices shared by all images, or a ``(B, T)`` tensor.
         relu: ``False`` keeps signed maps.
@@ -216,26 +216,27 @@ def _explain(
     eigen_smooth: bool,
     readout: Callable[[Any], Readout],
 ) -> Explanation:
-    unknown = [m for m in methods if m not in cams.METHODS]
-    if unknown:
-        raise UsageError(f"unknown CAM method {unknown[0]!r}; choose from {', '.join(cams.METHODS)}")
+    from hookviz import methods as registry
+
     layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
-    gradient_methods = [m for m in methods if m in cams.GRADIENT_METHODS]
-    if "guidedgradcam" in methods and "gradcam" not in gradient_methods:
-        gradient_methods.append("gradcam")  # Guided Grad-CAM is guided backprop x Grad-CAM
+    # The plan: the requested methods and those they use, and what the pass must give them.
+    plan = [registry.get(m) for m in methods]
+    for spec in list(plan):
+        plan[:0] = [registry.get(u) for u in spec.uses if u not in methods]
+    plan = list({spec.name: spec for spec in plan}.values())
+    needs = frozenset().union(*(spec.needs for spec in plan))
+    with_gradients = "layer_gradients" in needs
     maps: dict[tuple[str, str], Tensor] = {}
     backward_passes = 0
     with preserved(model):
         model.eval()
-        if gradient_methods:
-            hooks = capture(model, grad_layers=layers)
-        else:
-            hooks = capture(model, layers, outputs=True)
+        # Gradient taps when a method needs layer gradients; else the tensors alone, with no graph.
+        hooks = capture(model, grad_layers=layers) if with_gradients else capture(model, layers, outputs=True)
         with hooks as cap:
             with torch.no_grad():
                 scores = readout(model(x))
             logits = scores.scores
-            found = cap.captured.taps if gradient_methods else cap.captured.outputs
+            found = cap.captured.taps if with_gradients else cap.captured.outputs
             raw: dict[str, Tensor] = {}
             layouts: dict[str, Layout] = {}
             for layer in layers:
@@ -245,7 +246,7 @@ def _explain(
             order = scores.order
             t = _targets(targets, logits.detach(), order)
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
-            if gradient_methods:
+            if with_gradients:
                 inputs = [raw[layer] for layer in layers]
                 rows = torch.arange(t.shape[0], device=t.device)
                 for j in range(t.shape[1]):
@@ -270,44 +271,34 @@ def _explain(
             progress(masked_done[0], masked_total)
 
     negative: dict[str, Tensor] = {}
+    shared: dict[str, Any] = {}
+
+    def input_saliency() -> Tensor:  # once per pass, for every layer
+        if "guided" not in shared:
+            from hookviz.guided import guided_backprop_counted
+
+            shared["guided"] = guided_backprop_counted(model, x, t, lambda output: readout(output).scores)
+        return shared["guided"][0]  # (B, T, H, W) at the input's resolution
+
     with torch.no_grad():
         for layer in layers:
             a = to_spatial(raw[layer].detach(), layouts[layer])
             negative[layer] = negative_mass(a).cpu()
-            if gradient_methods:
-                g = [to_spatial(gj, layouts[layer]) for gj in grads[layer]]
-                for m in gradient_methods:
-                    if eigen_smooth:
-                        maps[(m, layer)] = torch.stack(
-                            [cams.eigen_smooth(m, a, gj, relu=relu) for gj in g], dim=1
-                        )
-                        continue
-                    fn = cams.GRADIENT_METHODS[m]
-                    maps[(m, layer)] = torch.stack([fn(a, gj, relu=relu) for gj in g], dim=1)
-            if "eigencam" in methods:
-                e = cams.eigen_cam(a, relu=relu)  # class-agnostic: the same map for every target
-                maps[("eigencam", layer)] = e[:, None].expand(-1, t.shape[1], -1, -1)
-            if "scorecam" in methods:
+
+            def masked_scores(a: Tensor = a) -> Tensor:
                 with preserved(model):
                     model.eval()
-                    masked = _score_cam_scores(model, x, a, t, scorecam_batch, advance, scorer)
-                maps[("scorecam", layer)] = torch.stack(
-                    [cams.score_cam(a, masked[:, j], relu=relu) for j in range(t.shape[1])], dim=1
-                )
-    guided = None
-    if any(m in methods for m in ("guidedbackprop", "guidedgradcam")):
-        from hookviz.guided import guided_backprop_counted
+                    return _score_cam_scores(model, x, a, t, scorecam_batch, advance, scorer)
 
-        saliency, guided = guided_backprop_counted(
-            model, x, t, lambda output: readout(output).scores
-        )  # (B, T, H, W) at the input's resolution
-        size = (int(x.shape[2]), int(x.shape[3]))
-        for layer in layers:
-            maps[("guidedbackprop", layer)] = saliency
-            if "guidedgradcam" in methods:
-                cam = maps[("gradcam", layer)]
-                up = F.interpolate(cam.float(), size=size, mode="bilinear", align_corners=False)
-                maps[("guidedgradcam", layer)] = saliency * up.clamp_min(0)
+            p = LayerPass(
+                model, x, layer, a,
+                [to_spatial(gj, layouts[layer]) for gj in grads[layer]] if with_gradients else None,
+                t, relu, eigen_smooth, masked_scores, input_saliency,
+            )  # fmt: skip
+            for spec in plan:
+                p.maps[spec.name] = spec.compute(p)
+                maps[(spec.name, layer)] = p.maps[spec.name]
+    guided = shared["guided"][1] if "guided" in shared else None
     ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
     top = order[:, 0]
     top_score = result_probs.gather(1, top[:, None])[:, 0]

@@ -141,7 +141,8 @@ GRADIENT_METHODS = {
     "layercam": layer_cam,
     "hirescam": hires_cam,
 }
-#: Every method, in the order sheets show them.
+#: The built-in methods, in the order sheets show them (:mod:`hookviz.methods` registers them, with any
+#: method a user adds).
 METHODS = (*GRADIENT_METHODS, "eigencam", "scorecam", "guidedbackprop", "guidedgradcam")
 
 
@@ -210,12 +211,3 @@ def _check(activations: Tensor, gradients: Tensor) -> None:
         raise ValueError(
             f"gradients {tuple(gradients.shape)} and activations {tuple(activations.shape)} differ in shape"
         )
-
-
-#: Methods whose formula assumes non-negative activations (a ReLU's output), and why. Grad-CAM and HiResCAM
-#: weight signed activations consistently, LayerCAM gates by the gradient's sign (robust in practice),
-#: Eigen-CAM and Score-CAM normalise each channel's range first; these two do not:
-ASSUMES_NONNEGATIVE = {
-    "gradcampp": "its weights divide by each channel's sum of activations (the derivation takes A >= 0)",
-    "xgradcam": "its weights divide by each channel's sum of activations",
-}

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import IO, Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 from hookviz import __version__
 from hookviz.errors import HookvizError
-from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Resize, Stage, SummaryFormat, Task
+from hookviz.options import Colormap, Fuse, Normalize, Region, Resize, Stage, SummaryFormat, Task
 
 app = typer.Typer(
     name="hookviz",
@@ -172,6 +173,43 @@ ReportOpt = Annotated[
 Null = Annotated[
     bool,
     typer.Option("--null", "-0", help="stdin paths are NUL-separated (find -print0).", rich_help_panel=RUN),
+]
+
+
+def _method_names() -> list[str]:
+    from hookviz import methods
+
+    return [*methods.names(), methods.ALL]
+
+
+def _check_methods(ctx: Any, param: Any, value: Any) -> Any:
+    """``--method`` values against the registry, when the command runs (a method registered by the user's
+    code is a choice like the built-in ones)."""
+    for v in value or ():
+        if str(v).strip().lower() not in _method_names():
+            raise typer.BadParameter(f"{v!r} is not one of {', '.join(_method_names())}", ctx, param)
+    return [str(v).strip().lower() for v in value] if value else value
+
+
+class MethodCommand(TyperCommand):
+    """A command whose ``--method`` takes the registry's methods: checked, and listed in its help, when it
+    runs rather than when hookviz is imported."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.name == "methods":
+                param.callback = _check_methods
+                param.display_type = lambda ctx: f"<{'|'.join(_method_names())}>"  # type: ignore[attr-defined]
+
+
+Methods = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--method",
+        help="method, or all (every cheap one); repeatable (default gradcam).",
+        rich_help_panel=MAPS,
+    ),
 ]
 Inputs = Annotated[
     list[str],
@@ -655,7 +693,7 @@ def _run_shard(
         raise typer.Exit(EXIT_INPUTS_FAILED)
 
 
-@app.command()
+@app.command(cls=MethodCommand)
 def gradcam(
     inputs: Inputs,
     model: Model = "resnet18",
@@ -677,12 +715,7 @@ def gradcam(
             rich_help_panel=MAPS,
         ),
     ] = None,
-    methods: Annotated[
-        list[Method] | None,
-        typer.Option(
-            "--method", help="CAM method, or all; repeatable (default gradcam).", rich_help_panel=MAPS
-        ),
-    ] = None,
+    methods: Methods = None,
     target: Annotated[
         str,
         typer.Option(
@@ -889,7 +922,7 @@ def gradcam(
             job = CamJob(
                 loaded,
                 chosen,
-                [str(x) for x in (methods or [Method.gradcam])],
+                [str(x) for x in (methods or ["gradcam"])],
                 t,
                 alpha,
                 str(colormap),
@@ -947,7 +980,7 @@ def _detection_job(
     loaded: Any,
     calls: Any,
     layers: list[str] | None,
-    methods: list[Method] | None,
+    methods: list[str] | None,
     targets: str | list[int] | None,
     score_threshold: float,
     max_boxes: int,
@@ -997,7 +1030,7 @@ def _detection_job(
     return DetectionJob(
         loaded,
         chosen,
-        [str(x) for x in (methods or [Method.hirescam])],
+        [str(x) for x in (methods or ["hirescam"])],
         targets,
         score_threshold,
         max_boxes,
@@ -1120,7 +1153,7 @@ def featuremaps(
         _run_job(make, m, r)
 
 
-@app.command()
+@app.command(cls=MethodCommand)
 def evaluate(
     inputs: Inputs,
     model: Model = "resnet18",
@@ -1138,12 +1171,7 @@ def evaluate(
             "--layer", "-l", help="module name; repeatable (default: the CAM default).", rich_help_panel=MAPS
         ),
     ] = None,
-    methods: Annotated[
-        list[Method] | None,
-        typer.Option(
-            "--method", help="CAM method, or all; repeatable (default gradcam).", rich_help_panel=MAPS
-        ),
-    ] = None,
+    methods: Methods = None,
     target: Annotated[
         str, typer.Option("--target", "-t", help="top1, or a class index or name.", rich_help_panel=MAPS)
     ] = "top1",
@@ -1191,7 +1219,7 @@ def evaluate(
                 raise typer.BadParameter(
                     "evaluate explains one class per image: top1 or a class", param_hint="--target"
                 )
-            job = EvaluateJob(loaded, chosen, [str(x) for x in (methods or [Method.gradcam])], t, steps)
+            job = EvaluateJob(loaded, chosen, [str(x) for x in (methods or ["gradcam"])], t, steps)
             made.append(job)
             return job
 
@@ -1275,7 +1303,7 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
         typer.echo("\n".join(table), err=as_json)
 
 
-@app.command()
+@app.command(cls=MethodCommand)
 def sanity(
     inputs: Inputs,
     model: Model = "resnet18",
@@ -1291,12 +1319,7 @@ def sanity(
         str | None,
         typer.Option("--layer", "-l", help="module name (default: the CAM default).", rich_help_panel=MAPS),
     ] = None,
-    methods: Annotated[
-        list[Method] | None,
-        typer.Option(
-            "--method", help="CAM method, or all; repeatable (default gradcam).", rich_help_panel=MAPS
-        ),
-    ] = None,
+    methods: Methods = None,
     seed: Annotated[
         int, typer.Option("--seed", help="seed of the random parameters.", rich_help_panel=MAPS)
     ] = 0,
@@ -1334,7 +1357,7 @@ def sanity(
                 if layer
                 else default_cam_layer(loaded.model, calls)
             )
-            job = SanityJob(loaded, name, [str(x) for x in (methods or [Method.gradcam])], seed)
+            job = SanityJob(loaded, name, [str(x) for x in (methods or ["gradcam"])], seed)
             made.append(job)
             return job
 

@@ -32,9 +32,20 @@ from hookviz import cams
 from hookviz.errors import LayerError, UsageError
 from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
 from hookviz.layers import single_call
+from hookviz.methods.compute import LayerPass
+
 
 #: What a detector's maps can be made with: the gradient methods and Eigen-CAM.
-DETECTION_METHODS = (*cams.GRADIENT_METHODS, "eigencam")
+def detection_methods() -> list[str]:
+    """The registered methods that work per detected box (``detection=True``: gradient-weighted ones from the
+    box's score gradient, and Eigen-CAM once per photo)."""
+    from hookviz.methods import REGISTRY
+
+    return [m.name for m in REGISTRY.values() if m.detection]
+
+
+#: The built-in ones (:func:`detection_methods` has any registered later too).
+DETECTION_METHODS = ("gradcam", "gradcampp", "xgradcam", "layercam", "hirescam", "eigencam")
 
 
 @dataclass(frozen=True)
@@ -124,10 +135,10 @@ def explain_detections(
         >>> [ex] = explain_detections(model, [photo], ["backbone.body.layer4"], score_threshold=0.7)
         >>> ex.boxes, ex.maps[("gradcam", "backbone.body.layer4")].shape  # (N, 4), (N, h, w)
     """
-    unknown = [m for m in methods if m not in DETECTION_METHODS]
+    unknown = [m for m in methods if m not in detection_methods()]
     if unknown:
         raise UsageError(
-            f"method {unknown[0]!r} is not available for detectors; use {', '.join(DETECTION_METHODS)}"
+            f"method {unknown[0]!r} is not available for detectors; use {', '.join(detection_methods())}"
         )
     if not 0.0 <= score_threshold <= 1.0:
         raise UsageError(f"--score-threshold {score_threshold}: must be between 0 and 1")
@@ -152,7 +163,9 @@ def _explain_one(
     relu: bool,
     eigen_smooth: bool,
 ) -> DetectionExplanation:
-    gradient_methods = [m for m in methods if m in cams.GRADIENT_METHODS]
+    from hookviz.methods import REGISTRY
+
+    gradient_methods = [m for m in methods if REGISTRY[m].family == "gradient-weighted"]
     passes = 0
     with autograd_enabled(image[None]) as batch, preserved(model), _score_floor(model, threshold):
         model.eval()
@@ -201,11 +214,14 @@ def _explain_one(
             for m in gradient_methods:
                 if len(grads[layer]) < n:  # the scores do not depend on this layer: no evidence
                     grads[layer] += [torch.zeros_like(a)] * (n - len(grads[layer]))
-                if eigen_smooth:
-                    per_box = [cams.eigen_smooth(m, a, g, relu=relu) for g in grads[layer]]
+                if n:
+                    targets = torch.zeros(1, n, dtype=torch.long)
+                    p = LayerPass(
+                        model, a, layer, a, grads[layer], targets, relu, eigen_smooth
+                    )  # x: unused here
+                    stacked = REGISTRY[m].compute(p)[0]  # (boxes, h, w)
                 else:
-                    per_box = [cams.GRADIENT_METHODS[m](a, g, relu=relu) for g in grads[layer]]
-                stacked = torch.cat(per_box) if per_box else a.new_zeros(0, *a.shape[2:])
+                    stacked = a.new_zeros(0, *a.shape[2:])
                 maps[(m, layer)] = _on_photo(stacked, padded, resized)
             if "eigencam" in methods:
                 maps[("eigencam", layer)] = _on_photo(cams.eigen_cam(a, relu=relu), padded, resized)

@@ -330,15 +330,15 @@ def choose_layer(
     activation mass is materially negative on ``x`` (a BatchNorm's output) are passed over when a
     non-negative one exists; the record lists them under ``signed`` with their negative mass.
     """
-    from hookviz import cams
     from hookviz.hooks import capture
+    from hookviz.methods import get
     from hookviz.taps import MATERIAL_NEGATIVE, negative_mass
 
     method = next((m for m in methods if m not in ("all", "eigencam", "scorecam")), "gradcam")
     scores = rank_layers(model, x, candidates, method)
     record: dict[str, Any] = {"method": method, "images": int(x.shape[0])}
     eligible = list(scores)
-    if method in cams.ASSUMES_NONNEGATIVE:
+    if get(method).assumes_nonnegative:
         with capture(model, list(scores)) as cap, torch.no_grad():
             model(x)
         mass = {

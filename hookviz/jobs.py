@@ -12,8 +12,9 @@ import numpy as np
 
 from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
+from hookviz.methods import title as method_title
 from hookviz.models import LoadedModel
-from hookviz.options import Colormap, Fuse, Method, Normalize, Region, Stage
+from hookviz.options import Colormap, Fuse, Normalize, Region, Stage
 from hookviz.taps import slug
 
 
@@ -44,10 +45,9 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
 
 def parse_methods(methods: Sequence[str]) -> list[str]:
     """Method names validated (a typo is a :class:`UsageError`), ``all`` expanded, duplicates dropped."""
-    names = [Method.parse(m, "--method").value for m in methods]
-    if "all" in names:
-        names = [m.value for m in Method if m is not Method.all]
-    return list(dict.fromkeys(names))
+    from hookviz import methods as registry
+
+    return registry.parse(methods)
 
 
 def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | None:
@@ -162,18 +162,19 @@ class CamJob:
             self.notes.append(text)
 
     def _check_assumptions(self, ex: Any) -> None:
-        from hookviz import cams
+        from hookviz.methods import get
         from hookviz.taps import MATERIAL_NEGATIVE
 
-        risky = [m for m in self.methods if m in cams.ASSUMES_NONNEGATIVE]
+        reasons = {m: get(m).assumes_nonnegative for m in self.methods if get(m).assumes_nonnegative}
+        risky = list(reasons)
         for layer, share in ex.negative_mass.items():
             worst = float(share.max()) if share.numel() else 0.0
             if risky and worst >= MATERIAL_NEGATIVE:
-                names = " and ".join(Method(m).label for m in risky)
+                names = " and ".join(method_title(m) for m in risky)
                 self._note_once(
                     f"signed:{layer}",
                     f"{worst:.0%} of the activation mass of {layer} is negative, and {names} assume "
-                    f"non-negative activations ({cams.ASSUMES_NONNEGATIVE[risky[0]]}), so their maps there "
+                    f"non-negative activations ({reasons[risky[0]]}), so their maps there "
                     "can point anywhere; take a post-activation tensor (the default: the one entering the "
                     "pooling)",
                 )
@@ -351,7 +352,7 @@ class CamJob:
                     region = "class" if ex.region == "class" and own.any() else "all"
                 where = "fused " + "+".join(self.layers) if layer == FUSED else layer
                 lines = [
-                    f"{lm.name} | {Method(method).label} at {where} | {_weights_note(lm)}",
+                    f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
                     f"predicted: {lm.describe(pred)} {scored(p_score)}",
                     f"explained: {lm.describe(tgt)} {scored(t_score)}" + _region_note(region, ex.region),
                 ]
@@ -410,7 +411,7 @@ class CamJob:
                     label = f"{layer} | {lm.describe(tgt)} {scored(float(ex.target_scores[index, j]))}"
                     rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
             title = f"{lm.name} | predicted {lm.describe(pred)} {scored(p_score)} | " + _weights_note(lm)
-            sheet = render.sheet(rows, [Method(m).label for m in self.methods], title=title)
+            sheet = render.sheet(rows, [method_title(m) for m in self.methods], title=title)
             files.append((f"{stem}.sheet.png", encode_png(sheet)))
         first_t = int(ex.targets[index, 0])
         fields = {
@@ -435,14 +436,15 @@ class CamJob:
     @staticmethod
     def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
         """``negative_mass`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
-        from hookviz import cams
+        from hookviz.methods import REGISTRY
         from hookviz.taps import MATERIAL_NEGATIVE
 
         if layer not in ex.negative_mass:
             return {}
         share = float(ex.negative_mass[layer][index])
         fields: dict[str, Any] = {"negative_mass": round(share, 4)}
-        if method in cams.ASSUMES_NONNEGATIVE and share >= MATERIAL_NEGATIVE:
+        spec = REGISTRY.get(method)
+        if spec is not None and spec.assumes_nonnegative and share >= MATERIAL_NEGATIVE:
             fields["assumption_broken"] = "non-negative activations"
         return fields
 
@@ -470,15 +472,15 @@ class DetectionJob:
     kind: str = "gradcam"
 
     def __post_init__(self) -> None:
-        from hookviz.detection import DETECTION_METHODS
+        from hookviz.detection import detection_methods
 
         self.colormap = Colormap.parse(self.colormap, "--colormap").value
         self.methods = parse_methods(self.methods)
-        other = [m for m in self.methods if m not in DETECTION_METHODS]
+        other = [m for m in self.methods if m not in detection_methods()]
         if other:
             raise UsageError(
                 f"--method {other[0]} is not available for detectors (a masked or guided pass per box would "
-                f"have to re-find the box); use {', '.join(DETECTION_METHODS)}"
+                f"have to re-find the box); use {', '.join(detection_methods())}"
             )
         if not 0.0 <= self.score_threshold <= 1.0:
             raise UsageError(f"--score-threshold {self.score_threshold}: must be between 0 and 1")
@@ -560,7 +562,7 @@ class DetectionJob:
                     name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
                     what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
                     outputs[i].append(name)
-                head = f"{lm.name} | {Method(method).label} at {layer} | {_weights_note(lm)}"
+                head = f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}"
                 lines = [head, f"explained: {what}"]
                 files.append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
                 if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
@@ -1049,7 +1051,7 @@ class SanityJob:
                         "ssim": round(ssim(maps[method][index], original[method][index]), 4),
                     }
                 )
-            rows.append((Method(method).label if method != "edges" else "image edges (control)", cells))
+            rows.append((method_title(method) if method != "edges" else "image edges (control)", cells))
         columns = ["original", *(f"random up to {name}" for name, _ in steps[1:])]
         t = int(target[index])
         title = (

@@ -27,32 +27,6 @@ class Choice(str, Enum):
             raise UsageError(f"{option} {value!r}: choose one of {choices}") from None
 
 
-class Method(Choice):
-    """CAM methods, in the order sheets show them, each with the title pictures show.
-
-    A new method is its function in ``hookviz/cams.py`` (registered there) and one line here.
-    """
-
-    label: str
-
-    def __new__(cls, value: str, label: str = "") -> Method:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.label = label or value
-        return member
-
-    gradcam = "gradcam", "Grad-CAM"
-    gradcampp = "gradcampp", "Grad-CAM++"
-    xgradcam = "xgradcam", "XGrad-CAM"
-    layercam = "layercam", "LayerCAM"
-    hirescam = "hirescam", "HiResCAM"
-    eigencam = "eigencam", "Eigen-CAM"
-    scorecam = "scorecam", "Score-CAM"
-    guidedbackprop = "guidedbackprop", "Guided Backprop"
-    guidedgradcam = "guidedgradcam", "Guided Grad-CAM"
-    all = "all", "all methods"
-
-
 class Normalize(Choice):
     """How a CAM becomes colours: per map, per batch, or one fixed scale (``--vmax``)."""
 
