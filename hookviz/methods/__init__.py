@@ -210,8 +210,9 @@ register_method(
 register_method(
     "guidedbackprop", title="Guided Backprop", family="input-gradient", needs={"input_gradients"},
     cost="one forward and one backward pass per target", paper="Springenberg et al., 2015",
-    formula="input gradient, only positive gradients through every rectifier (ReLU, ReLU6, hardtanh(x, 0, t), "
-    "clamp(x, min=0), LeakyReLU; the record counts them, a network with none gets a note); max over colours",
+    formula="input gradient, only positive gradients through every rectifier (ReLU, ReLU6, "
+    "hardtanh(x, 0, t), clamp(x, min=0), LeakyReLU; the record counts them, a network with none gets a "
+    "note); max over colours",
     function=f"{_CAMS}:guidedbackprop",
 )  # fmt: skip
 register_method(
