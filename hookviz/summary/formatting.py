@@ -6,8 +6,10 @@ import csv
 import io
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from hookviz.summary.data import ModelSummary
+if TYPE_CHECKING:  # the data module calls these functions: no import cycle at run time
+    from hookviz.summary.data import ModelSummary
 
 
 def _table_rows(s: ModelSummary) -> list[list[str]]:

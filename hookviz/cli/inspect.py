@@ -1,0 +1,266 @@
+"""Looking at a model: ``featuremaps``, ``layers``, ``summary`` and ``models``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookviz.cli.app import (
+    EXIT_USAGE,
+    MAPS,
+    MODEL,
+    BatchSize,
+    Debug,
+    Device,
+    Inputs,
+    InputSize,
+    JsonOut,
+    Labels,
+    MaxPixels,
+    MeanOpt,
+    Model,
+    Null,
+    Out,
+    Overwrite,
+    Quiet,
+    ReportOpt,
+    ResizeOpt,
+    SkipExisting,
+    StdOpt,
+    TrustPickle,
+    Weights,
+    WeightsKey,
+    Workers,
+    _fail,
+    _guard,
+)
+from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
+from hookviz.options import Colormap, Stage, SummaryFormat, Task
+
+
+def featuremaps(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
+    layers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layers",
+            "--layer",
+            "-l",
+            help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d that runs.",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
+    stage: Annotated[
+        Stage, typer.Option("--stage", help="the layer's input, output or both.", rich_help_panel=MAPS)
+    ] = (Stage.output),
+    max_channels: Annotated[
+        int, typer.Option("--max-channels", min=1, help="channels per grid.", rich_help_panel=MAPS)
+    ] = 64,
+    colormap: Annotated[
+        Colormap, typer.Option("--colormap", help="channel colours.", rich_help_panel=MAPS)
+    ] = (Colormap.viridis),
+    out: Out = Path("out"),
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    batch_size: BatchSize = 8,
+    workers: Workers = 2,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    report: ReportOpt = False,
+    null: Null = False,
+    debug: Debug = False,
+) -> None:
+    """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
+    r = RunOptions(
+        inputs,
+        out,
+        batch_size,
+        workers,
+        overwrite,
+        skip_existing,
+        max_pixels,
+        null,
+        quiet,
+        as_json,
+        debug,
+        report,
+    )
+    with _guard(debug):
+
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            from hookviz.jobs import FeatureMapJob
+            from hookviz.layers import map_layers
+            from hookviz.models import probe
+
+            names = map_layers(loaded.model, layers, probe(loaded), loaded.name)
+            return FeatureMapJob(loaded, names, str(stage), max_channels, str(colormap))
+
+        _run_job(make, m, r)
+
+
+def layers(
+    model: Model = "resnet18",
+    weights: Annotated[
+        str,
+        typer.Option("--weights", "-w", help="weights to load (shapes need none).", rich_help_panel=MODEL),
+    ] = "none",
+    input_size: InputSize = None,
+    depth: Annotated[
+        int | None, typer.Option("--depth", min=1, help="only names with at most this many dots + 1.")
+    ] = None,
+    trust_pickle: TrustPickle = False,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    debug: Debug = False,
+) -> None:
+    """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
+    with _guard(debug):
+        from hookviz.layers import default_cam_layer
+        from hookviz.models import load_model, probe
+
+        loaded = load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle)
+        calls = probe(loaded)
+        default = default_cam_layer(loaded.model, calls)
+        params = {
+            n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in loaded.model.named_modules()
+        }
+        width = max(len(c.name) for c in calls)
+        typer.echo(f"{'name':<{width}}  {'type':<22} {'output shape':<22} {'params':>10}")
+        for c in calls:
+            if depth is not None and c.name.count(".") + 1 > depth:
+                continue
+            shape = "x".join(map(str, c.output_shape)) if c.output_shape else "-"
+            calls_note = f" (runs {c.calls}x)" if c.calls > 1 else " (not run)" if c.calls == 0 else ""
+            mark = "  <- default Grad-CAM layer" if c.name == default else ""
+            typer.echo(
+                f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}"
+            )
+
+
+def _parse_size(text: str) -> list[int]:
+    try:
+        parts = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: give C,H,W (3,224,224), H,W or one side", param_hint="--input-size"
+        ) from None
+    if len(parts) == 1:
+        parts = [3, parts[0], parts[0]]
+    elif len(parts) == 2:
+        parts = [3, *parts]
+    if len(parts) != 3 or min(parts) < 1:
+        raise typer.BadParameter(
+            f"{text!r}: give C,H,W (3,224,224), H,W or one side", param_hint="--input-size"
+        )
+    return parts
+
+
+def summary(
+    model: Model = "resnet18",
+    weights: Annotated[
+        str,
+        typer.Option("--weights", "-w", help="none (default: counts need no weights), DEFAULT, or a path."),
+    ] = "none",
+    input_size: Annotated[
+        str | None, typer.Option("--input-size", help="C,H,W of one input (default: the model's, 3,224,224).")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")
+    ] = 1,
+    depth: Annotated[int, typer.Option("--depth", min=0, help="module nesting shown (0 = totals only).")] = 2,
+    fmt: Annotated[
+        SummaryFormat, typer.Option("--format", help="how the table is printed.")
+    ] = SummaryFormat.table,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="also write a bar chart of params and MACs (PNG).")
+    ] = None,
+    overwrite: Overwrite = False,
+    trust_pickle: TrustPickle = False,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    debug: Debug = False,
+) -> None:
+    """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
+    size = _parse_size(input_size) if input_size is not None else None
+    if plot is not None:
+        if plot.exists() and not overwrite:
+            _fail(f"--plot {str(plot)!r}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
+        if not plot.parent.is_dir():
+            _fail(
+                f"--plot {str(plot)!r}: the folder {str(plot.parent)!r} does not exist; create it first",
+                EXIT_USAGE,
+            )
+        if plot.suffix.lower() != ".png":
+            _fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
+    with _guard(debug):
+        from hookviz.models import load_model
+        from hookviz.summary import summarize
+
+        loaded = load_model(model, weights, trust_pickle=trust_pickle)
+        if size is None:
+            size = [3, loaded.preprocess.crop_size, loaded.preprocess.crop_size]
+            input_size = ",".join(map(str, size))
+        try:
+            result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name)
+        except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _fail(
+                f"--input-size {input_size}: {model} cannot run on an input of shape "
+                f"({batch_size}, {', '.join(map(str, size))}) ({first}); give the C,H,W it expects, "
+                "e.g. 3,224,224",
+                EXIT_USAGE,
+            )
+        formats = {"markdown": result.to_markdown, "json": result.to_json, "csv": result.to_csv}
+        text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
+        typer.echo(text.rstrip("\n"))
+        if plot is not None:
+            from hookviz.files import atomic_write
+            from hookviz.images import encode_png
+            from hookviz.render import summary_plot
+
+            atomic_write(plot, encode_png(summary_plot(result)))  # never half a PNG
+            typer.echo(f"hookviz: wrote {plot}", err=True)
+
+
+def models(
+    task: Annotated[
+        Task | None,
+        typer.Option("--task", help="only this task's models, one name per line (for scripts)."),
+    ] = None,
+) -> None:
+    """List torchvision's models with their task (timm:NAME, hf:DIR, file.py:FN and FILE.pt work too)."""
+    from hookviz.models import list_models
+
+    if task is not None:
+        for name in list_models(str(task)):
+            typer.echo(name)
+        return
+    rows = [(name, t.value) for t in Task for name in list_models(t.value)]
+    width = max(len(name) for name, _ in rows)
+    for name, kind in rows:
+        typer.echo(f"{name:<{width}}  {kind}")

@@ -1,0 +1,23 @@
+"""``hookviz report``: the static page over a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookviz.cli.app import Debug, _guard
+from hookviz.cli.runner import _warn
+
+
+def report(
+    out: Annotated[Path, typer.Argument(help="the --out folder of a run (it holds manifest.jsonl).")],
+    title: Annotated[str | None, typer.Option("--title", help="the page's title.")] = None,
+    debug: Debug = False,
+) -> None:
+    """Write OUT/index.html: one static page to browse, filter and sort a run's maps (opens from file://)."""
+    with _guard(debug):
+        from hookviz.report import build_report
+
+        typer.echo(str(build_report(out, title=title, warn=_warn)))

@@ -1,0 +1,417 @@
+"""The shared body of the per-image commands: model options, the reporter (progress, records on stdout), the
+run over inputs (one process, or one torchrun rank's shard), and the run-then-summarise step."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import typer
+
+from hookviz.cli.app import (
+    EXIT_INPUTS_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    _fail,
+    _stdout_reserved,
+)
+from hookviz.errors import HookvizError
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to get the model: the options every per-image command shares."""
+
+    model: str
+    weights: str
+    device: str = "auto"
+    input_size: int | None = None
+    resize: str | None = None
+    labels: Path | None = None
+    weights_key: str | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    trust_pickle: bool = False
+
+
+def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.replace(" ", ",").split(",") if v]
+    except ValueError:
+        values = []
+    if len(values) != 3 or (option == "--std" and min(values) <= 0):
+        raise typer.BadParameter(f"{text!r}: give three numbers R,G,B (0.485,0.456,0.406)", param_hint=option)
+    return (values[0], values[1], values[2])
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run over the inputs and where results go."""
+
+    inputs: list[str]
+    out: Path
+    batch_size: int = 8
+    workers: int = 2
+    overwrite: bool = False
+    skip_existing: bool = False
+    max_pixels: int = 80_000_000
+    null: bool = False
+    quiet: bool = False
+    as_json: bool = False
+    debug: bool = False
+    report: bool = False
+
+
+def _load(m: ModelOptions, quiet: bool) -> Any:
+    from hookviz.models import load_model, resolve_device
+
+    return load_model(
+        m.model,
+        m.weights,
+        device=resolve_device(m.device),
+        input_size=m.input_size,
+        resize=str(m.resize) if m.resize is not None else None,
+        mean=m.mean,
+        std=m.std,
+        progress=not quiet and sys.stderr.isatty(),
+        labels=m.labels,
+        weights_key=m.weights_key,
+        trust_pickle=m.trust_pickle,
+    )
+
+
+class _Reporter:
+    """Progress on stderr (a bar on a terminal), result lines on ``out``; counts ok and failed inputs.
+
+    Lines bound for the same terminal as the bar are printed through the bar's console, so they scroll
+    above it instead of tearing it.
+    """
+
+    def __init__(self, out: IO[str], quiet: bool, as_json: bool) -> None:
+        self.out, self.quiet, self.as_json = out, quiet, as_json
+        self.ok = self.failed = 0
+        self.bar: Any = None
+        self._inner: Any = None
+        #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
+        self.count_from: Callable[[], int] | None = None
+        #: ``first_images(n)``: the first ``n`` readable inputs, preprocessed, as one batch (or None).
+        self.first_images: Callable[[int], Any] = lambda n: None
+        #: Whether this process speaks for the run (rank 0 under torchrun, or the only process).
+        self.lead = True
+        #: ``agree(value)``: rank 0's value on every rank under torchrun (a choice made from data).
+        self.agree: Callable[[Any], Any] = lambda value: value
+
+    def start(self, total: int) -> None:
+        """Show the bar (on a terminal, unless quiet) for ``total`` inputs."""
+        if not self.quiet and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True, console=Console(stderr=True), redirect_stdout=False)
+            self.bar.start()
+            self._task = self.bar.add_task("images", total=total)
+
+    def inner(self, label: str) -> Callable[[int, int], None]:
+        """A ``progress(done, total)`` callback for slow work inside one batch (Score-CAM's passes)."""
+
+        def update(done: int, total: int) -> None:
+            if self.bar is None:
+                return
+            if self._inner is None:
+                self._inner = self.bar.add_task(label, total=total)
+            self.bar.update(self._inner, completed=done, total=total)
+
+        return update
+
+    def say(self, text: str, err: bool = False) -> None:
+        to_terminal = err or (hasattr(self.out, "isatty") and self.out.isatty())
+        if self.bar is not None and to_terminal:
+            self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        elif err:
+            typer.echo(text, err=True)
+        else:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def add(self, rec: dict[str, Any]) -> None:
+        if rec["status"] == "error":
+            self.failed += 1
+            self.say(f"hookviz: {rec['error']}", err=True)
+        else:
+            self.ok += 1
+        if self.as_json:
+            from hookviz.pipeline import to_json
+
+            self.say(to_json(rec))
+        elif not self.quiet and rec["status"] != "error":
+            self.say(_describe(rec))
+        if self.bar is not None:
+            if self.count_from is not None:
+                self.bar.update(self._task, completed=max(self.ok + self.failed, self.count_from()))
+            else:
+                self.bar.advance(self._task)
+            if self._inner is not None:
+                self.bar.remove_task(self._inner)
+                self._inner = None
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _warn(text: str) -> None:
+    typer.echo(f"hookviz: warning: {text}", err=True)
+
+
+def _named(d: dict[str, Any]) -> str:
+    """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
+    name, index = d.get("name"), d.get("index")
+    return f"class {index}" if name in (None, f"class {index}") else f"{name} ({index})"
+
+
+def _describe(rec: dict[str, Any]) -> str:
+    parts = [f"{rec['input']}:"]
+    if rec.get("task") == "detection":
+        found = rec.get("detections") or []
+        if not found:
+            threshold = rec.get("settings", {}).get("score_threshold")
+            parts.append(f"nothing detected with score >= {threshold} (lower --score-threshold to see more);")
+        else:
+            shown = ", ".join(f"{d['name']} {d['score']:.2f}" for d in found[:5])
+            parts.append(f"{len(found)} detection(s): {shown}{' ...' if len(found) > 5 else ''};")
+        rec = {**rec, "predicted": None}
+    p, t = rec.get("predicted"), rec.get("target")
+
+    def scored(score: float) -> str:  # a probability, or a segmentation's share of the pixels
+        return f"{score:.1%} of pixels" if rec.get("region") else f"p={score:.3f}"
+
+    if p:
+        parts.append(f"predicted {_named(p)} {scored(p['score'])};")
+        if t and t["index"] != p["index"]:
+            parts.append(f"explained {_named(t)} {scored(t['score'])};")
+    outs = rec["outputs"]
+    verb = "exists" if rec["status"] == "skipped" else "wrote"
+    if outs:
+        parts.append(f"{verb} {outs[0]}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
+    return " ".join(parts)
+
+
+def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions) -> None:
+    """The shared body of the per-image commands: inputs → model → job → pipeline → records.
+
+    Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
+    manifest parts (and prints the records with ``--json``), and each exits with the worst code.
+    """
+    from hookviz import distributed
+
+    if r.overwrite and r.skip_existing:
+        raise typer.BadParameter(
+            "--overwrite (redo everything) and --skip-existing (keep what exists) contradict each other; "
+            "pass one",
+            param_hint="--skip-existing",
+        )
+    dist = distributed.from_env()
+    if dist is None:
+        _run_shard(job_factory, m, r, None)
+        return
+    if "-" in r.inputs:  # said once, by rank 0; every rank stops with the same code
+        if dist.rank != 0:
+            raise typer.Exit(EXIT_USAGE)
+        _fail(
+            "reading paths from stdin is not supported under torchrun (each rank has its own stdin); "
+            "pass files, folders or globs",
+            EXIT_USAGE,
+        )
+    distributed.init(dist)
+    m = ModelOptions(**{**m.__dict__, "device": distributed.device_and_threads(dist, m.device)})
+    code = 0
+    try:
+        _run_shard(job_factory, m, r, dist)
+    except typer.Exit as exc:
+        code = int(exc.exit_code or 0)
+    except KeyboardInterrupt:
+        typer.echo(f"hookviz[rank {dist.rank}]: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except HookvizError as exc:
+        if dist.rank == 0 or exc.exit_code != EXIT_USAGE:  # a usage error is the same on every rank
+            typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
+        code = exc.exit_code
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        typer.echo(f"hookviz[rank {dist.rank}]: internal error: {type(exc).__name__}: {first}", err=True)
+        code = EXIT_INTERNAL
+    worst = distributed.finish(dist, code)  # every rank is done writing here
+    if dist.rank == 0 and r.out.is_dir():
+        from hookviz import pipeline
+
+        before = (r.out / pipeline.MANIFEST).read_bytes() if (r.out / pipeline.MANIFEST).exists() else b""
+        distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=False, job=dist.job)
+        distributed.clear_progress(r.out, dist)
+        if r.as_json:
+            added = (r.out / pipeline.MANIFEST).read_bytes()[len(before) :].decode("utf-8", "replace")
+            sys.stdout.write(added)
+            sys.stdout.flush()
+        if r.report:
+            from hookviz.report import build_report
+
+            typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
+    # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
+    # which could cut rank 0's merge short. torchrun exits with rank 0's code.
+    if worst and dist.rank == 0:
+        raise typer.Exit(worst)
+
+
+def _first_images(items: list[Any], loaded: Any, n: int, max_pixels: int) -> Any:
+    import numpy as np
+    import torch
+
+    from hookviz.errors import InputError
+    from hookviz.images import load_rgb
+
+    xs: list[Any] = []
+    for item in items:
+        if item.path is None:
+            continue
+        try:
+            x, _ = loaded.preprocess(load_rgb(item.path, max_pixels=max_pixels))
+        except InputError:
+            continue
+        if xs and x.shape != xs[0].shape:  # one batch: photos of the first one's input size
+            continue
+        xs.append(x)
+        if len(xs) == n:
+            break
+    return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+
+
+def _run_shard(
+    job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions, dist: Any
+) -> None:
+    """One process's run (the whole run, or one torchrun rank's shard of it)."""
+    from hookviz import distributed, pipeline
+
+    lead = dist is None or dist.rank == 0
+    real_out = r.out.resolve()
+    for spec in r.inputs:
+        if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
+            _fail(
+                f"--out {str(r.out)!r} is also an input folder; outputs would be read back as inputs. "
+                "Choose another --out",
+                EXIT_USAGE,
+            )
+    everything = pipeline.expand_inputs(
+        r.inputs, sys.stdin if "-" in r.inputs else None, exclude=r.out, null=r.null
+    )
+    items = distributed.shard(everything, dist)
+    output = pipeline.Output(
+        r.out, overwrite=r.overwrite, manifest=dist.part_name if dist is not None else pipeline.MANIFEST
+    )
+    quiet = r.quiet or not lead or (r.as_json and dist is not None)
+    with _stdout_reserved() as stdout:
+        loaded = _load(m, quiet)
+        # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
+        reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
+        reporter.lead = lead
+        # The first images of the whole input list, not of this rank's shard: every rank sees the same.
+        reporter.first_images = lambda n: _first_images(everything, loaded, n, r.max_pixels)
+        if dist is not None:
+            reporter.agree = distributed.agree
+        try:
+            job = job_factory(loaded, reporter)
+            if not loaded.pretrained and not quiet:
+                typer.echo(
+                    f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); "
+                    "maps show mechanics only",
+                    err=True,
+                )
+            if not quiet and not loaded.categories and loaded.task == "classification":
+                from hookviz.sources.weights import classifier_out
+
+                if classifier_out(loaded.model) == 1000:
+                    typer.echo(
+                        f"hookviz: note: {loaded.name}'s head has 1000 classes and no names; if they are "
+                        "ImageNet's, --labels imagenet names them",
+                        err=True,
+                    )
+            if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
+                distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
+            output.prepare()
+            if dist is not None:
+                reporter.count_from = lambda: distributed.global_progress(r.out, dist)
+            reporter.start(len(everything))
+            base = {
+                "command": job.kind,
+                "model": loaded.name,
+                "weights": loaded.weights,
+                "pretrained": loaded.pretrained,
+            }
+            records = pipeline.run(
+                items,
+                job,
+                preprocess=loaded.preprocess,
+                output=output,
+                device=loaded.device,
+                base=base,
+                batch_size=r.batch_size,
+                workers=r.workers,
+                skip_existing=r.skip_existing,
+                max_pixels=r.max_pixels,
+            )
+            take_notes = getattr(job, "take_notes", None)
+            for done, rec in enumerate(records, start=1):
+                for text in take_notes() if take_notes is not None else ():
+                    if not quiet:
+                        reporter.say(f"hookviz: note: {text}", err=True)
+                reporter.add(rec)
+                if dist is not None:
+                    distributed.write_progress(r.out, dist, done)
+        finally:
+            reporter.close()
+    if r.report and dist is None:
+        from hookviz.report import build_report
+
+        typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
+    if reporter.failed:
+        where = f"rank {dist.rank}: " if dist is not None else ""
+        typer.echo(
+            f"hookviz: {where}{reporter.failed} of {len(items)} input(s) failed; "
+            f"see {r.out / pipeline.MANIFEST}",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INPUTS_FAILED)
+
+
+def _refuse_task(loaded: Any, command: str, refused: tuple[str, ...]) -> None:
+    """One line for a command that does not apply to a segmentation model or a detector."""
+    from hookviz.errors import UsageError
+
+    if loaded.task in refused:
+        a = "a detector" if loaded.task == "detection" else "a segmentation model"
+        works = "classifiers" if "segmentation" in refused else "classifiers and segmentation models"
+        raise UsageError(
+            f"`hookviz {command}` works on {works}, and {loaded.name} is {a}; "
+            "`hookviz gradcam` explains it (and `featuremaps`, `dropblock`, `layers`, `summary` work on it)"
+        )
+
+
+def _run_then(job_factory: Any, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
+    """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
+    some inputs failed; the run's exit code stands."""
+    from hookviz import distributed
+
+    failed: typer.Exit | None = None
+    try:
+        _run_job(job_factory, m, r)
+    except typer.Exit as exc:
+        failed = exc
+    dist = distributed.from_env()
+    if dist is None or dist.rank == 0:
+        summarise()
+    if failed is not None:
+        raise failed

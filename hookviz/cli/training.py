@@ -1,0 +1,189 @@
+"""Training-time hooks: ``gradflow`` (gradient norms) and ``dropblock``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookviz.cli.app import (
+    MAPS,
+    Debug,
+    Device,
+    Inputs,
+    InputSize,
+    JsonOut,
+    Labels,
+    MaxPixels,
+    MeanOpt,
+    Model,
+    Null,
+    Out,
+    Overwrite,
+    Quiet,
+    ResizeOpt,
+    SkipExisting,
+    StdOpt,
+    TrustPickle,
+    Weights,
+    WeightsKey,
+    _guard,
+)
+from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_job
+
+
+def gradflow(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target",
+            "-t",
+            help="top1 or a class (index or name) whose score is differentiated.",
+            rich_help_panel=MAPS,
+        ),
+    ] = "top1",
+    label: Annotated[
+        str | None,
+        typer.Option(
+            "--label",
+            help="use cross-entropy against this class (index or name) instead.",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
+    layers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layers",
+            "-l",
+            help="names or globs (default: every module with parameters).",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
+    out: Out = Path("out"),
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
+    debug: Debug = False,
+) -> None:
+    """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
+    r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
+    with _guard(debug):
+
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            _refuse_task(loaded, "gradflow", ("segmentation", "detection"))
+            from hookviz.jobs import GradFlowJob
+            from hookviz.layers import resolve_layers
+            from hookviz.models import num_classes, parse_target
+
+            n = num_classes(loaded)
+            names = resolve_layers(loaded.model, layers, model_name=loaded.name) if layers else None
+            lab = parse_target(label, loaded, n, "--label") if label is not None else None
+            if label is not None and lab is None:
+                raise typer.BadParameter("give a class index or name", param_hint="--label")
+            return GradFlowJob(loaded, parse_target(target, loaded, n), lab, names)
+
+        _run_job(make, m, r)
+
+
+def dropblock(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
+    layer: Annotated[
+        str | None,
+        typer.Option(
+            "--layer",
+            "-l",
+            help="module whose output gets DropBlock (default: the default CAM layer).",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
+    drop_prob: Annotated[
+        float,
+        typer.Option(
+            "--drop-prob", min=0.0, max=0.99, help="expected dropped fraction.", rich_help_panel=MAPS
+        ),
+    ] = 0.1,
+    block_size: Annotated[
+        int, typer.Option("--block-size", min=1, help="side of the dropped squares.", rich_help_panel=MAPS)
+    ] = 7,
+    shared: Annotated[
+        bool, typer.Option("--shared", help="one mask for all channels.", rich_help_panel=MAPS)
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the mask.", rich_help_panel=MAPS)] = 0,
+    max_channels: Annotated[
+        int, typer.Option("--max-channels", min=1, help="channels shown.", rich_help_panel=MAPS)
+    ] = 16,
+    out: Out = Path("out"),
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
+    debug: Debug = False,
+) -> None:
+    """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
+    m = ModelOptions(
+        model,
+        weights,
+        device,
+        input_size,
+        resize,
+        labels,
+        weights_key,
+        _rgb(mean, "--mean"),
+        _rgb(std, "--std"),
+        trust_pickle,
+    )
+    r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
+    with _guard(debug):
+
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            from hookviz.jobs import DropBlockJob
+            from hookviz.layers import default_cam_layer, is_pattern, map_layers
+            from hookviz.models import probe
+
+            calls = probe(loaded)
+            chosen = layer or default_cam_layer(loaded.model, calls)
+            if is_pattern(chosen):
+                raise typer.BadParameter("takes one module name, not a pattern", param_hint="--layer")
+            (name,) = map_layers(loaded.model, [chosen], calls, loaded.name)
+            return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
+
+        _run_job(make, m, r)

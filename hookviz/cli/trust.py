@@ -1,0 +1,261 @@
+"""Which map to trust: ``hookviz evaluate`` (faithfulness) and ``hookviz sanity`` (randomisation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookviz.cli.app import (
+    MAPS,
+    BatchSize,
+    Debug,
+    Device,
+    Inputs,
+    InputSize,
+    JsonOut,
+    Labels,
+    MaxPixels,
+    MeanOpt,
+    Methods,
+    Model,
+    Null,
+    Out,
+    Overwrite,
+    Quiet,
+    ResizeOpt,
+    SkipExisting,
+    StdOpt,
+    TrustPickle,
+    Weights,
+    WeightsKey,
+    Workers,
+    _guard,
+)
+from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
+
+
+def evaluate(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
+    layers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layer", "-l", help="module name; repeatable (default: the CAM default).", rich_help_panel=MAPS
+        ),
+    ] = None,
+    methods: Methods = None,
+    target: Annotated[
+        str, typer.Option("--target", "-t", help="top1, or a class index or name.", rich_help_panel=MAPS)
+    ] = "top1",
+    steps: Annotated[
+        int,
+        typer.Option("--steps", min=2, help="points on the deletion/insertion curves.", rich_help_panel=MAPS),
+    ] = 16,
+    out: Out = Path("out"),
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    batch_size: BatchSize = 8,
+    workers: Workers = 2,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
+    debug: Debug = False,
+) -> None:
+    """How faithful each map is: deletion/insertion AUC, average drop, increase in confidence, vs chance."""
+    m = ModelOptions(
+        model, weights, device, input_size, resize, labels, weights_key,
+        _rgb(mean, "--mean"), _rgb(std, "--std"), trust_pickle,
+    )  # fmt: skip
+    r = RunOptions(
+        inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, True, as_json, debug
+    )
+    made: list[Any] = []
+    with _guard(debug):
+
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            _refuse_task(loaded, "evaluate", ("detection",))
+            from hookviz.jobs import EvaluateJob
+            from hookviz.layers import cam_layer, default_cam_layer
+            from hookviz.models import num_classes, parse_targets, probe
+
+            calls = probe(loaded)
+            chosen = (
+                [cam_layer(loaded.model, n, calls, loaded.name) for n in dict.fromkeys(layers)]
+                if layers
+                else [default_cam_layer(loaded.model, calls)]
+            )
+            t = parse_targets(target, loaded, num_classes(loaded))
+            if isinstance(t, str):
+                raise typer.BadParameter(
+                    "evaluate explains one class per image: top1 or a class", param_hint="--target"
+                )
+            job = EvaluateJob(loaded, chosen, [str(x) for x in (methods or ["gradcam"])], t, steps)
+            made.append(job)
+            return job
+
+        _run_then(make, m, r, lambda: _write_evaluation(made[0], out, quiet, as_json) if made else None)
+
+
+def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
+    """The table (stdout, or stderr with --json), OUT/evaluation.csv and OUT/evaluation.json."""
+    import csv
+    import io
+
+    from hookviz import pipeline
+    from hookviz.files import atomic_write
+    from hookviz.jobs import summarise_evaluation
+    from hookviz.report import latest_records
+
+    key = pipeline.settings_key(job.settings())
+    lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+    recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
+    rows = summarise_evaluation(recs)
+    passes = sum(int(x.get("forward_passes", 0)) for x in recs)
+    columns = ["method", "layer", "images", "deletion_auc", "deletion_auc_ci95", "insertion_auc",
+               "insertion_auc_ci95", "average_drop", "average_drop_ci95", "increase_in_confidence",
+               "increase_in_confidence_ci95_low", "increase_in_confidence_ci95_high"]  # fmt: skip
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        low, high = row["increase_in_confidence_ci95"]
+        writer.writerow(
+            {**row, "increase_in_confidence_ci95_low": low, "increase_in_confidence_ci95_high": high}
+        )
+    summary = {
+        "key": key,
+        "settings": job.settings(),
+        "images": len(recs),
+        "forward_passes": passes,
+        "rows": rows,
+    }
+    for name, text in (
+        ("evaluation.csv", buf.getvalue()),
+        ("evaluation.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False)),
+    ):
+        atomic_write(out / name, text)
+    table = [
+        f"{'method':<12} {'layer':<28} {'n':>4}  {'deletion AUC ↓':>16}  {'insertion AUC ↑':>16}  "
+        f"{'avg drop % ↓':>14}  {'increase % ↑':>13}"
+    ]
+    for row in rows:
+        table.append(
+            f"{row['method']:<12} {row['layer']:<28} {row['images']:>4}  "
+            f"{row['deletion_auc']:>8.3f} ±{row['deletion_auc_ci95']:<6.3f}  "
+            f"{row['insertion_auc']:>8.3f} ±{row['insertion_auc_ci95']:<6.3f}  "
+            f"{row['average_drop']:>6.1f} ±{row['average_drop_ci95']:<5.1f}  "
+            f"{row['increase_in_confidence']:>5.1f} "
+            f"[{row['increase_in_confidence_ci95'][0]:.0f}, {row['increase_in_confidence_ci95'][1]:.0f}]"
+        )
+    table.append(
+        f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean "
+        "(Student's t), [low, high] that of a proportion (Wilson); random and center are chance baselines"
+    )
+    table.append(f"wrote {out / 'evaluation.csv'} and {out / 'evaluation.json'}")
+    if not quiet or not as_json:
+        typer.echo("\n".join(table), err=as_json)
+
+
+def sanity(
+    inputs: Inputs,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    labels: Labels = None,
+    input_size: InputSize = None,
+    resize: ResizeOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    trust_pickle: TrustPickle = False,
+    layer: Annotated[
+        str | None,
+        typer.Option("--layer", "-l", help="module name (default: the CAM default).", rich_help_panel=MAPS),
+    ] = None,
+    methods: Methods = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="seed of the random parameters.", rich_help_panel=MAPS)
+    ] = 0,
+    out: Out = Path("out"),
+    overwrite: Overwrite = False,
+    skip_existing: SkipExisting = False,
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+    batch_size: BatchSize = 8,
+    device: Device = "auto",
+    max_pixels: MaxPixels = 80_000_000,
+    null: Null = False,
+    debug: Debug = False,
+) -> None:
+    """The sanity check: randomise the weights from the head down; a faithful map must change with them."""
+    m = ModelOptions(
+        model, weights, device, input_size, resize, labels, weights_key,
+        _rgb(mean, "--mean"), _rgb(std, "--std"), trust_pickle,
+    )  # fmt: skip
+    r = RunOptions(
+        inputs, out, batch_size, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
+    )
+    made: list[Any] = []
+    with _guard(debug):
+
+        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+            _refuse_task(loaded, "sanity", ("detection",))
+            from hookviz.jobs import SanityJob
+            from hookviz.layers import cam_layer, default_cam_layer
+            from hookviz.models import probe
+
+            calls = probe(loaded)
+            name = (
+                cam_layer(loaded.model, layer, calls, loaded.name)
+                if layer
+                else default_cam_layer(loaded.model, calls)
+            )
+            job = SanityJob(loaded, name, [str(x) for x in (methods or ["gradcam"])], seed)
+            made.append(job)
+            return job
+
+        _run_then(make, m, r, lambda: _write_sanity(made[0], out, as_json) if made else None)
+
+
+def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
+    from hookviz import pipeline
+    from hookviz.files import atomic_write
+    from hookviz.jobs import summarise_sanity
+    from hookviz.report import latest_records
+
+    key = pipeline.settings_key(job.settings())
+    lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+    recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
+    steps = summarise_sanity(recs)
+    summary = {"key": key, "layer": job.layer, "images": len(recs), "steps": steps}
+    atomic_write(out / "sanity.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False))
+    lines_out = []
+    for method in [*job.methods, "edges"]:
+        mine = [s for s in steps if s["method"] == method]
+        if not mine:
+            continue
+        last = mine[-1]
+        changed = last["spearman"] < 0.5
+        verdict = (
+            "changes with the weights: it depends on what the model learned (passes)"
+            if changed
+            else "barely changes with the weights: it does not depend on what the model learned"
+        )
+        lines_out.append(
+            f"{method}: at full randomisation Spearman {last['spearman']:.2f}, SSIM {last['ssim']:.2f} "
+            f"over {last['images']} image(s): the map {verdict}"
+        )
+    lines_out.append(f"wrote {out / 'sanity.json'}")
+    typer.echo("\n".join(lines_out), err=as_json)
