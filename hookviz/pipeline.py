@@ -6,7 +6,6 @@ The pipeline touches the file system but never the console: it yields one record
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import math
@@ -14,139 +13,27 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hookviz import timing
 from hookviz.errors import HookvizError, OutputError, UsageError
 from hookviz.files import TEMP, atomic_write, open_append
-from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, image_suffixes, load_rgb, quote
+from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb, quote
+from hookviz.inputs import Item, _real, expand_inputs
+
+if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
+    from hookviz.jobs.common import Job
 
 MANIFEST = "manifest.jsonl"
 
-
-@dataclass(frozen=True)
-class Item:
-    """One input as the user named it, or the reason it cannot be read."""
-
-    name: str
-    path: Path | None
-    error: str | None = None
-
-
-def _has_glob(text: str) -> bool:
-    return any(c in text for c in "*?[")
-
-
-def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
-    """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped.
-
-    Symlinked folders are followed, each real folder once (a link back to an ancestor, or two links to
-    one folder, cannot loop or list a photo twice). In ``exclude`` (the output folder) hookviz's own
-    outputs are left out and any other photo is listed. A suffix is compared without surrounding spaces
-    (``photo.jpg `` from a Windows zip is a photo).
-    """
-    suffixes = image_suffixes()
-    found = []
-    visited: set[Path] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        here = Path(dirpath)
-        real = _real(here)
-        if real in visited:
-            dirnames[:] = []
-            continue
-        visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and _real(here / d) not in visited)
-        ours = exclude is not None and real == exclude  # the output folder: its photos count, ours do not
-        found += [
-            here / f
-            for f in sorted(filenames)
-            if not f.startswith(".")
-            and Path(f).suffix.strip().lower() in suffixes
-            and not (ours and OUTPUT_NAME.search(f))
-        ]
-    return found
-
-
-#: What an output file's name looks like (``<stem>-<path hash>.<model>.<settings key>.``): such files in the
-#: output folder are never read back as inputs; the photos a user keeps there are.
-OUTPUT_NAME = re.compile(r"-[0-9a-f]{8}\.[\w.-]+\.[0-9a-f]{8}\.")
-
-
-def _real(p: Path) -> Path:
-    try:
-        return p.resolve()
-    except (OSError, RuntimeError):  # a symlink loop
-        return p.absolute()
-
-
-def expand_inputs(
-    specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None, null: bool = False
-) -> list[Item]:
-    """Files, directories (searched recursively for images), globs, and ``-`` (paths read from stdin).
-
-    Stdin holds one path per line (blank lines and CRLF endings are fine) or, with ``null``,
-    NUL-separated paths (``find -print0``), which may contain any character. Directory symlinks are
-    followed, each real folder once (no loops); hidden files and folders are skipped; in ``exclude`` (the
-    output folder) hookviz's own outputs are never listed, a user's photos are; each real file is listed
-    once. A spec that finds nothing (a missing file, an empty folder, empty stdin) becomes an ``Item`` with
-    an ``error``, so the caller reports it and goes on.
-    """
-    exclude = _real(exclude) if exclude is not None else None
-    names: list[str] = []
-    stdin_empty = False
-    for spec in specs:
-        if spec == "-":
-            if stdin is None:
-                continue
-            if null:
-                # Names may hold newlines and spaces; only an empty chunk or a lone final newline is noise.
-                read = [p for p in stdin.read().split("\0") if p not in ("", "\n")]
-            else:
-                read = [line.rstrip("\r\n") for line in stdin if line.strip()]
-            stdin_empty = not read
-            names += read
-        else:
-            names.append(spec)
-    items: list[Item] = []
-    if stdin_empty:
-        items.append(Item("-", None, "stdin: no paths were given (empty input)"))
-    seen: set[Path] = set()
-
-    def add(name: str, path: Path) -> None:
-        real = _real(path)
-        if exclude is not None and real.parent == exclude and OUTPUT_NAME.search(path.name):
-            return  # an output of an earlier run, matched by a glob
-        if real not in seen:
-            seen.add(real)
-            items.append(Item(name, path))
-
-    for name in names:
-        path = Path(name).expanduser()
-        if path.is_dir():
-            files = _scan_dir(path, exclude)
-            if not files:
-                items.append(Item(name, None, f"{quote(name)}: no images found in this folder"))
-            for f in files:
-                add(str(f), f)
-        elif path.exists() or os.path.lexists(path):
-            add(name, path)
-        elif _has_glob(name):
-            hits = sorted(glob.glob(os.path.expanduser(name), recursive=True))
-            files = [Path(h) for h in hits if Path(h).is_file()]
-            if not files:
-                items.append(Item(name, None, f"{quote(name)}: no file matches this pattern"))
-            for f in files:
-                add(str(f), f)
-        else:
-            items.append(Item(name, None, f"{quote(name)}: no such file or directory"))
-    return items
+__all__ = ["MANIFEST", "Item", "Output", "expand_inputs", "finite", "output_stem", "run", "to_json"]
 
 
 _UNSAFE = re.compile(r"[^\w.-]+", re.ASCII)
@@ -172,30 +59,6 @@ def settings_key(settings: dict[str, Any]) -> str:
 def output_prefix(path: Path, model: str, key: str) -> str:
     """``<stem>-<path hash>.<model>.<settings key>``: the start of every output name of one input."""
     return f"{output_stem(path)}.{_UNSAFE.sub('_', model).strip('._')}.{key}"
-
-
-class Job(Protocol):
-    """A computation over batches; see ``hookviz.jobs``."""
-
-    kind: str
-
-    def settings(self) -> dict[str, Any]:
-        """Everything that changes the outputs' pixels (model, weights, method, layer, target, look)."""
-        ...
-
-    def planned(self, stem: str) -> list[str]:
-        """File names this job will write for an input (to check --overwrite/--skip-existing)."""
-        ...
-
-    def compute(self, x: Any) -> Any:
-        """Run the model on a batch."""
-        ...
-
-    def render(
-        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
-    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        """Files ``(name, bytes)`` and manifest fields for image ``index`` of the batch."""
-        ...
 
 
 @dataclass

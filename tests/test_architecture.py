@@ -50,3 +50,27 @@ def test_no_import_cycle() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_no_module_over_about_500_lines() -> None:
+    sizes = {p.relative_to(PACKAGE.parent): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert max(sizes.values()) <= 520, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_the_layers_import_downwards() -> None:
+    """sources → models → methods → jobs → pipeline → render/report → cli: no lower layer imports a higher one
+    when it is imported (lazy imports inside functions excluded)."""
+    order = ["sources", "models", "methods", "jobs", "pipeline", "report", "cli"]
+    rank = {name: i for i, name in enumerate(order)}
+
+    def layer(module: str) -> str | None:
+        part = module.split(".")[1] if "." in module else None
+        return part if part in rank else None
+
+    for path in PACKAGE.rglob("*.py"):
+        mine = layer(_module(path))
+        if mine is None:
+            continue
+        for dep in _top_level_imports(path):
+            theirs = layer(dep)
+            assert theirs is None or rank[theirs] <= rank[mine], f"{_module(path)} imports {dep}"

@@ -1,0 +1,385 @@
+"""``gradcam`` on classifiers and segmentation models: every method x layer (x fused) x target, a sheet,
+raw maps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hookviz.errors import UsageError
+from hookviz.images import Box, encode_png
+from hookviz.jobs.common import (
+    FUSED,
+    _check_finite,
+    _finite_stat,
+    _full_map,
+    _npy,
+    _weights_note,
+    model_settings,
+    parse_methods,
+)
+from hookviz.methods import title as method_title
+from hookviz.models import LoadedModel
+from hookviz.options import Colormap, Fuse, Normalize, Region
+from hookviz.taps import slug
+
+
+def _region_note(region: str | None, asked: str | None) -> str:
+    """The caption's account of which pixels a segmentation score sums."""
+    if region is None:
+        return ""
+    if region == "class":
+        return ", its score summed over its pixels (outlined)"
+    if asked == "class":
+        return ", its score summed over all pixels (the model gives it none)"
+    return ", its score summed over all pixels (its own outlined)"
+
+
+@dataclass
+class CamBatch:
+    """What ``CamJob.compute`` hands to ``render``: maps per (method, layer), and the colour scales."""
+
+    explanation: Any
+    maps: dict[tuple[str, str], np.ndarray]  # (method, layer or "fused") -> (B, T, h, w)
+    scales: dict[tuple[str, str], tuple[float, float] | None]  # None: per map
+    #: With ``metrics``: (method, layer) -> per target j, the Faithfulness of the batch's maps.
+    metrics: dict[tuple[str, str], list[Any]] | None = None
+
+
+@dataclass
+class CamJob:
+    """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
+
+    ``targets`` is ``None`` (top-1), ``"topK"``, or a list of class indices shared by every image.
+    ``normalize``: ``image`` (each map min-max), ``batch`` (one scale per method and layer across the
+    batch), ``none`` (the fixed scale ``[0, vmax]``, so a photo's picture never depends on its batch).
+    """
+
+    loaded: LoadedModel
+    layers: Sequence[str]
+    methods: Sequence[str] = ("gradcam",)
+    targets: str | list[int] | None = None
+    alpha: float = 0.5
+    colormap: str = "jet"
+    relu: bool = True
+    save_raw: bool = False
+    normalize: str = "image"
+    vmax: float | None = None
+    fuse: str | None = None
+    sheet: bool | None = None
+    scorecam_batch: int = 64
+    #: Deletion and insertion AUCs for every map (in its record, caption and the sheet).
+    metrics: bool = False
+    eigen_smooth: bool = False
+    aug_smooth: bool = False
+    kind: str = "gradcam"
+    #: Called as ``progress(done, total)`` during Score-CAM's masked passes (a progress bar).
+    progress: Any = None
+    #: How ``--layer auto`` chose the layer (recorded with every input).
+    auto_layer: dict[str, Any] | None = None
+    #: Segmentation: explain a class's pixels (``class``) or every pixel (``all``).
+    region: str = "class"
+    #: Notes for the user found while computing (each said once); :meth:`take_notes` hands them over.
+    notes: list[str] = field(default_factory=list)
+    _noted: set[str] = field(default_factory=set, repr=False)
+
+    def take_notes(self) -> list[str]:
+        """The notes found since the last call (signed activations, a network with no rectifier)."""
+        taken, self.notes = self.notes, []
+        return taken
+
+    def _note_once(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
+
+    def _check_assumptions(self, ex: Any) -> None:
+        from hookviz.methods import get
+        from hookviz.taps import MATERIAL_NEGATIVE
+
+        reasons = {m: get(m).assumes_nonnegative for m in self.methods if get(m).assumes_nonnegative}
+        risky = list(reasons)
+        for layer, share in ex.negative_mass.items():
+            worst = float(share.max()) if share.numel() else 0.0
+            if risky and worst >= MATERIAL_NEGATIVE:
+                names = " and ".join(method_title(m) for m in risky)
+                self._note_once(
+                    f"signed:{layer}",
+                    f"{worst:.0%} of the activation mass of {layer} is negative, and {names} assume "
+                    f"non-negative activations ({reasons[risky[0]]}), so their maps there "
+                    "can point anywhere; take a post-activation tensor (the default: the one entering the "
+                    "pooling)",
+                )
+        if ex.guided is not None and not ex.guided:
+            self._note_once(
+                "guided",
+                f"{self.loaded.name} has no rectifier (ReLU, ReLU6, LeakyReLU, hardtanh(0, x)): Guided "
+                "Backprop is the plain input gradient here",
+            )
+
+    def __post_init__(self) -> None:
+        self.normalize = Normalize.parse(self.normalize, "--normalize").value
+        self.region = Region.parse(self.region, "--region").value
+        self.colormap = Colormap.parse(self.colormap, "--colormap").value
+        self.methods = parse_methods(self.methods)
+        if self.fuse is not None:
+            self.fuse = Fuse.parse(self.fuse, "--fuse").value
+            if len(self.layers) < 2:
+                raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
+        if self.normalize == Normalize.none and self.vmax is None:
+            raise UsageError(
+                "--normalize none needs --vmax (the map value drawn as full colour), so that a photo's "
+                "picture never depends on its batch; the manifest's max of an earlier run is a good start"
+            )
+        if self.vmax is not None:
+            if self.normalize != Normalize.none:
+                raise UsageError(f"--vmax goes with --normalize none (not {self.normalize})")
+            if not (self.vmax > 0 and math.isfinite(self.vmax)):
+                raise UsageError(f"--vmax {self.vmax}: must be a finite number greater than 0")
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
+        targets = "top1" if self.targets is None else self.targets
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "targets": targets,
+            "alpha": self.alpha,
+            "colormap": self.colormap,
+            "relu": self.relu,
+            "normalize": self.normalize,
+            "vmax": self.vmax,
+            "fuse": self.fuse,
+            "sheet": self._want_sheet(),
+            "metrics": self.metrics,
+            "eigen_smooth": self.eigen_smooth,
+            "aug_smooth": self.aug_smooth,
+            **({"region": self.region} if self.loaded.task == "segmentation" else {}),
+        }
+
+    # -- naming ---------------------------------------------------------------------------
+    def _layer_names(self) -> list[str]:
+        return [*self.layers, FUSED] if self.fuse and len(self.layers) > 1 else list(self.layers)
+
+    def _target_suffixes(self) -> list[str]:
+        if self.targets is None:
+            return [""]
+        if isinstance(self.targets, str):
+            k = int(self.targets[3:])
+            return [""] if k == 1 else [f".top{r}" for r in range(1, k + 1)]
+        return [""] if len(self.targets) == 1 else [f".c{c}" for c in self.targets]
+
+    def _want_sheet(self) -> bool:
+        if self.sheet is not None:
+            return self.sheet
+        return len(self.methods) * len(self._layer_names()) * len(self._target_suffixes()) > 1
+
+    def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
+        return f"{stem}.{method}.{slug(layer)}{suffix}"
+
+    def planned(self, stem: str) -> list[str]:
+        names = []
+        for m in self.methods:
+            for layer in self._layer_names():
+                for suffix in self._target_suffixes():
+                    base = self._name(stem, m, layer, suffix)
+                    names.append(f"{base}.png")
+                    if self.save_raw:
+                        names += [f"{base}.npy", f"{base}.full.npy"]
+        if self._want_sheet():
+            names.append(f"{stem}.sheet.png")
+        return names
+
+    # -- compute --------------------------------------------------------------------------
+    def compute(self, x: Any) -> CamBatch:
+        from hookviz import cams
+        from hookviz.attribution import explain
+
+        ex = explain(
+            self.loaded.model,
+            x,
+            self.layers,
+            self.methods,
+            self.targets,
+            relu=self.relu,
+            scorecam_batch=self.scorecam_batch,
+            progress=self.progress,
+            eigen_smooth=self.eigen_smooth,
+            aug_smooth=self.aug_smooth,
+            region=self.region,
+        )
+        self._check_assumptions(ex)
+        maps = dict(ex.maps)
+        if FUSED in self._layer_names():
+            size = (int(x.shape[2]), int(x.shape[3]))
+            for m in self.methods:
+                layer_maps = [ex.maps[(m, layer)] for layer in self.layers]
+                maps[(m, FUSED)] = cams.fuse(layer_maps, size, str(self.fuse), relu=self.relu)
+        scales = {
+            key: cams.colour_scale(value, self.normalize, relu=self.relu, vmax=self.vmax)
+            for key, value in maps.items()
+        }
+        metrics = None
+        if self.metrics:
+            from hookviz.evaluation import faithfulness
+            from hookviz.readout import scorer
+
+            score = scorer(ex.labels, ex.region)
+            metrics = {
+                key: [
+                    faithfulness(self.loaded.model, x, value[:, j], ex.targets[:, j], scorer=score)
+                    for j in range(value.shape[1])
+                ]
+                for key, value in maps.items()
+            }
+        return CamBatch(ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics)
+
+    # -- render ---------------------------------------------------------------------------
+    def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None, method: str = "") -> np.ndarray:
+        from hookviz import render
+
+        if scale is None:
+            if method.startswith("guided"):
+                # Pixel-level saliency is sparse: a few pixels would take the whole colour range, so the
+                # top 0.5 % saturate instead (the usual way these maps are shown).
+                finite = np.nan_to_num(cam, nan=0.0, posinf=0.0, neginf=0.0)
+                return render.normalize(finite, float(finite.min()), float(np.percentile(finite, 99.5)))
+            if self.relu:
+                return render.normalize(cam)
+            top = float(np.abs(np.nan_to_num(cam)).max()) or 1.0
+            scale = (-top, top)
+        return render.normalize(cam, scale[0], scale[1])
+
+    def render(
+        self, result: CamBatch, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        from hookviz import render
+
+        lm, ex = self.loaded, result.explanation
+        dense = ex.labels is not None
+
+        def scored(score: float) -> str:  # a probability, or a segmentation's share of the pixels
+            return f"{score:.1%} of pixels" if dense else f"p={score:.3f}"
+
+        pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        _check_finite(ex, index)
+        suffixes = self._target_suffixes()
+        files: list[tuple[str, bytes]] = []
+        records = []
+        cells: dict[tuple[str, str, int], np.ndarray] = {}
+        for (method, layer), maps in result.maps.items():
+            for j, suffix in enumerate(suffixes):
+                cam = maps[index, j]
+                unit = self._unit(cam, result.scales[(method, layer)], method)
+                picture = render.overlay(
+                    rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                )
+                tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
+                region = None
+                if dense:  # the pixels the model gives the explained class; none: all pixels count
+                    own = (ex.labels[index] == tgt).numpy()
+                    render.outline(picture, own, box)
+                    region = "class" if ex.region == "class" and own.any() else "all"
+                where = "fused " + "+".join(self.layers) if layer == FUSED else layer
+                lines = [
+                    f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
+                    f"predicted: {lm.describe(pred)} {scored(p_score)}",
+                    f"explained: {lm.describe(tgt)} {scored(t_score)}" + _region_note(region, ex.region),
+                ]
+                scale = result.scales[(method, layer)]
+                if scale is not None or not self.relu:
+                    span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
+                    sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
+                    lines.append(f"colour scale {span}, {sign}")
+                faith = None
+                if result.metrics is not None:
+                    f = result.metrics[(method, layer)][j]
+                    faith = {
+                        "deletion_auc": round(float(f.deletion_auc[index]), 6),
+                        "insertion_auc": round(float(f.insertion_auc[index]), 6),
+                    }
+                    lines.append(
+                        f"deletion AUC {faith['deletion_auc']:.3f} (lower is better), "
+                        f"insertion AUC {faith['insertion_auc']:.3f} (higher is better)"
+                    )
+                base = self._name(stem, method, layer, suffix)
+                # A photo of a few pixels is enlarged, so that its caption can be read.
+                captioned = render.caption(render.enlarge_small(picture), lines)
+                files.append((f"{base}.png", encode_png(captioned)))
+                if self.save_raw:
+                    files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
+                    files.append((f"{base}.full.npy", _npy(_full_map(cam, rgb, box))))
+                cell = picture[box.y0 : box.y1, box.x0 : box.x1]
+                if faith is not None:
+                    cell = cell.copy()
+                    note = f"del {faith['deletion_auc']:.2f} ins {faith['insertion_auc']:.2f}"
+                    render.label(
+                        cell, note, 3, max(0, cell.shape[0] - 22), scale=0.45 * max(1, cell.shape[0] / 200)
+                    )
+                cells[(method, layer, j)] = cell
+                records.append(
+                    {
+                        "file": f"{base}.png",
+                        "method": method,
+                        "layer": layer,
+                        "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
+                        # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
+                        "finite": bool(np.isfinite(cam).all()),
+                        "min": _finite_stat(np.min, cam),
+                        "max": _finite_stat(np.max, cam),
+                        "scale": list(scale) if scale else None,
+                        **({"metrics": faith} if faith is not None else {}),
+                        **({"region": region} if region is not None else {}),
+                        **self._sign_fields(ex, method, layer, index),
+                    }
+                )
+        if self._want_sheet():
+            rows = []
+            for layer in self._layer_names():
+                for j in range(len(suffixes)):
+                    tgt = int(ex.targets[index, j])
+                    label = f"{layer} | {lm.describe(tgt)} {scored(float(ex.target_scores[index, j]))}"
+                    rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
+            title = f"{lm.name} | predicted {lm.describe(pred)} {scored(p_score)} | " + _weights_note(lm)
+            sheet = render.sheet(rows, [method_title(m) for m in self.methods], title=title)
+            files.append((f"{stem}.sheet.png", encode_png(sheet)))
+        first_t = int(ex.targets[index, 0])
+        fields = {
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "layer": self.layers[0],
+            "method": self.methods[0],
+            "predicted": {"index": pred, "name": lm.class_name(pred), "score": round(p_score, 6)},
+            "target": {
+                "index": first_t,
+                "name": lm.class_name(first_t),
+                "score": round(float(ex.target_scores[index, 0]), 6),
+            },
+            "normalize": self.normalize,
+            **({"region": ex.region, "score": "share of pixels"} if dense else {}),
+            "maps": records,
+            **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
+            **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
+        }
+        return files, fields
+
+    @staticmethod
+    def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
+        """``negative_mass`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
+        from hookviz.methods import REGISTRY
+        from hookviz.taps import MATERIAL_NEGATIVE
+
+        if layer not in ex.negative_mass:
+            return {}
+        share = float(ex.negative_mass[layer][index])
+        fields: dict[str, Any] = {"negative_mass": round(share, 4)}
+        spec = REGISTRY.get(method)
+        if spec is not None and spec.assumes_nonnegative and share >= MATERIAL_NEGATIVE:
+            fields["assumption_broken"] = "non-negative activations"
+        return fields

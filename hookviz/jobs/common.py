@@ -1,0 +1,122 @@
+"""What every job shares: the settings that key its outputs, method names, predictions, and the raw-map and
+caption helpers; and :class:`Job`, the protocol the pipeline runs."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from hookviz.images import Box
+from hookviz.models import LoadedModel
+
+
+def _weights_note(loaded: LoadedModel) -> str:
+    return "RANDOM WEIGHTS (--weights none)" if not loaded.pretrained else f"weights {loaded.weights}"
+
+
+def model_settings(loaded: LoadedModel) -> dict[str, Any]:
+    """What about the model changes an output's pixels: architecture, weights' values, class names, input."""
+    p = loaded.preprocess
+    return {
+        "model": loaded.name,
+        "weights": loaded.weights_id or loaded.weights,
+        "labels": loaded.labels_id or None,
+        "input": {
+            "crop_size": p.crop_size,
+            "resize_size": p.resize_size,
+            "resize": str(p.resize),
+            "interpolation": p.interpolation,
+            # PIL's antialiased resize of the whole photo, then the crop (the model's own transform)
+            "resampler": "PIL",
+            "crop_round": p.crop_round,
+            "mean": [round(float(v), 6) for v in p.mean],
+            "std": [round(float(v), 6) for v in p.std],
+        },
+    }
+
+
+def parse_methods(methods: Sequence[str]) -> list[str]:
+    """Method names validated (a typo is a :class:`UsageError`), ``all`` expanded, duplicates dropped."""
+    from hookviz import methods as registry
+
+    return registry.parse(methods)
+
+
+def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | None:
+    """The top class of row ``index`` of a classifier's output (None when the output is not ``(B, C)``)."""
+    import torch
+
+    from hookviz.attribution import ranking
+
+    if logits is None or logits.dim() != 2:
+        return None
+    row = logits[index : index + 1].float()
+    top = int(ranking(row)[0, 0])
+    score = float(torch.softmax(row, dim=1)[0, top])
+    return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
+
+
+FUSED = "fused"
+
+
+def _full_map(cam: np.ndarray, rgb: np.ndarray, box: Box) -> np.ndarray:
+    """``cam`` upsampled onto the photo's pixels where the model saw them, NaN elsewhere (float32)."""
+    from hookviz import render
+
+    full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
+    full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
+    return full
+
+
+def _check_finite(ex: Any, index: int) -> None:
+    """Refuse an image whose scores are not finite: its "prediction" would be an arbitrary class.
+
+    Raises:
+        InputError: NaN or infinite probabilities (a diverged model, an fp16 overflow).
+    """
+    from hookviz.errors import InputError
+
+    probs = ex.probs[index]
+    if not bool(probs.isfinite().all()):
+        raise InputError(
+            "the model's output is not finite (NaN or inf) for this input, so it predicts nothing; check "
+            "the weights (a diverged checkpoint) or run in float32"
+        )
+
+
+def _finite_stat(fn: Any, cam: np.ndarray) -> float | None:
+    values = cam[np.isfinite(cam)]
+    return float(fn(values)) if values.size else None
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+class Job(Protocol):
+    """A computation over batches, as the pipeline runs it (one module per job in this package)."""
+
+    kind: str
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the outputs' pixels (model, weights, method, layer, target, look)."""
+        ...
+
+    def planned(self, stem: str) -> list[str]:
+        """File names this job will write for an input (to check --overwrite/--skip-existing)."""
+        ...
+
+    def compute(self, x: Any) -> Any:
+        """Run the model on a batch."""
+        ...
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        """Files ``(name, bytes)`` and manifest fields for image ``index`` of the batch."""
+        ...

@@ -1,0 +1,200 @@
+"""``gradcam`` on detectors: a map per detected box."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hookviz.errors import UsageError
+from hookviz.images import Box, encode_png
+from hookviz.jobs.common import (
+    _finite_stat,
+    _full_map,
+    _npy,
+    _weights_note,
+    model_settings,
+    parse_methods,
+)
+from hookviz.methods import title as method_title
+from hookviz.models import LoadedModel
+from hookviz.options import Colormap
+from hookviz.taps import slug
+
+
+@dataclass
+class DetectionJob:
+    """For each photo: one overlay per detected box (gradient methods) or per photo (Eigen-CAM), the box
+    drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written
+    last, so its presence means the photo is complete).
+
+    ``classes`` keeps only detections of those classes (``--target``); ``None`` keeps every class.
+    """
+
+    loaded: LoadedModel
+    layers: Sequence[str]
+    methods: Sequence[str] = ("hirescam",)
+    classes: list[int] | None = None
+    score_threshold: float = 0.5
+    max_boxes: int = 10
+    alpha: float = 0.5
+    colormap: str = "jet"
+    relu: bool = True
+    save_raw: bool = False
+    eigen_smooth: bool = False
+    kind: str = "gradcam"
+
+    def __post_init__(self) -> None:
+        from hookviz.detection import detection_methods
+
+        self.colormap = Colormap.parse(self.colormap, "--colormap").value
+        self.methods = parse_methods(self.methods)
+        other = [m for m in self.methods if m not in detection_methods()]
+        if other:
+            raise UsageError(
+                f"--method {other[0]} is not available for detectors (a masked or guided pass per box would "
+                f"have to re-find the box); use {', '.join(detection_methods())}"
+            )
+        if not 0.0 <= self.score_threshold <= 1.0:
+            raise UsageError(f"--score-threshold {self.score_threshold}: must be between 0 and 1")
+        if self.max_boxes < 1:
+            raise UsageError(f"--max-boxes {self.max_boxes}: must be at least 1")
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "task": "detection",
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "classes": self.classes,
+            "score_threshold": self.score_threshold,
+            "max_boxes": self.max_boxes,
+            "alpha": self.alpha,
+            "colormap": self.colormap,
+            "relu": self.relu,
+            "eigen_smooth": self.eigen_smooth,
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        """The outputs known before the model runs (the per-box ones depend on what it finds)."""
+        names = [f"{stem}.eigencam.{slug(layer)}.png" for layer in self.layers if "eigencam" in self.methods]
+        return [*names, f"{stem}.detections.png"]
+
+    def compute(self, x: Any) -> Any:
+        from hookviz.detection import explain_detections
+
+        return explain_detections(
+            self.loaded.model,
+            x,
+            self.layers,
+            self.methods,
+            score_threshold=self.score_threshold,
+            max_boxes=self.max_boxes,
+            classes=self.classes,
+            relu=self.relu,
+            eigen_smooth=self.eigen_smooth,
+        )
+
+    def _box_text(self, label: int, score: float) -> str:
+        return f"{self.loaded.class_name(label)} {score:.2f}"
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        from hookviz import render
+
+        lm, ex = self.loaded, result[index]
+        if (rgb.shape[0], rgb.shape[1]) != ex.image_size:
+            raise UsageError(f"the detector saw {ex.image_size}, the photo is {rgb.shape[:2]}")
+        n = len(ex.scores)
+        files: list[tuple[str, bytes]] = []
+        outputs: list[list[str]] = [[] for _ in range(n)]
+        maps: list[dict[str, Any]] = []
+        for (method, layer), stack in ex.maps.items():
+            for i in range(stack.shape[0]):
+                cam = stack[i].numpy()
+                picture = render.overlay(
+                    rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                )
+                if method == "eigencam":
+                    for k in range(n):
+                        render.draw_box(
+                            picture,
+                            ex.boxes[k].tolist(),
+                            self._box_text(int(ex.labels[k]), float(ex.scores[k])),
+                        )
+                    name = f"{stem}.eigencam.{slug(layer)}.png"
+                    what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
+                else:
+                    for k in range(n):
+                        if k != i:
+                            render.draw_box(picture, ex.boxes[k].tolist(), "", strong=False)
+                    label, score = int(ex.labels[i]), float(ex.scores[i])
+                    render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
+                    name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
+                    what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
+                    outputs[i].append(name)
+                head = f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}"
+                lines = [head, f"explained: {what}"]
+                files.append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
+                if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
+                    files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
+                    files.append((name[: -len(".png")] + ".full.npy", _npy(_full_map(cam, rgb, box))))
+                maps.append(
+                    {
+                        "file": name,
+                        "method": method,
+                        "layer": layer,
+                        "box": None if method == "eigencam" else i + 1,
+                        "target": None
+                        if method == "eigencam"
+                        else {
+                            "index": int(ex.labels[i]),
+                            "name": lm.class_name(int(ex.labels[i])),
+                            "score": round(float(ex.scores[i]), 6),
+                        },
+                        "finite": bool(np.isfinite(cam).all()),
+                        "min": _finite_stat(np.min, cam),
+                        "max": _finite_stat(np.max, cam),
+                    }
+                )
+        summary = rgb.copy()
+        for k in range(n):
+            render.draw_box(
+                summary, ex.boxes[k].tolist(), self._box_text(int(ex.labels[k]), float(ex.scores[k]))
+            )
+        kept = f"{n} detection(s) with score >= {self.score_threshold:g}"
+        lines = [
+            f"{lm.name} | {_weights_note(lm)}",
+            kept
+            + (f" (best {self.max_boxes} kept)" if n == self.max_boxes else "")
+            + f"; {ex.found} returned",
+        ]
+        files.append(
+            (f"{stem}.detections.png", encode_png(render.caption(render.enlarge_small(summary), lines)))
+        )
+        detections = [
+            {
+                "box": [round(float(v), 2) for v in ex.boxes[k].tolist()],
+                "index": int(ex.labels[k]),
+                "name": lm.class_name(int(ex.labels[k])),
+                "score": round(float(ex.scores[k]), 6),
+                "outputs": outputs[k],
+            }
+            for k in range(n)
+        ]
+        top = detections[0] if detections else None
+        fields = {
+            "task": "detection",
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "layer": self.layers[0],
+            "method": self.methods[0],
+            "predicted": {k: top[k] for k in ("index", "name", "score")} if top else None,
+            "detections": detections,
+            "maps": maps,
+        }
+        return files, fields

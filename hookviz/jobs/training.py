@@ -1,0 +1,173 @@
+"""``gradflow`` and ``dropblock``: what training-time hooks see."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hookviz.images import Box, encode_png
+from hookviz.jobs.common import _weights_note, model_settings, predicted
+from hookviz.models import LoadedModel
+
+
+@dataclass
+class GradFlowJob:
+    """Per image: one backward from the target score (or cross-entropy against a label); plot + JSON."""
+
+    loaded: LoadedModel
+    target: int | None = None  # class whose score is differentiated (None: the predicted class)
+    label: int | None = None  # if set: cross-entropy against this class instead
+    layers: Sequence[str] | None = None
+    kind: str = "gradflow"
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "target": "top1" if self.target is None else self.target,
+            "label": self.label,
+            "layers": list(self.layers) if self.layers else None,
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        return [f"{stem}.gradflow.png", f"{stem}.gradflow.json"]
+
+    def compute(self, x: Any) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        from hookviz.attribution import ranking
+        from hookviz.gradients import gradient_flow
+        from hookviz.hooks import logits_of
+
+        seen: list[Any] = []
+
+        def loss(output: Any) -> Any:
+            z = logits_of(output)
+            seen.append(z.detach().float().cpu())
+            if self.label is not None:
+                return F.cross_entropy(z, torch.tensor([self.label], device=z.device))
+            return z[0, int(ranking(z)[0, 0]) if self.target is None else self.target]
+
+        # One image at a time: parameter gradients of a batch would mix the images.
+        flows = [gradient_flow(self.loaded.model, x[i : i + 1], loss, self.layers) for i in range(x.shape[0])]
+        return flows, torch.cat(seen)
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        import json
+
+        from hookviz import render
+
+        flows, logits = result
+        flow = flows[index]
+        per_layer: dict[str, float] = {}
+        for s in flow.params:
+            owner = s.name.rsplit(".", 1)[0]
+            per_layer[owner] = math.hypot(per_layer.get(owner, 0.0), s.norm)
+        names = [s.name for s in flow.outputs]
+        objective = (
+            f"cross-entropy vs class {self.label}"
+            if self.label is not None
+            else ("predicted-class score" if self.target is None else f"score of class {self.target}")
+        )
+        title = (
+            f"{self.loaded.name}: gradient norms per layer, loss = {objective} ({flow.loss:.4g}) | "
+            f"{_weights_note(self.loaded)}"
+        )
+        picture = render.grad_flow_plot(
+            names,
+            [s.norm for s in flow.outputs],
+            [per_layer.get(n, float("nan")) for n in names],
+            title=title,
+        )
+        data = {"model": self.loaded.name, "objective": objective, **flow.to_dict()}
+        files = [
+            (f"{stem}.gradflow.png", encode_png(picture)),
+            (f"{stem}.gradflow.json", json.dumps(data, indent=1).encode()),
+        ]
+        fields = {"loss": flow.loss, "objective": objective, "layers": len(names)}
+        return files, {"predicted": predicted(self.loaded, logits, index), **fields}
+
+
+@dataclass
+class DropBlockJob:
+    """Per image: the layer's feature maps before DropBlock, the keep mask, and after (one PNG)."""
+
+    loaded: LoadedModel
+    layer: str
+    drop_prob: float = 0.1
+    block_size: int = 7
+    shared: bool = False
+    seed: int = 0
+    max_channels: int = 16
+    kind: str = "dropblock"
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layer": self.layer,
+            "drop_prob": self.drop_prob,
+            "block_size": self.block_size,
+            "shared": self.shared,
+            "seed": self.seed,
+            "max_channels": self.max_channels,
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        return [f"{stem}.dropblock.{self.layer}.png"]
+
+    def compute(self, x: Any) -> Any:
+        import torch
+
+        from hookviz.features import capture_features
+        from hookviz.regularize import drop_block
+
+        features = capture_features(self.loaded.model, x, [self.layer])
+        (fm,) = [m for m in features.maps if m.call == 1]
+        gen = torch.Generator().manual_seed(self.seed)
+        after, keep = drop_block(
+            fm.tensor, self.drop_prob, self.block_size, shared=self.shared, generator=gen
+        )
+        return fm.tensor, after, keep, features.output
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        from hookviz import render
+        from hookviz.features import rank_channels
+
+        before, after, keep = (t[index] for t in result[:3])
+        channels = rank_channels(before, self.max_channels)
+        c, h, w = before.shape
+        block = max(1, min(self.block_size, h, w))
+        dropped = float(1.0 - keep.float().mean())
+        shape = f"({c}, {h}, {w})"
+        note = _weights_note(self.loaded)
+        panels = [
+            render.feature_grid(
+                before.numpy(), channels, title=f"{self.layer} output {shape} before DropBlock | {note}"
+            ),
+            render.feature_grid(
+                keep.numpy(),
+                channels,
+                title=f"keep mask: drop_prob {self.drop_prob}, block {block}, "
+                f"dropped {dropped:.1%} of {'all channels (shared mask)' if self.shared else 'activations'}",
+                colormap="gray",
+                value_range=(0.0, 1.0),
+            ),
+            render.feature_grid(
+                after.numpy(), channels, title="after DropBlock (kept values rescaled by 1/P(keep))"
+            ),
+        ]
+        width = max(p.shape[1] for p in panels)
+        padded = [np.pad(p, ((0, 8), (0, width - p.shape[1]), (0, 0)), constant_values=255) for p in panels]
+        files = [(f"{stem}.dropblock.{self.layer}.png", encode_png(np.concatenate(padded, axis=0)))]
+        fields = {"layer": self.layer, "dropped_fraction": round(dropped, 6), "channels": channels}
+        return files, {"predicted": predicted(self.loaded, result[3], index), **fields}
