@@ -225,179 +225,30 @@ def gradcam(
 
         def make(loaded: Any, reporter: _Reporter | None) -> Any:
             from hookviz.jobs import CamJob
-            from hookviz.layers import cam_layer, default_cam_layer
-            from hookviz.models import num_classes, parse_targets, probe
+            from hookviz.jobs.build import CamSettings, auto_line, make_cam_job
 
-            # Under torchrun only rank 0 talks (its reporter is the one that is not quiet).
-            hush = quiet or (reporter is not None and reporter.quiet)
-            calls = probe(loaded)
-            t = parse_targets(target, loaded, num_classes(loaded))
-            if loaded.task == "detection":
-                return _detection_job(
-                    loaded,
-                    calls,
-                    layers,
-                    methods,
-                    t,
-                    score_threshold,
-                    max_boxes,
-                    hush,
-                    alpha,
-                    colormap,
-                    no_relu,
-                    save_raw,
-                    eigen_smooth,
-                    dict(
-                        fuse=fuse,
-                        metrics=metrics,
-                        aug_smooth=aug_smooth,
-                        normalize=normalize != Normalize.image,
-                    ),
-                )
-            auto = None
-            if layers == ["auto"]:
-                # Said even with -q (it is a result), once under torchrun.
-                auto = _auto_layer(
-                    loaded, calls, reporter, probe_images, [str(x) for x in methods or []],
-                    reporter is not None and not reporter.lead,
-                )  # fmt: skip
-                chosen = [auto["chosen"]]
-            elif not layers:
-                chosen = [default_cam_layer(loaded.model, calls)]
-            else:
-                chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(layers)]
-            job = CamJob(
+            settings = CamSettings(
+                layers=tuple(layers or ()), methods=tuple(methods or ()), target=target, alpha=alpha,
+                colormap=str(colormap), relu=not no_relu, save_raw=save_raw, normalize=str(normalize),
+                vmax=vmax, fuse=str(fuse) if fuse is not None else None, sheet=sheet,
+                scorecam_batch=scorecam_batch, metrics=metrics, eigen_smooth=eigen_smooth,
+                aug_smooth=aug_smooth, region=str(region), probe_images=probe_images,
+                score_threshold=score_threshold, max_boxes=max_boxes,
+            )  # fmt: skip
+            built = make_cam_job(
                 loaded,
-                chosen,
-                [str(x) for x in (methods or ["gradcam"])],
-                t,
-                alpha,
-                str(colormap),
-                relu=not no_relu,
-                save_raw=save_raw,
-                normalize=str(normalize),
-                vmax=vmax,
-                fuse=str(fuse) if fuse is not None else None,
-                sheet=sheet,
-                scorecam_batch=scorecam_batch,
-                metrics=metrics,
-                eigen_smooth=eigen_smooth,
-                aug_smooth=aug_smooth,
-                region=str(region),
+                settings,
+                first_images=reporter.first_images if reporter is not None else None,
+                agree=reporter.agree if reporter is not None else None,
             )
-            job.auto_layer = auto
-            if not layers and not hush:
-                from hookviz.layers import default_reason
-
-                typer.echo(
-                    f"hookviz: using layer {chosen[0]} (the default for {loaded.name}: "
-                    f"{default_reason(calls, chosen[0])}; --layer to change)",
-                    err=True,
-                )
-            if "scorecam" in job.methods and not hush:
-                from hookviz.layers import channels
-
-                passes = sum(channels(loaded.model, name, calls) for name in chosen)
-                typer.echo(
-                    f"hookviz: note: Score-CAM runs {passes:,} masked forward passes per image "
-                    f"(one per channel of {', '.join(chosen)}); it is the slow method",
-                    err=True,
-                )
-                if reporter is not None:
-                    job.progress = reporter.inner("Score-CAM masked passes")
-            return job
+            if built.auto is not None and (reporter is None or reporter.lead):  # a result: said even with -q
+                typer.echo(f"hookviz: {auto_line(built.auto)}", err=True)
+            # Under torchrun only rank 0 talks (its reporter is the one that is not quiet).
+            if not (quiet or (reporter is not None and reporter.quiet)):
+                for note in built.notes:
+                    typer.echo(f"hookviz: {note}", err=True)
+            if isinstance(built.job, CamJob) and "scorecam" in built.job.methods and reporter is not None:
+                built.job.progress = reporter.inner("Score-CAM masked passes")
+            return built.job
 
         _run_job(make, m, r)
-
-
-def _detection_job(
-    loaded: Any,
-    calls: Any,
-    layers: list[str] | None,
-    methods: list[str] | None,
-    targets: str | list[int] | None,
-    score_threshold: float,
-    max_boxes: int,
-    quiet: bool,
-    alpha: float,
-    colormap: Colormap,
-    no_relu: bool,
-    save_raw: bool,
-    eigen_smooth: bool,
-    refused: dict[str, Any],
-) -> Any:
-    """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
-    from hookviz.errors import UsageError
-    from hookviz.jobs import DetectionJob
-    from hookviz.layers import cam_layer, default_cam_layer
-
-    options = {
-        "fuse": "--fuse",
-        "metrics": "--metrics",
-        "aug_smooth": "--aug-smooth",
-        "normalize": "--normalize",
-    }
-    for key, flag in options.items():
-        if refused[key]:
-            raise UsageError(f"{flag} is not available for detectors (each box's map is scaled on its own)")
-    if isinstance(targets, str):
-        raise UsageError(f"--target {targets}: a detector explains every box it finds; name classes to keep")
-    if layers == ["auto"]:
-        raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
-    chosen = (
-        [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(layers)]
-        if layers
-        else [default_cam_layer(loaded.model, calls)]
-    )
-    if not layers and not quiet:
-        typer.echo(
-            f"hookviz: using layer {chosen[0]} (the default for {loaded.name}: its backbone's last stage; "
-            "--layer to change)",
-            err=True,
-        )
-    if not methods and not quiet:
-        typer.echo(
-            "hookviz: using HiResCAM for a detector (Grad-CAM averages a box's local gradient over the "
-            "whole image, so its map spreads to similar objects; --method gradcam to see it)",
-            err=True,
-        )
-    return DetectionJob(
-        loaded,
-        chosen,
-        [str(x) for x in (methods or ["hirescam"])],
-        targets,
-        score_threshold,
-        max_boxes,
-        alpha,
-        str(colormap),
-        relu=not no_relu,
-        save_raw=save_raw,
-        eigen_smooth=eigen_smooth,
-    )
-
-
-def _auto_layer(
-    loaded: Any, calls: Any, reporter: Any, count: int, methods: list[str], quiet: bool = False
-) -> dict[str, Any]:
-    """``--layer auto``: the candidate layer with the best insertion - deletion AUC on the first images
-    (:func:`hookviz.evaluation.choose_layer`); under torchrun every rank takes rank 0's choice."""
-    from hookviz.errors import UsageError
-    from hookviz.evaluation import choose_layer
-    from hookviz.layers import candidate_layers
-
-    x = reporter.first_images(count) if reporter is not None else None
-    if x is None:
-        raise UsageError("--layer auto needs at least one readable image among the inputs")
-    chosen = choose_layer(loaded.model, x, candidate_layers(loaded.model, calls), methods)
-    if reporter is not None:
-        chosen = reporter.agree(chosen)
-    if not quiet:
-        shown = ", ".join(f"{n} {v:+.3f}" for n, v in chosen["scores"].items())
-        signed = chosen.get("signed")
-        passed = f"; passed over signed {', '.join(signed)}" if signed else ""
-        typer.echo(
-            f"hookviz: --layer auto chose {chosen['chosen']} (insertion - deletion AUC of {chosen['method']} "
-            f"on {chosen['images']} image(s): {shown}{passed})",
-            err=True,
-        )
-    return chosen
