@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -38,6 +38,10 @@ from hookviz.cli.app import (
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
+
+if TYPE_CHECKING:
+    from hookviz.jobs import Job
+    from hookviz.models import LoadedModel
 
 
 def featuremaps(
@@ -85,34 +89,34 @@ def featuremaps(
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
     m = ModelOptions(
-        model,
-        weights,
-        device,
-        input_size,
-        resize,
-        labels,
-        weights_key,
-        _rgb(mean, "--mean"),
-        _rgb(std, "--std"),
-        trust_pickle,
+        model=model,
+        weights=weights,
+        device=device,
+        input_size=input_size,
+        resize=resize,
+        labels=labels,
+        weights_key=weights_key,
+        mean=_rgb(mean, "--mean"),
+        std=_rgb(std, "--std"),
+        trust_pickle=trust_pickle,
     )
     r = RunOptions(
-        inputs,
-        out,
-        batch_size,
-        workers,
-        overwrite,
-        skip_existing,
-        max_pixels,
-        null,
-        quiet,
-        as_json,
-        debug,
-        report,
+        inputs=inputs,
+        out=out,
+        batch_size=batch_size,
+        workers=workers,
+        overwrite=overwrite,
+        skip_existing=skip_existing,
+        max_pixels=max_pixels,
+        null=null,
+        quiet=quiet,
+        as_json=as_json,
+        debug=debug,
+        report=report,
     )
     with _guard(debug):
 
-        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             from hookviz.jobs import FeatureMapJob
             from hookviz.layers import map_layers
             from hookviz.models import probe

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -21,8 +21,20 @@ from hookviz.cli.app import (
 )
 from hookviz.errors import HookvizError
 
+if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
+    from torch import Tensor
 
-@dataclass(frozen=True)
+    from hookviz.distributed import Dist
+    from hookviz.inputs import Item
+    from hookviz.jobs import Job
+    from hookviz.models import LoadedModel
+
+#: Builds a command's job once the model is loaded (the reporter gives it the first images, and rank 0's
+#: choices under torchrun).
+JobFactory = Callable[["LoadedModel", "_Reporter | None"], "Job"]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelOptions:
     """How to get the model: the options every per-image command shares."""
 
@@ -50,7 +62,7 @@ def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
     return (values[0], values[1], values[2])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """How to run over the inputs and where results go."""
 
@@ -68,7 +80,7 @@ class RunOptions:
     report: bool = False
 
 
-def _load(m: ModelOptions, quiet: bool) -> Any:
+def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
     from hookviz.models import load_model, resolve_device
 
     return load_model(
@@ -101,7 +113,7 @@ class _Reporter:
         #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
         self.count_from: Callable[[], int] | None = None
         #: ``first_images(n)``: the first ``n`` readable inputs, preprocessed, as one batch (or None).
-        self.first_images: Callable[[int], Any] = lambda n: None
+        self.first_images: Callable[[int], Tensor | None] = lambda n: None
         #: Whether this process speaks for the run (rank 0 under torchrun, or the only process).
         self.lead = True
         #: ``agree(value)``: rank 0's value on every rank under torchrun (a choice made from data).
@@ -202,7 +214,7 @@ def _describe(rec: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions) -> None:
+def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
     """The shared body of the per-image commands: inputs → model → job → pipeline → records.
 
     Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
@@ -267,7 +279,7 @@ def _run_job(job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOption
         raise typer.Exit(worst)
 
 
-def _first_images(items: list[Any], loaded: Any, n: int, max_pixels: int) -> Any:
+def _first_images(items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> Tensor | None:
     import numpy as np
     import torch
 
@@ -290,9 +302,7 @@ def _first_images(items: list[Any], loaded: Any, n: int, max_pixels: int) -> Any
     return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
 
 
-def _run_shard(
-    job_factory: Callable[[Any, _Reporter | None], Any], m: ModelOptions, r: RunOptions, dist: Any
-) -> None:
+def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None) -> None:
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
     from hookviz import distributed, pipeline
 
@@ -387,7 +397,7 @@ def _run_shard(
         raise typer.Exit(EXIT_INPUTS_FAILED)
 
 
-def _refuse_task(loaded: Any, command: str, refused: tuple[str, ...]) -> None:
+def _refuse_task(loaded: LoadedModel, command: str, refused: tuple[str, ...]) -> None:
     """One line for a command that does not apply to a segmentation model or a detector."""
     from hookviz.errors import UsageError
 
@@ -400,7 +410,7 @@ def _refuse_task(loaded: Any, command: str, refused: tuple[str, ...]) -> None:
         )
 
 
-def _run_then(job_factory: Any, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
+def _run_then(job_factory: JobFactory, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
     """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
     some inputs failed; the run's exit code stands."""
     from hookviz import distributed

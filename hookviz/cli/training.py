@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -31,6 +31,10 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_job
+
+if TYPE_CHECKING:
+    from hookviz.jobs import Job
+    from hookviz.models import LoadedModel
 
 
 def gradflow(
@@ -82,21 +86,33 @@ def gradflow(
 ) -> None:
     """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
     m = ModelOptions(
-        model,
-        weights,
-        device,
-        input_size,
-        resize,
-        labels,
-        weights_key,
-        _rgb(mean, "--mean"),
-        _rgb(std, "--std"),
-        trust_pickle,
+        model=model,
+        weights=weights,
+        device=device,
+        input_size=input_size,
+        resize=resize,
+        labels=labels,
+        weights_key=weights_key,
+        mean=_rgb(mean, "--mean"),
+        std=_rgb(std, "--std"),
+        trust_pickle=trust_pickle,
     )
-    r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
+    r = RunOptions(
+        inputs=inputs,
+        out=out,
+        batch_size=8,
+        workers=2,
+        overwrite=overwrite,
+        skip_existing=skip_existing,
+        max_pixels=max_pixels,
+        null=null,
+        quiet=quiet,
+        as_json=as_json,
+        debug=debug,
+    )
     with _guard(debug):
 
-        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             _refuse_task(loaded, "gradflow", ("segmentation", "detection"))
             from hookviz.jobs import GradFlowJob
             from hookviz.layers import resolve_layers
@@ -160,21 +176,33 @@ def dropblock(
 ) -> None:
     """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
     m = ModelOptions(
-        model,
-        weights,
-        device,
-        input_size,
-        resize,
-        labels,
-        weights_key,
-        _rgb(mean, "--mean"),
-        _rgb(std, "--std"),
-        trust_pickle,
+        model=model,
+        weights=weights,
+        device=device,
+        input_size=input_size,
+        resize=resize,
+        labels=labels,
+        weights_key=weights_key,
+        mean=_rgb(mean, "--mean"),
+        std=_rgb(std, "--std"),
+        trust_pickle=trust_pickle,
     )
-    r = RunOptions(inputs, out, 8, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug)
+    r = RunOptions(
+        inputs=inputs,
+        out=out,
+        batch_size=8,
+        workers=2,
+        overwrite=overwrite,
+        skip_existing=skip_existing,
+        max_pixels=max_pixels,
+        null=null,
+        quiet=quiet,
+        as_json=as_json,
+        debug=debug,
+    )
     with _guard(debug):
 
-        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             from hookviz.jobs import DropBlockJob
             from hookviz.layers import default_cam_layer, is_pattern, map_layers
             from hookviz.models import probe

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -35,6 +35,10 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
+
+if TYPE_CHECKING:
+    from hookviz.jobs import Job
+    from hookviz.models import LoadedModel
 
 
 def evaluate(
@@ -76,16 +80,34 @@ def evaluate(
 ) -> None:
     """How faithful each map is: deletion/insertion AUC, average drop, increase in confidence, vs chance."""
     m = ModelOptions(
-        model, weights, device, input_size, resize, labels, weights_key,
-        _rgb(mean, "--mean"), _rgb(std, "--std"), trust_pickle,
-    )  # fmt: skip
+        model=model,
+        weights=weights,
+        device=device,
+        input_size=input_size,
+        resize=resize,
+        labels=labels,
+        weights_key=weights_key,
+        mean=_rgb(mean, "--mean"),
+        std=_rgb(std, "--std"),
+        trust_pickle=trust_pickle,
+    )
     r = RunOptions(
-        inputs, out, batch_size, workers, overwrite, skip_existing, max_pixels, null, True, as_json, debug
+        inputs=inputs,
+        out=out,
+        batch_size=batch_size,
+        workers=workers,
+        overwrite=overwrite,
+        skip_existing=skip_existing,
+        max_pixels=max_pixels,
+        null=null,
+        quiet=True,
+        as_json=as_json,
+        debug=debug,
     )
     made: list[Any] = []
     with _guard(debug):
 
-        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             _refuse_task(loaded, "evaluate", ("detection",))
             from hookviz.jobs import EvaluateJob
             from hookviz.layers import cam_layer, default_cam_layer
@@ -201,16 +223,34 @@ def sanity(
 ) -> None:
     """The sanity check: randomise the weights from the head down; a faithful map must change with them."""
     m = ModelOptions(
-        model, weights, device, input_size, resize, labels, weights_key,
-        _rgb(mean, "--mean"), _rgb(std, "--std"), trust_pickle,
-    )  # fmt: skip
+        model=model,
+        weights=weights,
+        device=device,
+        input_size=input_size,
+        resize=resize,
+        labels=labels,
+        weights_key=weights_key,
+        mean=_rgb(mean, "--mean"),
+        std=_rgb(std, "--std"),
+        trust_pickle=trust_pickle,
+    )
     r = RunOptions(
-        inputs, out, batch_size, 2, overwrite, skip_existing, max_pixels, null, quiet, as_json, debug
+        inputs=inputs,
+        out=out,
+        batch_size=batch_size,
+        workers=2,
+        overwrite=overwrite,
+        skip_existing=skip_existing,
+        max_pixels=max_pixels,
+        null=null,
+        quiet=quiet,
+        as_json=as_json,
+        debug=debug,
     )
     made: list[Any] = []
     with _guard(debug):
 
-        def make(loaded: Any, reporter: _Reporter | None) -> Any:
+        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             _refuse_task(loaded, "sanity", ("detection",))
             from hookviz.jobs import SanityJob
             from hookviz.layers import cam_layer, default_cam_layer
