@@ -154,6 +154,7 @@ FLOOR_SCRIPT = r"""
 # The job's floor: what any tool must do for each photo (decode, resize + crop, infer in batches of 8,
 # write a PNG of the photo's size), with nothing else: no hooks, no gradient, no map, no caption.
 import sys, glob, os, cv2, numpy as np, torch, torchvision
+from PIL import Image
 src, out, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 os.makedirs(out, exist_ok=True)
 model = torchvision.models.resnet18(weights=None).eval()
@@ -165,10 +166,12 @@ for i in range(0, len(paths), bs):
     rgbs = [cv2.imread(p)[:, :, ::-1] for p in chunk]
     xs = []
     for rgb in rgbs:
+        # torchvision's evaluation transform on a PIL image: the shorter side to 256 (antialiased), centre 224
         h, w = rgb.shape[:2]
-        side = round(min(h, w) * 224 / 256)
-        y0, x0 = (h - side) // 2, (w - side) // 2
-        crop = cv2.resize(rgb[y0:y0 + side, x0:x0 + side], (224, 224), interpolation=cv2.INTER_AREA)
+        nh, nw = (256, int(256 * w / h)) if h <= w else (int(256 * h / w), 256)
+        small = np.asarray(Image.fromarray(rgb).resize((nw, nh), Image.BILINEAR))
+        y0, x0 = int(round((nh - 224) / 2.0)), int(round((nw - 224) / 2.0))
+        crop = small[y0:y0 + 224, x0:x0 + 224]
         xs.append(((crop.astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1))
     with torch.inference_mode():
         model(torch.from_numpy(np.stack(xs)))
