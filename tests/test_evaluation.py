@@ -271,7 +271,7 @@ def test_guided_maps_are_drawn_with_the_top_half_percent_saturated() -> None:
     from hookviz.jobs import CamJob
     from tests.conftest import tiny_loaded
 
-    job = CamJob(tiny_loaded(TinyCNN()), ["features.8"], ["guidedbackprop"])
+    job = CamJob(loaded=tiny_loaded(TinyCNN()), layers=["features.8"], methods=["guidedbackprop"])
     cam = np.linspace(0, 1, 10_000, dtype=np.float32).reshape(100, 100)
     cam[0, 0] = 1e6  # one pixel would otherwise take the whole colour range
     unit = job._unit(cam, None, "guidedbackprop")

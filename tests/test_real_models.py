@@ -169,7 +169,11 @@ def test_signed_tensor_is_said(
 
     model = models["lite"]
     x = held_out[0][:8]
-    job = CamJob(tiny_loaded(model), ["_bn1", "_avg_pooling:input"], ["gradcam", "gradcampp", "xgradcam"])
+    job = CamJob(
+        loaded=tiny_loaded(model),
+        layers=["_bn1", "_avg_pooling:input"],
+        methods=["gradcam", "gradcampp", "xgradcam"],
+    )
     batch = job.compute(x)
     share = float(batch.explanation.negative_mass["_bn1"].mean())
     assert share > 0.3
@@ -250,7 +254,7 @@ def test_no_rectifier_is_said(tmp_path: Path) -> None:
     model = nn.Sequential(
         nn.Conv2d(3, 8, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)
     )
-    job = CamJob(tiny_loaded(model.eval()), ["1"], ["guidedbackprop"])
+    job = CamJob(loaded=tiny_loaded(model.eval()), layers=["1"], methods=["guidedbackprop"])
     batch = job.compute(torch.rand(2, 3, 48, 48))
     assert batch.explanation.guided == {}
     (note,) = job.take_notes()

@@ -122,7 +122,13 @@ def featuremaps(
             from hookviz.models import probe
 
             names = map_layers(loaded.model, layers, probe(loaded), loaded.name)
-            return FeatureMapJob(loaded, names, str(stage), max_channels, str(colormap))
+            return FeatureMapJob(
+                loaded=loaded,
+                layers=names,
+                stage=str(stage),
+                max_channels=max_channels,
+                colormap=str(colormap),
+            )
 
         _run_job(make, m, r)
 

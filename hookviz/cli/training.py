@@ -123,7 +123,7 @@ def gradflow(
             lab = parse_target(label, loaded, n, "--label") if label is not None else None
             if label is not None and lab is None:
                 raise typer.BadParameter("give a class index or name", param_hint="--label")
-            return GradFlowJob(loaded, parse_target(target, loaded, n), lab, names)
+            return GradFlowJob(loaded=loaded, target=parse_target(target, loaded, n), label=lab, layers=names)
 
         _run_job(make, m, r)
 
@@ -212,6 +212,14 @@ def dropblock(
             if is_pattern(chosen):
                 raise typer.BadParameter("takes one module name, not a pattern", param_hint="--layer")
             (name,) = map_layers(loaded.model, [chosen], calls, loaded.name)
-            return DropBlockJob(loaded, name, drop_prob, block_size, shared, seed, max_channels)
+            return DropBlockJob(
+                loaded=loaded,
+                layer=name,
+                drop_prob=drop_prob,
+                block_size=block_size,
+                shared=shared,
+                seed=seed,
+                max_channels=max_channels,
+            )
 
         _run_job(make, m, r)

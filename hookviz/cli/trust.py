@@ -124,7 +124,13 @@ def evaluate(
                 raise typer.BadParameter(
                     "evaluate explains one class per image: top1 or a class", param_hint="--target"
                 )
-            job = EvaluateJob(loaded, chosen, [str(x) for x in (methods or ["gradcam"])], t, steps)
+            job = EvaluateJob(
+                loaded=loaded,
+                layers=chosen,
+                methods=[str(x) for x in (methods or ["gradcam"])],
+                targets=t,
+                steps=steps,
+            )
             made.append(job)
             return job
 
@@ -262,7 +268,9 @@ def sanity(
                 if layer
                 else default_cam_layer(loaded.model, calls)
             )
-            job = SanityJob(loaded, name, [str(x) for x in (methods or ["gradcam"])], seed)
+            job = SanityJob(
+                loaded=loaded, layer=name, methods=[str(x) for x in (methods or ["gradcam"])], seed=seed
+            )
             made.append(job)
             return job
 

@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -115,19 +115,43 @@ def make_cam_job(
         ]
     s = settings
     job = CamJob(
-        loaded, chosen, list(s.methods or ("gradcam",)), targets, s.alpha, s.colormap, relu=s.relu,
-        save_raw=s.save_raw, normalize=s.normalize, vmax=s.vmax, fuse=s.fuse, sheet=s.sheet,
-        scorecam_batch=s.scorecam_batch, metrics=s.metrics, eigen_smooth=s.eigen_smooth,
-        aug_smooth=s.aug_smooth, region=s.region,
-    )  # fmt: skip
+        loaded=loaded,
+        layers=chosen,
+        methods=list(s.methods or ("gradcam",)),
+        targets=targets,
+        alpha=s.alpha,
+        colormap=s.colormap,
+        relu=s.relu,
+        save_raw=s.save_raw,
+        normalize=s.normalize,
+        vmax=s.vmax,
+        fuse=s.fuse,
+        sheet=s.sheet,
+        scorecam_batch=s.scorecam_batch,
+        metrics=s.metrics,
+        eigen_smooth=s.eigen_smooth,
+        aug_smooth=s.aug_smooth,
+        region=s.region,
+    )
     job.auto_layer = auto
-    if "scorecam" in job.methods:
-        passes = sum(channels(loaded.model, name, calls) for name in chosen)
-        notes.append(
-            f"note: Score-CAM runs {passes:,} masked forward passes per image "
-            f"(one per channel of {', '.join(chosen)}); it is the slow method"
-        )
-    return BuiltJob(job, tuple(notes), auto)
+    notes += cost_notes(job.methods, sum(channels(loaded.model, name, calls) for name in chosen), chosen)
+    return BuiltJob(job=job, notes=tuple(notes), auto=auto)
+
+
+def cost_notes(names: Sequence[str], channels: int, layers: Sequence[str]) -> list[str]:
+    """What the expensive methods cost per image, from the registry: a method that needs masked forward passes
+    runs one per channel of the CAM tensors."""
+    from hookviz.methods import get
+
+    notes = []
+    for name in names:
+        spec = get(name)
+        if "masked_passes" in spec.needs:
+            notes.append(
+                f"note: {spec.title} runs {channels:,} masked forward passes per image "
+                f"(one per channel of {', '.join(layers)}); it is the slow method"
+            )
+    return notes
 
 
 def auto_line(auto: dict[str, Any]) -> str:
@@ -175,10 +199,19 @@ def _detection(
             "whole image, so its map spreads to similar objects; --method gradcam to see it)"
         )
     job = DetectionJob(
-        loaded, chosen, list(s.methods or ("hirescam",)), targets, s.score_threshold, s.max_boxes, s.alpha,
-        s.colormap, relu=s.relu, save_raw=s.save_raw, eigen_smooth=s.eigen_smooth,
-    )  # fmt: skip
-    return BuiltJob(job, tuple(notes))
+        loaded=loaded,
+        layers=chosen,
+        methods=list(s.methods or ("hirescam",)),
+        classes=targets,
+        score_threshold=s.score_threshold,
+        max_boxes=s.max_boxes,
+        alpha=s.alpha,
+        colormap=s.colormap,
+        relu=s.relu,
+        save_raw=s.save_raw,
+        eigen_smooth=s.eigen_smooth,
+    )
+    return BuiltJob(job=job, notes=tuple(notes))
 
 
-__all__ = ["BuiltJob", "CamSettings", "auto_line", "make_cam_job"]
+__all__ = ["BuiltJob", "CamSettings", "auto_line", "cost_notes", "make_cam_job"]

@@ -50,7 +50,7 @@ class CamBatch:
     metrics: dict[tuple[str, str], list[Any]] | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CamJob:
     """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
 

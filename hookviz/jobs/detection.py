@@ -24,7 +24,7 @@ from hookviz.options import Colormap
 from hookviz.taps import slug
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DetectionJob:
     """For each photo: one overlay per detected box (gradient methods) or per photo (Eigen-CAM), the box
     drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written

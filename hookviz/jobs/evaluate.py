@@ -13,7 +13,7 @@ from hookviz.jobs.common import _check_finite, model_settings, parse_methods
 from hookviz.models import LoadedModel
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvaluateJob:
     """Faithfulness of every method x layer per image (deletion/insertion AUC, average drop, increase in
     confidence), with the ``random`` and ``center`` chance baselines; no pictures, only records."""

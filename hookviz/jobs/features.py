@@ -14,7 +14,7 @@ from hookviz.models import LoadedModel
 from hookviz.options import Colormap, Stage
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FeatureMapJob:
     """One channel mosaic per image, layer, stage and call."""
 

@@ -15,7 +15,7 @@ from hookviz.models import LoadedModel
 from hookviz.taps import slug
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SanityJob:
     """The model-parameter randomisation test per image: each method's map after each cumulative
     randomisation step (head first, on a copy), its Spearman correlation and SSIM with the original map,

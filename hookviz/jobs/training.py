@@ -14,7 +14,7 @@ from hookviz.jobs.common import _weights_note, model_settings, predicted
 from hookviz.models import LoadedModel
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GradFlowJob:
     """Per image: one backward from the target score (or cross-entropy against a label); plot + JSON."""
 
@@ -95,7 +95,7 @@ class GradFlowJob:
         return files, {"predicted": predicted(self.loaded, logits, index), **fields}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DropBlockJob:
     """Per image: the layer's feature maps before DropBlock, the keep mask, and after (one PNG)."""
 
