@@ -271,13 +271,6 @@ def negative_mass(t: Tensor) -> Tensor:
 MATERIAL_NEGATIVE = 0.05
 
 
-def pooled_input_of(model: nn.Module, x: Tensor) -> PoolSite | None:
-    """:func:`hookviz.hooks.trace_shapes`'s ``pool`` for ``model`` on ``x`` (a convenience)."""
-    from hookviz.hooks import trace_shapes
-
-    return getattr(trace_shapes(model, x), "pool", None)
-
-
 __all__ = [
     "INPUT",
     "MATERIAL_NEGATIVE",
@@ -290,6 +283,5 @@ __all__ = [
     "is_input",
     "negative_mass",
     "parse",
-    "pooled_input_of",
     "slug",
 ]
