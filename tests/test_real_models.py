@@ -297,3 +297,15 @@ def test_input_tensor_names_in_evaluate_and_sanity(tmp_path: Path) -> None:
     r = invoke("sanity", str(photo), *fast, "--layer", "avgpool:input", "--out", str(out))
     assert r.exit_code == 0, r.stderr
     assert next(p.name for p in out.glob("*.sanity.*.png")).endswith(".sanity.avgpool-input.png")
+
+
+def test_layers_shows_where_the_default_tensor_is() -> None:
+    r = invoke("layers", "--model", "densenet121", "--weights", "none", "--input-size", "64", "--depth", "1")
+    assert r.exit_code == 0, r.stderr
+    assert "default Grad-CAM tensor: adaptive_avg_pool2d:input (1x1024x2x2)" in r.stdout
+    r = invoke(
+        "layers", "--model", "tests.test_real_models:LiteHead", "--weights", "none", "--input-size", "48"
+    )
+    assert r.exit_code == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("_avg_pooling "))
+    assert "its input is the default Grad-CAM tensor (_avg_pooling:input)" in line

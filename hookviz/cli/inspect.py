@@ -167,8 +167,17 @@ def layers(
             shape = "x".join(map(str, c.output_shape)) if c.output_shape else "-"
             calls_note = f" (runs {c.calls}x)" if c.calls > 1 else " (not run)" if c.calls == 0 else ""
             mark = "  <- default Grad-CAM layer" if c.name == default else ""
+            if default == f"{c.name}:input":
+                mark = f"  <- its input is the default Grad-CAM tensor ({default})"
             typer.echo(
                 f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}"
+            )
+        if default not in {c.name for c in calls} and not any(default == f"{c.name}:input" for c in calls):
+            pool = getattr(calls, "pool", None)
+            shape = "x".join(map(str, pool.shape)) if pool is not None else "-"
+            typer.echo(
+                f"default Grad-CAM tensor: {default} ({shape}), the input of {loaded.name}'s global pooling in "
+                "its forward (no module outputs it); --layer takes it by this name"
             )
 
 
