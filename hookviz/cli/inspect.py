@@ -176,8 +176,8 @@ def layers(
             pool = getattr(calls, "pool", None)
             shape = "x".join(map(str, pool.shape)) if pool is not None else "-"
             typer.echo(
-                f"default Grad-CAM tensor: {default} ({shape}), the input of {loaded.name}'s global pooling in "
-                "its forward (no module outputs it); --layer takes it by this name"
+                f"default Grad-CAM tensor: {default} ({shape}), the input of {loaded.name}'s global pooling "
+                "in its forward (no module outputs it); --layer takes it by this name"
             )
 
 
