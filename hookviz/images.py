@@ -192,33 +192,41 @@ class Preprocess:
 
         return start(height - c), start(width - c), min(c, height), min(c, width)
 
+    def _plan(self, height: int, width: int) -> tuple[int, int, int, int, int, int]:
+        """``(resized h, resized w, crop top, crop left, crop h, crop w)`` for a photo of that size."""
+        rh, rw = self._resized(height, width)
+        return (rh, rw, *self._crop(rh, rw))
+
     def box(self, height: int, width: int) -> Box:
         """The region of an ``height`` x ``width`` photo that becomes the model input."""
-        rh, rw = self._resized(height, width)
-        top, left, h, w = self._crop(rh, rw)
-        sy, sx = height / rh, width / rw
-        x0, y0 = round(left * sx), round(top * sy)
-        return Box(x0, y0, max(x0 + 1, round((left + w) * sx)), max(y0 + 1, round((top + h) * sy)))
+        return _box(height, width, self._plan(height, width))
 
     def input_size(self, height: int, width: int) -> tuple[int, int]:
         """The model input's ``(height, width)`` for an ``height`` x ``width`` photo."""
-        rh, rw = self._resized(height, width)
-        return self._crop(rh, rw)[2:]
+        return self._plan(height, width)[4:]
 
     def __call__(self, rgb: np.ndarray) -> tuple[np.ndarray, Box]:
         """Return the normalised ``(3, h, w)`` float32 input and the box of the photo it came from."""
         from PIL import Image
 
         height, width = rgb.shape[:2]
-        rh, rw = self._resized(height, width)
+        plan = self._plan(height, width)
+        rh, rw, top, left, h, w = plan
         if (rh, rw) != (height, width):
             rgb = np.asarray(Image.fromarray(rgb).resize((rw, rh), _FILTERS[self.interpolation]))
-        top, left, h, w = self._crop(rh, rw)
         region = rgb[top : top + h, left : left + w]
         x = region.astype(np.float32) / 255.0
         x -= np.asarray(self.mean, dtype=np.float32)
         x /= np.asarray(self.std, dtype=np.float32)
-        return np.ascontiguousarray(x.transpose(2, 0, 1)), self.box(height, width)
+        return np.ascontiguousarray(x.transpose(2, 0, 1)), _box(height, width, plan)
+
+
+def _box(height: int, width: int, plan: tuple[int, int, int, int, int, int]) -> Box:
+    """Where a crop of the resized photo lies on the original photo (rounded to pixels, never empty)."""
+    rh, rw, top, left, h, w = plan
+    sy, sx = height / rh, width / rw
+    x0, y0 = round(left * sx), round(top * sy)
+    return Box(x0, y0, max(x0 + 1, round((left + w) * sx)), max(y0 + 1, round((top + h) * sy)))
 
 
 #: PIL's resampling filters by name (``Image.Resampling`` values).

@@ -76,6 +76,12 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return device
 
 
+def class_label(name: str | None, index: object) -> str:
+    """How captions and lines name a class: ``tabby (281)``, or ``class 281`` when it has no name (a record's
+    ``name`` is then ``class 281`` already)."""
+    return f"class {index}" if name in (None, f"class {index}") else f"{name} ({index})"
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready to explain, with what a report needs to say about it."""
@@ -99,9 +105,7 @@ class LoadedModel:
 
     def describe(self, index: int) -> str:
         """``tabby (281)`` with a class name, ``class 281`` without one (never ``class 281 (281)``)."""
-        if 0 <= index < len(self.categories):
-            return f"{self.categories[index]} ({index})"
-        return f"class {index}"
+        return class_label(self.categories[index] if 0 <= index < len(self.categories) else None, index)
 
 
 def _imagenet_categories() -> tuple[str, ...]:

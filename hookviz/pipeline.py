@@ -113,11 +113,7 @@ class Output:
         Raises:
             FileExistsError: the file exists and neither ``overwrite`` nor ``replace`` is on.
         """
-        final = self.path(name)
-        keep = not (self.overwrite or replace)
-        if keep and os.path.lexists(final):
-            raise FileExistsError(final)
-        return atomic_write(final, data, exclusive=keep)
+        return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append one line to the manifest with a single ``write`` (lines are never interleaved or cut)."""

@@ -56,6 +56,13 @@ def test_a_method_registered_outside_the_package_runs_everywhere(toy: str, tmp_p
     x = torch.rand(2, 3, 64, 64)
     ex = explain(lm.model, x, ["layer4"], [toy, "hirescam"])
     assert ex.maps[(toy, "layer4")].shape == ex.maps[("hirescam", "layer4")].shape
+    m = lm.model
+    with torch.no_grad():
+        a = m.layer4(m.layer3(m.layer2(m.layer1(m.maxpool(m.relu(m.bn1(m.conv1(x))))))))
+    a.requires_grad_()
+    logits = m.fc(torch.flatten(m.avgpool(a), 1))
+    (g,) = torch.autograd.grad(logits[torch.arange(2), logits.argmax(1)].sum(), a)
+    torch.testing.assert_close(ex.maps[(toy, "layer4")][:, 0], (g.abs() * a).sum(dim=1).detach())
     assert "AbsGrad toy" in methods.title(toy) and toy in methods.parse(["all"])
     assert f"`{toy}`" in methods.table()
 

@@ -183,8 +183,9 @@ def _warn(text: str) -> None:
 
 def _named(d: dict[str, Any]) -> str:
     """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
-    name, index = d.get("name"), d.get("index")
-    return f"class {index}" if name in (None, f"class {index}") else f"{name} ({index})"
+    from hookviz.models import class_label  # loaded already: records come after the model
+
+    return class_label(d.get("name"), d.get("index"))
 
 
 def _describe(rec: dict[str, Any]) -> str:
