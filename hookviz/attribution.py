@@ -25,6 +25,7 @@ from hookviz.hooks import (
     unwrap_compiled,
 )
 from hookviz.layers import Layout, layout_of, single_call, to_spatial
+from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
 from hookviz.readout import Readout, Scorer, ranking, read
 from hookviz.taps import negative_mass
@@ -50,6 +51,7 @@ class Explanation:
             values) that is below zero: ~0.5 for a BatchNorm's output, 0 after a ReLU, a few % after SiLU
             (some formulas assume none: :data:`hookviz.cams.ASSUMES_NONNEGATIVE`).
         guided: with Guided Backprop, how many activations of each kind were guided (``{"relu": 17}``).
+        channels: per layer, the CAM tensor's channels.
     """
 
     layers: tuple[str, ...]
@@ -65,6 +67,7 @@ class Explanation:
     region: str | None = None
     negative_mass: dict[str, Tensor] = field(default_factory=dict)
     guided: dict[str, int] | None = None
+    channels: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def explain(
     aug_smooth: bool = False,
     region: str = "class",
     background: int | None = 0,
+    options: MethodOptions | None = None,
 ) -> Explanation:
     """Every requested CAM ``method`` at every ``layer`` for every target, from one forward pass.
 
@@ -164,6 +168,8 @@ def explain(
             instead of the sum (as pytorch-grad-cam's ``eigen_smooth``).
         aug_smooth: average the maps over test-time augmentations: horizontal flip x brightness 0.9,
             1.0, 1.1 (as pytorch-grad-cam's ``aug_smooth``); six passes, the targets of the plain one.
+        options: the settings of the methods that take any (``seed``, ``samples``, ``steps``, ...; see
+            :class:`hookviz.methods.MethodOptions`); ``progress`` counts every extra pass they run.
 
     Raises:
         UsageError: an unknown method. LayerError: a layer that does not run, runs twice, or has no
@@ -178,10 +184,10 @@ def explain(
     def readout(output: Any) -> Readout:
         return read(logits_of(output), region, background)
 
+    if options is None:
+        options = MethodOptions(batch=scorecam_batch)
     with serialised(model), autograd_enabled(x) as x:
-        plain = _explain(
-            model, x, layers, methods, targets, relu, scorecam_batch, progress, eigen_smooth, readout
-        )
+        plain = _explain(model, x, layers, methods, targets, relu, options, progress, eigen_smooth, readout)
         if not aug_smooth:
             return plain
         sums = {key: value.clone() for key, value in plain.maps.items()}
@@ -194,7 +200,7 @@ def explain(
                 methods,
                 plain.targets.to(x.device),
                 relu,
-                scorecam_batch,
+                options,
                 None,
                 eigen_smooth,
                 readout,
@@ -211,7 +217,7 @@ def _explain(
     methods: Sequence[str],
     targets: Targets,
     relu: bool,
-    scorecam_batch: int,
+    options: MethodOptions,
     progress: Callable[[int, int], None] | None,
     eigen_smooth: bool,
     readout: Callable[[Any], Readout],
@@ -261,8 +267,18 @@ def _explain(
                 layouts[layer] = layout_of(model, layer, raw[layer].shape, calls)
     result_probs = scores.probs
     scorer = scores.scorer()
+    shared: dict[str, Any] = {"scores": logits.detach()}
+    # Score-CAM weighs a classifier's channels by the target logit (as pytorch-grad-cam and torchcam do); a
+    # segmentation model's by the class's probability over the pixels it first predicted.
+    channel_scorer: Scorer = scorer if scores.labels is not None else (lambda output, rows: output.float())
     del logits, cap  # free the recorded graph before any further work
-    masked_total = sum(to_spatial(raw[la], layouts[la]).shape[1] for la in layers) * x.shape[0]
+    # Extra passes, for the progress bar: per layer for a layer's method, once for a pixel map.
+    size = (int(x.shape[2]), int(x.shape[3]))
+    masked_total = 0
+    for spec in plan:
+        for la in layers if spec.resolution == "layer" else layers[:1]:
+            k = to_spatial(raw[la], layouts[la]).shape[1]
+            masked_total += registry.passes(spec.name, k, t.shape[1], options, size)[0] * x.shape[0]
     masked_done = [0]
 
     def advance(n: int) -> None:
@@ -271,7 +287,6 @@ def _explain(
             progress(masked_done[0], masked_total)
 
     negative: dict[str, Tensor] = {}
-    shared: dict[str, Any] = {}
 
     def input_saliency() -> Tensor:  # once per pass, for every layer
         if "guided" not in shared:
@@ -286,18 +301,23 @@ def _explain(
             negative[layer] = negative_mass(a).cpu()
 
             def masked_scores(a: Tensor = a) -> Tensor:
-                with preserved(model):
-                    model.eval()
-                    return _score_cam_scores(model, x, a, t, scorecam_batch, advance, scorer)
+                return _score_cam_scores(model, x, a, t, options.batch, advance, channel_scorer)
 
             p = LayerPass(
                 model, x, layer, a,
                 [to_spatial(gj, layouts[layer]) for gj in grads[layer]] if with_gradients else None,
-                t, relu, eigen_smooth, masked_scores, input_saliency,
+                t, relu, eigen_smooth, masked_scores, input_saliency, options=options, layout=layouts[layer],
+                score_of=lambda output: readout(output).scores, scorer=scorer, advance=advance, shared=shared,
             )  # fmt: skip
-            for spec in plan:
-                p.maps[spec.name] = spec.compute(p)
-                maps[(spec.name, layer)] = p.maps[spec.name]
+            with preserved(model):
+                model.eval()
+                for spec in plan:
+                    p.maps[spec.name] = spec.compute(p)
+                    maps[(spec.name, layer)] = p.maps[spec.name]
+    for spec in plan:  # a method over all the layers: its map after the last one, for each
+        if spec.across_layers:
+            for layer in layers:
+                maps[(spec.name, layer)] = maps[(spec.name, layers[-1])]
     guided = shared["guided"][1] if "guided" in shared else None
     ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
     top = order[:, 0]
@@ -316,6 +336,7 @@ def _explain(
         region=scores.region,
         negative_mass=negative,
         guided=guided,
+        channels={la: int(to_spatial(raw[la], layouts[la]).shape[1]) for la in layers},
     )
 
 
@@ -328,7 +349,7 @@ def _score_cam_scores(
     advance: Callable[[int], None],
     scorer: Scorer,
 ) -> Tensor:
-    """Target probabilities ``(B, T, K)`` for the input masked by each upsampled, normalised channel.
+    """Target scores ``(B, T, K)`` (``scorer``'s) for the input masked by each upsampled, normalised channel.
 
     The ``B x K`` masked inputs are run ``chunk`` at a time across images (not image by image), so a
     batch of small-channel layers still fills every forward pass. A channel that is constant over the

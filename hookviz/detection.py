@@ -19,7 +19,8 @@ photos).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz import cams
 from hookviz.errors import LayerError, UsageError
 from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
 from hookviz.layers import single_call
+from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
 
 
@@ -117,6 +118,8 @@ def explain_detections(
     classes: Sequence[int] | None = None,
     relu: bool = True,
     eigen_smooth: bool = False,
+    options: MethodOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[DetectionExplanation]:
     """Detections of each photo above ``score_threshold`` (at most ``max_boxes``, best first), each with
     a map per gradient method and layer; Eigen-CAM gives one map per photo.
@@ -126,6 +129,8 @@ def explain_detections(
         images: ``(B, 3, H, W)`` or a list of ``(3, H, W)`` photos in [0, 1], each at its own size.
         layers: module names (default in the CLI: the backbone's last stage, ``backbone.body.layer4``).
         classes: keep only detections of these classes.
+        options: the methods' settings (D-RISE: ``masks``, ``cells``, ``seed``, ``batch``); ``progress`` is
+            called as ``progress(done, total)`` over D-RISE's masked passes.
 
     Raises:
         UsageError: a method that needs more than a gradient (Score-CAM, guided), or bad limits.
@@ -146,10 +151,66 @@ def explain_detections(
         raise UsageError(f"--max-boxes {max_boxes}: must be at least 1")
     model = unwrap_compiled(model)
     layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
-    return [
+    options = options or MethodOptions()
+    found = [
         _explain_one(model, image, layers, methods, score_threshold, max_boxes, classes, relu, eigen_smooth)
         for image in images
     ]
+    if "drise" not in methods:
+        return found
+    total = len(found) * options.masks
+    done = [0]
+
+    def advance(n: int) -> None:
+        done[0] += n
+        if progress is not None:
+            progress(done[0], total)
+
+    out = []
+    for image, ex in zip(images, found, strict=True):
+        m = drise(model, image, ex.boxes, ex.labels, options, advance)
+        small = F.interpolate(m[:, None], size=ex.resized, mode="bilinear", align_corners=False)[:, 0]
+        maps = dict(ex.maps)
+        for layer in layers:
+            maps[("drise", layer)] = small
+        out.append(dataclasses.replace(ex, maps={(k, la): maps[(k, la)] for k in methods for la in layers}))
+    return out
+
+
+def drise(
+    model: nn.Module,
+    image: Tensor,
+    boxes: Tensor,
+    labels: Tensor,
+    options: MethodOptions,
+    advance: Callable[[int], None] = lambda n: None,
+) -> Tensor:
+    """D-RISE (Petsiuk et al., CVPR 2021) for the given detections of one photo: ``(N, H, W)`` in the photo's
+    pixels, ``Σ_i w_i M_i / (masks · 0.5)`` over RISE's random masks, where ``w_i`` is the best match among
+    the detections of the photo masked by ``M_i``: IoU with the box times the detection's score, among those
+    of the box's class (torchvision's detectors give a class and a score, not the paper's class
+    distribution). The detector's own score cut-off is lowered to 0 meanwhile, so weak matches count."""
+    from torchvision.ops import box_iou
+
+    from hookviz.methods.perturb import random_masks
+
+    h, w = int(image.shape[-2]), int(image.shape[-1])
+    masks = random_masks(options.masks, options.cells, (h, w), options.seed).to(image.device)
+    weights = torch.zeros(len(boxes), options.masks)
+    target_boxes = boxes.to(image.device)
+    with torch.no_grad(), preserved(model), _score_floor(model, 0.0):
+        model.eval()
+        for start in range(0, options.masks, options.batch):
+            chunk = masks[start : start + options.batch]
+            outs = model([image * mk[None] for mk in chunk])
+            for k, out in enumerate(outs):
+                if len(boxes) and len(out["boxes"]):
+                    iou = box_iou(target_boxes, out["boxes"])  # (targets, found)
+                    same = labels.to(image.device)[:, None] == out["labels"][None]
+                    score = iou * out["scores"][None] * same
+                    weights[:, start + k] = score.amax(dim=1).float().cpu()
+            advance(len(chunk))
+    return torch.einsum("nm,mhw->nhw", weights, masks.float().cpu()) / (options.masks * 0.5)
 
 
 def _explain_one(
@@ -166,6 +227,7 @@ def _explain_one(
     from hookviz.methods import REGISTRY
 
     gradient_methods = [m for m in methods if REGISTRY[m].family == "gradient-weighted"]
+    activation_methods = [m for m in methods if REGISTRY[m].family == "activation-only"]
     passes = 0
     with autograd_enabled(image[None]) as batch, preserved(model), _score_floor(model, threshold):
         model.eval()
@@ -223,15 +285,18 @@ def _explain_one(
                 else:
                     stacked = a.new_zeros(0, *a.shape[2:])
                 maps[(m, layer)] = _on_photo(stacked, padded, resized)
-            if "eigencam" in methods:
-                maps[("eigencam", layer)] = _on_photo(cams.eigen_cam(a, relu=relu), padded, resized)
+            for m in activation_methods:  # one map per photo
+                p = LayerPass(
+                    model, a, layer, a, None, torch.zeros(1, 1, dtype=torch.long), relu, eigen_smooth
+                )
+                maps[(m, layer)] = _on_photo(REGISTRY[m].compute(p)[:, 0], padded, resized)
     return DetectionExplanation(
         boxes=boxes.detach()[kept].float().cpu(),
         labels=labels.detach()[kept].cpu(),
         scores=scores.detach()[kept].float().cpu(),
         layers=layers,
         methods=methods,
-        maps={(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers},
+        maps={(m, la): v.float().cpu() for (m, la), v in maps.items()},
         found=int(scores.numel()),
         image_size=(int(image.shape[-2]), int(image.shape[-1])),
         resized=resized,

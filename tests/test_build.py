@@ -28,7 +28,7 @@ def test_a_classifier_gets_a_cam_job_at_its_pooling_input_with_the_note() -> Non
     assert built.job.targets == "top2" and built.auto is None
     using, cost = built.notes
     assert using.startswith("using layer layer4") and "entering its global pooling" in using
-    assert "Score-CAM runs 512 masked forward passes" in cost
+    assert "Score-CAM runs 512 forward passes per image at layer4" in cost
     named = make_cam_job(lm, CamSettings(layers=("layer3", "avgpool:input")))
     assert list(named.job.layers) == ["layer3", "avgpool:input"] and named.notes == ()
 

@@ -127,8 +127,9 @@ def test_scorecam_against_a_direct_masked_forward_loop(dead: bool) -> None:
                 # Corner-aligned bilinear upsampling, written out: sample (i, j) at i * 5 / 23 in the 6x6 map.
                 up = _bilinear_corners(acts[b, k].numpy(), 24)
                 mask = (up - up.min()) / (up.max() - up.min()) if up.max() > up.min() else np.zeros_like(up)
-                probs = torch.softmax(model(x[b : b + 1] * torch.from_numpy(mask)), dim=1)[0]
-                scores[:, k] = probs[[1, 2]].numpy()
+                # The target logit, as pytorch-grad-cam and torchcam score a masked input.
+                logits = model(x[b : b + 1] * torch.from_numpy(mask))[0]
+                scores[:, k] = logits[[1, 2]].numpy()
             for j in range(2):
                 alpha = np.exp(scores[j]) / np.exp(scores[j]).sum()
                 ref = np.maximum(np.tensordot(alpha, acts[b].numpy(), axes=1), 0)

@@ -16,6 +16,7 @@ import torchvision
 from PIL import Image
 from typer.testing import CliRunner
 
+from hookviz import methods as registry
 from hookviz.attribution import explain
 from hookviz.cli import app
 from hookviz.images import decode_png
@@ -133,7 +134,8 @@ def test_partial_outputs_need_skip_existing_and_overwrite_conflicts(photos: Path
     victim.unlink()
     r = invoke(*args)
     assert r.exit_code == 1
-    assert "9 of 10 outputs exist from an earlier run with these settings" in r.stderr
+    n = len(registry.parse(["all"])) + 1  # a map per method, and the sheet
+    assert f"{n - 1} of {n} outputs exist from an earlier run with these settings" in r.stderr
     assert "--skip-existing to complete them" in r.stderr
     assert invoke(*args, "--skip-existing").exit_code == 0 and victim.exists()
     assert latest(out)[f"a.jpg|{records(out)[-1]['key']}"]["status"] == "ok"
@@ -410,7 +412,10 @@ def test_version_and_help_panels_fit_80_columns() -> None:
 def test_scorecam_says_it_is_slow(photos: Path, tmp_path: Path) -> None:
     r = invoke("gradcam", str(photos / "a.jpg"), *FAST, "--method", "scorecam", "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.stderr
-    note = "hookviz: note: Score-CAM runs 512 masked forward passes per image (one per channel of layer4)"
+    note = (
+        "hookviz: note: Score-CAM runs 512 forward passes per image at layer4 "
+        "(one masked forward pass per channel)"
+    )
     assert note in r.stderr
 
 

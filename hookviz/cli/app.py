@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001
 """The ``hookviz`` Typer app: exit codes, the option types every command shares, and the guards that turn
 errors into one line and an exit code. Commands live in one module per family (explain, inspect, trust,
 training, report); the runner that feeds inputs to a job is :mod:`hookviz.cli.runner`.
@@ -179,16 +180,17 @@ Null = Annotated[
 def _method_names() -> list[str]:
     from hookviz import methods
 
-    return [*methods.names(), methods.ALL]
+    return [*methods.names(), methods.ALL, *methods.SELECTORS]
 
 
 def _check_methods(ctx: Any, param: Any, value: Any) -> Any:
     """``--method`` values against the registry, when the command runs (a method registered by the user's
-    code is a choice like the built-in ones)."""
-    for v in value or ():
-        if str(v).strip().lower() not in _method_names():
+    code is a choice like the built-in ones); a comma list counts as several."""
+    chosen = [part.strip().lower() for v in value or () for part in str(v).split(",") if part.strip()]
+    for v in chosen:
+        if v not in _method_names():
             raise typer.BadParameter(f"{v!r} is not one of {', '.join(_method_names())}", ctx, param)
-    return [str(v).strip().lower() for v in value] if value else value
+    return chosen or value
 
 
 class MethodCommand(TyperCommand):
@@ -207,10 +209,93 @@ Methods = Annotated[
     list[str] | None,
     typer.Option(
         "--method",
-        help="method, or all (every cheap one); repeatable (default gradcam).",
+        help="method, all (every cheap one) or a family: gradient, activation, cams, perturbation, pixel, "
+        "control; repeatable or comma-separated (default gradcam). The README's table gives each one's cost.",
         rich_help_panel=MAPS,
     ),
 ]
+SETTINGS = "Method settings"
+Seed = Annotated[
+    int,
+    typer.Option(
+        "--seed", help="random stream of the stochastic methods (recorded).", rich_help_panel=SETTINGS
+    ),
+]
+Samples = Annotated[
+    int | None,
+    typer.Option(
+        "--samples", min=1, help="noisy copies or steps: SmoothGrad 25, SS-CAM 35, IS-CAM 10, Smooth "
+        "Grad-CAM++ 4.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+Noise = Annotated[
+    float | None,
+    typer.Option(
+        "--noise", min=0.0, help="noise σ: SmoothGrad's as a share of the image's range (0.15); SS-CAM's "
+        "(2) and Smooth Grad-CAM++'s (0.3) in input units.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+IgSteps = Annotated[
+    int,
+    typer.Option(
+        "--ig-steps", min=1, help="Integrated Gradients' integration points.", rich_help_panel=SETTINGS
+    ),
+]
+Baseline = Annotated[
+    str,
+    typer.Option(
+        "--baseline", help="what removed pixels become (Integrated Gradients, Occlusion): black, mean (the "
+        "data mean) or blur.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+Window = Annotated[
+    int,
+    typer.Option("--window", min=1, help="Occlusion's square, in input pixels.", rich_help_panel=SETTINGS),
+]
+Stride = Annotated[
+    int, typer.Option("--stride", min=1, help="Occlusion's step, in input pixels.", rich_help_panel=SETTINGS)
+]
+Masks = Annotated[int, typer.Option("--masks", min=1, help="RISE's random masks.", rich_help_panel=SETTINGS)]
+Cells = Annotated[
+    int, typer.Option("--cells", min=1, help="RISE's grid: cells per side.", rich_help_panel=SETTINGS)
+]
+Compare = Annotated[
+    str | None,
+    typer.Option(
+        "--compare", help="Finer-CAM: classes to tell the target from (comma list of indices or names; "
+        "default the 3 with the nearest logits).", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+MaskedBatch = Annotated[
+    int,
+    typer.Option(
+        "--masked-batch", "--scorecam-batch", min=1,
+        help="changed inputs per forward pass of the perturbation methods.", rich_help_panel=RUN,
+    ),
+]  # fmt: skip
+
+
+def _method_options(
+    seed: int,
+    samples: int | None,
+    noise: float | None,
+    steps: int,
+    baseline: str,
+    window: int,
+    stride: int,
+    masks: int,
+    cells: int,
+    batch: int = 64,
+) -> Any:
+    """The method settings as given on the command line (checked: a bad one is a usage error)."""
+    from hookviz.methods import MethodOptions
+
+    return MethodOptions(
+        seed=seed, samples=samples, noise=noise, steps=steps, baseline=baseline.strip().lower(),
+        window=window, stride=stride, masks=masks, cells=cells, batch=batch,
+    )  # fmt: skip
+
+
 Inputs = Annotated[
     list[str],
     typer.Argument(help="image files, folders (searched recursively), globs, or - to read paths from stdin."),

@@ -11,31 +11,42 @@ from hookviz.cli.app import (
     DENSE,
     MAPS,
     OUTPUT,
-    RUN,
+    Baseline,
     BatchSize,
+    Cells,
+    Compare,
     Debug,
     Device,
+    IgSteps,
     Inputs,
     InputSize,
     JsonOut,
     Labels,
+    MaskedBatch,
+    Masks,
     MaxPixels,
     MeanOpt,
     Methods,
     Model,
+    Noise,
     Null,
     Out,
     Overwrite,
     Quiet,
     ReportOpt,
     ResizeOpt,
+    Samples,
+    Seed,
     SkipExisting,
     StdOpt,
+    Stride,
     TrustPickle,
     Weights,
     WeightsKey,
+    Window,
     Workers,
     _guard,
+    _method_options,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
@@ -159,12 +170,17 @@ def gradcam(
             rich_help_panel=DENSE,
         ),
     ] = 10,
-    scorecam_batch: Annotated[
-        int,
-        typer.Option(
-            "--scorecam-batch", min=1, help="masked inputs per Score-CAM forward pass.", rich_help_panel=RUN
-        ),
-    ] = 64,
+    masked_batch: MaskedBatch = 64,
+    seed: Seed = 0,
+    samples: Samples = None,
+    noise: Noise = None,
+    ig_steps: IgSteps = 50,
+    baseline: Baseline = "black",
+    window: Window = 16,
+    stride: Stride = 8,
+    masks: Masks = 2000,
+    cells: Cells = 7,
+    compare: Compare = None,
     alpha: Annotated[
         float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.", rich_help_panel=MAPS)
     ] = 0.5,
@@ -228,16 +244,18 @@ def gradcam(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz.jobs import CamJob
-            from hookviz.jobs.build import CamSettings, auto_line, make_cam_job
+            from hookviz.jobs.build import CamSettings, auto_line, expensive, make_cam_job
 
             settings = CamSettings(
                 layers=tuple(layers or ()), methods=tuple(methods or ()), target=target, alpha=alpha,
                 colormap=str(colormap), relu=not no_relu, save_raw=save_raw, normalize=str(normalize),
                 vmax=vmax, fuse=str(fuse) if fuse is not None else None, sheet=sheet,
-                scorecam_batch=scorecam_batch, metrics=metrics, eigen_smooth=eigen_smooth,
+                scorecam_batch=masked_batch, metrics=metrics, eigen_smooth=eigen_smooth,
                 aug_smooth=aug_smooth, region=str(region), probe_images=probe_images,
-                score_threshold=score_threshold, max_boxes=max_boxes,
+                score_threshold=score_threshold, max_boxes=max_boxes, compare=compare,
+                options=_method_options(
+                    seed, samples, noise, ig_steps, baseline, window, stride, masks, cells
+                ),
             )  # fmt: skip
             built = make_cam_job(
                 loaded,
@@ -251,8 +269,9 @@ def gradcam(
             if not (quiet or (reporter is not None and reporter.quiet)):
                 for note in built.notes:
                     typer.echo(f"hookviz: {note}", err=True)
-            if isinstance(built.job, CamJob) and "scorecam" in built.job.methods and reporter is not None:
-                built.job.progress = reporter.inner("Score-CAM masked passes")
+            slow = expensive(built.job.methods, getattr(built.job, "options", None))
+            if reporter is not None and slow:  # a progress bar over the slow methods' passes
+                built.job.progress = reporter.inner("extra passes of " + ", ".join(slow))
             return built.job
 
         _run_job(make, m, r)

@@ -10,29 +10,41 @@ import typer
 
 from hookviz.cli.app import (
     MAPS,
+    Baseline,
     BatchSize,
+    Cells,
+    Compare,
     Debug,
     Device,
+    IgSteps,
     Inputs,
     InputSize,
     JsonOut,
     Labels,
+    MaskedBatch,
+    Masks,
     MaxPixels,
     MeanOpt,
     Methods,
     Model,
+    Noise,
     Null,
     Out,
     Overwrite,
     Quiet,
     ResizeOpt,
+    Samples,
+    Seed,
     SkipExisting,
     StdOpt,
+    Stride,
     TrustPickle,
     Weights,
     WeightsKey,
+    Window,
     Workers,
     _guard,
+    _method_options,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
 
@@ -66,6 +78,17 @@ def evaluate(
         int,
         typer.Option("--steps", min=2, help="points on the deletion/insertion curves.", rich_help_panel=MAPS),
     ] = 16,
+    seed: Seed = 0,
+    masked_batch: MaskedBatch = 64,
+    samples: Samples = None,
+    noise: Noise = None,
+    ig_steps: IgSteps = 50,
+    baseline: Baseline = "black",
+    window: Window = 16,
+    stride: Stride = 8,
+    masks: Masks = 2000,
+    cells: Cells = 7,
+    compare: Compare = None,
     out: Out = Path("out"),
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
@@ -110,6 +133,7 @@ def evaluate(
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             _refuse_task(loaded, "evaluate", ("detection",))
             from hookviz.jobs import EvaluateJob
+            from hookviz.jobs.build import method_options
             from hookviz.layers import cam_layer, default_cam_layer
             from hookviz.models import num_classes, parse_targets, probe
 
@@ -124,12 +148,16 @@ def evaluate(
                 raise typer.BadParameter(
                     "evaluate explains one class per image: top1 or a class", param_hint="--target"
                 )
+            options = _method_options(
+                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch
+            )
             job = EvaluateJob(
                 loaded=loaded,
                 layers=chosen,
                 methods=[str(x) for x in (methods or ["gradcam"])],
                 targets=t,
                 steps=steps,
+                options=method_options(loaded, options, compare),
             )
             made.append(job)
             return job
@@ -214,8 +242,21 @@ def sanity(
     ] = None,
     methods: Methods = None,
     seed: Annotated[
-        int, typer.Option("--seed", help="seed of the random parameters.", rich_help_panel=MAPS)
+        int,
+        typer.Option(
+            "--seed", help="seed of the random parameters and the stochastic methods.", rich_help_panel=MAPS
+        ),
     ] = 0,
+    masked_batch: MaskedBatch = 64,
+    samples: Samples = None,
+    noise: Noise = None,
+    ig_steps: IgSteps = 50,
+    baseline: Baseline = "black",
+    window: Window = 16,
+    stride: Stride = 8,
+    masks: Masks = 2000,
+    cells: Cells = 7,
+    compare: Compare = None,
     out: Out = Path("out"),
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
@@ -259,6 +300,7 @@ def sanity(
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             _refuse_task(loaded, "sanity", ("detection",))
             from hookviz.jobs import SanityJob
+            from hookviz.jobs.build import method_options
             from hookviz.layers import cam_layer, default_cam_layer
             from hookviz.models import probe
 
@@ -268,9 +310,13 @@ def sanity(
                 if layer
                 else default_cam_layer(loaded.model, calls)
             )
-            job = SanityJob(
-                loaded=loaded, layer=name, methods=[str(x) for x in (methods or ["gradcam"])], seed=seed
+            options = _method_options(
+                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch
             )
+            job = SanityJob(
+                loaded=loaded, layer=name, methods=[str(x) for x in (methods or ["gradcam"])], seed=seed,
+                options=method_options(loaded, options, compare),
+            )  # fmt: skip
             made.append(job)
             return job
 

@@ -8,14 +8,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hookviz.errors import UsageError
 from hookviz.hooks import ModuleCall
 from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
+from hookviz.methods import MethodOptions
 from hookviz.models import LoadedModel
 
 if TYPE_CHECKING:
@@ -52,6 +54,29 @@ class CamSettings:
     #: Detectors: the boxes explained.
     score_threshold: float = 0.5
     max_boxes: int = 10
+    #: The method settings (``--seed``, ``--samples``, ...); ``compare``: Finer-CAM's classes as given
+    #: (indices or names, a comma list), resolved with the model.
+    options: MethodOptions = field(default_factory=MethodOptions)
+    compare: str | None = None
+
+
+def method_options(loaded: LoadedModel, options: MethodOptions, compare: str | None = None) -> MethodOptions:
+    """``options`` completed for ``loaded``: the input tensor of a black pixel (from its normalisation) and
+    the ``--compare`` classes as indices.
+
+    Raises:
+        TargetError: an unknown class in ``compare``.
+    """
+    from hookviz.models import num_classes, parse_target
+
+    pre = loaded.preprocess
+    floor = options.input_floor or tuple((0.0 - m) / s for m, s in zip(pre.mean, pre.std, strict=True))
+    chosen = options.compare
+    if compare:
+        n = num_classes(loaded)
+        found = [parse_target(part, loaded, n) for part in compare.split(",") if part.strip()]
+        chosen = tuple(dict.fromkeys(i for i in found if i is not None))
+    return dataclasses.replace(options, input_floor=floor, compare=chosen)
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,13 @@ def make_cam_job(
     targets = parse_targets(settings.target, loaded, num_classes(loaded))
     if loaded.task == "detection":
         return _detection(loaded, settings, calls, targets)
+    from hookviz.methods import get, parse
+
+    for name in parse(settings.methods):
+        if get(name).detection_only:
+            raise UsageError(
+                f"--method {name} explains a detector's boxes; for a {loaded.task} model use rise"
+            )
     notes: list[str] = []
     auto = None
     if settings.layers == ("auto",):
@@ -114,6 +146,7 @@ def make_cam_job(
             cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(settings.layers)
         ]
     s = settings
+    options = method_options(loaded, dataclasses.replace(s.options, batch=s.scorecam_batch), s.compare)
     job = CamJob(
         loaded=loaded,
         layers=chosen,
@@ -128,28 +161,60 @@ def make_cam_job(
         fuse=s.fuse,
         sheet=s.sheet,
         scorecam_batch=s.scorecam_batch,
+        options=options,
         metrics=s.metrics,
         eigen_smooth=s.eigen_smooth,
         aug_smooth=s.aug_smooth,
         region=s.region,
     )
     job.auto_layer = auto
-    notes += cost_notes(job.methods, sum(channels(loaded.model, name, calls) for name in chosen), chosen)
+    per_layer = {name: channels(loaded.model, name, calls) for name in chosen}
+    size = _input_hw(calls)
+    notes += cost_notes(job.methods, per_layer, len(job._target_suffixes()), options, size)
     return BuiltJob(job=job, notes=tuple(notes), auto=auto)
 
 
-def cost_notes(names: Sequence[str], channels: int, layers: Sequence[str]) -> list[str]:
-    """What the expensive methods cost per image, from the registry: a method that needs masked forward passes
-    runs one per channel of the CAM tensors."""
-    from hookviz.methods import get
+#: A method running more extra forward passes per image than this gets a cost note and a progress bar.
+EXPENSIVE = 16
+
+
+def _input_hw(calls: Sequence[ModuleCall]) -> tuple[int, int]:
+    shape = calls[0].input_shape if calls and calls[0].input_shape else None
+    return (int(shape[-2]), int(shape[-1])) if shape and len(shape) == 4 else (224, 224)
+
+
+def expensive(names: Sequence[str], options: MethodOptions | None = None) -> list[str]:
+    """The methods among ``names`` that run more than :data:`EXPENSIVE` extra passes per image (at 512
+    channels, 224 pixels)."""
+    from hookviz.methods import passes
+
+    return [n for n in names if passes(n, 512, 1, options)[0] > EXPENSIVE]
+
+
+def cost_notes(
+    names: Sequence[str],
+    channels: dict[str, int],
+    targets: int = 1,
+    options: MethodOptions | None = None,
+    size: tuple[int, int] = (224, 224),
+) -> list[str]:
+    """What each expensive method costs per image, from the registry: its extra forward and backward passes
+    for these layers (their channels), targets, settings and input size."""
+    from hookviz.methods import get, passes
 
     notes = []
     for name in names:
         spec = get(name)
-        if "masked_passes" in spec.needs:
+        layers = list(channels) if spec.resolution == "layer" else list(channels)[:1]
+        fwd = bwd = 0
+        for layer in layers:
+            f, b = passes(name, channels[layer], targets, options, size)
+            fwd, bwd = fwd + f, bwd + b
+        if fwd > EXPENSIVE:
+            where = f" at {', '.join(layers)}" if spec.resolution == "layer" else ""
+            back = f" and {bwd:,} backward" if bwd else ""
             notes.append(
-                f"note: {spec.title} runs {channels:,} masked forward passes per image "
-                f"(one per channel of {', '.join(layers)}); it is the slow method"
+                f"note: {spec.title} runs {fwd:,} forward{back} passes per image{where} ({spec.cost})"
             )
     return notes
 
@@ -210,7 +275,12 @@ def _detection(
         relu=s.relu,
         save_raw=s.save_raw,
         eigen_smooth=s.eigen_smooth,
+        options=dataclasses.replace(s.options, batch=min(s.scorecam_batch, 8)),
     )
+    if "drise" in job.methods:
+        notes.append(
+            f"note: D-RISE runs {job.options.masks:,} detector passes per photo (--masks; the paper: 5000)"
+        )
     return BuiltJob(job=job, notes=tuple(notes))
 
 

@@ -22,6 +22,7 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
+from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.models import LoadedModel
 from hookviz.options import Colormap, Fuse, Normalize, Region
@@ -39,6 +40,13 @@ def _region_note(region: str | None, asked: str | None) -> str:
     return ", its score summed over all pixels (its own outlined)"
 
 
+def method_family(name: str) -> str:
+    from hookviz.methods import REGISTRY
+
+    spec = REGISTRY.get(name)
+    return spec.family if spec is not None else ""
+
+
 @dataclass
 class CamBatch:
     """What ``CamJob.compute`` hands to ``render``: maps per (method, layer), and the colour scales."""
@@ -48,6 +56,9 @@ class CamBatch:
     scales: dict[tuple[str, str], tuple[float, float] | None]  # None: per map
     #: With ``metrics``: (method, layer) -> per target j, the Faithfulness of the batch's maps.
     metrics: dict[tuple[str, str], list[Any]] | None = None
+    #: The CAM tensors' channels by layer, and the input's ``(H, W)``: what the methods' passes cost.
+    channels: dict[str, int] = field(default_factory=dict)
+    size: tuple[int, int] = (0, 0)
 
 
 @dataclass(kw_only=True)
@@ -72,12 +83,14 @@ class CamJob:
     fuse: str | None = None
     sheet: bool | None = None
     scorecam_batch: int = 64
+    #: The settings of the methods that take any (``--seed``, ``--samples``, ``--steps``, ...).
+    options: MethodOptions = field(default_factory=MethodOptions)
     #: Deletion and insertion AUCs for every map (in its record, caption and the sheet).
     metrics: bool = False
     eigen_smooth: bool = False
     aug_smooth: bool = False
     kind: str = "gradcam"
-    #: Called as ``progress(done, total)`` during Score-CAM's masked passes (a progress bar).
+    #: Called as ``progress(done, total)`` during the methods' extra passes (a progress bar).
     progress: Any = None
     #: How ``--layer auto`` chose the layer (recorded with every input).
     auto_layer: dict[str, Any] | None = None
@@ -161,6 +174,7 @@ class CamJob:
             "eigen_smooth": self.eigen_smooth,
             "aug_smooth": self.aug_smooth,
             **({"region": self.region} if self.loaded.task == "segmentation" else {}),
+            **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 
     # -- naming ---------------------------------------------------------------------------
@@ -208,7 +222,7 @@ class CamJob:
             self.methods,
             self.targets,
             relu=self.relu,
-            scorecam_batch=self.scorecam_batch,
+            options=self.options,
             progress=self.progress,
             eigen_smooth=self.eigen_smooth,
             aug_smooth=self.aug_smooth,
@@ -238,14 +252,17 @@ class CamJob:
                 ]
                 for key, value in maps.items()
             }
-        return CamBatch(ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics)
+        return CamBatch(
+            ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics, dict(ex.channels),
+            (int(x.shape[2]), int(x.shape[3])),
+        )  # fmt: skip
 
     # -- render ---------------------------------------------------------------------------
     def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None, method: str = "") -> np.ndarray:
         from hookviz import render
 
         if scale is None:
-            if method.startswith("guided"):
+            if method_family(method) == "input-gradient":
                 # Pixel-level saliency is sparse: a few pixels would take the whole colour range, so the
                 # top 0.5 % saturate instead (the usual way these maps are shown).
                 finite = np.nan_to_num(cam, nan=0.0, posinf=0.0, neginf=0.0)
@@ -337,6 +354,7 @@ class CamJob:
                         **({"metrics": faith} if faith is not None else {}),
                         **({"region": region} if region is not None else {}),
                         **self._sign_fields(ex, method, layer, index),
+                        **self._cost_fields(method, layer, len(suffixes), result),
                     }
                 )
         if self._want_sheet():
@@ -366,8 +384,17 @@ class CamJob:
             "maps": records,
             **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
             **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
+            **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
         return files, fields
+
+    def _cost_fields(self, method: str, layer: str, targets: int, result: CamBatch) -> dict[str, Any]:
+        """The passes per image a method ran beyond the shared one (none: no field)."""
+        from hookviz.methods import passes
+
+        k = result.channels.get(layer if layer != FUSED else self.layers[0], 0)
+        fwd, bwd = passes(method, k, targets, self.options, result.size)
+        return {"passes": {"forward": fwd, "backward": bwd}} if fwd or bwd else {}
 
     @staticmethod
     def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:

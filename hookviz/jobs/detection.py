@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,19 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
+from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.models import LoadedModel
 from hookviz.options import Colormap
 from hookviz.taps import slug
+
+
+def _per_photo(method: str) -> bool:
+    """A class-agnostic method (Eigen-CAM, KPCA-CAM, FEM) makes one map per photo, not one per box."""
+    from hookviz.methods import REGISTRY
+
+    spec = REGISTRY.get(method)
+    return spec is not None and not spec.class_specific
 
 
 @dataclass(kw_only=True)
@@ -44,6 +53,10 @@ class DetectionJob:
     relu: bool = True
     save_raw: bool = False
     eigen_smooth: bool = False
+    #: The methods' settings (D-RISE's ``masks``, ``cells``, ``seed``, ``batch``).
+    options: MethodOptions = field(default_factory=MethodOptions)
+    #: Called as ``progress(done, total)`` over D-RISE's masked passes.
+    progress: Any = None
     kind: str = "gradcam"
 
     def __post_init__(self) -> None:
@@ -76,11 +89,14 @@ class DetectionJob:
             "colormap": self.colormap,
             "relu": self.relu,
             "eigen_smooth": self.eigen_smooth,
+            **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 
     def planned(self, stem: str) -> list[str]:
         """The outputs known before the model runs (the per-box ones depend on what it finds)."""
-        names = [f"{stem}.eigencam.{slug(layer)}.png" for layer in self.layers if "eigencam" in self.methods]
+        names = [
+            f"{stem}.{m}.{slug(layer)}.png" for m in self.methods if _per_photo(m) for layer in self.layers
+        ]
         return [*names, f"{stem}.detections.png"]
 
     def compute(self, x: Any) -> Any:
@@ -96,6 +112,8 @@ class DetectionJob:
             classes=self.classes,
             relu=self.relu,
             eigen_smooth=self.eigen_smooth,
+            options=self.options,
+            progress=self.progress,
         )
 
     def _box_text(self, label: int, score: float) -> str:
@@ -119,14 +137,14 @@ class DetectionJob:
                 picture = render.overlay(
                     rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
                 )
-                if method == "eigencam":
+                if _per_photo(method):
                     for k in range(n):
                         render.draw_box(
                             picture,
                             ex.boxes[k].tolist(),
                             self._box_text(int(ex.labels[k]), float(ex.scores[k])),
                         )
-                    name = f"{stem}.eigencam.{slug(layer)}.png"
+                    name = f"{stem}.{method}.{slug(layer)}.png"
                     what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
                 else:
                     for k in range(n):
@@ -148,9 +166,9 @@ class DetectionJob:
                         "file": name,
                         "method": method,
                         "layer": layer,
-                        "box": None if method == "eigencam" else i + 1,
+                        "box": None if _per_photo(method) else i + 1,
                         "target": None
-                        if method == "eigencam"
+                        if _per_photo(method)
                         else {
                             "index": int(ex.labels[i]),
                             "name": lm.class_name(int(ex.labels[i])),
@@ -196,5 +214,6 @@ class DetectionJob:
             "predicted": {k: top[k] for k in ("index", "name", "score")} if top else None,
             "detections": detections,
             "maps": maps,
+            **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
         return files, fields

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hookviz.images import Box
 from hookviz.jobs.common import _check_finite, model_settings, parse_methods
+from hookviz.methods import MethodOptions
 from hookviz.models import LoadedModel
 
 
@@ -21,6 +22,8 @@ class EvaluateJob:
     loaded: LoadedModel
     layers: Sequence[str]
     methods: Sequence[str] = ("gradcam",)
+    #: The settings of the methods that take any (``--seed``, ``--samples``, ...).
+    options: MethodOptions = field(default_factory=MethodOptions)
     targets: str | list[int] | None = None
     steps: int = 16
     chunk: int = 64
@@ -35,6 +38,7 @@ class EvaluateJob:
             "command": self.kind,
             "layers": list(self.layers),
             "methods": list(self.methods),
+            **({"options": used} if (used := self.options.record(self.methods)) else {}),
             "targets": "top1" if self.targets is None else self.targets,
             "steps": self.steps,
             "baseline": "zeros (the data set's mean colour after normalisation)",
@@ -48,7 +52,7 @@ class EvaluateJob:
         from hookviz.attribution import explain
         from hookviz.readout import scorer
 
-        ex = explain(self.loaded.model, x, self.layers, self.methods, self.targets)
+        ex = explain(self.loaded.model, x, self.layers, self.methods, self.targets, options=self.options)
         t = ex.targets[:, 0]
         score = scorer(ex.labels, ex.region)  # a segmentation's class probability over its region
         rows: dict[str, Any] = {}

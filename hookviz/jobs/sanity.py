@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hookviz.images import Box, encode_png
 from hookviz.jobs.common import _weights_note, model_settings, parse_methods
+from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.models import LoadedModel
 from hookviz.taps import slug
@@ -25,6 +26,8 @@ class SanityJob:
     loaded: LoadedModel
     layer: str
     methods: Sequence[str] = ("gradcam",)
+    #: The settings of the methods that take any (``--seed``, ``--samples``, ...).
+    options: MethodOptions = field(default_factory=MethodOptions)
     seed: int = 0
     kind: str = "sanity"
 
@@ -37,6 +40,7 @@ class SanityJob:
             "command": self.kind,
             "layer": self.layer,
             "methods": list(self.methods),
+            **({"options": used} if (used := self.options.record(self.methods)) else {}),
             "seed": self.seed,
         }
 
@@ -54,7 +58,7 @@ class SanityJob:
         edges = _edges(x)
 
         def maps(model: Any) -> dict[str, Any]:
-            ex = explain(model, x, [self.layer], self.methods, target)
+            ex = explain(model, x, [self.layer], self.methods, target, options=self.options)
             got = {m: ex.maps[(m, self.layer)][:, 0] for m in self.methods}
             got["edges"] = edges
             return got

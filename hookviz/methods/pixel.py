@@ -1,0 +1,188 @@
+# ruff: noqa: RUF002
+"""Pixel attributions: maps at the input's resolution from input gradients (as captum 0.9 computes them;
+tests/test_references.py), computed once per explain pass and the same at every layer.
+
+Gradient maps are reduced over colours as their papers draw them: Saliency and SmoothGrad the largest
+absolute value, Input × Gradient and Integrated Gradients the signed sum (``--no-relu`` keeps the sign,
+else its magnitude is drawn).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from hookviz.hooks import HookGroup
+from hookviz.methods.compute import LayerPass
+from hookviz.methods.ownpass import noisy_copies
+
+
+def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
+    """Per target ``j``, ``(N, C, H, W)`` the gradient of row ``r``'s target score (its image ``images[r]``'s
+    ``j``-th target) with respect to the input ``x``, ``--batch`` rows a pass."""
+    t = p.targets.shape[1]
+    out = [torch.empty_like(x) for _ in range(t)]
+    for start in range(0, x.shape[0], p.options.batch):
+        part = slice(start, start + p.options.batch)
+        with torch.enable_grad():
+            xi = x[part].detach().requires_grad_()
+            scores = p.score_of(p.model(xi))
+            classes = p.targets[images[part]]
+            for j in range(t):
+                (g,) = torch.autograd.grad(
+                    scores.gather(1, classes[:, j, None]).sum(), xi, retain_graph=j < t - 1
+                )
+                out[j][part] = g.detach()
+        p.advance(int(xi.shape[0]))
+    return out
+
+
+def _reduce(p: LayerPass, per_target: list[Tensor], how: str) -> Tensor:
+    if how == "absmax":
+        return torch.stack([g.abs().amax(dim=1) for g in per_target], dim=1)
+    summed = torch.stack([g.sum(dim=1) for g in per_target], dim=1)
+    return summed.abs() if p.relu else summed
+
+
+def _plain(p: LayerPass) -> list[Tensor]:
+    return p.once("input_gradient", lambda: input_gradients(p, p.x, torch.arange(p.x.shape[0])))
+
+
+def saliency(p: LayerPass) -> Tensor:
+    return _reduce(p, _plain(p), "absmax")
+
+
+def inputxgradient(p: LayerPass) -> Tensor:
+    return _reduce(p, [p.x * g for g in _plain(p)], "sum")
+
+
+def _smooth(p: LayerPass) -> tuple[list[Tensor], list[Tensor]]:
+    """Per target, the mean and mean square of the input gradient over ``--samples`` noisy copies of each
+    image (σ = ``--noise`` × the image's value range)."""
+    from hookviz.methods.catalogue import NOISE, SAMPLES
+
+    def compute() -> tuple[list[Tensor], list[Tensor]]:
+        n = p.options.samples or SAMPLES["smoothgrad"]
+        frac = p.options.noise if p.options.noise is not None else NOISE["smoothgrad"]
+        span = (p.x.flatten(1).amax(1) - p.x.flatten(1).amin(1)).cpu() * frac
+        noisy = noisy_copies(p.x, n, span, p.options.seed, at_once=True)
+        images = torch.arange(p.x.shape[0]).repeat_interleave(n)
+        grads = input_gradients(p, noisy, images)
+        b = p.x.shape[0]
+        means = [g.reshape(b, n, *g.shape[1:]).mean(1) for g in grads]
+        squares = [g.pow(2).reshape(b, n, *g.shape[1:]).mean(1) for g in grads]
+        return means, squares
+
+    return p.once("smooth", compute)
+
+
+def smoothgrad(p: LayerPass) -> Tensor:
+    return _reduce(p, _smooth(p)[0], "absmax")
+
+
+def smoothgradsq(p: LayerPass) -> Tensor:
+    return _reduce(p, _smooth(p)[1], "absmax")
+
+
+def vargrad(p: LayerPass) -> Tensor:
+    means, squares = _smooth(p)
+    return _reduce(p, [s - m.pow(2) for m, s in zip(means, squares, strict=True)], "absmax")
+
+
+def baseline(p: LayerPass) -> Tensor:
+    """The ``--baseline`` image ``(B, C, H, W)``: ``black`` (the input tensor of a black pixel, from the
+    model's normalisation), ``mean`` (the data mean: zeros after normalisation) or ``blur`` (the image under
+    a Gaussian blur of σ = 1/20 of its longer side)."""
+    kind = p.options.baseline
+    if kind == "mean":
+        return torch.zeros_like(p.x)
+    if kind == "blur":
+        from torchvision.transforms.functional import gaussian_blur
+
+        sigma = max(p.size) / 20
+        k = 2 * math.ceil(3 * sigma) + 1
+        k = min(k, 2 * (min(p.size) // 2) - 1)
+        return gaussian_blur(p.x, [k, k], [sigma, sigma])
+    floor = p.options.input_floor
+    if floor is None:
+        return torch.zeros_like(p.x)
+    return torch.as_tensor(floor, dtype=p.x.dtype, device=p.x.device)[None, :, None, None].expand_as(p.x)
+
+
+def integratedgradients(p: LayerPass) -> Tensor:
+    """Integrated Gradients with ``--steps`` Gauss-Legendre points on the straight path from the baseline
+    (captum's default rule); every point of every image in one stream of ``--batch``-row passes."""
+
+    def compute() -> list[Tensor]:
+        n = p.options.steps
+        nodes, weights = np.polynomial.legendre.leggauss(n)
+        alphas = torch.as_tensor(0.5 * (1 + nodes), dtype=p.x.dtype, device=p.x.device)
+        steps = torch.as_tensor(0.5 * weights, dtype=p.x.dtype, device=p.x.device)
+        base = baseline(p)
+        b = p.x.shape[0]
+        delta = p.x - base
+        path = (base[:, None] + alphas[None, :, None, None, None] * delta[:, None]).flatten(0, 1)
+        grads = input_gradients(p, path, torch.arange(b).repeat_interleave(n))
+        return [
+            delta * (g.reshape(b, n, *g.shape[1:]) * steps[None, :, None, None, None]).sum(1) for g in grads
+        ]
+
+    return _reduce(p, p.once("integrated", compute), "sum")
+
+
+def _bias(module: nn.Module) -> Tensor:
+    """A layer's bias as FullGrad's paper defines it; a BatchNorm's is its affine map's offset."""
+    if isinstance(module, nn.BatchNorm2d):
+        assert module.running_mean is not None and module.running_var is not None
+        scale = module.weight / torch.sqrt(module.running_var + module.eps)
+        return (module.bias - module.running_mean * scale).detach()
+    assert isinstance(module.bias, Tensor)
+    return module.bias.detach()
+
+
+def _scaled_sum(t: Tensor, size: tuple[int, int]) -> Tensor:
+    """Each channel of ``t`` ``(B, K, h, w)`` min-max scaled, upsampled to ``size``, summed over channels."""
+    flat = t.flatten(2)
+    flat = flat - flat.amin(2, keepdim=True)
+    flat = flat / (flat.amax(2, keepdim=True) + 1e-7)
+    up = torch.nn.functional.interpolate(
+        flat.reshape(t.shape).float(), size=size, mode="bilinear", align_corners=False
+    )
+    return up.sum(1)
+
+
+def fullgrad(p: LayerPass) -> Tensor:
+    """FullGrad: ``|x ⊙ ∇_x y|`` plus, for every convolution and BatchNorm with a bias, ``|b ⊙ ∇_z y|`` at its
+    output ``z``; each channel min-max scaled and upsampled, then all summed."""
+
+    def compute() -> Tensor:
+        layers = [
+            m for m in p.model.modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)) and m.bias is not None
+        ]
+        seen: list[tuple[nn.Module, Tensor]] = []
+
+        def hook(module: nn.Module, args: object, output: Tensor) -> None:
+            if isinstance(output, Tensor) and output.requires_grad:
+                output.register_hook(lambda g, m=module: seen.append((m, g.detach())))
+
+        maps = []
+        with HookGroup([m.register_forward_hook(hook) for m in layers]), torch.enable_grad():
+            xi = p.x.detach().requires_grad_()
+            scores = p.score_of(p.model(xi))
+            t = p.targets.shape[1]
+            for j in range(t):
+                seen.clear()
+                (gx,) = torch.autograd.grad(
+                    scores.gather(1, p.targets[:, j, None]).sum(), xi, retain_graph=j < t - 1
+                )
+                total = _scaled_sum((gx * p.x).abs(), p.size)
+                for module, g in seen:
+                    total = total + _scaled_sum((_bias(module)[None, :, None, None] * g).abs(), p.size)
+                maps.append(total)
+        p.advance(p.x.shape[0])
+        return torch.stack(maps, dim=1)
+
+    return p.once("fullgrad", compute)
