@@ -211,9 +211,15 @@ def tile_positions(
 
 
 def sheet(
-    rows: Sequence[tuple[str, Sequence[np.ndarray]]], columns: Sequence[str], *, title: str, cell: int = 200
+    rows: Sequence[tuple[str, Sequence[np.ndarray]]],
+    columns: Sequence[str],
+    *,
+    title: str,
+    cell: int = 200,
+    per_line: int = 8,
 ) -> np.ndarray:
-    """A labelled comparison grid: one row per (layer, target), one column per method.
+    """A labelled comparison grid: one row per (layer, target), one column per method; more than
+    ``per_line`` methods wrap onto further lines of the same row (so 30 methods stay readable).
 
     Args:
         rows: ``(label, images)`` with one RGB image per column (resized to ``cell`` pixels high).
@@ -227,15 +233,18 @@ def sheet(
     h0, w0 = rows[0][1][0].shape[:2]
     cw = max(1, round(cell * w0 / h0))
     gap = 4
-    width = len(columns) * (cw + gap) + gap
+    width = min(len(columns), per_line) * (cw + gap) + gap
     body = []
     for name, images in rows:
-        row = np.full((cell + 2 * gap, width, 3), 255, np.uint8)
-        for c, img in enumerate(images):
-            x = gap + c * (cw + gap)
-            row[gap : gap + cell, x : x + cw] = cv2.resize(img, (cw, cell), interpolation=cv2.INTER_AREA)
-            label(row, columns[c], x + 3, gap + 3)
-        body.append(caption(row, [name], top=True))
+        for start in range(0, len(columns), per_line):
+            line = np.full((cell + 2 * gap, width, 3), 255, np.uint8)
+            for c in range(start, min(start + per_line, len(columns))):
+                x = gap + (c - start) * (cw + gap)
+                line[gap : gap + cell, x : x + cw] = cv2.resize(
+                    images[c], (cw, cell), interpolation=cv2.INTER_AREA
+                )
+                label(line, columns[c], x + 3, gap + 3)
+            body.append(caption(line, [name], top=True) if start == 0 else line)
     grid = np.concatenate(body, axis=0)
     return caption(grid, [title], top=True)
 

@@ -184,8 +184,8 @@ register_method(
 register_method(
     "inputxgradient", title="Input × Gradient", family="input-gradient", needs={"own_passes"},
     cost="one forward and one backward pass per target", paper="Shrikumar et al., 2016",
-    formula="Σ_colours x ⊙ ∂y/∂x (signed; |.| unless --no-relu)", passes=lambda k, t, o, hw: (1, t),
-    function=f"{_X}:inputxgradient", resolution="input",
+    formula="Σ_colours x ⊙ ∂y/∂x (its positive part; signed with --no-relu)",
+    passes=lambda k, t, o, hw: (1, t), function=f"{_X}:inputxgradient", resolution="input",
 )  # fmt: skip
 register_method(
     "fullgrad", title="FullGrad", family="input-gradient", needs={"own_passes"},

@@ -207,7 +207,7 @@ def occlusion(p: LayerPass) -> Tensor:
         return total / count
 
     m = p.once("occlusion", compute)
-    return m.abs() if p.relu else m
+    return m.clamp_min(0) if p.relu else m  # the drops: evidence for the class (all of them with --no-relu)
 
 
 def random_masks(n: int, cells: int, size: tuple[int, int], seed: int) -> Tensor:

@@ -3,8 +3,8 @@
 tests/test_references.py), computed once per explain pass and the same at every layer.
 
 Gradient maps are reduced over colours as their papers draw them: Saliency and SmoothGrad the largest
-absolute value, Input × Gradient and Integrated Gradients the signed sum (``--no-relu`` keeps the sign,
-else its magnitude is drawn).
+absolute value (a magnitude), Input × Gradient and Integrated Gradients the signed sum: its positive part (the
+evidence for the class, as a CAM's ReLU keeps it), or all of it with ``--no-relu``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _reduce(p: LayerPass, per_target: list[Tensor], how: str) -> Tensor:
     if how == "absmax":
         return torch.stack([g.abs().amax(dim=1) for g in per_target], dim=1)
     summed = torch.stack([g.sum(dim=1) for g in per_target], dim=1)
-    return summed.abs() if p.relu else summed
+    return summed.clamp_min(0) if p.relu else summed
 
 
 def _plain(p: LayerPass) -> list[Tensor]:

@@ -220,7 +220,10 @@ def parse(values: Iterable[str], option: str = "--method") -> list[str]:
             if text == ALL:
                 chosen += [m.name for m in REGISTRY.values() if m.in_all]
             elif text in SELECTORS:
-                chosen += [m.name for m in REGISTRY.values() if m.family in SELECTORS[text]]
+                # A family is the methods for classifiers and segmenters (D-RISE is asked for by name).
+                chosen += [
+                    m.name for m in REGISTRY.values() if m.family in SELECTORS[text] and not m.detection_only
+                ]
             elif text:
                 chosen.append(get(text).name)
     return list(dict.fromkeys(chosen))
