@@ -35,7 +35,7 @@ demo: $(STAMP)  ## render feature maps and Grad-CAM overlays for sample_images/,
 	@bash scripts/demo.sh $(VENV)/bin/hookviz $(DEMO_OUT)
 
 test: $(STAMP) browser  ## run the test suite (slow tests included)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: $(STAMP)  ## ruff + mypy
 	$(VENV)/bin/ruff check hookviz tests bench examples scripts
@@ -47,6 +47,7 @@ check: lint test  ## lint, types and tests
 bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) bench/bench.py
+	$(PY) bench/methods_bench.py
 
 clean:  ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache

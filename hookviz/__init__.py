@@ -40,6 +40,7 @@ _EXPORTS = {
     "Preprocess": "hookviz.images",
     "HookvizError": "hookviz.errors",
     "Method": "hookviz.methods",
+    "MethodOptions": "hookviz.methods",
     "register_method": "hookviz.methods",
     "Normalize": "hookviz.options",
     "Stage": "hookviz.options",
@@ -54,7 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.hooks import capture, preserved, trace_shapes
     from hookviz.images import Preprocess, load_rgb
     from hookviz.layers import resolve_layers
-    from hookviz.methods import Method, register_method
+    from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models import LoadedModel, load_model
     from hookviz.options import Normalize, Stage
     from hookviz.regularize import attach_dropblock, attach_dropout2d, drop_block
@@ -69,6 +70,7 @@ __all__ = [
     "HookvizError",
     "LoadedModel",
     "Method",
+    "MethodOptions",
     "ModelSummary",
     "Normalize",
     "Preprocess",

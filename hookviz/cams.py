@@ -86,13 +86,26 @@ def eigen_cam(activations: Tensor, *, relu: bool = True) -> Tensor:
     work = torch.nan_to_num(work, nan=0.0, posinf=0.0, neginf=0.0)
     flat = work.reshape(b, k, h * w).transpose(1, 2)  # (B, HW, K)
     centred = flat - flat.mean(dim=1, keepdim=True)
-    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-    proj = centred @ vh[:, 0, :, None]  # (B, HW, 1)
-    proj = proj[..., 0]
+    proj = first_component(centred)
     energy = flat.sum(dim=2)
     sign = torch.sign(((energy - energy.mean(dim=1, keepdim=True)) * proj).sum(dim=1, keepdim=True))
     proj = proj * torch.where(sign == 0, torch.ones_like(sign), sign)
     return _finish(proj.reshape(b, h, w).to(activations.dtype), relu)
+
+
+def first_component(centred: Tensor) -> Tensor:
+    """``(B, N)``: the rows of ``centred`` ``(B, N, K)`` projected on its first right singular vector (sign
+    arbitrary), from the eigenvectors of the smaller of its two Gram matrices (in float64): the same numbers
+    as an SVD, several times faster on the CPU for the tall, thin matrices of a feature map."""
+    c = centred.double()
+    n, k = c.shape[1:]
+    if n <= k:  # proj = C v1 = sigma1 u1, u1 the top eigenvector of C C^T
+        values, vectors = torch.linalg.eigh(c @ c.transpose(1, 2))
+        proj = vectors[:, :, -1] * values[:, -1:].clamp_min(0).sqrt()
+    else:
+        _, vectors = torch.linalg.eigh(c.transpose(1, 2) @ c)
+        proj = (c @ vectors[:, :, -1:])[..., 0]
+    return proj.to(centred.dtype)
 
 
 def score_cam(activations: Tensor, channel_scores: Tensor, *, relu: bool = True) -> Tensor:

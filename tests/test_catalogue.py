@@ -272,3 +272,39 @@ def test_drise_peaks_in_each_detected_box_and_runs_from_the_cli(tmp_path: Path) 
     assert [m["box"] for m in rec["maps"] if m["method"] == "drise"] == list(range(1, boxes + 1))
     assert [m["box"] for m in rec["maps"] if m["method"] == "fem"] == [None]
     assert rec["options"]["masks"] == 24
+
+
+def test_evaluate_sanity_metrics_and_report_take_the_new_methods(tmp_path: Path) -> None:
+    """Pixel, perturbation and control methods through evaluate (a row each), sanity (a strip each), gradcam
+    --metrics and the report, with their settings recorded."""
+    import csv
+    import json
+
+    rng = np.random.default_rng(1)
+    photos = tmp_path / "in"
+    photos.mkdir()
+    for i in range(2):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (40, 50, 3), np.uint8))
+    model = ["--weights", "none", "--input-size", "48"]
+    chosen = "saliency,occlusion,randomcam"
+    settings = ["--window", "24", "--stride", "24", "--seed", "4"]
+    r = invoke("evaluate", str(photos), *model, "--method", chosen, *settings, "--out", str(tmp_path / "e"))
+    assert r.exit_code == 0, r.stderr
+    rows = list(csv.DictReader((tmp_path / "e" / "evaluation.csv").read_text().splitlines()))
+    assert [row["method"] for row in rows] == ["saliency", "occlusion", "randomcam", "random", "center"]
+    r = invoke(
+        "sanity", str(photos / "p0.png"), *model, "--method", chosen, *settings, "--out", str(tmp_path / "s")
+    )
+    assert r.exit_code == 0, r.stderr
+    steps = json.loads((tmp_path / "s" / "sanity.json").read_text())["steps"]
+    assert {s["method"] for s in steps} == {"saliency", "occlusion", "randomcam", "edges"}
+    out = tmp_path / "g"
+    r = invoke("gradcam", str(photos), *model, "--method", chosen, *settings, "--metrics", "--report",
+               "--out", str(out), "-q")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    recs = records(out)
+    assert all(rec["options"] == {"seed": 4, "window": 24, "stride": 24, "baseline": "black", "batch": 64}
+               for rec in recs)  # fmt: skip
+    assert all("metrics" in m for rec in recs for m in rec["maps"])
+    page = (out / "index.html").read_text()
+    assert "Occlusion" in page and "Random-CAM" in page

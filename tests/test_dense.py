@@ -17,8 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hookviz import methods as registry
 from hookviz.attribution import explain
 from hookviz.detection import explain_detections
+from hookviz.methods import MethodOptions
 from hookviz.models import list_models, load_model
 from hookviz.shapes import shapes_scene
 from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
@@ -172,7 +174,8 @@ def test_segmentation_every_method_and_metrics(
     img, _b, labels, classes = scenes(1, seed=4)[0]
     x = torch.from_numpy(img.transpose(2, 0, 1))[None]
     k = int(labels[0]) + 1
-    ex = explain(model, x, ["backbone.1"], _ALL, [k])
+    opts = MethodOptions(masks=200, window=16, stride=16)
+    ex = explain(model, x, ["backbone.1"], _ALL, [k], options=opts)
     for (method, _layer), cam in ex.maps.items():
         assert torch.isfinite(cam).all() and cam.shape[:2] == (1, 1), method
         up = F.interpolate(cam.float(), size=x.shape[2:], mode="bilinear")[0, 0]
@@ -190,7 +193,8 @@ def test_segmentation_every_method_and_metrics(
     assert m["metrics"]["deletion_auc"] < m["metrics"]["insertion_auc"]
 
 
-_ALL = ["gradcam", "gradcampp", "xgradcam", "layercam", "hirescam", "eigencam", "scorecam", "guidedgradcam"]
+# Every cheap method (``all``), and the perturbation ones that run on a segmenter.
+_ALL = [*registry.parse(["all"]), "ablationcam", "occlusion", "rise", "randomcam"]
 
 
 def test_torchvision_detector_from_a_weights_file(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ register_method(
     passes=lambda k, t, o, hw: (k, 0), options=("batch",),
 )  # fmt: skip
 register_method(
-    "guidedbackprop", title="Guided Backprop", family="input-gradient", needs={"input_gradients"},
+    "guidedbackprop", title="Guided Backprop", family="input-gradient", needs={"own_passes"},
     cost="one forward and one backward pass per target", paper="Springenberg et al., 2015",
     formula="input gradient, only positive gradients through every rectifier (ReLU, ReLU6, "
     "hardtanh(x, 0, t), clamp(x, min=0), LeakyReLU; the record counts them, a network with none gets a "
@@ -85,7 +85,7 @@ register_method(
 )  # fmt: skip
 register_method(
     "guidedgradcam", title="Guided Grad-CAM", family="input-gradient",
-    needs={"activations", "layer_gradients", "input_gradients"}, uses=("gradcam",),
+    needs={"activations", "layer_gradients", "own_passes"}, uses=("gradcam",),
     cost="Guided Backprop's passes", paper="Selvaraju et al., ICCV 2017",
     formula="guided backprop × the upsampled Grad-CAM", function=f"{_C}:guidedgradcam",
     passes=lambda k, t, o, hw: (1, t), resolution="input",
@@ -176,16 +176,15 @@ register_method(
 
 # -- pixel attributions: one map at the input's resolution, the same for every layer --------------------
 register_method(
-    "saliency", title="Saliency", family="input-gradient", needs={"own_passes"},
-    cost="one forward and one backward pass per target", paper="Simonyan et al., ICLR-W 2014",
-    formula="max over colours of |∂y/∂x|", passes=lambda k, t, o, hw: (1, t), function=f"{_X}:saliency",
-    resolution="input",
+    "saliency", title="Saliency", family="input-gradient", needs={"input_gradients"},
+    cost="the shared pass (its backward passes reach the input)", paper="Simonyan et al., ICLR-W 2014",
+    formula="max over colours of |∂y/∂x|", function=f"{_X}:saliency", resolution="input",
 )  # fmt: skip
 register_method(
-    "inputxgradient", title="Input × Gradient", family="input-gradient", needs={"own_passes"},
-    cost="one forward and one backward pass per target", paper="Shrikumar et al., 2016",
+    "inputxgradient", title="Input × Gradient", family="input-gradient", needs={"input_gradients"},
+    cost="the shared pass, its backward passes to the input", paper="Shrikumar et al., 2016",
     formula="Σ_colours x ⊙ ∂y/∂x (its positive part; signed with --no-relu)",
-    passes=lambda k, t, o, hw: (1, t), function=f"{_X}:inputxgradient", resolution="input",
+    function=f"{_X}:inputxgradient", resolution="input",
 )  # fmt: skip
 register_method(
     "fullgrad", title="FullGrad", family="input-gradient", needs={"own_passes"},

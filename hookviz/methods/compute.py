@@ -152,12 +152,11 @@ def segeigencam(p: LayerPass) -> Tensor:
 
 def _projection(a: Tensor) -> Tensor:
     """Per image, the positions of ``a`` ``(B, K, h, w)`` centred and projected on the first right singular
-    vector of the ``(hw, K)`` matrix (no sign fixing)."""
+    vector of the ``(hw, K)`` matrix (its sign arbitrary)."""
     b, k, h, w = a.shape
     flat = torch.nan_to_num(a.double()).reshape(b, k, h * w).transpose(1, 2)
     centred = flat - flat.mean(dim=1, keepdim=True)
-    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-    return (centred @ vh[:, 0, :, None])[..., 0].reshape(b, h, w).to(a.dtype)
+    return cams.first_component(centred).reshape(b, h, w).to(a.dtype)
 
 
 def _relu(m: Tensor, relu: bool) -> Tensor:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from hookviz.hooks import HookGroup
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.ownpass import noisy_copies
+from hookviz.methods.perturb import _fast
 
 
 def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
@@ -28,7 +29,7 @@ def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
     for start in range(0, x.shape[0], p.options.batch):
         part = slice(start, start + p.options.batch)
         with torch.enable_grad():
-            xi = x[part].detach().requires_grad_()
+            xi = _fast(x[part].detach()).requires_grad_()
             scores = p.score_of(p.model(xi))
             classes = p.targets[images[part]]
             for j in range(t):
@@ -48,6 +49,8 @@ def _reduce(p: LayerPass, per_target: list[Tensor], how: str) -> Tensor:
 
 
 def _plain(p: LayerPass) -> list[Tensor]:
+    """The input gradient per target: the explain pass's own (it records from the input when a method needs
+    ``input_gradients``), else a pass of its own."""
     return p.once("input_gradient", lambda: input_gradients(p, p.x, torch.arange(p.x.shape[0])))
 
 

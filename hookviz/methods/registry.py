@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-#: What a method can need from the explain pass.
+#: What a method can need from the explain pass: the layer's tensor, its gradient per target, the input's
+#: gradient per target (the shared pass then records from the input), Score-CAM's masked passes, attention,
+#: or passes of its own (which it runs itself, and counts in ``passes``).
 NEEDS = frozenset(
     {"activations", "layer_gradients", "input_gradients", "masked_passes", "attention", "own_passes"}
 )
