@@ -184,3 +184,25 @@ def records(out: Path) -> list[dict[str, Any]]:
     import json
 
     return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision builds each random-init model once in a sweep: the commands that follow get a copy of it
+    (the same seed-0 weights they would build themselves, without paying for the initialisation again)."""
+    import copy
+
+    import torchvision
+
+    build = torchvision.models.get_model
+    last: dict[str, Any] = {}
+
+    def get_model(name: str, **kwargs: Any) -> nn.Module:
+        key = repr((name, sorted(kwargs.items())))
+        if kwargs.get("weights") is not None:
+            return build(name, **kwargs)
+        if last.get("key") != key or torch.initial_seed() != last.get("seed"):
+            last.update(key=key, seed=torch.initial_seed(), model=build(name, **kwargs))
+        return copy.deepcopy(last["model"])
+
+    monkeypatch.setattr(torchvision.models, "get_model", get_model)

@@ -335,7 +335,7 @@ def test_models_lists_tasks() -> None:
 
 
 @pytest.mark.slow
-def test_every_torchvision_segmentation_and_detection_model_runs(tmp_path: Path) -> None:
+def test_every_torchvision_segmentation_and_detection_model_runs(tmp_path: Path, built_once: None) -> None:
     """Random weights, one non-square photo: gradcam (maps), layers and summary work on each."""
     rng = np.random.default_rng(0)
     img, *_ = shapes_scene(rng, 90, 150, 2, (9, 16))

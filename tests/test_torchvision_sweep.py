@@ -34,7 +34,7 @@ def _expected_params(name: str) -> int:
 
 
 @pytest.mark.slow
-def test_every_torchvision_classifier_works_with_the_defaults(tmp_path: Path) -> None:
+def test_every_torchvision_classifier_works_with_the_defaults(tmp_path: Path, built_once: None) -> None:
     photo = write_image(
         tmp_path / "photo.jpg", np.random.default_rng(0).integers(0, 256, (150, 200, 3), dtype=np.uint8)
     )
