@@ -27,6 +27,7 @@ from hookviz.hooks import (
 from hookviz.layers import Layout, layout_of, single_call, to_spatial
 from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
+from hookviz.methods.perturb import channels_last
 from hookviz.readout import Readout, Scorer, ranking, read
 from hookviz.taps import negative_mass
 
@@ -393,9 +394,7 @@ def _score_cam_scores(
             lo = up.amin(dim=(1, 2), keepdim=True)
             hi = up.amax(dim=(1, 2), keepdim=True)
             mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
-            masked = x[images] * mask[:, None].to(x.dtype)
-            if masked.device.type == "cpu":  # channels last: the CPU's convolutions run 1.1-1.3x faster on it
-                masked = masked.contiguous(memory_format=torch.channels_last)
+            masked = channels_last(x[images] * mask[:, None].to(x.dtype))
             probs = scorer(logits_of(model(masked)), images)
             out[images, :, channels] = probs.gather(1, t[images])
             advance(int(rows.numel()))

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from hookviz.hooks import HookGroup
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.ownpass import noisy_copies
-from hookviz.methods.perturb import _fast
+from hookviz.methods.perturb import channels_last
 
 
 def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
@@ -29,7 +29,7 @@ def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
     for start in range(0, x.shape[0], p.options.batch):
         part = slice(start, start + p.options.batch)
         with torch.enable_grad():
-            xi = _fast(x[part].detach()).requires_grad_()
+            xi = channels_last(x[part].detach()).requires_grad_()
             scores = p.score_of(p.model(xi))
             classes = p.targets[images[part]]
             for j in range(t):
