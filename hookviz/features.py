@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -100,6 +101,5 @@ def rank_channels(fmap: Tensor, limit: int) -> list[int]:
         if fmap.shape[1] * fmap.shape[2] > 1
         else fmap.flatten(1)[:, 0].abs()
     )
-    std = torch.nan_to_num(std, nan=0.0)
-    order = sorted(range(fmap.shape[0]), key=lambda c: (-float(std[c]), c))
-    return order[:limit]
+    spread = torch.nan_to_num(std, nan=0.0).double().numpy()
+    return [int(c) for c in np.argsort(-spread, kind="stable")[:limit]]

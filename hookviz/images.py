@@ -233,15 +233,25 @@ def _box(height: int, width: int, plan: tuple[int, int, int, int, int, int]) -> 
 _FILTERS = {"bilinear": 2, "bicubic": 3, "nearest": 0, "lanczos": 1, "box": 4, "hamming": 5}
 
 
-def encode_png(rgb: np.ndarray) -> bytes:
-    """Encode an RGB ``uint8`` image as PNG bytes."""
+def encode_png(rgb: np.ndarray, *, mosaic: bool = False) -> bytes:
+    """Encode an RGB ``uint8`` image as PNG bytes.
+
+    ``mosaic``: the image is made of enlarged flat tiles (a feature-map grid): no row filter, which on
+    those is both faster (about 1.4x) and smaller than the Sub filter that suits photos and overlays.
+    """
     import cv2
 
     from hookviz import timing
 
     with timing.stage("encode"):
-        params = [cv2.IMWRITE_PNG_COMPRESSION, PNG_LEVEL, cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FILTER_SUB]
-        ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]), params)
+        row_filter = cv2.IMWRITE_PNG_FILTER_NONE if mosaic else cv2.IMWRITE_PNG_FILTER_SUB
+        params = [cv2.IMWRITE_PNG_COMPRESSION, PNG_LEVEL, cv2.IMWRITE_PNG_FILTER, row_filter]
+        bgr = (
+            cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR)
+            if rgb.ndim == 3 and rgb.shape[2] == 3
+            else rgb
+        )
+        ok, buf = cv2.imencode(".png", bgr, params)
     if not ok:  # pragma: no cover - cv2 only fails on impossible shapes
         raise ValueError(f"cannot encode an image of shape {rgb.shape} as PNG")
     return buf.tobytes()

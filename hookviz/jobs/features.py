@@ -69,7 +69,7 @@ class FeatureMapJob:
             grid = render.feature_grid(t.numpy(), channels, title=title, colormap=self.colormap)
             suffix = f".call{fm.call}" if fm.call > 1 else ""
             name = f"{stem}.featuremap.{fm.layer}.{fm.stage}{suffix}.png"
-            files.append((name, encode_png(grid)))
+            files.append((name, encode_png(grid, mosaic=True)))
             shown.append(
                 {
                     "file": name,

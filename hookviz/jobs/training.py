@@ -168,6 +168,8 @@ class DropBlockJob:
         ]
         width = max(p.shape[1] for p in panels)
         padded = [np.pad(p, ((0, 8), (0, width - p.shape[1]), (0, 0)), constant_values=255) for p in panels]
-        files = [(f"{stem}.dropblock.{self.layer}.png", encode_png(np.concatenate(padded, axis=0)))]
+        files = [
+            (f"{stem}.dropblock.{self.layer}.png", encode_png(np.concatenate(padded, axis=0), mosaic=True))
+        ]
         fields = {"layer": self.layer, "dropped_fraction": round(dropped, 6), "channels": channels}
         return files, {"predicted": predicted(self.loaded, result[3], index), **fields}
