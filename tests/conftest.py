@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# No test reaches the network: the Hugging Face hub (timm, transformers) answers from the cache or fails.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -185,8 +185,12 @@ def test_timm_preprocessing_comes_from_its_data_config() -> None:
 def test_timm_default_weights_offline_is_a_clear_setup_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # The hub reads HF_HUB_OFFLINE once, at import: set in-process too, so the test never reaches the network.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
     r = invoke("gradcam", str(photo), "--model", "timm:resnet18", "--out", str(tmp_path / "o"))
     assert r.exit_code == 3
