@@ -53,6 +53,8 @@ class Explanation:
             (some formulas assume none: :data:`hookviz.cams.ASSUMES_NONNEGATIVE`).
         guided: with Guided Backprop, how many activations of each kind were guided (``{"relu": 17}``).
         channels: per layer, the CAM tensor's channels.
+        score_kind: ``softmax`` (``probs`` are a softmax) or ``identity`` (they are the scores themselves: a
+            similarity, see :mod:`hookviz.targets`).
     """
 
     layers: tuple[str, ...]
@@ -69,6 +71,7 @@ class Explanation:
     negative_mass: dict[str, Tensor] = field(default_factory=dict)
     guided: dict[str, int] | None = None
     channels: dict[str, int] = field(default_factory=dict)
+    score_kind: str = "softmax"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,12 @@ class CamResult:
 
 
 _TRACES: weakref.WeakKeyDictionary[nn.Module, dict[Any, list[ModuleCall]]] = weakref.WeakKeyDictionary()
+
+
+def score_kind(model: nn.Module) -> str:
+    """How a model's scores become what records report: ``softmax``, or ``identity`` for a similarity
+    (:class:`hookviz.targets.Similarity` says so)."""
+    return str(getattr(type(model), "score_kind", "softmax"))
 
 
 def traced(model: nn.Module, input_shape: tuple[int, ...], device: Any) -> list[ModuleCall]:
@@ -182,8 +191,10 @@ def explain(
     """
     model = unwrap_compiled(model)
 
+    kind = score_kind(model)
+
     def readout(output: Any) -> Readout:
-        return read(logits_of(output), region, background)
+        return read(logits_of(output), region, background, kind)
 
     if options is None:
         options = MethodOptions(batch=scorecam_batch)
@@ -318,6 +329,7 @@ def _explain(
                 [to_spatial(gj, layouts[layer]) for gj in grads[layer]] if with_gradients else None,
                 t, relu, eigen_smooth, masked_scores, input_saliency, options=options, layout=layouts[layer],
                 score_of=lambda output: readout(output).scores, scorer=scorer, advance=advance, shared=shared,
+                methods=frozenset(spec.name for spec in plan),
             )  # fmt: skip
             with preserved(model):
                 model.eval()
@@ -349,6 +361,7 @@ def _explain(
         negative_mass=negative,
         guided=guided,
         channels={la: int(to_spatial(raw[la], layouts[la]).shape[1]) for la in layers},
+        score_kind=scores.kind,
     )
 
 

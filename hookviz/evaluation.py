@@ -314,7 +314,11 @@ def rank_layers(
             scores[layer] = float("-inf")
             continue
         f = faithfulness(
-            model, x, ex.maps[(method, layer)][:, 0], ex.targets[:, 0], scorer=scorer(ex.labels, ex.region)
+            model,
+            x,
+            ex.maps[(method, layer)][:, 0],
+            ex.targets[:, 0],
+            scorer=scorer(ex.labels, ex.region, ex.score_kind),
         )
         scores[layer] = float((f.insertion_auc - f.deletion_auc).mean())
     return scores

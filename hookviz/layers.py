@@ -338,19 +338,32 @@ def _climb(name: str, info: dict[str, ModuleCall]) -> str:
 _INDEXED = re.compile(r"^(.*?)(\d+)$")
 
 
-def _last_token_block(model: nn.Module, tokens: list[ModuleCall]) -> ModuleCall | None:
-    """The last of a run of repeated sibling blocks with token outputs (``blocks.11``, ``layer.11``,
-    ``encoder_layer_11``), found from names and types alone, or None."""
+def _token_run(tokens: list[ModuleCall]) -> list[ModuleCall]:
+    """The run of repeated sibling blocks with token outputs (``blocks.0`` .. ``blocks.11``, ``layer.N``,
+    ``encoder_layer_N``) that finishes last, in network order, from names and types alone; [] if none."""
     groups: dict[tuple[str, str, str], list[ModuleCall]] = {}
     for c in tokens:
         parent, _, last = c.name.rpartition(".")
         m = _INDEXED.match(last)
         if m:
             groups.setdefault((parent, m.group(1), c.type), []).append(c)
-    runs = [g for g in groups.values() if len(g) >= 2]
-    if not runs:
-        return None
-    return max((max(g, key=lambda c: c.order) for g in runs), key=lambda c: c.order)
+    runs = [sorted(g, key=lambda c: c.order) for g in groups.values() if len(g) >= 2]
+    return max(runs, key=lambda g: g[-1].order, default=[])
+
+
+def _last_token_block(model: nn.Module, tokens: list[ModuleCall]) -> ModuleCall | None:
+    """The last block of :func:`_token_run`, or None."""
+    run = _token_run(tokens)
+    return run[-1] if run else None
+
+
+def token_blocks(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]:
+    """A transformer's encoder blocks in order (each run once, with a token output), or [] for a model
+    without a run of them."""
+    once = [c for c in calls if c.calls == 1]
+    layouts = {c.name: lay for c in once if (lay := _spatial(model, c, calls)) is not None}
+    info = {c.name: c for c in once}
+    return [c.name for c in _token_run([info[n] for n, lay in layouts.items() if lay.kind == "tokens"])]
 
 
 def single_call(found: dict[str, list[Tensor]], layer: str) -> Tensor:

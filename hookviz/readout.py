@@ -40,15 +40,19 @@ class Readout:
     order: Tensor
     labels: Tensor | None = None
     region: str | None = None
+    kind: str = "softmax"
 
     def scorer(self) -> Scorer:
         """Probabilities of new outputs for the same images (see :data:`Scorer`)."""
-        return scorer(self.labels, self.region)
+        return scorer(self.labels, self.region, self.kind)
 
 
-def scorer(labels: Tensor | None = None, region: str | None = None) -> Scorer:
-    """A classifier's softmax (no ``labels``), or a segmentation's mean probability of each class over
-    the pixels ``labels`` (the original prediction) gives it, or over all pixels (``region="all"``)."""
+def scorer(labels: Tensor | None = None, region: str | None = None, kind: str = "softmax") -> Scorer:
+    """A classifier's softmax (no ``labels``), the scores themselves (``kind="identity"``: a similarity),
+    or a segmentation's mean probability of each class over the pixels ``labels`` (the original
+    prediction) gives it, or over all pixels (``region="all"``)."""
+    if kind == "identity":
+        return lambda output, rows: output.float()
     if labels is None:
         return lambda output, rows: torch.softmax(output.float(), dim=1)
     fixed = labels
@@ -88,8 +92,11 @@ def _pixel_counts(labels: Tensor, classes: int) -> Tensor:
     return torch.zeros(flat.shape[0], classes, device=labels.device).scatter_add(1, flat, ones)
 
 
-def read(output: Tensor, region: str = "class", background: int | None = 0) -> Readout:
+def read(output: Tensor, region: str = "class", background: int | None = 0, kind: str = "softmax") -> Readout:
     """Scores of a classifier's ``(B, C)`` or a segmentation model's ``(B, C, H, W)`` output.
+
+    ``kind="identity"``: the scores are what records report (a cosine similarity, :mod:`hookviz.targets`),
+    not logits to take the softmax of.
 
     For segmentation, the predicted class is the most frequent one other than ``background`` (the
     likeliest by mean probability when no pixel has another class); ``None`` counts every class.
@@ -98,6 +105,8 @@ def read(output: Tensor, region: str = "class", background: int | None = 0) -> R
         LayerError: an output of another shape.
     """
     if output.dim() == 2:
+        if kind == "identity":
+            return Readout(output, output.detach().float(), ranking(output), kind=kind)
         return Readout(output, torch.softmax(output.detach().float(), dim=1), ranking(output))
     if output.dim() != 4:
         raise LayerError(

@@ -46,6 +46,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 # Help panels: options grouped by what they are about.
 MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
 DENSE = "Segmentation and detection"
+TARGETS = "Prompts and similarity"
 
 # Options shared by several commands.
 Model = Annotated[
@@ -266,6 +267,20 @@ Compare = Annotated[
         "default the 3 with the nearest logits).", rich_help_panel=SETTINGS,
     ),
 ]  # fmt: skip
+HeadFusion = Annotated[
+    str,
+    typer.Option(
+        "--head-fusion", help="attention rollout: how a block's heads are fused (mean, max or min).",
+        rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+DiscardRatio = Annotated[
+    float,
+    typer.Option(
+        "--discard-ratio", min=0.0, max=0.99, help="attention rollout: the share of each fused attention "
+        "matrix's lowest values set to 0.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
 MaskedBatch = Annotated[
     int,
     typer.Option(
@@ -273,6 +288,69 @@ MaskedBatch = Annotated[
         help="changed inputs per forward pass of the perturbation methods.", rich_help_panel=RUN,
     ),
 ]  # fmt: skip
+
+
+Prompt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--prompt", help="an image-text model (CLIP, SigLIP: --model hf:DIR): explain its similarity to this "
+        "sentence; repeatable (top1, topK and --target choose among the prompts).", rich_help_panel=TARGETS,
+    ),
+]  # fmt: skip
+PromptsFile = Annotated[
+    Path | None,
+    typer.Option("--prompts", help="a text file of prompts, one per line.", rich_help_panel=TARGETS),
+]
+SimilarTo = Annotated[
+    Path | None,
+    typer.Option(
+        "--similar-to", help="explain each photo's cosine similarity to this photo: the parts that make it "
+        "look like it (the embedding: the head's input, an image-text model's image embedding, or "
+        "--embedding).", rich_help_panel=TARGETS,
+    ),
+]  # fmt: skip
+Embedding = Annotated[
+    str | None,
+    typer.Option(
+        "--embedding", help="--similar-to: the layer whose output is the embedding (averaged over positions "
+        "or tokens).", rich_help_panel=TARGETS,
+    ),
+]  # fmt: skip
+
+
+def _scored(
+    loaded: Any,
+    prompt: list[str] | None,
+    prompts_file: Path | None,
+    similar_to: Path | None,
+    embedding: str | None,
+) -> Any:
+    """``loaded`` explaining prompts or a similarity instead of classes (:mod:`hookviz.targets`), as asked."""
+    from hookviz import targets
+    from hookviz.errors import UsageError
+
+    texts = [p for p in (prompt or []) if p.strip()]
+    if prompts_file is not None:
+        try:
+            texts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--prompts {prompts_file}: cannot read it ({exc})") from None
+        if not texts:
+            raise UsageError(f"--prompts {prompts_file}: no prompt in it (one per line)")
+    if embedding is not None and similar_to is None:
+        raise UsageError("--embedding names the embedding of --similar-to; give --similar-to too")
+    if texts and similar_to is not None:
+        raise UsageError("--similar-to and --prompt: explain prompts or a similarity, not both in one run")
+    if texts:
+        return targets.with_prompts(loaded, texts)
+    if targets.needs_prompts(loaded):
+        raise UsageError(
+            f"{loaded.name} is an image-text model: give --prompt TEXT (repeatable) or --prompts FILE, or "
+            "--similar-to PHOTO"
+        )
+    if similar_to is not None:
+        return targets.similar_to(loaded, similar_to, embedding)
+    return loaded
 
 
 def _method_options(
@@ -286,6 +364,9 @@ def _method_options(
     masks: int,
     cells: int,
     batch: int = 64,
+    *,
+    head_fusion: str = "mean",
+    discard: float = 0.0,
 ) -> Any:
     """The method settings as given on the command line (checked: a bad one is a usage error)."""
     from hookviz.methods import MethodOptions
@@ -293,6 +374,7 @@ def _method_options(
     return MethodOptions(
         seed=seed, samples=samples, noise=noise, steps=steps, baseline=baseline.strip().lower(),
         window=window, stride=stride, masks=masks, cells=cells, batch=batch,
+        head_fusion=head_fusion.strip().lower(), discard=discard,
     )  # fmt: skip
 
 

@@ -17,6 +17,9 @@ from hookviz.cli.app import (
     Compare,
     Debug,
     Device,
+    DiscardRatio,
+    Embedding,
+    HeadFusion,
     IgSteps,
     Inputs,
     InputSize,
@@ -32,11 +35,14 @@ from hookviz.cli.app import (
     Null,
     Out,
     Overwrite,
+    Prompt,
+    PromptsFile,
     Quiet,
     ReportOpt,
     ResizeOpt,
     Samples,
     Seed,
+    SimilarTo,
     SkipExisting,
     StdOpt,
     Stride,
@@ -47,6 +53,7 @@ from hookviz.cli.app import (
     Workers,
     _guard,
     _method_options,
+    _scored,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
@@ -180,7 +187,13 @@ def gradcam(
     stride: Stride = 8,
     masks: Masks = 2000,
     cells: Cells = 7,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: DiscardRatio = 0.0,
     compare: Compare = None,
+    prompt: Prompt = None,
+    prompts_file: PromptsFile = None,
+    similar_to: SimilarTo = None,
+    embedding: Embedding = None,
     alpha: Annotated[
         float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.", rich_help_panel=MAPS)
     ] = 0.5,
@@ -244,6 +257,7 @@ def gradcam(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+            loaded = _scored(loaded, prompt, prompts_file, similar_to, embedding)
             from hookviz.jobs.build import CamSettings, auto_line, expensive, make_cam_job
 
             settings = CamSettings(
@@ -254,7 +268,8 @@ def gradcam(
                 aug_smooth=aug_smooth, region=str(region), probe_images=probe_images,
                 score_threshold=score_threshold, max_boxes=max_boxes, compare=compare,
                 options=_method_options(
-                    seed, samples, noise, ig_steps, baseline, window, stride, masks, cells
+                    seed, samples, noise, ig_steps, baseline, window, stride, masks, cells,
+                    head_fusion=head_fusion, discard=discard_ratio,
                 ),
             )  # fmt: skip
             built = make_cam_job(

@@ -16,6 +16,9 @@ from hookviz.cli.app import (
     Compare,
     Debug,
     Device,
+    DiscardRatio,
+    Embedding,
+    HeadFusion,
     IgSteps,
     Inputs,
     InputSize,
@@ -31,10 +34,13 @@ from hookviz.cli.app import (
     Null,
     Out,
     Overwrite,
+    Prompt,
+    PromptsFile,
     Quiet,
     ResizeOpt,
     Samples,
     Seed,
+    SimilarTo,
     SkipExisting,
     StdOpt,
     Stride,
@@ -45,6 +51,7 @@ from hookviz.cli.app import (
     Workers,
     _guard,
     _method_options,
+    _scored,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
 
@@ -88,7 +95,13 @@ def evaluate(
     stride: Stride = 8,
     masks: Masks = 2000,
     cells: Cells = 7,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: DiscardRatio = 0.0,
     compare: Compare = None,
+    prompt: Prompt = None,
+    prompts_file: PromptsFile = None,
+    similar_to: SimilarTo = None,
+    embedding: Embedding = None,
     out: Out = Path("out"),
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
@@ -131,6 +144,7 @@ def evaluate(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+            loaded = _scored(loaded, prompt, prompts_file, similar_to, embedding)
             _refuse_task(loaded, "evaluate", ("detection",))
             from hookviz.jobs import EvaluateJob
             from hookviz.jobs.build import method_options
@@ -149,7 +163,18 @@ def evaluate(
                     "evaluate explains one class per image: top1 or a class", param_hint="--target"
                 )
             options = _method_options(
-                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch
+                seed,
+                samples,
+                noise,
+                ig_steps,
+                baseline,
+                window,
+                stride,
+                masks,
+                cells,
+                masked_batch,
+                head_fusion=head_fusion,
+                discard=discard_ratio,
             )
             job = EvaluateJob(
                 loaded=loaded,
@@ -256,7 +281,13 @@ def sanity(
     stride: Stride = 8,
     masks: Masks = 2000,
     cells: Cells = 7,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: DiscardRatio = 0.0,
     compare: Compare = None,
+    prompt: Prompt = None,
+    prompts_file: PromptsFile = None,
+    similar_to: SimilarTo = None,
+    embedding: Embedding = None,
     out: Out = Path("out"),
     overwrite: Overwrite = False,
     skip_existing: SkipExisting = False,
@@ -298,6 +329,7 @@ def sanity(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+            loaded = _scored(loaded, prompt, prompts_file, similar_to, embedding)
             _refuse_task(loaded, "sanity", ("detection",))
             from hookviz.jobs import SanityJob
             from hookviz.jobs.build import method_options
@@ -311,7 +343,18 @@ def sanity(
                 else default_cam_layer(loaded.model, calls)
             )
             options = _method_options(
-                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch
+                seed,
+                samples,
+                noise,
+                ig_steps,
+                baseline,
+                window,
+                stride,
+                masks,
+                cells,
+                masked_batch,
+                head_fusion=head_fusion,
+                discard=discard_ratio,
             )
             job = SanityJob(
                 loaded=loaded, layer=name, methods=[str(x) for x in (methods or ["gradcam"])], seed=seed,

@@ -123,6 +123,16 @@ def make_cam_job(
             raise UsageError(
                 f"--method {name} explains a detector's boxes; for a {loaded.task} model use rise"
             )
+    attention = [name for name in parse(settings.methods) if get(name).family == "attention"]
+    if attention:
+        from hookviz.layers import token_blocks
+        from hookviz.methods.attention import APPLY
+
+        if not token_blocks(loaded.model, calls):
+            raise UsageError(
+                f"--method {attention[0]}: {loaded.name} has no transformer encoder blocks; {APPLY}; "
+                "use gradcam or another CAM"
+            )
     notes: list[str] = []
     auto = None
     if settings.layers == ("auto",):

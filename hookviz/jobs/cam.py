@@ -244,7 +244,7 @@ class CamJob:
             from hookviz.evaluation import faithfulness
             from hookviz.readout import scorer
 
-            score = scorer(ex.labels, ex.region)
+            score = scorer(ex.labels, ex.region, ex.score_kind)
             metrics = {
                 key: [
                     faithfulness(self.loaded.model, x, value[:, j], ex.targets[:, j], scorer=score)
@@ -281,7 +281,9 @@ class CamJob:
         lm, ex = self.loaded, result.explanation
         dense = ex.labels is not None
 
-        def scored(score: float) -> str:  # a probability, or a segmentation's share of the pixels
+        def scored(score: float) -> str:  # a probability, a segmentation's share of the pixels, a cosine
+            if ex.score_kind == "identity":
+                return f"cos={score:.3f}"
             return f"{score:.1%} of pixels" if dense else f"p={score:.3f}"
 
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])

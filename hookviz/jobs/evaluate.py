@@ -54,7 +54,9 @@ class EvaluateJob:
 
         ex = explain(self.loaded.model, x, self.layers, self.methods, self.targets, options=self.options)
         t = ex.targets[:, 0]
-        score = scorer(ex.labels, ex.region)  # a segmentation's class probability over its region
+        score = scorer(
+            ex.labels, ex.region, ex.score_kind
+        )  # a segmentation's class probability over its region
         rows: dict[str, Any] = {}
         passes = 0
         for (method, layer), maps in ex.maps.items():

@@ -12,6 +12,7 @@ _C = "hookviz.methods.compute"
 _P = "hookviz.methods.perturb"
 _X = "hookviz.methods.pixel"
 _O = "hookviz.methods.ownpass"
+_A = "hookviz.methods.attention"
 _SHARED = "the shared backward passes"
 
 
@@ -239,6 +240,30 @@ register_method(
     "photo's detections (detectors only)",
     in_all=False, options=("seed", "masks", "cells", "batch"), passes=lambda k, t, o, hw: (o.masks, 0),
     function=f"{_P}:drise", resolution="input",
+)  # fmt: skip
+
+# -- transformers: the attention probabilities of every encoder block, one pass shared by the three -------
+_ATTENTION = "one forward pass with every block's attention, one backward pass per target"
+register_method(
+    "rollout", title="Attention rollout", family="attention", needs={"own_passes"}, class_specific=False,
+    cost=_ATTENTION, paper="Abnar & Zuidema, ACL 2020",
+    formula="the head's tokens' row of Π_l norm(½ fuse_h(A^l) + ½ I); --head-fusion mean/max/min, the lowest "
+    "--discard-ratio of each fused matrix set to 0",
+    in_all=False, options=("head_fusion", "discard"), passes=lambda k, t, o, hw: (1, 1),
+    function=f"{_A}:rollout",
+)  # fmt: skip
+register_method(
+    "chefer", title="Attention relevance (Chefer)", family="attention", needs={"own_passes"},
+    cost=_ATTENTION, paper="Chefer, Gur & Wolf, ICCV 2021",
+    formula="the head's tokens' row of R, R ← R + E_h[(∂y/∂A^l ⊙ A^l)⁺] R from R = I over the blocks",
+    in_all=False, passes=lambda k, t, o, hw: (1, t), function=f"{_A}:chefer",
+)  # fmt: skip
+register_method(
+    "legrad", title="LeGrad", family="attention", needs={"own_passes"},
+    cost="one forward pass with every block's attention, one backward pass per block and target",
+    paper="Bousselham et al., 2024",
+    formula="mean over blocks l of E_heads,queries[(∂s^l/∂A^l)⁺], s^l the head on block l's mean token",
+    in_all=False, passes=lambda k, t, o, hw: (1, 12 * t), function=f"{_A}:legrad",
 )  # fmt: skip
 
 # -- controls ----------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ class LayerPass:
         layout: how the layer's raw tensor holds its map (``nchw``, tokens); ``score_of(output)``: the
             differentiable ``(B, C)`` class scores of a model output (what a gradient explains);
             ``scorer(output, rows)``: their probabilities; ``advance(n)``: counts ``n`` extra passes done
-            (the progress bar); ``shared``: work shared by every layer of the pass (pixel maps).
+            (the progress bar); ``shared``: work shared by every layer of the pass (pixel maps);
+            ``methods``: every method this pass computes (a pass shared by several computes what they need).
     """
 
     model: nn.Module
@@ -54,6 +55,7 @@ class LayerPass:
     scorer: Callable[[Tensor, Tensor], Tensor] = field(default=lambda output, rows: output.softmax(1))
     advance: Callable[[int], None] = field(default=lambda n: None)
     shared: dict[str, Any] = field(default_factory=dict)
+    methods: frozenset[str] = frozenset()
 
     @property
     def size(self) -> tuple[int, int]:

@@ -26,6 +26,7 @@ SELECTORS = {
     "perturbation": ("perturbation", "pixel-perturbation"),
     "pixel": ("input-gradient", "pixel-perturbation"),
     "control": ("control",),
+    "attention": ("attention",),
 }
 
 #: Passes per image ``(forward, backward)`` a method runs beyond the shared explain pass, given the CAM
@@ -54,6 +55,8 @@ class MethodOptions:
     compare: tuple[int, ...] = ()
     batch: int = 64
     input_floor: tuple[float, ...] | None = None
+    head_fusion: str = "mean"
+    discard: float = 0.0
 
     def __post_init__(self) -> None:
         from hookviz.errors import UsageError
@@ -67,6 +70,10 @@ class MethodOptions:
                 raise UsageError(f"{flag} {value}: must be at least 1")
         if self.noise is not None and not self.noise >= 0:
             raise UsageError(f"--noise {self.noise}: must be >= 0")
+        if self.head_fusion not in HEAD_FUSIONS:
+            raise UsageError(f"--head-fusion {self.head_fusion}: one of {', '.join(HEAD_FUSIONS)}")
+        if not 0.0 <= self.discard < 1.0:
+            raise UsageError(f"--discard-ratio {self.discard}: must be in [0, 1)")
 
     def record(self, methods: Iterable[str]) -> dict[str, Any]:
         """What a record says of the settings the given methods used (the seed of the stochastic ones)."""
@@ -78,6 +85,8 @@ class MethodOptions:
 
 
 BASELINES = ("black", "mean", "blur")
+#: How attention rollout fuses the heads of a block.
+HEAD_FUSIONS = ("mean", "max", "min")
 
 
 @dataclass(frozen=True)

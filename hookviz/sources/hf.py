@@ -61,6 +61,10 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
             "written by save_pretrained, or a hub id (which needs the network)"
         ) from None
     name = f"hf:{Path(where).name or where}"
+    # An image-text model (CLIP, SigLIP): the whole model, its tokenizer beside it; prompts come later.
+    image_text = getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None)
+    if image_text:
+        auto = transformers.AutoModel
     if weights.lower() == WEIGHTS_NONE:
         model = seeded(lambda: auto.from_config(config))
         label, pretrained, weights_id = "none (random init)", False, "none"
@@ -81,9 +85,21 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         model = apply_state_dict(seeded(lambda: auto.from_config(config)), state, path, name)
         key = f"[{options.weights_key}]" if options.weights_key else ""
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
-    built = Built(model, name, label, pretrained, weights_id, _categories(config))
+    if image_text:
+        from hookviz.targets import ImageTextSource
+
+        model = ImageTextSource(model, _tokenizer(transformers, where), str(config.model_type))
+    built = Built(model, name, label, pretrained, weights_id, () if image_text else _categories(config))
     _preprocessing(built, where, config)
     return built
+
+
+def _tokenizer(transformers: Any, where: str) -> Any:
+    """The tokenizer saved beside an image-text model, or None (``--prompt`` then says so)."""
+    try:
+        return transformers.AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _weights_id(where: str, config: Any) -> str:

@@ -1,0 +1,257 @@
+"""Scores other than a class: how similar a photo is to a reference photo, or to a sentence (CLIP, SigLIP).
+
+Each is a model whose output is the scores, so every method, ``evaluate`` and ``sanity`` explain them as they
+explain classes: :class:`Similarity` gives ``(B, 1)``, the cosine similarity of each photo's embedding to
+the reference's; :class:`ImageText` gives ``(B, P)``, each photo's similarity to each of ``P`` prompts.
+
+Both present the wrapped model's modules under their own names (``layer4`` stays ``layer4``) and are left as
+they were found: the embedding is read by a hook that lives for one forward call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hookviz.errors import LayerError, UsageError
+from hookviz.hooks import HookGroup, ModuleCall, logits_of, preserved
+from hookviz.models import LoadedModel
+
+
+class _Facade(nn.Module):
+    """A module that runs ``model`` and shows its children under their own names (not as ``model.x``)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self._wrapped = (model,)  # a tuple: not registered as a child, so names stay the model's
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        for name, param in model.named_parameters(recurse=False):  # CLIP's logit_scale
+            self.register_parameter(name, param)
+        self.training = model.training
+
+    @property
+    def wrapped(self) -> nn.Module:
+        return self._wrapped[0]
+
+
+def _pool(t: Tensor) -> Tensor:
+    """An embedding vector ``(B, D)`` from a layer's output: as is when 2-D, averaged over tokens (3-D) or
+    positions (4-D, channels first)."""
+    if t.dim() == 2:
+        return t
+    if t.dim() == 3:
+        return t.mean(dim=1)
+    if t.dim() == 4:
+        return t.mean(dim=(2, 3))
+    return t.flatten(1)
+
+
+class Similarity(_Facade):
+    """``(B, 1)``: the cosine similarity of each photo's embedding (``embedding(x)`` ``(B, D)``) to the
+    reference's (:attr:`reference`, set by :func:`similar_to`)."""
+
+    #: What the records report for a score (see :func:`hookviz.readout.read`): the cosine itself.
+    score_kind = "identity"
+    reference: Tensor
+
+    def __init__(self, model: nn.Module, embedding: Callable[[Tensor], Tensor]) -> None:
+        super().__init__(model)
+        self._embedding = (embedding,)
+        self.register_buffer("reference", torch.zeros(0), persistent=False)
+
+    def embedding(self, x: Tensor) -> Tensor:
+        return self._embedding[0](x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        e = self.embedding(x)
+        return F.cosine_similarity(e.float(), self.reference.float()[None], dim=1)[:, None]
+
+
+class ReadAt:
+    """``x → (B, D)``: the input (``stage="input"``) or output of module ``name`` in a forward pass of
+    ``model``, as a vector (see :func:`_pool`); the hook lives for the call alone. A plain object (no
+    closure), so a deep copy of a :class:`Similarity` reads its own copy of the model (the sanity check)."""
+
+    def __init__(self, model: nn.Module, name: str, stage: str) -> None:
+        self.model, self.name, self.stage = model, name, stage
+
+    def __call__(self, x: Tensor) -> Tensor:
+        got: list[Tensor] = []
+        module = dict(self.model.named_modules())[self.name]
+        with HookGroup() as hooks:
+            if self.stage == "input":
+                hooks.add(module.register_forward_pre_hook(lambda m, args: got.append(args[0])))
+            else:
+                hooks.add(module.register_forward_hook(lambda m, args, out: got.append(_first(out))))
+            self.model(x)
+        if not got:
+            raise LayerError(f"--embedding {self.name}: the layer did not run; pick another layer")
+        return _pool(got[-1])
+
+
+def _first(out: Any) -> Tensor:
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        return out[0]
+    return logits_of(out)
+
+
+def head_of(calls: Sequence[ModuleCall], classes: int) -> str | None:
+    """The classifier head: the last ``Linear`` to run whose output is the ``(1, classes)`` scores."""
+    heads = [c for c in calls if c.calls and c.type == "Linear" and c.output_shape == (1, classes)]
+    return max(heads, key=lambda c: c.order).name if heads else None
+
+
+def similar_to(
+    loaded: LoadedModel,
+    reference: str | Path,
+    embedding: str | None = None,
+    *,
+    calls: Sequence[ModuleCall] | None = None,
+    max_pixels: int | None = None,
+) -> LoadedModel:
+    """``loaded`` scoring each photo by its similarity to the photo ``reference``.
+
+    The embedding is the input of the classifier head (its last ``Linear``), an image-text model's image
+    embedding, or the output of ``embedding`` (a layer name), averaged over positions or tokens.
+
+    Raises:
+        UsageError: a detector or segmentation model, an unreadable reference, a model without a head found.
+        LayerError: an unknown embedding layer.
+    """
+    from hookviz.images import load_rgb
+    from hookviz.models import num_classes, probe
+
+    if loaded.task != "classification":
+        raise UsageError(f"--similar-to explains classifiers and image-text models; {loaded.name} is a "
+                         f"{loaded.task} model")  # fmt: skip
+    path = Path(reference)
+    try:
+        rgb = load_rgb(path) if max_pixels is None else load_rgb(path, max_pixels)
+    except Exception as exc:
+        raise UsageError(f"--similar-to {path}: cannot read it as an image ({exc})") from None
+    if isinstance(loaded.model, ImageTextSource):
+        source = loaded.model.wrapped
+        what = "image embedding"
+        wrapper = Similarity(source, loaded.model.forward)
+    else:
+        source = loaded.model
+        if embedding is not None:
+            if embedding not in dict(source.named_modules()):
+                raise LayerError(
+                    f"--embedding {embedding!r}: no such layer in {loaded.name} (see hookviz layers)"
+                )
+            name, stage = embedding, "output"
+        else:
+            head = head_of(calls if calls is not None else probe(loaded), num_classes(loaded))
+            if head is None:
+                raise UsageError(
+                    f"--similar-to: {loaded.name} has no Linear head to read the embedding from; name the "
+                    "layer with --embedding LAYER"
+                )
+            name, stage = head, "input"
+        what = f"{name}:{stage}"
+        wrapper = Similarity(source, ReadAt(source, name, stage))
+    x = torch.from_numpy(loaded.preprocess(rgb)[0])[None].to(loaded.device)
+    with torch.no_grad(), preserved(source):
+        source.eval()
+        wrapper.reference = wrapper.embedding(x)[0].detach()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    return _replace(loaded, wrapper, (f"similarity to {path.name}",), f"similar-to:{digest}:{what}")
+
+
+def _replace(
+    loaded: LoadedModel, model: nn.Module, categories: tuple[str, ...], labels_id: str
+) -> LoadedModel:
+    import dataclasses
+
+    return dataclasses.replace(loaded, model=model, categories=categories, labels_id=labels_id)
+
+
+class ImageText(_Facade):
+    """``(B, P)``: an image-text model's (CLIP, SigLIP) ``scale · cos(image, prompt) + bias`` for each of
+    ``P`` prompts, whose text embeddings are computed once. Its modules keep the model's names."""
+
+    score_kind = "softmax"
+    texts: Tensor
+
+    def __init__(
+        self, model: nn.Module, image_features: Callable[[Tensor], Tensor], texts: Tensor, scale: float,
+        bias: float,
+    ) -> None:  # fmt: skip
+        super().__init__(model)
+        self._features = (image_features,)
+        self.register_buffer("texts", F.normalize(texts.float(), dim=-1), persistent=False)
+        self.scale, self.bias = scale, bias
+
+    def image_features(self, x: Tensor) -> Tensor:
+        return self._features[0](x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        image = F.normalize(self.image_features(x).float(), dim=-1)
+        return self.scale * image @ self.texts.T + self.bias
+
+
+def _pooled(out: Any) -> Tensor:
+    """An embedding from ``get_image_features`` / ``get_text_features``: a tensor, or (transformers 5) the
+    output's projected ``pooler_output``."""
+    return out if isinstance(out, Tensor) else out.pooler_output
+
+
+class ImageTextSource(_Facade):
+    """An image-text model (``CLIPModel``, ``SiglipModel``) as loaded, before any prompt: its output is the
+    image embedding ``(B, D)`` (so ``featuremaps``, ``layers`` and ``summary`` see its image tower);
+    :func:`with_prompts` makes it score prompts."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, kind: str) -> None:
+        super().__init__(model)
+        self._tokenizer = (tokenizer,)
+        self.kind = kind
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _pooled(self.wrapped.get_image_features(pixel_values=x))  # type: ignore[operator]
+
+
+def needs_prompts(loaded: LoadedModel) -> bool:
+    """Whether ``loaded`` is an image-text model that has no prompts (or reference photo) yet."""
+    return isinstance(loaded.model, ImageTextSource)
+
+
+def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
+    """``loaded`` (an image-text model) scoring each photo by its similarity to each prompt; the prompts are
+    its classes (``top1`` is the best-matching prompt, captions and records name them).
+
+    Raises:
+        UsageError: not an image-text model, no tokenizer beside it.
+    """
+    source = loaded.model
+    if not isinstance(source, ImageTextSource):
+        raise UsageError(
+            f"--prompt needs an image-text model (CLIP, SigLIP: --model hf:DIR); {loaded.name} is not one"
+        )
+    if source.tokenizer is None:
+        raise UsageError(f"--prompt: {loaded.name} has no tokenizer beside it (save it with save_pretrained)")
+    model = source.wrapped
+    padding = "max_length" if source.kind.startswith("siglip") else True
+    encoded = source.tokenizer(list(prompts), padding=padding, truncation=True, return_tensors="pt")
+    encoded = {k: v.to(loaded.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+    with torch.no_grad(), preserved(model):
+        model.eval()
+        texts = _pooled(model.get_text_features(**encoded))  # type: ignore[operator]
+        scale = float(model.logit_scale.exp())  # type: ignore[operator]
+        bias = float(model.logit_bias) if getattr(model, "logit_bias", None) is not None else 0.0  # type: ignore[arg-type]
+    wrapper = ImageText(model, source.forward, texts.detach(), scale, bias)
+    digest = hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:12]
+    return _replace(loaded, wrapper, tuple(prompts), f"prompts:{digest}")
