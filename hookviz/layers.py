@@ -360,10 +360,15 @@ def _last_token_block(model: nn.Module, tokens: list[ModuleCall]) -> ModuleCall 
 def token_blocks(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]:
     """A transformer's encoder blocks in order (each run once, with a token output), or [] for a model
     without a run of them."""
-    once = [c for c in calls if c.calls == 1]
-    layouts = {c.name: lay for c in once if (lay := _spatial(model, c, calls)) is not None}
-    info = {c.name: c for c in once}
-    return [c.name for c in _token_run([info[n] for n, lay in layouts.items() if lay.kind == "tokens"])]
+    # Only indexed siblings with 3-D outputs can be blocks of tokens: the others need no layout.
+    once = [
+        c
+        for c in calls
+        if c.calls == 1 and c.output_shape is not None and len(c.output_shape) == 3
+        and _INDEXED.match(c.name.rpartition(".")[2])
+    ]  # fmt: skip
+    tokens = [c for c in once if (lay := _spatial(model, c, calls)) is not None and lay.kind == "tokens"]
+    return [c.name for c in _token_run(tokens)]
 
 
 def single_call(found: dict[str, list[Tensor]], layer: str) -> Tensor:

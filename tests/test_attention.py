@@ -253,3 +253,22 @@ def test_the_cli_explains_a_vit_with_every_attention_method(tmp_path: Path) -> N
     assert rec["predicted"]["index"] == 1  # the disc
     assert rec["options"] == {"head_fusion": "max", "discard": 0.5}
     assert len(rec["outputs"]) >= 6 and all(Path(o).stat().st_size > 0 for o in rec["outputs"])
+
+
+def test_evaluate_and_sanity_take_the_attention_methods(tmp_path: Path) -> None:
+    from hookviz.shapes import draw_shape
+
+    photos = []
+    for k in range(3):
+        img, _ = draw_shape(k, 64, np.random.default_rng(10 + k))
+        photos.append(str(write_image(tmp_path / f"s{k}.png", (img * 255).round().astype(np.uint8))))
+    common = ["--model", VIT, "--weights", str(VIT_WEIGHTS), "--input-size", "64", "--resize", "squash",
+              "--mean", "0,0,0", "--std", "1,1,1", "-q"]  # fmt: skip
+    r = invoke("evaluate", *photos, *common, "--method", "rollout,chefer", "--out", str(tmp_path / "e"))
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads((tmp_path / "e" / "evaluation.json").read_text())
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    by = {row["method"]: row for row in rows}
+    assert by["chefer"]["insertion_auc"] > by["random"]["insertion_auc"]
+    r = invoke("sanity", photos[0], *common, "--method", "chefer", "--out", str(tmp_path / "s"))
+    assert r.exit_code == 0, r.stderr

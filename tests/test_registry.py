@@ -35,7 +35,7 @@ def test_a_method_registered_outside_the_package_runs_everywhere(toy: str, tmp_p
 
     from hookviz.cli import app
 
-    r = CliRunner().invoke(app, ["gradcam", "--help"], env={"COLUMNS": "400"})
+    r = CliRunner().invoke(app, ["gradcam", "--help"], env={"COLUMNS": "2000"})
     assert f"|{toy}|all" in r.stdout
     photo = write_image(tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (50, 60, 3), np.uint8))
     out = tmp_path / "out"

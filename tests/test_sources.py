@@ -123,6 +123,13 @@ TIMM_FAMILIES = [
 ]  # fmt: skip
 
 
+#: The families with global self-attention over their patch tokens: the attention methods apply.
+TIMM_ATTENTION = {
+    "vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_little_patch16_reg4_gap_256",
+    "eva02_tiny_patch14_224", "cait_xxs24_224",
+}  # fmt: skip
+
+
 def _expected_grid(model: torch.nn.Module, size: int) -> tuple[int, int]:
     """timm's own account of the final map: the patch grid of a ViT, else the input over its reduction."""
     embed = getattr(model, "patch_embed", None)
@@ -155,6 +162,19 @@ def test_timm_families_work_with_no_options(tmp_path: Path) -> None:
         expected = _expected_grid(model, rec["settings"]["input"]["crop_size"])
         if raw.shape != expected or not np.isfinite(raw).all():
             failures.append(f"{name}: map {raw.shape} at {rec['layer']}, expected {expected}")
+        if name not in TIMM_ATTENTION:
+            continue
+        r = invoke("gradcam", str(photo), "--model", f"timm:{name}", "--weights", "none", "--save-raw",
+                   "--method", "attention", "--out", str(out / "attention"), "-q", "--json")  # fmt: skip
+        if r.exit_code != 0:
+            failures.append(f"{name} --method attention: {r.stderr.strip()}")
+            continue
+        rec = json.loads(r.stdout)
+        for o in rec["outputs"]:
+            if o.endswith(".npy") and not o.endswith(".full.npy"):
+                raw = np.load(o)
+                if raw.shape != expected or not np.isfinite(raw).all() or raw.max() <= 0:
+                    failures.append(f"{name}: {Path(o).name} {raw.shape}, expected {expected}")
     assert not failures, "\n".join(failures)
 
 
@@ -222,7 +242,33 @@ def hf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     t.ConvNextForImageClassification(cnx).save_pretrained(d / "convnext")
     t.ConvNextImageProcessor(size={"shortest_edge": 64}, crop_pct=0.875).save_pretrained(d / "convnext")
+    small = {"image_size": 64, "patch_size": 8, "hidden_size": 48, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 96, "id2label": names}  # fmt: skip
+    for kind, config, model in (
+        ("deit", t.DeiTConfig(**small), t.DeiTForImageClassification),
+        ("dinov2", t.Dinov2Config(**small), t.Dinov2ForImageClassification),
+        ("dinov2reg", t.Dinov2WithRegistersConfig(**small, num_register_tokens=4),
+         t.Dinov2WithRegistersForImageClassification),
+    ):  # fmt: skip
+        model(config).save_pretrained(d / kind)
+        t.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(d / kind)
     return d
+
+
+@pytest.mark.parametrize("kind", ["vit", "deit", "dinov2", "dinov2reg"])
+def test_hugging_face_transformers_run_the_attention_methods(
+    hf_models: Path, tmp_path: Path, kind: str
+) -> None:
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(2).integers(0, 256, (70, 90, 3), np.uint8))
+    r = invoke("gradcam", str(photo), "--model", f"hf:{hf_models / kind}", "--method", "attention",
+               "--save-raw", "--out", str(tmp_path / "o"), "-q", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout)
+    for method in ("rollout", "chefer", "legrad"):
+        raw = np.load(
+            next(o for o in rec["outputs"] if f".{method}." in o and o.endswith(f"{rec['layer']}.npy"))
+        )
+        assert raw.shape == (8, 8) and np.isfinite(raw).all() and raw.max() > 0, (method, raw.shape)
 
 
 @pytest.mark.parametrize(

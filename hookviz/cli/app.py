@@ -211,7 +211,8 @@ Methods = Annotated[
     typer.Option(
         "--method",
         help="method, all (every cheap one) or a family: gradient, activation, cams, perturbation, pixel, "
-        "control; repeatable or comma-separated (default gradcam). The README's table gives each one's cost.",
+        "control, attention (transformers); repeatable or comma-separated (default gradcam). The README's "
+        "table gives each one's cost.",
         rich_help_panel=MAPS,
     ),
 ]
@@ -343,13 +344,13 @@ def _scored(
         raise UsageError("--similar-to and --prompt: explain prompts or a similarity, not both in one run")
     if texts:
         return targets.with_prompts(loaded, texts)
+    if similar_to is not None:
+        return targets.similar_to(loaded, similar_to, embedding)
     if targets.needs_prompts(loaded):
         raise UsageError(
             f"{loaded.name} is an image-text model: give --prompt TEXT (repeatable) or --prompts FILE, or "
             "--similar-to PHOTO"
         )
-    if similar_to is not None:
-        return targets.similar_to(loaded, similar_to, embedding)
     return loaded
 
 

@@ -263,7 +263,7 @@ register_method(
     cost="one forward pass with every block's attention, one backward pass per block and target",
     paper="Bousselham et al., 2024",
     formula="mean over blocks l of E_heads,queries[(∂s^l/∂A^l)⁺], s^l the head on block l's mean token",
-    in_all=False, passes=lambda k, t, o, hw: (1, 12 * t), function=f"{_A}:legrad",
+    in_all=False, passes=lambda k, t, o, hw: (1, t), function=f"{_A}:legrad",
 )  # fmt: skip
 
 # -- controls ----------------------------------------------------------------------------------------
