@@ -12,7 +12,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 endif
 DEMO_OUT ?= out/demo
 
-.PHONY: help install browser demo test check lint bench clean
+.PHONY: help install browser demo test test-fast check lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -34,8 +34,11 @@ browser:  ## headless Chromium + chromedriver for the report tests (Debian packa
 demo: $(STAMP)  ## render feature maps and Grad-CAM overlays for sample_images/, and a report to browse them
 	@bash scripts/demo.sh $(VENV)/bin/hookviz $(DEMO_OUT)
 
-test: $(STAMP) browser  ## run the test suite (slow tests included)
-	$(PY) -m pytest -q --durations=15
+test: $(STAMP) browser  ## run the test suite (slow tests included; two workers, one core each)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+
+test-fast: $(STAMP) browser  ## the inner loop: every test but the slow model sweeps
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=10
 
 lint: $(STAMP)  ## ruff + mypy
 	$(VENV)/bin/ruff check hookviz tests bench examples scripts

@@ -7,6 +7,9 @@ import os
 os.environ.setdefault("MPLBACKEND", "Agg")
 # No test reaches the network: the Hugging Face hub (timm, transformers) answers from the cache or fails.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Under pytest-xdist (make test: two workers on two cores) each worker keeps to one core.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,12 @@ __all__ = ["SHAPES", "draw_shape", "shapes_batch"]  # re-exported for the tests
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_images"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow model sweeps first: with two workers they start at once and the rest fills in around them
+    (last, they would run alone at the end)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,6 +55,10 @@ def golden(request: pytest.FixtureRequest) -> object:
         assert text == path.read_text()
 
     return check
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
