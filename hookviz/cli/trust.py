@@ -163,19 +163,9 @@ def evaluate(
                     "evaluate explains one class per image: top1 or a class", param_hint="--target"
                 )
             options = _method_options(
-                seed,
-                samples,
-                noise,
-                ig_steps,
-                baseline,
-                window,
-                stride,
-                masks,
-                cells,
-                masked_batch,
-                head_fusion=head_fusion,
-                discard=discard_ratio,
-            )
+                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch,
+                head_fusion=head_fusion, discard=discard_ratio,
+            )  # fmt: skip
             job = EvaluateJob(
                 loaded=loaded,
                 layers=chosen,
@@ -343,19 +333,9 @@ def sanity(
                 else default_cam_layer(loaded.model, calls)
             )
             options = _method_options(
-                seed,
-                samples,
-                noise,
-                ig_steps,
-                baseline,
-                window,
-                stride,
-                masks,
-                cells,
-                masked_batch,
-                head_fusion=head_fusion,
-                discard=discard_ratio,
-            )
+                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch,
+                head_fusion=head_fusion, discard=discard_ratio,
+            )  # fmt: skip
             job = SanityJob(
                 loaded=loaded, layer=name, methods=[str(x) for x in (methods or ["gradcam"])], seed=seed,
                 options=method_options(loaded, options, compare),
