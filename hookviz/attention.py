@@ -30,6 +30,8 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 _SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
+#: ``F.multi_head_attention_forward``'s signature, to set its weight options however it was called.
+_MHA = inspect.signature(F.multi_head_attention_forward)
 
 
 @dataclass
@@ -99,7 +101,7 @@ class AttentionProbe(TorchFunctionMode):
         return out
 
     def _multi_head(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound = _MHA.bind(*args, **kwargs)
         wanted = bound.arguments.get("need_weights", True)
         averaged = bound.arguments.get("average_attn_weights", True)
         bound.arguments["need_weights"] = True

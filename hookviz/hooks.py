@@ -206,7 +206,8 @@ def logits_of(output: Any) -> Tensor:
     )
 
 
-def _first_tensor(value: Any) -> Tensor | None:
+def first_tensor(value: Any) -> Tensor | None:
+    """``value`` if a tensor, else the first element of a tuple or list of which it is a tensor, else None."""
     if isinstance(value, Tensor):
         return value
     if isinstance(value, (tuple, list)) and value and isinstance(value[0], Tensor):
@@ -333,7 +334,7 @@ class capture:
         store: dict[str, list[Tensor]] = getattr(self.captured, into)
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            t = _first_tensor(args)
+            t = first_tensor(args)
             if t is not None:
                 store.setdefault(name, []).append(self._keep(t))
 
@@ -341,7 +342,7 @@ class capture:
 
     def _store_output(self, name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            t = _first_tensor(output)
+            t = first_tensor(output)
             if t is not None:
                 self.captured.outputs.setdefault(name, []).append(self._keep(t))
 
@@ -427,13 +428,13 @@ def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
 
     def make_pre(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            tracer.pre(name, _first_tensor(args))
+            tracer.pre(name, first_tensor(args))
 
         return hook
 
     def make(name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            t = _first_tensor(output)
+            t = first_tensor(output)
             tracer.post(name, t)
             if name not in seen:
                 order.append(name)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.errors import LayerError, UsageError
-from hookviz.hooks import HookGroup, ModuleCall, logits_of, preserved
+from hookviz.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
 from hookviz.models import LoadedModel
 
 
@@ -97,11 +97,9 @@ class ReadAt:
 
 
 def _first(out: Any) -> Tensor:
-    if isinstance(out, Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-        return out[0]
-    return logits_of(out)
+    """A module's output as one tensor: itself, its first element, or a model output's logits."""
+    t = first_tensor(out)
+    return t if t is not None else logits_of(out)
 
 
 def head_of(calls: Sequence[ModuleCall], classes: int) -> str | None:

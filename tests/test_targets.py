@@ -108,6 +108,12 @@ def test_similarity_wrapper_keeps_names_and_leaves_the_model_as_found(shapes: di
     for p in twin.body.parameters():
         torch.nn.init.normal_(p)
     assert not torch.allclose(twin(x), cos) and torch.equal(wrapped.model(x), cos)
+    # --embedding LAYER: that layer's output, averaged over positions.
+    at_body = similar_to(loaded, d / "disc.png", "body.2")
+    emb = loaded.model.body[:3](x).mean(dim=(2, 3))
+    ref = at_body.model.reference
+    torch.testing.assert_close(at_body.model(x)[:, 0], torch.nn.functional.cosine_similarity(emb, ref[None]))
+    assert at_body.labels_id.endswith("body.2:output")
 
 
 def test_similarity_runs_through_evaluate_and_sanity(shapes: dict, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from hookviz.errors import LayerError
+from hookviz.hooks import first_tensor
 from hookviz.methods.compute import LayerPass
 
 #: The methods of this module (the attention pass computes what the requested ones need).
@@ -56,7 +57,7 @@ def _blocks(p: LayerPass) -> list[str]:
     return token_blocks(p.model, traced(p.model, tuple(p.x.shape[1:]), p.x.device))
 
 
-def _splice(blocks: list[Any], kept: list[Tensor]) -> Any:
+def _splice(kept: list[Tensor]) -> Any:
     """A forward hook for the last block: its output followed, along the batch, by each block's mean token
     broadcast to every position, so the rest of the network (final norm, pooling, head) turns each block's
     mean token into class scores in the same pass (LeGrad's per-block score)."""
@@ -90,7 +91,7 @@ def _attention_pass(p: LayerPass) -> AttentionPass:
         for name in blocks:
             hooks.add(modules[name].register_forward_hook(_keep(kept)))
         if blocks:
-            hooks.add(modules[blocks[-1]].register_forward_hook(_splice(blocks, kept)))
+            hooks.add(modules[blocks[-1]].register_forward_hook(_splice(kept)))
         x = p.x.detach().requires_grad_()  # records the graph from the input (no parameter gradients)
         with AttentionProbe() as probe:
             out = p.score_of(p.model(x))
@@ -123,7 +124,9 @@ def _attention_pass(p: LayerPass) -> AttentionPass:
 
 def _keep(kept: list[Tensor]) -> Any:
     def hook(module: Any, args: Any, output: Any) -> None:
-        kept.append(output[0] if isinstance(output, tuple) else output)
+        t = first_tensor(output)
+        if t is not None:
+            kept.append(t)
 
     return hook
 
