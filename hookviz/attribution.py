@@ -24,7 +24,8 @@ from hookviz.hooks import (
     trace_shapes,
     unwrap_compiled,
 )
-from hookviz.layers import Layout, layout_of, single_call, to_spatial
+from hookviz.layers import single_call
+from hookviz.layout import Layout, layout_of, to_spatial, unfold_time
 from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.perturb import channels_last
@@ -42,7 +43,8 @@ class Explanation:
 
     Attributes:
         layers, methods: what was computed, in order.
-        maps: ``(method, layer) -> (B, T, h, w)`` raw maps at the layer's resolution.
+        maps: ``(method, layer) -> (B, T, h, w)`` raw maps at the layer's resolution (a video model's:
+            ``(B, T, t, h, w)``, ``t`` the layer's time steps).
         targets: ``(B, T)`` classes explained, ``T`` per image; ``target_scores``: their probabilities.
         probs: ``(B, num_classes)`` softmax; ``predicted``/``predicted_score``: top-1 class and probability.
         grads_computed: number of backward passes run (one per target, each reusing the single graph).
@@ -344,6 +346,9 @@ def _explain(
                 maps[(spec.name, layer)] = maps[(spec.name, layers[-1])]
     guided = shared["guided"][1] if "guided" in shared else None
     ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
+    for (m, layer), value in ordered.items():  # a video model's maps get their time axis back
+        if layouts[layer].time:
+            ordered[(m, layer)] = unfold_time(value, layouts[layer].time)
     top = order[:, 0]
     top_score = result_probs.gather(1, top[:, None])[:, 0]
     return Explanation(

@@ -7,12 +7,14 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from hookviz.images import image_suffixes, quote
+from hookviz.errors import InputError
+from hookviz.images import DEFAULT_MAX_PIXELS, image_suffixes, quote
+from hookviz.video import VIDEO_SUFFIXES, Clip, VideoInfo, VideoPreprocess, frame_files, plan_clips, probe
 
 
 @dataclass(frozen=True)
@@ -22,13 +24,16 @@ class Item:
     name: str
     path: Path | None
     error: str | None = None
+    #: One clip of a video (:mod:`hookviz.video`): which frames, and what the file holds.
+    clip: Clip | None = None
+    info: VideoInfo | None = None
 
 
 def _has_glob(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
-def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
+def _scan_dir(root: Path, exclude: Path | None, video: bool = False) -> list[Path]:
     """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped.
 
     Symlinked folders are followed, each real folder once (a link back to an ancestor, or two links to
@@ -36,7 +41,7 @@ def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
     outputs are left out and any other photo is listed. A suffix is compared without surrounding spaces
     (``photo.jpg `` from a Windows zip is a photo).
     """
-    suffixes = image_suffixes()
+    suffixes = VIDEO_SUFFIXES if video else image_suffixes()
     found = []
     visited: set[Path] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -48,6 +53,10 @@ def _scan_dir(root: Path, exclude: Path | None) -> list[Path]:
         visited.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and _real(here / d) not in visited)
         ours = exclude is not None and real == exclude  # the output folder: its photos count, ours do not
+        if video and not ours and frame_files(here):  # a folder of frames is one video
+            found.append(here)
+            dirnames[:] = []
+            continue
         found += [
             here / f
             for f in sorted(filenames)
@@ -71,9 +80,17 @@ def _real(p: Path) -> Path:
 
 
 def expand_inputs(
-    specs: Sequence[str], stdin: TextIO | None = None, *, exclude: Path | None = None, null: bool = False
+    specs: Sequence[str],
+    stdin: TextIO | None = None,
+    *,
+    exclude: Path | None = None,
+    null: bool = False,
+    video: bool = False,
 ) -> list[Item]:
     """Files, directories (searched recursively for images), globs, and ``-`` (paths read from stdin).
+
+    With ``video`` (a video model's inputs), folders are searched for video files and folders of frames
+    (a folder holding images is one video, its frames in natural order).
 
     Stdin holds one path per line (blank lines and CRLF endings are fine) or, with ``null``,
     NUL-separated paths (``find -print0``), which may contain any character. Directory symlinks are
@@ -114,9 +131,10 @@ def expand_inputs(
     for name in names:
         path = Path(name).expanduser()
         if path.is_dir():
-            files = _scan_dir(path, exclude)
+            files = _scan_dir(path, exclude, video)
             if not files:
-                items.append(Item(name, None, f"{quote(name)}: no images found in this folder"))
+                what = "videos or folders of frames" if video else "images"
+                items.append(Item(name, None, f"{quote(name)}: no {what} found in this folder"))
             for f in files:
                 add(str(f), f)
         elif path.exists() or os.path.lexists(path):
@@ -131,3 +149,31 @@ def expand_inputs(
         else:
             items.append(Item(name, None, f"{quote(name)}: no such file or directory"))
     return items
+
+
+def clip_items(
+    items: Iterable[Item], p: VideoPreprocess, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> Iterator[Item]:
+    """Each video's clips as inputs (:func:`hookviz.video.plan_clips`), in order; a video that cannot be
+    opened (or a photo given to a video model) is one ``Item`` with its error, and the others go on."""
+    for item in items:
+        if item.error is not None or item.path is None:
+            yield item
+            continue
+        path = item.path
+        suffix = path.suffix.strip().lower()
+        if not path.is_dir() and suffix not in VIDEO_SUFFIXES and suffix in image_suffixes():
+            yield Item(
+                item.name,
+                None,
+                f"{quote(item.name)}: a photo, and the model takes videos; give a video file or a folder of "
+                "its frames",
+            )
+            continue
+        try:
+            info = probe(path, max_pixels)
+        except InputError as exc:
+            yield Item(item.name, None, str(exc))
+            continue
+        for clip in plan_clips(info, p):
+            yield Item(item.name, path, clip=clip, info=info)

@@ -8,16 +8,15 @@ class names, wherever a shape can tell.
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from hookviz import taps
 from hookviz.errors import LayerError, UsageError, close_matches
 from hookviz.hooks import ModuleCall
+from hookviz.layout import Layout, layout_of
 
 
 def is_pattern(text: str) -> bool:
@@ -210,98 +209,11 @@ def channels(model: nn.Module, name: str, calls: Sequence[ModuleCall]) -> int:
     return int(shape[1] if layout_of(model, name, shape, calls).kind == "nchw" else shape[-1])
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How a layer's output holds its map: ``nchw``, ``nhwc`` (Swin, channels-last blocks) or ``tokens``
-    ``(B, N, D)``: ``prefix`` tokens (class, distillation, register) then a ``grid`` of patch tokens."""
-
-    kind: str
-    prefix: int = 0
-    grid: tuple[int, int] | None = None
-
-
-def to_spatial(t: Tensor, layout: Layout | str) -> Tensor:
-    """``(B, C, H, W)`` from a layer output in ``layout``."""
-    kind = layout if isinstance(layout, str) else layout.kind
-    if kind == "nchw":
-        return t
-    if kind == "nhwc":
-        return t.permute(0, 3, 1, 2)
-    b, n, d = t.shape
-    if isinstance(layout, Layout) and layout.grid is not None:
-        gh, gw = layout.grid
-        return t[:, layout.prefix :].reshape(b, gh, gw, d).permute(0, 3, 1, 2)
-    side = math.isqrt(n)
-    if side * side != n:
-        side = math.isqrt(n - 1)
-        t = t[:, 1:]
-    return t.reshape(b, side, side, d).permute(0, 3, 1, 2)
-
-
-#: At most this many tokens before the patch grid (class + distillation + register tokens).
-MAX_PREFIX_TOKENS = 16
-
-
-def patch_grid(calls: Sequence[ModuleCall], tokens: int, dim: int) -> tuple[int, int] | None:
-    """The patch grid behind ``tokens`` tokens of width ``dim``: the earliest 4-D output ``(B, dim, gh, gw)``
-    (the patch embedding's convolution) with ``gh * gw`` patches and at most 16 more tokens."""
-    for c in sorted((c for c in calls if c.calls and c.output_shape), key=lambda c: c.order):
-        shape = c.output_shape or ()
-        if len(shape) == 4 and shape[1] == dim:
-            gh, gw = int(shape[2]), int(shape[3])
-            if gh * gw <= tokens <= gh * gw + MAX_PREFIX_TOKENS:
-                return gh, gw
-    return None
-
-
-def _kind_4d(module: nn.Module | None, shape: Sequence[int]) -> str:
-    # Inputs are square, so a channels-first map has H == W and a channels-last one has shape[1] == shape[2].
-    if isinstance(module, nn.Conv2d) or shape[2] == shape[3] or shape[1] != shape[2]:
-        return "nchw"
-    return "nhwc"
-
-
-def layout_of(
-    model: nn.Module, layer: str, shape: Sequence[int], calls: Sequence[ModuleCall] | None = None
-) -> Layout:
-    """How a layer's output is laid out, so maps come out as ``(B, C, H, W)`` for any architecture.
-
-    Decided from shapes: 4-D outputs are channels-first or channels-last (Swin); 3-D outputs are tokens,
-    whose patch grid (and so the number of prefix tokens, and non-square grids) comes from the patch
-    embedding seen in ``calls``; without ``calls``, a square number of tokens after 0 or 1 prefix token.
-
-    Raises:
-        LayerError: the output has no spatial structure (a classifier head, a pooled vector, 1x1).
-    """
-    module = None if taps.is_input(layer) else dict(model.named_modules())[layer]
-    kind_name = type(module).__name__ if module is not None else "input"
-    what = f"layer {layer!r} ({kind_name}) outputs shape {tuple(shape)}"
-    if len(shape) == 4:
-        kind = _kind_4d(module, shape)
-        pixels = shape[2] * shape[3] if kind == "nchw" else shape[1] * shape[2]
-        if pixels == 1:
-            raise LayerError(f"{what}: a 1x1 map has no spatial extent left to show; pick an earlier layer")
-        return Layout(kind)
-    if len(shape) == 3 and shape[1] > 1:
-        n, d = int(shape[1]), int(shape[2])
-        grid = patch_grid(calls, n, d) if calls else None
-        if grid is not None:
-            return Layout("tokens", n - grid[0] * grid[1], grid)
-        for prefix in (0, 1):
-            side = math.isqrt(n - prefix)
-            if side > 1 and side * side == n - prefix:
-                return Layout("tokens", prefix, (side, side))
-    raise LayerError(
-        f"{what}, not a (B, C, H, W) feature map or a grid of tokens, so it has no spatial map to show; "
-        "pick a convolutional layer or an encoder block"
-    )
-
-
 def _spatial(model: nn.Module, c: ModuleCall, calls: Sequence[ModuleCall], batch: int = 1) -> Layout | None:
     if (
         not c.calls
         or c.output_shape is None
-        or len(c.output_shape) not in (3, 4)
+        or len(c.output_shape) not in (3, 4, 5)
         or c.output_shape[0] != batch
     ):
         return None
@@ -312,11 +224,14 @@ def _spatial(model: nn.Module, c: ModuleCall, calls: Sequence[ModuleCall], batch
 
 
 def _where(shape: Sequence[int] | None) -> tuple[int, ...] | None:
-    """The spatial part of a shape: (H, W) of a 4-D map (either layout), N of tokens."""
-    if shape is None or len(shape) not in (3, 4):
+    """The spatial part of a shape: (H, W) of a 4-D map (either layout), (T, H, W) of a 5-D one, N of
+    tokens."""
+    if shape is None or len(shape) not in (3, 4, 5):
         return None
     if len(shape) == 3:
         return (int(shape[1]),)
+    if len(shape) == 5:
+        return tuple(shape[2:]) if shape[3] == shape[4] or shape[2] != shape[3] else tuple(shape[1:4])
     return tuple(shape[2:]) if shape[2] == shape[3] or shape[1] != shape[2] else tuple(shape[1:3])
 
 
@@ -422,7 +337,7 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     pool = getattr(calls, "pool", None)
     if prefix is None and pool is not None:
         try:
-            if layout_of(model, pool.name, pool.shape, calls).kind in ("nchw", "tokens"):
+            if layout_of(model, pool.name, pool.shape, calls).kind in ("nchw", "ncthw", "tokens"):
                 return pool.name
         except (LayerError, KeyError):
             pass
@@ -452,9 +367,9 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
             return _climb(last.name, info)
         inside = [c for c in tokens if c.name.startswith(f"{block.name}.")]
         return min(inside, key=lambda c: c.order).name if inside else block.name
-    if kind == "nhwc":
+    if kind in ("nhwc", "nthwc"):
         return _climb(last.name, info)
-    convs = [c for c in calls if c.calls and c.type == "Conv2d" and c.name in layouts]
+    convs = [c for c in calls if c.calls and c.type in ("Conv2d", "Conv3d") and c.name in layouts]
     if not convs:
         return _climb(last.name, info)
     return _climb(max(convs, key=lambda c: c.order).name, info)

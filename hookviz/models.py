@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ from hookviz.errors import (
 )
 from hookviz.hooks import ModuleCall, logits_of, probe_input, trace_shapes
 from hookviz.images import Preprocess
+from hookviz.video import VideoPreprocess
 
 WEIGHTS_NONE = "none"
 WEIGHTS_DEFAULT = "DEFAULT"
@@ -35,7 +36,8 @@ def list_models(task: str | None = "classification") -> list[str]:
 def task_of(model: nn.Module) -> str:
     """``detection`` for torchvision's detector classes (Faster/Mask/Keypoint R-CNN, RetinaNet, FCOS, SSD
     and the user's models built from them), ``segmentation`` for FCN, DeepLabV3 and LR-ASPP, else
-    ``classification`` (a model returning ``(B, C, H, W)`` scores is explained as segmentation anyway)."""
+    ``video`` for a model whose first layer is a ``Conv3d`` (it takes clips), else ``classification`` (a
+    model returning ``(B, C, H, W)`` scores is explained as segmentation anyway)."""
     from torchvision.models import detection, segmentation
 
     detectors = (
@@ -48,6 +50,9 @@ def task_of(model: nn.Module) -> str:
         return "detection"
     if isinstance(model, (segmentation.FCN, segmentation.DeepLabV3, segmentation.LRASPP)):
         return "segmentation"
+    first = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear))), None)
+    if isinstance(first, nn.Conv3d):  # a clip classifier: (B, 3, T, H, W) in
+        return "video"
     return "classification"
 
 
@@ -97,8 +102,17 @@ class LoadedModel:
     #: ``none`` (seeded random init); with the class names' source it goes into every output's key.
     weights_id: str = ""
     labels_id: str = ""
-    #: ``classification``, ``segmentation`` or ``detection``: what the output is and which job explains it.
+    #: ``classification``, ``segmentation``, ``detection`` or ``video``: what the output is and which job
+    #: explains it.
     task: str = "classification"
+    #: How a video becomes clips for a ``video`` model (None for the others).
+    video: VideoPreprocess | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One input's shape: ``(3, H, W)``, or ``(3, T, H, W)`` for a video model."""
+        s = self.preprocess.crop_size
+        return (3, self.video.clip_len, s, s) if self.video is not None else (3, s, s)
 
     def class_name(self, index: int) -> str:
         return self.categories[index] if 0 <= index < len(self.categories) else f"class {index}"
@@ -170,7 +184,9 @@ def load_model(
             class_names = read_labels(labels)
         else:
             class_names = tuple(labels)
-        heads = classifier_out(built.model) if task == "classification" else dense_classes(built.model)
+        heads = (
+            classifier_out(built.model) if task in ("classification", "video") else dense_classes(built.model)
+        )
         if heads is not None and heads != len(class_names):
             where = f"--labels {str(labels)!r}" if isinstance(labels, (str, Path)) else "labels"
             raise UsageError(
@@ -180,7 +196,10 @@ def load_model(
         categories = class_names
         labels_id = hashlib.sha256("\n".join(class_names).encode()).hexdigest()[:16]
     base = built.preprocess
-    if task != built.task:  # a detector or segmenter from the user's code: its task's transform
+    video = built.video or (VideoPreprocess() if task == "video" else None)
+    if video is not None:  # the image preprocessing names the clip's frame size and normalisation
+        base = Preprocess(crop_size=video.crop, resize_size=max(video.resize), mean=video.mean, std=video.std)
+    elif task != built.task:  # a detector or segmenter from the user's code: its task's transform
         from hookviz.sources.torchvision import task_preprocess
 
         base = task_preprocess(task)
@@ -191,6 +210,10 @@ def load_model(
         rsz, crop = round(input_size * rsz / crop), input_size
         if task == "detection":
             _detector_size(built.model, input_size, built.name)
+        if video is not None:
+            video = replace(
+                video, crop=input_size, resize=tuple(round(v * input_size / video.crop) for v in video.resize)
+            )
     preprocess = Preprocess(
         crop_size=crop,
         resize_size=rsz,
@@ -213,6 +236,7 @@ def load_model(
         built.weights_id,
         labels_id,
         task,
+        video,
     )
 
 
@@ -243,15 +267,16 @@ def probe(loaded: LoadedModel) -> list[ModuleCall]:
     """
     from hookviz.errors import HookvizError, SetupError
 
-    s = loaded.preprocess.crop_size
+    shape = loaded.input_shape
     try:
-        return trace_shapes(loaded.model, probe_input(loaded.model, (1, 3, s, s)))
+        return trace_shapes(loaded.model, probe_input(loaded.model, (1, *shape)))
     except HookvizError:
         raise
     except Exception as exc:  # a model's own size checks raise AssertionError, RuntimeError, ValueError
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        size = "x".join(map(str, shape))
         raise SetupError(
-            f"{loaded.name} cannot take a 3x{s}x{s} input ({first}); leave --input-size out, or build the "
+            f"{loaded.name} cannot take a {size} input ({first}); leave --input-size out, or build the "
             "model for that size (timm:NAME?img_size=N)"
         ) from None
 
@@ -266,10 +291,9 @@ def num_classes(loaded: LoadedModel) -> int:
         return dense_classes(loaded.model) or 1
     from hookviz.hooks import preserved
 
-    s = loaded.preprocess.crop_size
     with torch.no_grad(), preserved(loaded.model):
         loaded.model.eval()
-        logits = logits_of(loaded.model(probe_input(loaded.model, (1, 3, s, s))))
+        logits = logits_of(loaded.model(probe_input(loaded.model, (1, *loaded.input_shape))))
     return int(logits.shape[1])
 
 

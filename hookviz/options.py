@@ -65,6 +65,7 @@ class Task(Choice):
     classification = "classification"
     segmentation = "segmentation"
     detection = "detection"
+    video = "video"
 
 
 class Region(Choice):

@@ -30,6 +30,7 @@ from hookviz.inputs import Item, _real, expand_inputs
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
     from hookviz.jobs.common import Job
+    from hookviz.video import VideoPreprocess
 
 MANIFEST = "manifest.jsonl"
 
@@ -197,8 +198,18 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _load(item: Item, preprocess: Preprocess, max_pixels: int) -> tuple[np.ndarray, np.ndarray, Box]:
+def _load(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
     assert item.path is not None
+    if item.clip is not None:  # a video's clip: its frames (a ClipFrames) instead of a photo
+        from hookviz.video import ClipFrames, read_clip
+
+        with timing.stage("decode"):
+            frames, times = read_clip(item.path, item.clip, item.info, max_pixels)
+        with timing.stage("preprocess"):
+            x, box = preprocess(frames)
+        fps = (item.info.fps if item.info is not None and item.info.fps else 0.0) or 0.0
+        rate = fps / preprocess.step(fps or None) if fps else 8.0
+        return ClipFrames(frames, times, item.clip, rate), x, box
     with timing.stage("decode"):
         rgb = load_rgb(item.path, max_pixels=max_pixels)
     with timing.stage("preprocess"):
@@ -215,7 +226,7 @@ def run(
     items: Iterable[Item],
     job: Job,
     *,
-    preprocess: Preprocess,
+    preprocess: Preprocess | VideoPreprocess,
     output: Output,
     device: Any,
     base: dict[str, Any],
@@ -267,7 +278,12 @@ def run(
             if item.error is not None or item.path is None:
                 chunk.append((item, ""))
                 continue
-            chunk.append((item, output_prefix(item.path, model, key)))
+            prefix = output_prefix(item.path, model, key)
+            if item.clip is not None:
+                from hookviz.video import clip_suffix
+
+                prefix += clip_suffix(item.clip)
+            chunk.append((item, prefix))
             readable += 1
             if readable == batch_size:
                 yield chunk
@@ -442,3 +458,49 @@ def run(
         cv2.setNumThreads(cv2_threads)
         output.close()
         timing.dump(done[0])
+
+
+def with_video_summaries(
+    records: Iterable[dict[str, Any]], job: Any, output: Output, loaded: Any
+) -> Iterator[dict[str, Any]]:
+    """``records`` of a video model's clips, each video's followed by one record of the whole video's
+    prediction (the mean of its clips' class probabilities; clips computed in this run), also appended to
+    the manifest. A video whose clips were all skipped or failed gets none."""
+    from hookviz.jobs.video import video_summary
+
+    probs: dict[str, Any] = getattr(job, "clip_probs", {})
+    current: str | None = None
+    done: list[dict[str, Any]] = []
+
+    def summary() -> dict[str, Any] | None:
+        got = [(r, probs.pop(r["prefix"])) for r in done if r.get("prefix") in probs and r["status"] == "ok"]
+        if not got:
+            return None
+        entry: dict[str, Any] = {
+            "input": current,
+            "status": "ok",
+            "error": None,
+            "command": done[0].get("command"),
+            "model": done[0].get("model"),
+            "key": done[0].get("key"),
+            "video": video_summary(str(current), [r for r, _ in got], [p for _, p in got], loaded),
+            "outputs": [],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        output.record(entry)
+        return entry
+
+    try:
+        for rec in records:
+            if rec["input"] != current and done:
+                if (found := summary()) is not None:
+                    yield found
+                done = []
+            current = rec["input"]
+            if rec.get("clip") is not None:
+                done.append(rec)
+            yield rec
+        if done and (entry := summary()) is not None:
+            yield entry
+    finally:
+        output.close()

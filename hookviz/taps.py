@@ -30,7 +30,8 @@ from torch.overrides import TorchFunctionMode
 
 INPUT = ":input"
 
-#: Functions that pool globally when their output is (B, C) or (B, C, 1, 1) of a (B, C, H, W) input.
+#: Functions that pool globally when their output is (B, C) or (B, C, 1, 1) of a (B, C, H, W) input (or
+#: (B, C, 1, 1, 1) of a video model's (B, C, T, H, W)).
 POOL_FUNCTIONS = frozenset(
     {
         "adaptive_avg_pool2d",
@@ -43,6 +44,12 @@ POOL_FUNCTIONS = frozenset(
         "max_pool2d_with_indices",
         "mean",
         "amax",
+        "adaptive_avg_pool3d",
+        "adaptive_max_pool3d",
+        "adaptive_max_pool3d_with_indices",
+        "avg_pool3d",
+        "max_pool3d",
+        "max_pool3d_with_indices",
     }
 )
 
@@ -97,6 +104,9 @@ def _global(function: str, args: Sequence[Any], out: Any) -> Tensor | None:
     if x.dim() == 3 and function == "mean" and x.shape[1] > 1:  # tokens (B, N, C) averaged: LeViT
         b, _, c = x.shape
         return x if tuple(y.shape) in ((b, c), (b, 1, c)) else None
+    if x.dim() == 5 and x.shape[3] * x.shape[4] > 1:
+        b, c = x.shape[:2]
+        return x if tuple(y.shape) in ((b, c), (b, c, 1, 1, 1)) else None
     if x.dim() != 4 or x.shape[2] * x.shape[3] <= 1:
         return None
     b, c = x.shape[:2]
@@ -207,7 +217,7 @@ class FunctionTaps(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", "").strip("_")
-        if name in POOL_FUNCTIONS and args and isinstance(args[0], Tensor) and args[0].dim() == 4:
+        if name in POOL_FUNCTIONS and args and isinstance(args[0], Tensor) and args[0].dim() in (4, 5):
             for ref in self.wanted.values():
                 if ref.function is not None and ref.function.strip("_") == name and self.running(ref.module):
                     probe = func(*args, **(kwargs or {}))

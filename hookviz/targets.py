@@ -253,3 +253,36 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
     wrapper = ImageText(model, source.forward, texts.detach(), scale, bias)
     digest = hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:12]
     return _replace(loaded, wrapper, tuple(prompts), f"prompts:{digest}")
+
+
+def from_options(
+    loaded: Any,
+    prompt: list[str] | None,
+    prompts_file: Path | None,
+    reference: Path | None,
+    embedding: str | None,
+) -> Any:
+    """``loaded`` explaining prompts (``prompt``, lines of ``prompts_file``) or a similarity to a photo
+    instead of classes, as the command line asked; an image-text model without a prompt is refused."""
+    texts = [p for p in (prompt or []) if p.strip()]
+    if prompts_file is not None:
+        try:
+            texts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--prompts {prompts_file}: cannot read it ({exc})") from None
+        if not texts:
+            raise UsageError(f"--prompts {prompts_file}: no prompt in it (one per line)")
+    if embedding is not None and reference is None:
+        raise UsageError("--embedding names the embedding of --similar-to; give --similar-to too")
+    if texts and reference is not None:
+        raise UsageError("--similar-to and --prompt: explain prompts or a similarity, not both in one run")
+    if texts:
+        return with_prompts(loaded, texts)
+    if reference is not None:
+        return similar_to(loaded, reference, embedding)
+    if needs_prompts(loaded):
+        raise UsageError(
+            f"{loaded.name} is an image-text model: give --prompt TEXT (repeatable) or --prompts FILE, or "
+            "--similar-to PHOTO"
+        )
+    return loaded

@@ -47,6 +47,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
 DENSE = "Segmentation and detection"
 TARGETS = "Prompts and similarity"
+VIDEO = "Video"
 
 # Options shared by several commands.
 Model = Annotated[
@@ -175,6 +176,33 @@ ReportOpt = Annotated[
 Null = Annotated[
     bool,
     typer.Option("--null", "-0", help="stdin paths are NUL-separated (find -print0).", rich_help_panel=RUN),
+]
+ClipLen = Annotated[
+    int | None,
+    typer.Option(
+        "--clip-len",
+        min=1,
+        help="video: frames per clip (default: the weights', 16 for r3d_18).",
+        rich_help_panel=VIDEO,
+    ),
+]
+FrameStride = Annotated[
+    int | None,
+    typer.Option(
+        "--frame-stride",
+        min=1,
+        help="video: take every Nth frame (default: resample to the weights' frame rate, 15 fps for most).",
+        rich_help_panel=VIDEO,
+    ),
+]
+ClipsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--clips",
+        metavar="N|all",
+        help="video: N evenly spaced clips per video, or all of them back to back (default: the weights').",
+        rich_help_panel=VIDEO,
+    ),
 ]
 
 
@@ -317,41 +345,6 @@ Embedding = Annotated[
         "or tokens).", rich_help_panel=TARGETS,
     ),
 ]  # fmt: skip
-
-
-def _scored(
-    loaded: Any,
-    prompt: list[str] | None,
-    prompts_file: Path | None,
-    similar_to: Path | None,
-    embedding: str | None,
-) -> Any:
-    """``loaded`` explaining prompts or a similarity instead of classes (:mod:`hookviz.targets`), as asked."""
-    from hookviz import targets
-    from hookviz.errors import UsageError
-
-    texts = [p for p in (prompt or []) if p.strip()]
-    if prompts_file is not None:
-        try:
-            texts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"--prompts {prompts_file}: cannot read it ({exc})") from None
-        if not texts:
-            raise UsageError(f"--prompts {prompts_file}: no prompt in it (one per line)")
-    if embedding is not None and similar_to is None:
-        raise UsageError("--embedding names the embedding of --similar-to; give --similar-to too")
-    if texts and similar_to is not None:
-        raise UsageError("--similar-to and --prompt: explain prompts or a similarity, not both in one run")
-    if texts:
-        return targets.with_prompts(loaded, texts)
-    if similar_to is not None:
-        return targets.similar_to(loaded, similar_to, embedding)
-    if targets.needs_prompts(loaded):
-        raise UsageError(
-            f"{loaded.name} is an image-text model: give --prompt TEXT (repeatable) or --prompts FILE, or "
-            "--similar-to PHOTO"
-        )
-    return loaded
 
 
 def _method_options(

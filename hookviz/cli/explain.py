@@ -14,11 +14,14 @@ from hookviz.cli.app import (
     Baseline,
     BatchSize,
     Cells,
+    ClipLen,
+    ClipsOpt,
     Compare,
     Debug,
     Device,
     DiscardRatio,
     Embedding,
+    FrameStride,
     HeadFusion,
     IgSteps,
     Inputs,
@@ -53,7 +56,6 @@ from hookviz.cli.app import (
     Workers,
     _guard,
     _method_options,
-    _scored,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
@@ -222,6 +224,9 @@ def gradcam(
     max_pixels: MaxPixels = 80_000_000,
     report: ReportOpt = False,
     null: Null = False,
+    clip_len: ClipLen = None,
+    frame_stride: FrameStride = None,
+    clips: ClipsOpt = None,
     debug: Debug = False,
 ) -> None:
     """Grad-CAM and the CAM family over the original photos: where the model looks for a class.
@@ -239,6 +244,9 @@ def gradcam(
         mean=_rgb(mean, "--mean"),
         std=_rgb(std, "--std"),
         trust_pickle=trust_pickle,
+        clip_len=clip_len,
+        frame_stride=frame_stride,
+        clips=clips,
     )
     r = RunOptions(
         inputs=inputs,
@@ -257,7 +265,9 @@ def gradcam(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            loaded = _scored(loaded, prompt, prompts_file, similar_to, embedding)
+            from hookviz import targets
+
+            loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
             from hookviz.jobs.build import CamSettings, auto_line, expensive, make_cam_job
 
             settings = CamSettings(

@@ -12,8 +12,11 @@ from hookviz.cli.app import (
     MAPS,
     MODEL,
     BatchSize,
+    ClipLen,
+    ClipsOpt,
     Debug,
     Device,
+    FrameStride,
     Inputs,
     InputSize,
     JsonOut,
@@ -36,7 +39,7 @@ from hookviz.cli.app import (
     _fail,
     _guard,
 )
-from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
+from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job, with_sampling
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
 if TYPE_CHECKING:
@@ -85,6 +88,9 @@ def featuremaps(
     max_pixels: MaxPixels = 80_000_000,
     report: ReportOpt = False,
     null: Null = False,
+    clip_len: ClipLen = None,
+    frame_stride: FrameStride = None,
+    clips: ClipsOpt = None,
     debug: Debug = False,
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
@@ -99,6 +105,9 @@ def featuremaps(
         mean=_rgb(mean, "--mean"),
         std=_rgb(std, "--std"),
         trust_pickle=trust_pickle,
+        clip_len=clip_len,
+        frame_stride=frame_stride,
+        clips=clips,
     )
     r = RunOptions(
         inputs=inputs,
@@ -146,6 +155,7 @@ def layers(
     trust_pickle: TrustPickle = False,
     mean: MeanOpt = None,
     std: StdOpt = None,
+    clip_len: ClipLen = None,
     debug: Debug = False,
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
@@ -153,7 +163,9 @@ def layers(
         from hookviz.layers import default_cam_layer
         from hookviz.models import load_model, probe
 
-        loaded = load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle)
+        loaded = with_sampling(
+            load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle), clip_len, None, None
+        )
         calls = probe(loaded)
         default = default_cam_layer(loaded.model, calls)
         params = {
@@ -192,9 +204,10 @@ def _parse_size(text: str) -> list[int]:
         parts = [3, parts[0], parts[0]]
     elif len(parts) == 2:
         parts = [3, *parts]
-    if len(parts) != 3 or min(parts) < 1:
+    if len(parts) not in (3, 4) or min(parts) < 1:
         raise typer.BadParameter(
-            f"{text!r}: give C,H,W (3,224,224), H,W or one side", param_hint="--input-size"
+            f"{text!r}: give C,H,W (3,224,224), H,W, one side, or a video model's C,T,H,W",
+            param_hint="--input-size",
         )
     return parts
 
@@ -222,6 +235,7 @@ def summary(
     trust_pickle: TrustPickle = False,
     mean: MeanOpt = None,
     std: StdOpt = None,
+    clip_len: ClipLen = None,
     debug: Debug = False,
 ) -> None:
     """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
@@ -240,9 +254,9 @@ def summary(
         from hookviz.models import load_model
         from hookviz.summary import summarize
 
-        loaded = load_model(model, weights, trust_pickle=trust_pickle)
+        loaded = with_sampling(load_model(model, weights, trust_pickle=trust_pickle), clip_len, None, None)
         if size is None:
-            size = [3, loaded.preprocess.crop_size, loaded.preprocess.crop_size]
+            size = list(loaded.input_shape)
             input_size = ",".join(map(str, size))
         try:
             result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name)

@@ -48,6 +48,10 @@ class ModelOptions:
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
     trust_pickle: bool = False
+    #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
+    clip_len: int | None = None
+    frame_stride: int | None = None
+    clips: str | None = None
 
 
 def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
@@ -83,7 +87,7 @@ class RunOptions:
 def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
     from hookviz.models import load_model, resolve_device
 
-    return load_model(
+    loaded = load_model(
         m.model,
         m.weights,
         device=resolve_device(m.device),
@@ -96,6 +100,27 @@ def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
         weights_key=m.weights_key,
         trust_pickle=m.trust_pickle,
     )
+    return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
+
+
+def with_sampling(
+    loaded: LoadedModel, clip_len: int | None, frame_stride: int | None, clips: str | None
+) -> LoadedModel:
+    """``loaded`` with the user's clip sampling (a UsageError for a model that takes photos)."""
+    import dataclasses
+
+    from hookviz.errors import UsageError
+
+    given = [
+        o for o, v in (("--clip-len", clip_len), ("--frame-stride", frame_stride), ("--clips", clips)) if v
+    ]
+    if not given:
+        return loaded
+    if loaded.video is None:
+        raise UsageError(f"{given[0]} is for video models, and {loaded.name} takes photos; leave it out")
+    if clips is not None and clips != "all" and not (clips.isascii() and clips.isdigit() and int(clips) > 0):
+        raise UsageError(f"--clips {clips!r}: give a positive number of clips, or all")
+    return dataclasses.replace(loaded, video=loaded.video.sampled(clip_len, frame_stride, clips))
 
 
 class _Reporter:
@@ -152,6 +177,18 @@ class _Reporter:
             self.out.flush()
 
     def add(self, rec: dict[str, Any]) -> None:
+        if "video" in rec:  # a whole video's prediction, after its clips
+            if self.as_json:
+                from hookviz.pipeline import to_json
+
+                self.say(to_json(rec))
+            elif not self.quiet:
+                v = rec["video"]
+                self.say(
+                    f"{rec['input']}: whole video: predicted {_named(v)} p={v['score']:.3f} "
+                    f"({v['clips_agreeing']} of {v['clips']} clips agree)"
+                )
+            return
         if rec["status"] == "error":
             self.failed += 1
             self.say(f"hookviz: {rec['error']}", err=True)
@@ -190,6 +227,12 @@ def _named(d: dict[str, Any]) -> str:
 
 def _describe(rec: dict[str, Any]) -> str:
     parts = [f"{rec['input']}:"]
+    clip = rec.get("clip")
+    if clip:
+        span = f"frames {clip['frames'][0]}-{clip['frames'][1]}"
+        if clip.get("seconds"):
+            span += f", {clip['seconds'][0]:.2f}-{clip['seconds'][1]:.2f}s"
+        parts = [f"{rec['input']} clip {clip['number']}/{clip['of']} ({span}):"]
     if rec.get("task") == "detection":
         found = rec.get("detections") or []
         if not found:
@@ -316,16 +359,25 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
                 "Choose another --out",
                 EXIT_USAGE,
             )
-    everything = pipeline.expand_inputs(
-        r.inputs, sys.stdin if "-" in r.inputs else None, exclude=r.out, null=r.null
-    )
-    items = distributed.shard(everything, dist)
     output = pipeline.Output(
         r.out, overwrite=r.overwrite, manifest=dist.part_name if dist is not None else pipeline.MANIFEST
     )
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
     with _stdout_reserved() as stdout:
         loaded = _load(m, quiet)
+        video = loaded.video
+        everything = pipeline.expand_inputs(
+            r.inputs,
+            sys.stdin if "-" in r.inputs else None,
+            exclude=r.out,
+            null=r.null,
+            video=video is not None,
+        )
+        items = distributed.shard(everything, dist)  # by file: a video's clips stay on one rank
+        if video is not None:
+            from hookviz.inputs import clip_items
+
+            items = list(clip_items(items, video, r.max_pixels))
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
         reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
         reporter.lead = lead
@@ -355,7 +407,7 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
             output.prepare()
             if dist is not None:
                 reporter.count_from = lambda: distributed.global_progress(r.out, dist)
-            reporter.start(len(everything))
+            reporter.start(len(everything) if video is None else len(items))
             base = {
                 "command": job.kind,
                 "model": loaded.name,
@@ -365,7 +417,7 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
             records = pipeline.run(
                 items,
                 job,
-                preprocess=loaded.preprocess,
+                preprocess=video or loaded.preprocess,
                 output=output,
                 device=loaded.device,
                 base=base,
@@ -374,6 +426,8 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
                 skip_existing=r.skip_existing,
                 max_pixels=r.max_pixels,
             )
+            if video is not None:
+                records = pipeline.with_video_summaries(records, job, output, loaded)
             take_notes = getattr(job, "take_notes", None)
             for done, rec in enumerate(records, start=1):
                 for text in take_notes() if take_notes is not None else ():

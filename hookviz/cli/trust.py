@@ -13,11 +13,14 @@ from hookviz.cli.app import (
     Baseline,
     BatchSize,
     Cells,
+    ClipLen,
+    ClipsOpt,
     Compare,
     Debug,
     Device,
     DiscardRatio,
     Embedding,
+    FrameStride,
     HeadFusion,
     IgSteps,
     Inputs,
@@ -51,7 +54,6 @@ from hookviz.cli.app import (
     Workers,
     _guard,
     _method_options,
-    _scored,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
 
@@ -112,6 +114,9 @@ def evaluate(
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
     null: Null = False,
+    clip_len: ClipLen = None,
+    frame_stride: FrameStride = None,
+    clips: ClipsOpt = None,
     debug: Debug = False,
 ) -> None:
     """How faithful each map is: deletion/insertion AUC, average drop, increase in confidence, vs chance."""
@@ -126,6 +131,9 @@ def evaluate(
         mean=_rgb(mean, "--mean"),
         std=_rgb(std, "--std"),
         trust_pickle=trust_pickle,
+        clip_len=clip_len,
+        frame_stride=frame_stride,
+        clips=clips,
     )
     r = RunOptions(
         inputs=inputs,
@@ -144,7 +152,9 @@ def evaluate(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            loaded = _scored(loaded, prompt, prompts_file, similar_to, embedding)
+            from hookviz import targets
+
+            loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
             _refuse_task(loaded, "evaluate", ("detection",))
             from hookviz.jobs import EvaluateJob
             from hookviz.jobs.build import method_options
@@ -287,6 +297,9 @@ def sanity(
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
     null: Null = False,
+    clip_len: ClipLen = None,
+    frame_stride: FrameStride = None,
+    clips: ClipsOpt = None,
     debug: Debug = False,
 ) -> None:
     """The sanity check: randomise the weights from the head down; a faithful map must change with them."""
@@ -301,6 +314,9 @@ def sanity(
         mean=_rgb(mean, "--mean"),
         std=_rgb(std, "--std"),
         trust_pickle=trust_pickle,
+        clip_len=clip_len,
+        frame_stride=frame_stride,
+        clips=clips,
     )
     r = RunOptions(
         inputs=inputs,
@@ -319,7 +335,9 @@ def sanity(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            loaded = _scored(loaded, prompt, prompts_file, similar_to, embedding)
+            from hookviz import targets
+
+            loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
             _refuse_task(loaded, "sanity", ("detection",))
             from hookviz.jobs import SanityJob
             from hookviz.jobs.build import method_options

@@ -157,7 +157,9 @@ def make_cam_job(
         ]
     s = settings
     options = method_options(loaded, dataclasses.replace(s.options, batch=s.scorecam_batch), s.compare)
-    job = CamJob(
+    from hookviz.jobs.video import VideoCamJob
+
+    job = (VideoCamJob if loaded.task == "video" else CamJob)(
         loaded=loaded,
         layers=chosen,
         methods=list(s.methods or ("gradcam",)),

@@ -27,7 +27,7 @@ def tapped(p: LayerPass, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
 
 
 def spatial(p: LayerPass, t: Tensor) -> Tensor:
-    from hookviz.layers import to_spatial
+    from hookviz.layout import to_spatial
 
     return to_spatial(t, p.layout)
 

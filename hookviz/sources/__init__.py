@@ -24,6 +24,7 @@ from torch import nn
 
 from hookviz.errors import SetupError
 from hookviz.images import Preprocess
+from hookviz.video import VideoPreprocess
 
 WEIGHTS_NONE = "none"
 WEIGHTS_DEFAULT = "DEFAULT"
@@ -52,6 +53,8 @@ class Built:
     preprocess: Preprocess = field(default_factory=Preprocess)
     #: ``classification``, ``segmentation`` or ``detection`` (see :func:`hookviz.models.task_of`).
     task: str = "classification"
+    #: How videos become clips, for a video model (its weights' Kinetics transform).
+    video: VideoPreprocess | None = None
 
 
 def missing_extra(package: str, extra: str) -> SetupError:

@@ -8,6 +8,7 @@ and detection (``fasterrcnn_resnet50_fpn``, ``retinanet_resnet50_fpn``, ``fcos_r
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,14 @@ from hookviz.images import Preprocess
 from hookviz.options import Task
 from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
 from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
+from hookviz.video import VideoPreprocess
 
 _IMAGENET_CLASSES = 1000
 
 
 def list_models(task: str | None = "classification") -> list[str]:
-    """Names of torchvision's models for ``task`` (``classification``, ``segmentation``, ``detection``;
-    ``None``: all three)."""
+    """Names of torchvision's models for ``task`` (``classification``, ``segmentation``, ``detection``,
+    ``video``; ``None``: all four)."""
     import torchvision
 
     if task is None:
@@ -34,13 +36,14 @@ def list_models(task: str | None = "classification") -> list[str]:
         "classification": torchvision.models,
         "segmentation": torchvision.models.segmentation,
         "detection": torchvision.models.detection,
+        "video": torchvision.models.video,
     }[task]
     return sorted(torchvision.models.list_models(module=module))
 
 
 def task_of_name(name: str) -> str:
     """The task of a torchvision model name (``classification`` for names it does not know)."""
-    for task in (Task.segmentation, Task.detection):
+    for task in (Task.segmentation, Task.detection, Task.video):
         if name in list_models(task.value):
             return task.value
     return Task.classification.value
@@ -82,15 +85,19 @@ def build(name: str, weights: str, options: Options) -> Built:
             "timm:NAME, hf:DIR, file.py:FUNCTION and pickled modules work too)"
         )
     task = task_of_name(name)
-    if task != Task.classification:
+    if task in (Task.segmentation, Task.detection):
         return _build_dense(name, weights, options, task)
     enum = _weights_enum(name)
+    clips: dict[str, Any] = {}
+    if task == Task.video:
+        clips = {"task": task, "video": video_preprocess(enum.DEFAULT)}
     kwargs: dict[str, Any] = {}
     if name.startswith("inception") or name == "googlenet":
         kwargs["init_weights"] = weights == WEIGHTS_NONE
     if weights.lower() == WEIGHTS_NONE:
         model = seeded(lambda: torchvision.models.get_model(name, weights=None, **kwargs))
-        return Built(model, name, "none (random init)", False, "none", _imagenet_categories())
+        categories = tuple(enum.DEFAULT.meta["categories"]) if clips else _imagenet_categories()
+        return Built(model, name, "none (random init)", False, "none", categories, **clips)
     if enum is not None and (weights.upper() == WEIGHTS_DEFAULT or weights in enum.__members__):
         chosen = enum.DEFAULT if weights.upper() == WEIGHTS_DEFAULT else enum[weights]
         kwargs.pop("init_weights", None)
@@ -103,12 +110,39 @@ def build(name: str, weights: str, options: Options) -> Built:
             True,
             f"{name}:{chosen.name}",
             tuple(chosen.meta.get("categories") or ()),
-            preprocess_of(chosen.transforms()),
+            Preprocess() if clips else preprocess_of(chosen.transforms()),
+            **clips,
         )
     path, state = _weights_file(name, weights, enum, options)
     model = _fitted(name, torchvision.models.get_model(name, weights=None, **kwargs), state, path, kwargs)
-    categories = _imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
-    return Built(model, name, str(path), True, _file_id(path, options), categories)
+    if clips:
+        kinetics = tuple(enum.DEFAULT.meta["categories"])
+        categories = kinetics if classifier_out(model) == len(kinetics) else ()
+    else:
+        categories = _imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
+    return Built(model, name, str(path), True, _file_id(path, options), categories, **clips)
+
+
+def video_preprocess(weights: Any) -> VideoPreprocess:
+    """The clips a torchvision video model's weights were evaluated on: their ``VideoClassification``
+    transform (resize, crop, mean, std) and, from their documentation, ``clip_len``, ``frame_rate`` and
+    ``clips_per_video`` (r3d_18: 16 frames at 15 fps, 5 clips; swin3d_t: 32 frames, 12 clips)."""
+    t = weights.transforms()
+    docs = str(weights.meta.get("_docs", ""))
+
+    def number(key: str, default: float) -> float:
+        found = re.search(rf"{key}=([0-9.]+)", docs)
+        return float(found.group(1)) if found else default
+
+    return VideoPreprocess(
+        clip_len=int(number("clip_len", 16)),
+        resize=tuple(int(v) for v in t.resize_size),
+        crop=int(t.crop_size[0]),
+        mean=tuple(t.mean),
+        std=tuple(t.std),
+        frame_rate=number("frame_rate", 15.0),
+        clips=int(number("clips_per_video", 1)),
+    )
 
 
 def preprocess_of(transform: Any) -> Preprocess:

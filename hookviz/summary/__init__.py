@@ -56,7 +56,7 @@ def summarize(
 
     Args:
         model: any ``nn.Module`` taking one image batch.
-        input_size: ``(C, H, W)`` of one input.
+        input_size: ``(C, H, W)`` of one input, ``(C, T, H, W)`` of one clip for a video model.
         batch_size: MACs and activation sizes are for this many inputs.
         depth: rows shown by ``str()``/markdown/csv (0 = the model only); the data keeps every row.
         device, dtype: of the probe input; by default the model's (its first floating-point tensor's).
@@ -71,8 +71,11 @@ def summarize(
     """
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
-    if len(input_size) != 3 or any(int(v) < 1 for v in input_size):
-        raise UsageError(f"--input-size {tuple(input_size)}: give C,H,W with positive sizes, e.g. 3,224,224")
+    if len(input_size) not in (3, 4) or any(int(v) < 1 for v in input_size):
+        raise UsageError(
+            f"--input-size {tuple(input_size)}: give C,H,W (a video model: C,T,H,W) with positive sizes, "
+            "e.g. 3,224,224"
+        )
     model = unwrap_compiled(model)
     x = probe_input(model, (batch_size, *input_size), device=device, dtype=dtype)
     modules = list(model.named_modules())

@@ -1,0 +1,239 @@
+"""Where and when a video classifier looks: the CAM job over clips.
+
+Each clip (a batch row) gets, per method x layer x target: an overlay video (VP8 WebM, captioned, at the
+sampled frame rate), and with ``--save-raw`` the map at the layer's resolution ``(t, h, w)`` and at the
+frames' ``(T, H, W)`` (NaN outside the crop); one contact sheet per clip shows evenly spaced frames of every
+map. A map ``(t, h, w)`` is interpolated linearly in time to the clip's ``T`` sampled frames, then
+bilinearly in space onto each frame's crop box (trilinear, separable), and coloured on one scale per clip
+(frame by frame scaling would hide *when* the model looks). Records carry the clip's frames and time span
+and the map's share of its mass in each frame (``time_mass``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hookviz.errors import UsageError
+from hookviz.images import Box, encode_png
+from hookviz.jobs.cam import CamBatch, CamJob
+from hookviz.jobs.common import _check_finite, _finite_stat, _npy, _weights_note
+from hookviz.methods import title as method_title
+
+#: Frames of a clip shown on its contact sheet.
+SHEET_FRAMES = 8
+
+
+def video_methods() -> list[str]:
+    """The methods that apply to 5-D activations: those computed from a layer's activations and gradients
+    alone, at the layer's resolution (the others mask or differentiate the input's pixels)."""
+    from hookviz.methods import REGISTRY
+
+    return [
+        name
+        for name, spec in REGISTRY.items()
+        if spec.resolution == "layer" and spec.needs <= {"activations", "layer_gradients"}
+    ]
+
+
+def in_time(cam: np.ndarray, frames: int) -> np.ndarray:
+    """``(frames, h, w)`` from a map ``(t, h, w)``: linear interpolation along time (align_corners=False,
+    as :func:`torch.nn.functional.interpolate`), each frame at the centre of its share of the clip."""
+    t = cam.shape[0]
+    if t == frames:
+        return cam.astype(np.float32)
+    pos = (np.arange(frames) + 0.5) * t / frames - 0.5
+    pos = np.clip(pos, 0, t - 1)
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, t - 1)
+    w = (pos - lo).astype(np.float32)[:, None, None]
+    return (cam[lo] * (1 - w) + cam[hi] * w).astype(np.float32)
+
+
+@dataclass(kw_only=True)
+class VideoCamJob(CamJob):
+    """:class:`CamJob` for a video model: its ``render`` takes a clip (:class:`hookviz.video.ClipFrames`)."""
+
+    kind: str = "gradcam"
+    #: Each clip's class probabilities by output prefix, for the whole video's prediction.
+    clip_probs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        allowed = video_methods()
+        refused = [m for m in self.methods if m not in allowed]
+        if refused:
+            raise UsageError(
+                f"--method {refused[0]} does not apply to a video model (it masks or differentiates the "
+                f"input's pixels); use one of {', '.join(allowed)}"
+            )
+        if self.fuse is not None:
+            raise UsageError(
+                "--fuse is for photos; a video model's layers differ in time steps: leave it out"
+            )
+        if self.metrics:
+            raise UsageError("--metrics is for photos; `hookviz evaluate` measures a video model's maps")
+
+    def settings(self) -> dict[str, Any]:
+        assert self.loaded.video is not None
+        return {**super().settings(), "video": self.loaded.video.settings()}
+
+    def planned(self, stem: str) -> list[str]:
+        names = []
+        for m in self.methods:
+            for layer in self._layer_names():
+                for suffix in self._target_suffixes():
+                    base = self._name(stem, m, layer, suffix)
+                    names.append(f"{base}.webm")
+                    if self.save_raw:
+                        names += [f"{base}.npy", f"{base}.full.npy"]
+        names.append(f"{stem}.frames.png")
+        return names
+
+    def render(
+        self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        from hookviz import render
+        from hookviz.video import encode_webm
+
+        clip = rgb  # a ClipFrames
+        frames: np.ndarray = clip.frames
+        lm, ex = self.loaded, result.explanation
+        _check_finite(ex, index)
+        self.clip_probs[stem] = ex.probs[index].numpy()
+        pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        n = len(frames)
+        shown = sorted({round(v) for v in np.linspace(0, n - 1, min(SHEET_FRAMES, n))})
+        stamps = [_stamp(clip.clip.indices[k], clip.times[k]) for k in range(n)]
+        files: list[tuple[str, bytes]] = []
+        records = []
+        rows: list[tuple[str, list[np.ndarray]]] = [
+            ("frames", [frames[k][box.y0 : box.y1, box.x0 : box.x1] for k in shown])
+        ]
+        for (method, layer), maps in result.maps.items():
+            for j, suffix in enumerate(self._target_suffixes()):
+                cam = maps[index, j]  # (t, h, w)
+                over_time = in_time(cam, n)
+                unit = self._unit(over_time, result.scales[(method, layer)], method)
+                tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
+                head = [
+                    f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}",
+                    f"clip {clip.clip.number + 1}/{clip.clip.of} "
+                    f"predicted: {lm.describe(pred)} p={p_score:.3f}",
+                    f"explained: {lm.describe(tgt)} p={t_score:.3f}",
+                ]
+                pictures = [
+                    render.overlay(
+                        frames[k], unit[k], box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                    )
+                    for k in range(n)
+                ]
+                video = [
+                    render.caption(render.enlarge_small(p), [*head, stamps[k]])
+                    for k, p in enumerate(pictures)
+                ]
+                base = self._name(stem, method, layer, suffix)
+                files.append((f"{base}.webm", encode_webm(_even(video), clip.fps)))
+                if self.save_raw:
+                    files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
+                    files.append((f"{base}.full.npy", _npy(_full_clip(over_time, frames.shape[1:3], box))))
+                rows.append(
+                    (f"{method_title(method)} at {layer} | {lm.describe(tgt)} p={t_score:.3f}",
+                     [pictures[k][box.y0 : box.y1, box.x0 : box.x1] for k in shown])
+                )  # fmt: skip
+                mass = np.clip(np.nan_to_num(over_time), 0, None).reshape(n, -1).sum(axis=1)
+                records.append(
+                    {
+                        "file": f"{base}.webm",
+                        "method": method,
+                        "layer": layer,
+                        "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
+                        "finite": bool(np.isfinite(cam).all()),
+                        "min": _finite_stat(np.min, cam),
+                        "max": _finite_stat(np.max, cam),
+                        "shape": list(cam.shape),
+                        # The share of the map's (positive) mass in each sampled frame: when it looks.
+                        "time_mass": [round(float(v), 4) for v in mass / max(float(mass.sum()), 1e-30)],
+                        **self._sign_fields(ex, method, layer, index),
+                    }
+                )
+        title = (
+            f"{lm.name} | clip {clip.clip.number + 1}/{clip.clip.of} | predicted {lm.describe(pred)} "
+            f"p={p_score:.3f} | {_weights_note(lm)}"
+        )
+        sheet = render.sheet(rows, [stamps[k] for k in shown], title=title, cell=160)
+        files.append((f"{stem}.frames.png", encode_png(sheet)))
+        first_t = int(ex.targets[index, 0])
+        fields = {
+            "layers": list(self.layers),
+            "methods": list(self.methods),
+            "layer": self.layers[0],
+            "method": self.methods[0],
+            "clip": _clip_fields(clip),
+            "predicted": {"index": pred, "name": lm.class_name(pred), "score": round(p_score, 6)},
+            "target": {
+                "index": first_t,
+                "name": lm.class_name(first_t),
+                "score": round(float(ex.target_scores[index, 0]), 6),
+            },
+            "normalize": self.normalize,
+            "maps": records,
+            **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
+        }
+        return files, fields
+
+
+def _stamp(frame: int, seconds: float | None) -> str:
+    return f"frame {frame}" + (f" {seconds:.2f}s" if seconds is not None else "")
+
+
+def _clip_fields(clip: Any) -> dict[str, Any]:
+    """A clip's place in its video: number, frames sampled, first and last frame, and times in seconds."""
+    idx = list(clip.clip.indices)
+    times = clip.times
+    return {
+        "number": clip.clip.number + 1,
+        "of": clip.clip.of,
+        "frames": [idx[0], idx[-1]],
+        "indices": idx,
+        "seconds": [round(times[0], 4), round(times[-1], 4)]
+        if times[0] is not None and times[-1] is not None
+        else None,
+        "fps": round(clip.fps, 4),
+    }
+
+
+def _even(frames: list[np.ndarray]) -> list[np.ndarray]:
+    """Frames cropped to even sizes (VP8 wants them) and to the first frame's size."""
+    h, w = frames[0].shape[:2]
+    h, w = h - h % 2, w - w % 2
+    return [f[:h, :w] for f in frames]
+
+
+def _full_clip(maps: np.ndarray, size: tuple[int, int], box: Box) -> np.ndarray:
+    """``(T, H, W)`` float32: each frame's map on its pixels where the model saw them, NaN elsewhere."""
+    from hookviz import render
+
+    full = np.full((len(maps), *size), np.nan, dtype=np.float32)
+    for k, cam in enumerate(maps):
+        full[k, box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
+    return full
+
+
+def video_summary(
+    name: str, records: list[dict[str, Any]], probs: list[np.ndarray], loaded: Any
+) -> dict[str, Any]:
+    """The whole video's prediction from its clips: the mean of their class probabilities (Kinetics'
+    video-level evaluation), with how many clips agree."""
+    mean = np.mean(np.stack(probs), axis=0)
+    top = int(mean.argmax())
+    votes = sum(1 for r in records if (r.get("predicted") or {}).get("index") == top)
+    return {
+        "index": top,
+        "name": loaded.class_name(top),
+        "score": round(float(mean[top]), 6),
+        "clips": len(records),
+        "clips_agreeing": votes,
+    }
