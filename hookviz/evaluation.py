@@ -47,14 +47,21 @@ class Faithfulness:
     forward_passes: int
 
 
-def upsample(maps: Tensor, size: tuple[int, int]) -> Tensor:
-    """``(B, h, w)`` maps at the input's size (bilinear), NaN/Inf as 0."""
-    up = F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[:, 0]
+def upsample(maps: Tensor, size: tuple[int, ...]) -> Tensor:
+    """``(B, h, w)`` maps at the input's size (bilinear), NaN/Inf as 0; a video's ``(B, t, h, w)`` at its
+    ``(T, H, W)`` (trilinear)."""
+    mode = "trilinear" if len(size) == 3 else "bilinear"
+    up = F.interpolate(maps[:, None].float(), size=size, mode=mode, align_corners=False)[:, 0]
     return torch.nan_to_num(up, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def blurred(x: Tensor, factor: int = 16) -> Tensor:
-    """A heavily blurred copy (where the insertion curve starts): averaged ``factor`` times down, then up."""
+    """A heavily blurred copy (where the insertion curve starts): averaged ``factor`` times down, then up
+    (a video's frames each on its own: time is not blurred)."""
+    if x.dim() == 5:
+        b, c, t = x.shape[:3]
+        frames = x.transpose(1, 2).reshape(b * t, c, *x.shape[3:])
+        return blurred(frames, factor).reshape(b, t, c, *x.shape[3:]).transpose(1, 2)
     h, w = x.shape[2:]
     small = F.adaptive_avg_pool2d(x, (max(1, h // factor), max(1, w // factor)))
     return F.interpolate(small, size=(h, w), mode="bilinear", align_corners=False)
@@ -101,14 +108,15 @@ def faithfulness(
 
     Args:
         model: the classifier (eval mode is used; the model is left as found).
-        x: ``(B, 3, H, W)`` preprocessed inputs; ``maps``: ``(B, h, w)``, any resolution;
+        x: ``(B, 3, H, W)`` preprocessed inputs; ``maps``: ``(B, h, w)``, any resolution (a video model's
+            clips ``(B, 3, T, H, W)`` and maps ``(B, t, h, w)``: voxels are deleted and inserted);
         targets: ``(B,)`` the class each map explains.
         baseline: what deleted pixels become (default zeros: the data set's mean colour after normalisation).
         scorer: how an output becomes class probabilities (a segmentation's, from
             :meth:`hookviz.readout.Readout.scorer`); default the softmax of a classifier's logits.
     """
     b = x.shape[0]
-    size = (int(x.shape[2]), int(x.shape[3]))
+    size = tuple(int(s) for s in x.shape[2:])
     importance = upsample(maps.to(x.device), size).flatten(1)
     # Pixels most important first; ties keep a fixed order, so the curve does not depend on chance.
     order = torch.sort(importance, dim=1, descending=True, stable=True).indices

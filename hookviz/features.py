@@ -77,7 +77,7 @@ def capture_features(
             if not tensors:
                 raise LayerError(f"layer {name!r} did not run in the forward pass (no {side} captured)")
             for call, t in enumerate(tensors, start=1):
-                if t.dim() != 4:
+                if t.dim() not in (4, 5):
                     raise LayerError(
                         f"layer {name!r} {side} has shape {tuple(t.shape)}, not a (B, C, H, W) feature map; "
                         "pick a convolutional layer"

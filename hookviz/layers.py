@@ -77,8 +77,8 @@ def outermost(names: Sequence[str]) -> list[str]:
 
 
 def has_map(call: ModuleCall) -> bool:
-    """The module ran and its output is a ``(B, C, H, W)`` feature map."""
-    return bool(call.calls) and call.output_shape is not None and len(call.output_shape) == 4
+    """The module ran and its output is a ``(B, C, H, W)`` feature map (or a video model's 5-D one)."""
+    return bool(call.calls) and call.output_shape is not None and len(call.output_shape) in (4, 5)
 
 
 def _call(calls: Sequence[ModuleCall], name: str) -> ModuleCall:
@@ -90,7 +90,7 @@ def map_layers(
 ) -> list[str]:
     """Layers whose feature maps can be shown, in network order.
 
-    ``None``: every Conv2d that runs (auxiliary heads idle in eval mode, as in googlenet and
+    ``None``: every Conv2d (Conv3d) that runs (auxiliary heads idle in eval mode, as in googlenet and
     inception_v3, are left out). A glob keeps the layers it matches that have a feature map (blocks,
     convs, norms); a plain name must have one.
 
@@ -98,7 +98,7 @@ def map_layers(
         LayerError: a name without a feature map, a glob matching none, a model without a running Conv2d.
     """
     if not specs:
-        names = [c.name for c in calls if c.type == "Conv2d" and has_map(c)]
+        names = [c.name for c in calls if c.type in ("Conv2d", "Conv3d") and has_map(c)]
         if not names:
             raise LayerError(f"{model_name} has no Conv2d layer that runs; pass --layers")
         return [n for n in module_names(model) if n in set(names)]

@@ -35,6 +35,7 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             "mean": [round(float(v), 6) for v in p.mean],
             "std": [round(float(v), 6) for v in p.std],
         },
+        **({"video": loaded.video.settings()} if loaded.video is not None else {}),
     }
 
 

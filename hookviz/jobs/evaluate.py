@@ -65,10 +65,12 @@ class EvaluateJob:
             )
             rows[f"{method}@{layer}"] = f
             passes += f.forward_passes
-        b, h, w = x.shape[0], *ex.maps[(self.methods[0], self.layers[0])].shape[2:]
+        b, *dims = x.shape[0], *ex.maps[(self.methods[0], self.layers[0])].shape[2:]
+        steps, h, w = dims if len(dims) == 3 else (1, *dims)  # a video model's maps have time steps
+        shape = (b, *dims)
         for name, maps in (
-            ("random", evaluation.random_maps(b, h, w, x=x)),
-            ("center", evaluation.center_maps(b, h, w)),
+            ("random", evaluation.random_maps(b, steps * h, w, x=x).reshape(shape)),
+            ("center", evaluation.center_maps(b, h, w)[:, None].expand(b, steps, h, w).reshape(shape)),
         ):
             f = evaluation.faithfulness(
                 self.loaded.model, x, maps, t, steps=self.steps, chunk=self.chunk, scorer=score

@@ -61,10 +61,13 @@ class FeatureMapJob:
         for fm in result.maps:
             t = fm.tensor[index]
             channels = rank_channels(t, self.max_channels)
+            if t.dim() == 4:  # a video model's (C, T, H, W): each channel a strip of time slices
+                t = time_strips(t)
             call = f" call {fm.call}" if fm.call > 1 else ""
             title = (
                 f"{self.loaded.name} {fm.layer} {fm.stage}{call} {tuple(fm.tensor.shape[1:])} | "
-                f"top {len(channels)}/{t.shape[0]} channels by spatial std | {_weights_note(self.loaded)}"
+                f"top {len(channels)}/{t.shape[0]} channels by spatial std{_strips(fm.tensor)} | "
+                f"{_weights_note(self.loaded)}"
             )
             grid = render.feature_grid(t.numpy(), channels, title=title, colormap=self.colormap)
             suffix = f".call{fm.call}" if fm.call > 1 else ""
@@ -82,3 +85,29 @@ class FeatureMapJob:
             )
         fields = {"layers": list(self.layers), "stage": self.stage, "maps": shown}
         return files, {"predicted": predicted(self.loaded, result.output, index), **fields}
+
+
+#: Time slices shown per channel of a video model's feature map (evenly spaced).
+MAX_SLICES = 8
+
+
+def _slices(steps: int) -> list[int]:
+    return sorted({round(float(v)) for v in np.linspace(0, steps - 1, min(MAX_SLICES, steps))})
+
+
+def _strips(tensor: Any) -> str:
+    if tensor.dim() != 5:
+        return ""
+    return f", each a strip of {len(_slices(int(tensor.shape[2])))} time slices"
+
+
+def time_strips(t: Any) -> Any:
+    """``(C, H, k * (W + 1) - 1)`` from ``(C, T, H, W)``: each channel's time slices (at most 8, evenly
+    spaced) side by side, with a column of the channel's minimum between them."""
+    import torch
+
+    picked = t[:, _slices(int(t.shape[1]))]
+    c, k, h, w = picked.shape
+    gap = picked.flatten(1).amin(dim=1)[:, None, None, None].expand(c, k, h, 1)
+    joined = torch.cat([picked, gap], dim=3).permute(0, 2, 1, 3).reshape(c, h, k * (w + 1))
+    return joined[:, :, :-1]

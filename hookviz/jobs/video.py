@@ -76,10 +76,6 @@ class VideoCamJob(CamJob):
         if self.metrics:
             raise UsageError("--metrics is for photos; `hookviz evaluate` measures a video model's maps")
 
-    def settings(self) -> dict[str, Any]:
-        assert self.loaded.video is not None
-        return {**super().settings(), "video": self.loaded.video.settings()}
-
     def planned(self, stem: str) -> list[str]:
         names = []
         for m in self.methods:
