@@ -214,6 +214,13 @@ def load_model(
             video = replace(
                 video, crop=input_size, resize=tuple(round(v * input_size / video.crop) for v in video.resize)
             )
+    if video is not None:  # --resize squash: whole frames at the input size; --mean/--std
+        video = replace(
+            video,
+            resize=(video.crop, video.crop) if resize == "squash" else video.resize,
+            mean=_triple(mean, "--mean") if mean is not None else video.mean,
+            std=_triple(std, "--std") if std is not None else video.std,
+        )
     preprocess = Preprocess(
         crop_size=crop,
         resize_size=rsz,

@@ -7,8 +7,8 @@ length). A folder of frames (images, in natural order: ``f2`` before ``f10``) is
 Clips are sampled as torchvision's Kinetics evaluation does: the video resampled to the weights'
 ``frame_rate`` (frame ``floor(k * fps / frame_rate)``), ``clip_len`` consecutive resampled frames per clip,
 ``clips`` evenly spaced clips (``None``: every clip, back to back). :class:`VideoPreprocess` is the
-weights' ``VideoClassification`` transform: a bilinear resize without antialiasing (to a fixed size, or
-the shorter side), the centre crop, ``mean``/``std``; the clip comes out ``(3, T, H, W)``.
+weights' ``VideoClassification`` transform: a bilinear resize of the uint8 frames without antialiasing (to
+a fixed size, or the shorter side), the centre crop, ``mean``/``std``; the clip comes out ``(3, T, H, W)``.
 
 Every array that leaves this module is RGB ``uint8`` (frames ``(T, H, W, 3)``) or float32 (inputs).
 """
@@ -46,6 +46,9 @@ class VideoInfo:
     width: int
     height: int
     files: tuple[Path, ...] = ()
+    #: Seeking by frame number is not exact (a variable frame rate, a container that guesses its frame
+    #: count): clips are then decoded from the first frame on.
+    sequential: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,9 +164,10 @@ class VideoPreprocess:
 
         _t, height, width = frames.shape[:3]
         rh, rw, top, left, h, w = self._plan(height, width)
-        vid = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 255.0
+        vid = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
+        # Resized as uint8 (rounded), then scaled: the order of torchvision's VideoClassification.
         vid = TF.resize(vid, [rh, rw], interpolation=InterpolationMode.BILINEAR, antialias=False)
-        vid = vid[:, :, top : top + h, left : left + w]
+        vid = vid[:, :, top : top + h, left : left + w].float() / 255.0
         mean = torch.tensor(self.mean).view(1, 3, 1, 1)
         std = torch.tensor(self.std).view(1, 3, 1, 1)
         vid = (vid - mean) / std
@@ -242,6 +246,11 @@ def _capture(path: Path) -> Any:
 def probe(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> VideoInfo:
     """Frame count, rate and size of a video file or folder of frames, without decoding it.
 
+    The container's frame count is checked by seeking to its last frame and comparing that frame's time
+    with the rate's; where they disagree (a variable frame rate, a truncated file, a guessed count) the
+    frames are counted by decoding them (one at a time) and clips are read from the start, never by
+    seeking, so a clip always holds the frames its indices name.
+
     Raises:
         InputError: not a video, no frames, or frames larger than ``max_pixels``.
     """
@@ -260,7 +269,10 @@ def probe(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> VideoInfo:
         fps = float(cap.get(cv2.CAP_PROP_FPS))
         width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
         height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        if frames <= 0:  # the container does not say: count by decoding (frames are dropped as read)
+        sequential = frames <= 0 or not fps > 0 or not _seekable(cap, frames, fps)
+        if sequential:  # count by decoding (each frame dropped as it is read)
+            cap.release()
+            cap = _capture(path)
             frames = 0
             while cap.grab():
                 frames += 1
@@ -273,7 +285,20 @@ def probe(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> VideoInfo:
             f"{quote(path)}: frames are {width}x{height} = {width * height:,} px, over the limit of "
             f"{max_pixels:,} px; downscale it or raise --max-pixels"
         )
-    return VideoInfo(frames, fps if math.isfinite(fps) and fps > 0 else None, width, height)
+    return VideoInfo(frames, fps if math.isfinite(fps) and fps > 0 else None, width, height, (), sequential)
+
+
+def _seekable(cap: Any, frames: int, fps: float) -> bool:
+    """Whether the last frame the container announces can be read where its rate puts it in time."""
+    import cv2
+
+    if frames == 1:
+        return True
+    cap.set(cv2.CAP_PROP_POS_FRAMES, frames - 1)
+    if not cap.grab():
+        return False
+    ms = float(cap.get(cv2.CAP_PROP_POS_MSEC))
+    return math.isfinite(ms) and abs(ms - (frames - 1) * 1000.0 / fps) <= 1500.0 / fps
 
 
 def plan_clips(info: VideoInfo, p: VideoPreprocess) -> list[Clip]:
@@ -332,7 +357,7 @@ def read_clip(
     times: dict[int, float | None] = {}
     try:
         pos = 0
-        if wanted[0] > 0:
+        if wanted[0] > 0 and not (info is not None and info.sequential):
             cap.set(cv2.CAP_PROP_POS_FRAMES, wanted[0])
             pos = int(cap.get(cv2.CAP_PROP_POS_FRAMES))
             if pos != wanted[0]:  # an inexact seek: from the start

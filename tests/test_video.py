@@ -1,0 +1,391 @@
+"""Video models: a 3D CNN trained here on a shape moving across noise (where and when its maps look), the
+files people have (six containers, folders of frames, truncated, empty, long and variable-rate videos), the
+run contract on clips, and the Kinetics preprocessing against torchvision's own transform."""
+
+from __future__ import annotations
+
+import fractions
+import json
+import tracemalloc
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hookviz.errors import InputError
+from hookviz.inputs import Item, clip_items
+from hookviz.video import KINETICS_MEAN, KINETICS_STD, VideoPreprocess, plan_clips, probe, read_clip
+from tests.conftest import invoke, records
+from tests.video_net import CLASSES, FRAMES, SIDE, ShapesVideoNet, moving_shape
+
+NET = str(Path(__file__).with_name("video_net.py")) + ":ShapesVideoNet"
+FPS = 15.0  # the default sampling rate of a model of one's own: every frame is taken
+
+
+def _normalised(video: np.ndarray) -> np.ndarray:
+    """What :class:`VideoPreprocess` makes of frames already at the input size: ``(3, T, H, W)``."""
+    x = (video.astype(np.float32) / 255 - np.asarray(KINETICS_MEAN, np.float32)) / np.asarray(
+        KINETICS_STD, np.float32
+    )
+    return x.transpose(3, 0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def video_net(tmp_path_factory: pytest.TempPathFactory) -> tuple[ShapesVideoNet, Path]:
+    """The 3D CNN trained on 600 seeded clips (square, cross, nothing; a third of them with the shape in a
+    few frames only): 80 steps, about 15 s on one core, 95-100 % on fresh clips. Returns it and its file."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    xs, ys = [], []
+    for i in range(600):
+        visible = None
+        if rng.random() < 0.3:
+            first = int(rng.integers(0, 5))
+            visible = range(first, first + int(rng.integers(2, 5)))
+        video, _ = moving_shape(rng, i % 3, visible=visible)
+        xs.append(_normalised(video))
+        ys.append(i % 3)
+    x, y = torch.from_numpy(np.stack(xs)), torch.tensor(ys)
+    model = ShapesVideoNet()
+    opt = torch.optim.Adam(model.parameters(), 5e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(80):
+        idx = torch.randint(0, len(x), (32,), generator=gen)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    path = tmp_path_factory.mktemp("video_net") / "video_net.pt"
+    torch.save(model.state_dict(), path)
+    return model, path
+
+
+def test_the_trained_net_tells_the_shapes_apart(video_net: tuple[ShapesVideoNet, Path]) -> None:
+    rng = np.random.default_rng(9)
+    clips = [moving_shape(rng, i % 3)[0] for i in range(90)]
+    with torch.no_grad():
+        pred = video_net[0](torch.from_numpy(np.stack([_normalised(v) for v in clips]))).argmax(1)
+    assert (pred == torch.arange(90) % 3).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("method", ["gradcam", "layercam", "eigencam"])
+def test_the_map_peak_follows_the_moving_shape(video_net: tuple[ShapesVideoNet, Path], method: str) -> None:
+    """In at least 90 % of the frames (measured: 100 %), the map's peak, upsampled in time and space, lies
+    on the shape (its box, 1 px of margin: 14x14 of 32x32, chance 19 %)."""
+    from hookviz.attribution import explain
+
+    rng = np.random.default_rng(5)
+    made = [moving_shape(rng, i % 2) for i in range(30)]
+    x = torch.from_numpy(np.stack([_normalised(v) for v, _ in made]))
+    ex = explain(video_net[0], x, ["features"], [method])
+    maps = ex.maps[(method, "features")]
+    assert maps.shape == (30, 1, FRAMES, SIDE // 2, SIDE // 2)
+    up = F.interpolate(maps[:, :1], size=(FRAMES, SIDE, SIDE), mode="trilinear")[:, 0]
+    hits = 0
+    for i, (_, boxes) in enumerate(made):
+        for k, box in enumerate(boxes):
+            assert box is not None
+            y, xx = divmod(int(up[i, k].argmax()), SIDE)
+            hits += box[0] - 1 <= xx < box[2] + 1 and box[1] - 1 <= y < box[3] + 1
+    assert hits / (30 * FRAMES) >= 0.9
+
+
+@pytest.mark.parametrize("visible", [range(0, 4), range(4, 8), range(2, 5)])
+def test_the_map_mass_falls_in_the_frames_that_show_the_shape(
+    video_net: tuple[ShapesVideoNet, Path], visible: range
+) -> None:
+    """A shape shown in some frames only: Grad-CAM's mass over time lies in those frames (measured 0.86,
+    0.91 and 0.71 of it, where an even spread would give 0.5, 0.5 and 0.375)."""
+    from hookviz.attribution import explain
+
+    rng = np.random.default_rng(11)
+    x = torch.from_numpy(
+        np.stack([_normalised(moving_shape(rng, i % 2, visible=visible)[0]) for i in range(12)])
+    )
+    maps = explain(video_net[0], x, ["features"], ["gradcam"]).maps[("gradcam", "features")][:, 0]
+    mass = maps.clamp_min(0).sum(dim=(2, 3))
+    share = mass[:, list(visible)].sum(1) / mass.sum(1)
+    even = len(visible) / FRAMES
+    assert float(share.min()) >= even + 0.15 and float(share.mean()) >= even + 0.25
+
+
+def _write(path: Path, frames: np.ndarray, fps: float = FPS) -> Path:
+    """RGB frames as a video file in the container its suffix names (an animated GIF, a folder of PNGs
+    named f1.png ... f24.png, or OpenCV's writer with a codec that container takes)."""
+    if path.suffix == ".gif":
+        from PIL import Image
+
+        images = [Image.fromarray(f) for f in frames]
+        images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        return path
+    if path.suffix == "":
+        path.mkdir()
+        for k, f in enumerate(frames, start=1):  # natural order: f2 before f10
+            cv2.imwrite(str(path / f"f{k}.png"), cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
+        return path
+    codec = {".avi": "MJPG", ".webm": "VP80"}.get(path.suffix, "mp4v")
+    h, w = frames.shape[1:3]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*codec), fps, (w, h))
+    assert writer.isOpened(), path
+    for f in frames:
+        writer.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
+    writer.release()
+    return path
+
+
+CONTAINERS = [".mp4", ".avi", ".mov", ".mkv", ".webm", ".gif", ""]
+
+
+def test_gradcam_on_a_folder_of_videos_from_the_cli(
+    video_net: tuple[ShapesVideoNet, Path], tmp_path: Path
+) -> None:
+    """Six containers and a folder of frames, two clips each: every clip is decoded, predicted right, and
+    gets a playable WebM of its 8 frames, a contact sheet, raw arrays and a record with its span; each video
+    a whole-video record; a second run skips everything."""
+    _, weights = video_net
+    rng = np.random.default_rng(3)
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    truth = {}
+    for n, suffix in enumerate(CONTAINERS):
+        label = n % 2
+        video = np.concatenate([moving_shape(rng, label, frames=12)[0] for _ in range(2)])  # 24 frames
+        truth[str(_write(videos / f"clip{n}{suffix}", video))] = label
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(CLASSES) + "\n")
+    out = tmp_path / "out"
+    args = ["gradcam", str(videos), "--model", NET, "--weights", str(weights), "--labels", str(labels),
+            "--input-size", str(SIDE), "--resize", "squash", "--clip-len", "8", "--clips", "2",
+            "--layer", "features", "--save-raw", "--out", str(out)]  # fmt: skip
+    res = invoke(*args, "--json")
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in res.stdout.splitlines()]
+    clips = [r for r in recs if "clip" in r]
+    whole = [r for r in recs if "video" in r]
+    assert len(clips) == 2 * len(CONTAINERS) and len(whole) == len(CONTAINERS)
+    for r in clips:
+        assert r["status"] == "ok", r
+        assert r["predicted"]["index"] == truth[r["input"]], r["input"]
+        clip = r["clip"]
+        assert (
+            clip["of"] == 2
+            and len(clip["indices"]) == 8
+            and clip["frames"] == [clip["indices"][0], clip["indices"][-1]]
+        )
+        if Path(r["input"]).is_dir():
+            assert clip["seconds"] is None
+        else:  # the frames' own times: index / the file's rate (a GIF's is 1 / 0.06 s: centiseconds)
+            fps = probe(Path(r["input"])).fps
+            assert fps is not None and abs(fps - FPS) < 2
+            assert clip["seconds"] == pytest.approx(
+                [clip["frames"][0] / fps, clip["frames"][1] / fps], abs=0.011
+            )
+        (m,) = r["maps"]
+        assert m["shape"] == [FRAMES, SIDE // 2, SIDE // 2] and sum(m["time_mass"]) == pytest.approx(
+            1, abs=1e-3
+        )
+        webm = next(Path(o) for o in r["outputs"] if o.endswith(".webm"))
+        cap = cv2.VideoCapture(str(webm))
+        decoded = 0
+        while cap.read()[0]:
+            decoded += 1
+        assert decoded == 8 and cap.get(cv2.CAP_PROP_FRAME_WIDTH) >= SIDE
+        raw = np.load(next(o for o in r["outputs"] if o.endswith(".gradcam.features.npy")))
+        full = np.load(next(o for o in r["outputs"] if o.endswith(".full.npy")))
+        assert raw.shape == (FRAMES, SIDE // 2, SIDE // 2) and full.shape == (8, SIDE, SIDE)
+        assert any(o.endswith(".frames.png") for o in r["outputs"])
+    for r in whole:
+        assert r["video"]["index"] == truth[r["input"]] and r["video"]["clips"] == 2
+    # The run contract: the same command again writes nothing and skips every clip.
+    again = invoke(*args, "--json")
+    assert again.exit_code == 0
+    statuses = [json.loads(line)["status"] for line in again.stdout.splitlines()]
+    assert statuses == ["skipped"] * len(clips)
+
+
+def test_a_bad_video_is_one_error_and_the_others_go_on(
+    video_net: tuple[ShapesVideoNet, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated file, an empty one, a text file named .mp4 and a photo: one line each; the good video's
+    clips are done; exit code 1."""
+    _, weights = video_net
+    rng = np.random.default_rng(4)
+    good = _write(tmp_path / "good.mp4", moving_shape(rng, 0, frames=16)[0])
+    long = np.concatenate([moving_shape(rng, 1, frames=8)[0] for _ in range(8)])
+    cut = _write(tmp_path / "cut.avi", long)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size * 2 // 5])
+    empty = tmp_path / "empty.mp4"
+    writer = cv2.VideoWriter(str(empty), cv2.VideoWriter.fourcc(*"mp4v"), FPS, (SIDE, SIDE))
+    writer.release()
+    (tmp_path / "notes.mp4").write_text("not a video")
+    cv2.imwrite(str(tmp_path / "photo.png"), np.zeros((SIDE, SIDE, 3), np.uint8))
+    out = tmp_path / "out"
+    names = [str(good), str(cut), str(empty), str(tmp_path / "notes.mp4"), str(tmp_path / "photo.png")]
+    res = invoke("gradcam", *names, "--model", NET, "--weights", str(weights), "--input-size", str(SIDE),
+                 "--resize", "squash", "--clip-len", "8", "--clips", "all", "--out", str(out))  # fmt: skip
+    assert res.exit_code == 1, res.output
+    recs = records(out)
+    ok = [r for r in recs if r["status"] == "ok" and "clip" in r]
+    assert {r["input"] for r in ok} >= {str(good)}
+    errors = {r["input"]: r["error"] for r in recs if r["status"] == "error"}
+    assert "no frames" in errors[str(empty)] or "cannot open" in errors[str(empty)]
+    assert "cannot open as a video" in errors[str(tmp_path / "notes.mp4")]
+    assert "a photo, and the model takes videos" in errors[str(tmp_path / "photo.png")]
+    # The cut file: its readable clips are done, a clip past the cut is an error naming the truncation.
+    cut_recs = [r for r in recs if r["input"] == str(cut)]
+    assert cut_recs and all(
+        r["status"] == "ok" or "truncated" in r["error"] or "no frames" in r["error"] for r in cut_recs
+    )
+    for line in res.stderr.splitlines():
+        assert line.startswith("hookviz:"), line
+    assert "FFMPEG" not in capfd.readouterr().err  # no FFmpeg or OpenCV chatter reaches the user
+
+
+def test_a_long_video_is_read_clip_by_clip_in_bounded_memory(tmp_path: Path) -> None:
+    """A 2400-frame video (22 MB decoded): reading its clips holds one clip's frames at a time (the measured
+    peak stays under a tenth of the decoded video), and each clip gets the frames its indices name."""
+    path = tmp_path / "long.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (64, 48))
+    for k in range(2400):  # frame k is grey (7 k) mod 256: which frame a clip got shows in its pixels
+        writer.write(np.full((48, 64, 3), 7 * k % 256, np.uint8))
+    writer.release()
+    p = VideoPreprocess(clip_len=16, resize=(48, 64), crop=48, clips=None)
+    info = probe(path)
+    assert info.frames == 2400 and not info.sequential
+    clips = plan_clips(info, p)
+    assert len(clips) == 1200 // 16  # every clip, back to back, at 15 of the 30 frames per second
+    tracemalloc.start()
+    try:
+        for clip in clips[:: len(clips) // 6]:
+            frames, times = read_clip(path, clip, info)
+            assert frames.shape == (16, 48, 64, 3)
+            assert times[0] == pytest.approx(clip.indices[0] / 30, abs=0.02)
+            got = frames[:, 24, 32, 1].astype(int)
+            assert np.abs(got - np.asarray(clip.indices) * 7 % 256).max() <= 3
+            del frames
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2400 * 48 * 64 * 3 / 10, peak
+
+
+def test_a_variable_frame_rate_video_keeps_its_own_times(tmp_path: Path) -> None:
+    """Frames at irregular times (PyAV writes the timestamps): the container's guessed frame count is not
+    trusted, clips are read from the start, and each frame's time is the one in the file."""
+    av = pytest.importorskip("av")
+    path = tmp_path / "vfr.mkv"
+    times_ms = [0, 50, 100, 150, 200, 400, 600, 800, 1000, 1033, 1066, 1100]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for k, ms in enumerate(times_ms):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), k * 20, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = ms, fractions.Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    info = probe(path)
+    assert info.frames == len(times_ms) and info.sequential
+    (clip,) = plan_clips(info, VideoPreprocess(clip_len=6, frame_stride=2, clips=1))
+    frames, times = read_clip(path, clip, info)
+    assert list(clip.indices) == [0, 2, 4, 6, 8, 10]
+    assert [round(f[0, 0, 0] / 20) for f in frames] == [0, 2, 4, 6, 8, 10]  # the frames the indices name
+    assert times == pytest.approx([times_ms[i] / 1000 for i in clip.indices], abs=0.02)
+
+
+def test_clip_sampling_follows_the_weights_and_the_options() -> None:
+    """r3d_18's weights: 16 frames at 15 fps, 5 clips evenly spaced; --clips all: back to back; a video
+    shorter than a clip: one clip of repeated frames."""
+    from hookviz.models import load_model
+    from hookviz.video import VideoInfo
+
+    p = load_model("r3d_18", "none").video
+    assert p is not None and (p.clip_len, p.frame_rate, p.clips, p.resize, p.crop) == (
+        16,
+        15.0,
+        5,
+        (128, 171),
+        112,
+    )
+    info = VideoInfo(300, 30.0, 320, 240)
+    clips = plan_clips(info, p)
+    assert len(clips) == 5 and all(np.diff(c.indices).tolist() == [2] * 15 for c in clips)
+    starts = [c.indices[0] for c in clips]
+    assert starts == sorted(starts) and starts[0] > 0 and clips[-1].indices[-1] < 299
+    every = plan_clips(info, p.sampled(clips="all", frame_stride=1))
+    assert [c.indices[0] for c in every] == list(range(0, 300 - 15, 16))
+    (short,) = plan_clips(VideoInfo(5, 30.0, 320, 240), p)
+    assert len(short.indices) == 16 and short.indices[0] == 0 and short.indices[-1] == 4
+
+
+@pytest.mark.parametrize("name", ["r3d_18", "mvit_v1_b", "s3d"])
+def test_the_clip_preprocessing_equals_torchvision_s_transform(name: str) -> None:
+    """Pixel for pixel the weights' own ``VideoClassification`` (fixed 128x171 resize, shorter side 256,
+    squashed 256x256), and the crop's box on the frame."""
+    import torchvision
+
+    from hookviz.sources.torchvision import video_preprocess
+
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    frames = np.random.default_rng(0).integers(0, 256, (4, 240, 320, 3), dtype=np.uint8)
+    ours, box = video_preprocess(weights)(frames)
+    theirs = weights.transforms()(torch.from_numpy(frames).permute(0, 3, 1, 2))
+    assert ours.shape == tuple(theirs.shape)
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
+    # The crop's place on the 320x240 frame: centred, its side the crop over the resize's scale.
+    resize = [int(v) for v in weights.transforms().resize_size]
+    crop = int(weights.transforms().crop_size[0])
+    sy = 240 / resize[0]
+    sx = 320 / (resize[1] if len(resize) == 2 else int(resize[0] * 320 / 240))
+    assert abs(box.height - crop * sy) <= 1 and abs(box.width - crop * sx) <= 1
+    assert abs(box.x0 + box.x1 - 320) <= 2 and abs(box.y0 + box.y1 - 240) <= 2  # half a pixel off centre
+
+
+def test_video_options_are_refused_for_a_photo_model_and_pixel_methods_for_a_video_model(
+    tmp_path: Path,
+) -> None:
+    photo = tmp_path / "p.png"
+    cv2.imwrite(str(photo), np.zeros((32, 32, 3), np.uint8))
+    res = invoke(
+        "gradcam",
+        str(photo),
+        "--model",
+        "resnet18",
+        "--weights",
+        "none",
+        "--clips",
+        "3",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert res.exit_code == 2 and "--clips is for video models" in res.stderr
+    clip = _write(tmp_path / "v.mp4", np.zeros((8, 32, 32, 3), np.uint8))
+    res = invoke(
+        "gradcam",
+        str(clip),
+        "--model",
+        NET,
+        "--weights",
+        "none",
+        "--method",
+        "scorecam",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert res.exit_code == 2 and "does not apply to a video model" in res.stderr
+
+
+def test_clip_items_say_why_a_video_cannot_be_read(tmp_path: Path) -> None:
+    p = VideoPreprocess(clip_len=4, clips=2)
+    (tmp_path / "bad.webm").write_bytes(b"\x1aE\xdf\xa3 broken")
+    (empty := tmp_path / "frames").mkdir()
+    items = list(clip_items([Item("bad.webm", tmp_path / "bad.webm"), Item("frames", empty)], p))
+    assert [i.path for i in items] == [None, None]
+    assert "cannot open as a video" in str(items[0].error) and "no image files" in str(items[1].error)
+    with pytest.raises(InputError, match="no such file"):
+        probe(tmp_path / "missing.mp4")
