@@ -213,19 +213,10 @@ def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 
 
 def rankdata(x: Tensor) -> Tensor:
-    """Ranks 1..n of a 1-D tensor, ties given their average rank (as scipy.stats.rankdata)."""
-    order = torch.argsort(x, stable=True)
-    ranks = torch.empty(len(x), dtype=torch.float64)
-    sorted_x = x[order]
-    i = 0
-    n = len(x)
-    while i < n:
-        j = i
-        while j + 1 < n and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    """Ranks 1..n of a 1-D tensor, ties given their average rank: ``scipy.stats.rankdata`` (float64)."""
+    from scipy.stats import rankdata as ranks
+
+    return torch.from_numpy(ranks(x.detach().cpu().double().numpy()))
 
 
 def spearman(a: Tensor, b: Tensor) -> float:

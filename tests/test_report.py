@@ -202,3 +202,41 @@ def test_foreign_and_null_values_do_not_stop_the_page(browser: object, tmp_path:
     assert "class 3 100.0% of pixels" in text["a.png"] and "(3)" not in text["a.png"]
     assert "dog (2) p=0.250" in text["c.png"]
     assert "deletion" not in text["a.png"]  # a null metric is left out, not drawn as NaN
+
+
+def test_a_video_run_plays_its_overlays_in_the_page(browser: object, tmp_path: Path) -> None:
+    """A video model's run: a card per clip (with its frames and seconds) whose overlay WebM Chromium
+    decodes and plays, and a card for the whole video's prediction."""
+    import cv2
+    from selenium.webdriver.common.by import By
+
+    video = tmp_path / "ball.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter.fourcc(*"mp4v"), 15.0, (48, 40))
+    for k in range(20):
+        frame = np.full((40, 48, 3), 60, np.uint8)
+        cv2.circle(frame, (6 + 2 * k, 20), 6, (0, 220, 255), -1)
+        writer.write(frame)
+    writer.release()
+    net = str(Path(__file__).with_name("video_net.py")) + ":ShapesVideoNet"
+    out = tmp_path / "out"
+    r = CliRunner().invoke(
+        app,
+        ["gradcam", str(video), "--model", net, "--weights", "none", "--input-size", "32",
+         "--resize", "squash", "--clip-len", "8", "--clips", "2", "--out", str(out), "-q", "--report"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    _open(browser, out / "index.html")
+    cards = browser.find_elements(By.CSS_SELECTOR, "article.card")  # type: ignore[attr-defined]
+    assert len(cards) == 3
+    parts = [c.find_element(By.CSS_SELECTOR, "p.meta").text for c in cards]
+    assert any(p.startswith("clip 1/2 · frames") and p.endswith(" s") for p in parts)
+    assert any(p.startswith("whole video: mean of 2 clips") for p in parts)
+    played = browser.execute_async_script(  # type: ignore[attr-defined]
+        """const done = arguments[arguments.length - 1];
+        const videos = Array.from(document.querySelectorAll("video"));
+        const state = (v) => [v.videoWidth, v.readyState, v.currentTime, v.error ? v.error.code : 0];
+        setTimeout(() => done(videos.map(state)), 1500);"""
+    )
+    assert len(played) == 2
+    for width, ready, now, error in played:
+        assert error == 0 and width >= 32 and ready >= 2 and now > 0  # decoded, and playing

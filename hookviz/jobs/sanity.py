@@ -73,20 +73,31 @@ class SanityJob:
 
         steps, target = result
         original = steps[0][1]
-        crop = rgb[box.y0 : box.y1, box.x0 : box.x1]
+        clip = getattr(rgb, "frames", None)  # a video's clip: its middle frame shows the middle time step
+        frame = clip[len(clip) // 2] if clip is not None else rgb
+        crop = frame[box.y0 : box.y1, box.x0 : box.x1]
+
+        def similarity(a: Any, b: Any) -> tuple[float, float]:
+            """Spearman over the whole map; SSIM per time step, averaged, for a video model's."""
+            if a.dim() == 3:
+                return spearman(a, b), float(np.mean([ssim(a[k], b[k]) for k in range(a.shape[0])]))
+            return spearman(a, b), ssim(a, b)
+
         rows = []
         records = []
         for method in [*self.methods, "edges"]:
             cells = []
             for name, maps in steps:
                 cam = maps[method][index].float().numpy()
-                cells.append(render.overlay(crop, cam, Box(0, 0, crop.shape[1], crop.shape[0]), alpha=0.6))
+                shown = cam[len(cam) // 2] if cam.ndim == 3 else cam
+                cells.append(render.overlay(crop, shown, Box(0, 0, crop.shape[1], crop.shape[0]), alpha=0.6))
+                rho, s = similarity(maps[method][index], original[method][index])
                 records.append(
                     {
                         "randomized_up_to": name,
                         "method": method,
-                        "spearman": round(spearman(maps[method][index], original[method][index]), 4),
-                        "ssim": round(ssim(maps[method][index], original[method][index]), 4),
+                        "spearman": round(rho, 4),
+                        "ssim": round(s, 4),
                     }
                 )
             rows.append((method_title(method) if method != "edges" else "image edges (control)", cells))
@@ -107,10 +118,14 @@ class SanityJob:
 
 
 def _edges(x: Any) -> Any:
-    """The image's gradient magnitude at its own resolution: a 'map' that knows nothing of the model."""
+    """The image's gradient magnitude at its own resolution: a 'map' that knows nothing of the model (a
+    clip's: frame by frame, ``(B, T, H, W)``)."""
     import torch
     import torch.nn.functional as F
 
+    if x.dim() == 5:
+        b, c, t = x.shape[:3]
+        return _edges(x.transpose(1, 2).reshape(b * t, c, *x.shape[3:])).reshape(b, t, *x.shape[3:])
     gray = x.float().mean(dim=1, keepdim=True)
     kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], device=x.device)
     gx = F.conv2d(gray, kx[None, None], padding=1)

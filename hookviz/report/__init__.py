@@ -23,9 +23,10 @@ REPORT = "index.html"
 
 
 def latest_records(lines: Iterable[str], warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """The latest record per (input, settings key), in first-seen order; unreadable lines are skipped (and,
-    with ``warn``, named by their line number)."""
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    """The latest record per (input, settings key, clip), in first-seen order (a video's clips and its
+    whole-video record each count); unreadable lines are skipped (and, with ``warn``, named by their line
+    number)."""
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -34,7 +35,8 @@ def latest_records(lines: Iterable[str], warn: Callable[[str], None] | None = No
         except ValueError:
             rec = None
         if isinstance(rec, dict) and isinstance(rec.get("input"), str):
-            latest[(rec["input"], str(rec.get("key", "")))] = rec
+            part = "video" if "video" in rec else str(_dict(rec.get("clip")).get("number", ""))
+            latest[(rec["input"], str(rec.get("key", "")), part)] = rec
         elif warn is not None:
             warn(f"manifest line {number} is not a hookviz record; left out")
     return list(latest.values())
@@ -90,12 +92,12 @@ def _card(rec: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(out, str):
             continue
         name = Path(out).name
-        if name.endswith(".png") and name not in named:
-            sheet = name.endswith(".sheet.png")
+        if name.endswith((".png", ".webm")) and name not in named:
+            sheet = name.endswith((".sheet.png", ".frames.png"))
             kind = "sheet" if sheet else str(rec.get("command") or "picture")
             layer = None if sheet else _text(rec.get("layer"))
             pictures.append({"file": name, "method": kind, "layer": layer, "target": None})
-    predicted = _dict(rec.get("predicted"))
+    predicted = _dict(rec.get("predicted")) or _dict(rec.get("video"))
     targets = [_dict(m.get("target")) for m in _list(rec.get("maps")) if isinstance(m, dict)]
     targets = [{"index": _int(t.get("index")), "name": _text(t.get("name"))} for t in targets if t]
     return {
@@ -113,7 +115,26 @@ def _card(rec: dict[str, Any]) -> dict[str, Any]:
         "share": rec.get("score") == "share of pixels",
         "targets": list({t["index"]: t for t in targets}.values()),
         "pictures": pictures,
+        "part": _part(rec),
     }
+
+
+def _part(rec: dict[str, Any]) -> str | None:
+    """Which part of a video a record is: ``clip 2/5 · frames 30-60 · 1.00-2.00 s``, or the whole video."""
+    video = _dict(rec.get("video"))
+    if video:
+        clips, agree = _int(video.get("clips")), _int(video.get("clips_agreeing"))
+        return f"whole video: mean of {clips} clips, {agree} agree"
+    clip = _dict(rec.get("clip"))
+    if not clip:
+        return None
+    frames, seconds = _list(clip.get("frames")), _list(clip.get("seconds"))
+    text = f"clip {_int(clip.get('number'))}/{_int(clip.get('of'))}"
+    if len(frames) == 2:
+        text += f" · frames {_int(frames[0])}-{_int(frames[1])}"
+    if len(seconds) == 2 and _num(seconds[0]) is not None and _num(seconds[1]) is not None:
+        text += f" · {seconds[0]:.2f}-{seconds[1]:.2f} s"
+    return text
 
 
 def _runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
