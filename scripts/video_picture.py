@@ -65,8 +65,9 @@ def main() -> None:
         writer.release()
         subprocess.run(
             [str(ROOT / ".venv/bin/hookviz"), "gradcam", str(d / "cross.mp4"), "--model",
-             f"{ROOT / 'tests/video_net.py'}:ShapesVideoNet", "--weights", "net.pt", "--labels", "labels.txt", "--input-size", "32", "--resize", "squash", "--clip-len", "8",
-             "--clips", "2", "--method", "gradcam", "--method", "eigencam", "--out", str(d / "out"), "-q"],
+             f"{ROOT / 'tests/video_net.py'}:ShapesVideoNet", "--weights", "net.pt", "--labels", "labels.txt",
+             "--input-size", "32", "--resize", "squash", "--clip-len", "8", "--clips", "2",
+             "--method", "gradcam", "--method", "eigencam", "--out", str(d / "out"), "-q"],
             check=True,
             cwd=d,
         )  # fmt: skip
