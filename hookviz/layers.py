@@ -98,7 +98,13 @@ def map_layers(
         LayerError: a name without a feature map, a glob matching none, a model without a running Conv2d.
     """
     if not specs:
-        names = [c.name for c in calls if c.type in ("Conv2d", "Conv3d") and has_map(c)]
+        # One map per input: a convolution run on heads folded into the batch (MViT's attention pooling) is
+        # left out (the traced pass has one input).
+        names = [
+            c.name
+            for c in calls
+            if c.type in ("Conv2d", "Conv3d") and has_map(c) and c.output_shape and c.output_shape[0] == 1
+        ]
         if not names:
             raise LayerError(f"{model_name} has no Conv2d layer that runs; pass --layers")
         return [n for n in module_names(model) if n in set(names)]
