@@ -23,6 +23,7 @@ _EXPORTS = {
     "CamResult": "hookviz.attribution",
     "Explanation": "hookviz.attribution",
     "explain_detections": "hookviz.detection",
+    "explain_videos": "hookviz.jobs.video",
     "DetectionExplanation": "hookviz.detection",
     "summarize": "hookviz.summary",
     "ModelSummary": "hookviz.summary",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
     from hookviz.hooks import capture, preserved, trace_shapes
     from hookviz.images import Preprocess, load_rgb
+    from hookviz.jobs.video import explain_videos
     from hookviz.layers import resolve_layers
     from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models import LoadedModel, load_model
@@ -82,6 +84,7 @@ __all__ = [
     "drop_block",
     "explain",
     "explain_detections",
+    "explain_videos",
     "feature_maps",
     "grad_cam",
     "gradient_flow",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,14 +13,12 @@ from torch import Tensor, nn
 
 from hookviz.errors import TargetError, UsageError
 from hookviz.hooks import (
-    ModuleCall,
     autograd_enabled,
     capture,
     logits_of,
     preserved,
-    probe_input,
     serialised,
-    trace_shapes,
+    traced,
     unwrap_compiled,
 )
 from hookviz.layers import single_call
@@ -89,23 +86,10 @@ class CamResult:
     target_score: Tensor
 
 
-_TRACES: weakref.WeakKeyDictionary[nn.Module, dict[Any, list[ModuleCall]]] = weakref.WeakKeyDictionary()
-
-
 def score_kind(model: nn.Module) -> str:
     """How a model's scores become what records report: ``softmax``, or ``identity`` for a similarity
     (:class:`hookviz.targets.Similarity` says so)."""
     return str(getattr(type(model), "score_kind", "softmax"))
-
-
-def traced(model: nn.Module, input_shape: tuple[int, ...], device: Any) -> list[ModuleCall]:
-    """:func:`~hookviz.hooks.trace_shapes` for one input of ``input_shape``, remembered per model while it
-    lives (a transformer's token layout needs its patch grid, and a batch run asks for it every batch)."""
-    per_model = _TRACES.setdefault(model, {})
-    key = (input_shape, str(device))
-    if key not in per_model:
-        per_model[key] = trace_shapes(model, probe_input(model, (1, *input_shape), device=device))
-    return per_model[key]
 
 
 def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:

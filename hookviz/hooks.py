@@ -467,3 +467,17 @@ def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
     trace = Trace(calls + unused)
     trace.pool = tracer.site({n: v[2] for n, v in seen.items()}, {n: v[0] for n, v in seen.items()})
     return trace
+
+
+_TRACES: weakref.WeakKeyDictionary[nn.Module, dict[Any, Trace]] = weakref.WeakKeyDictionary()
+
+
+def traced(model: nn.Module, input_shape: tuple[int, ...], device: Any) -> Trace:
+    """:func:`trace_shapes` for one input of ``input_shape``, remembered per model while it lives (a
+    transformer's token layout needs its patch grid, and a batch run asks for it every batch; the layers a
+    command chooses were traced on the same input: one forward pass serves both)."""
+    per_model = _TRACES.setdefault(model, {})
+    key = (tuple(int(s) for s in input_shape), str(torch.device(device)))
+    if key not in per_model:
+        per_model[key] = trace_shapes(model, probe_input(model, (1, *input_shape), device=device))
+    return per_model[key]

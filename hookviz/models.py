@@ -17,7 +17,7 @@ from hookviz.errors import (
     UsageError,
     close_matches,
 )
-from hookviz.hooks import ModuleCall, logits_of, probe_input, trace_shapes
+from hookviz.hooks import ModuleCall, logits_of, probe_input, traced
 from hookviz.images import Preprocess
 from hookviz.video import VideoPreprocess
 
@@ -276,7 +276,7 @@ def probe(loaded: LoadedModel) -> list[ModuleCall]:
 
     shape = loaded.input_shape
     try:
-        return trace_shapes(loaded.model, probe_input(loaded.model, (1, *shape)))
+        return traced(loaded.model, shape, loaded.device)
     except HookvizError:
         raise
     except Exception as exc:  # a model's own size checks raise AssertionError, RuntimeError, ValueError

@@ -459,3 +459,30 @@ def test_evaluate_and_sanity_on_a_trained_video_model(
     steps = json.loads((tmp_path / "san" / "sanity.json").read_text())["steps"]
     last = {s["method"]: s for s in steps if s["randomized_up_to"] == steps[-1]["randomized_up_to"]}
     assert last["gradcam"]["spearman"] < 0.6 and last["edges"]["spearman"] == pytest.approx(1.0)
+
+
+def test_explain_videos_from_the_library(video_net: tuple[ShapesVideoNet, Path], tmp_path: Path) -> None:
+    """The library call behind the CLI: a folder of videos in, overlay videos, contact sheets and records out
+    (the whole-video record names the class every clip explained)."""
+    import dataclasses
+
+    from hookviz import explain_videos, load_model
+    from hookviz.jobs.build import CamSettings
+
+    _, weights = video_net
+    rng = np.random.default_rng(8)
+    (folder := tmp_path / "videos").mkdir()
+    for n in range(2):
+        _write(folder / f"v{n}.avi", moving_shape(rng, n, frames=10)[0])
+    loaded = load_model(NET, str(weights), input_size=SIDE, resize="squash", labels=list(CLASSES))
+    assert loaded.video is not None
+    loaded = dataclasses.replace(loaded, video=loaded.video.sampled(clip_len=8, clips=1))
+    recs = explain_videos(loaded, folder, tmp_path / "out", CamSettings(target="cross"))
+    clips, whole = [r for r in recs if "clip" in r], [r for r in recs if "video" in r]
+    assert len(clips) == 2 and len(whole) == 2
+    assert [r["predicted"]["name"] for r in clips] == ["square", "cross"]
+    assert all(w["video"]["target"]["name"] == "cross" for w in whole)
+    assert all(Path(o).exists() for r in clips for o in r["outputs"])
+    assert {Path(o).suffix for r in clips for o in r["outputs"]} == {".webm", ".png"}
+    with pytest.raises(Exception, match="takes photos"):
+        explain_videos(load_model("resnet18", "none"), folder, tmp_path / "o2")

@@ -259,7 +259,9 @@ def summary(
             size = list(loaded.input_shape)
             input_size = ",".join(map(str, size))
         try:
-            result = summarize(loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name)
+            result = summarize(
+                loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name, on_meta=True
+            )
         except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             _fail(

@@ -12,6 +12,7 @@ and the map's share of its mass in each frame (``time_mass``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -222,14 +223,71 @@ def video_summary(
     name: str, records: list[dict[str, Any]], probs: list[np.ndarray], loaded: Any
 ) -> dict[str, Any]:
     """The whole video's prediction from its clips: the mean of their class probabilities (Kinetics'
-    video-level evaluation), with how many clips agree."""
+    video-level evaluation), with how many clips agree, and the class explained when every clip explained
+    the same one (``--target``), with its mean probability."""
     mean = np.mean(np.stack(probs), axis=0)
     top = int(mean.argmax())
     votes = sum(1 for r in records if (r.get("predicted") or {}).get("index") == top)
-    return {
+    summary: dict[str, Any] = {
         "index": top,
         "name": loaded.class_name(top),
         "score": round(float(mean[top]), 6),
         "clips": len(records),
         "clips_agreeing": votes,
     }
+    explained = {(r.get("target") or {}).get("index") for r in records}
+    if len(explained) == 1 and (t := explained.pop()) is not None:  # one class explained in every clip
+        summary["target"] = {"index": t, "name": loaded.class_name(t), "score": round(float(mean[t]), 6)}
+    return summary
+
+
+def explain_videos(
+    loaded: Any,
+    inputs: str | Path | list[str | Path],
+    out: str | Path,
+    settings: Any = None,
+    *,
+    overwrite: bool = False,
+    batch_size: int = 4,
+) -> list[dict[str, Any]]:
+    """The ``hookviz gradcam`` of a video model, from Python: each clip's overlay videos, contact sheet (and
+    raw maps) written under ``out``, and the records (each clip's, then each video's whole prediction), also
+    appended to ``out/manifest.jsonl``.
+
+    Args:
+        loaded: a video model (:func:`hookviz.load_model`; its ``video`` says how clips are sampled: change it
+            with ``dataclasses.replace(loaded, video=loaded.video.sampled(clip_len=8, clips="all"))``).
+        inputs: video files, folders of videos, folders of frames.
+        settings: a :class:`hookviz.jobs.build.CamSettings` (layers, methods, target, colours, ``save_raw``);
+            default: Grad-CAM at the default layer, the top class.
+
+    Raises:
+        UsageError: not a video model, or settings that do not apply to one.
+
+    Example:
+        >>> loaded = load_model("r3d_18")
+        >>> records = explain_videos(loaded, "videos/", "out/")
+        >>> [r["video"]["name"] for r in records if "video" in r]
+    """
+    from hookviz.inputs import clip_items, expand_inputs
+    from hookviz.jobs.build import CamSettings, make_cam_job
+    from hookviz.pipeline import Output, run, with_video_summaries
+
+    if loaded.video is None:
+        raise UsageError(f"{loaded.name} takes photos, not videos; explain photos with hookviz.explain")
+    names = [str(p) for p in (inputs if isinstance(inputs, list) else [inputs])]
+    output = Output(Path(out), overwrite=overwrite)
+    built = make_cam_job(loaded, settings or CamSettings())
+    items = list(clip_items(expand_inputs(names, exclude=Path(out), video=True), loaded.video))
+    output.prepare()
+    base = {
+        "command": "gradcam",
+        "model": loaded.name,
+        "weights": loaded.weights,
+        "pretrained": loaded.pretrained,
+    }
+    records = run(
+        items, built.job, preprocess=loaded.video, output=output, device=loaded.device, base=base,
+        batch_size=batch_size,
+    )  # fmt: skip
+    return list(with_video_summaries(records, built.job, output, loaded))

@@ -51,6 +51,7 @@ def summarize(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     name: str | None = None,
+    on_meta: bool = False,
 ) -> ModelSummary:
     """Run one forward pass of zeros and return per-module statistics (eval mode, no grad).
 
@@ -60,6 +61,9 @@ def summarize(
         batch_size: MACs and activation sizes are for this many inputs.
         depth: rows shown by ``str()``/markdown/csv (0 = the model only); the data keeps every row.
         device, dtype: of the probe input; by default the model's (its first floating-point tensor's).
+        on_meta: count on a copy of the model on PyTorch's ``meta`` device: every shape and MAC without
+            computing a value (swin3d_b's 141 GMACs in under a second instead of 9 s); a model that cannot
+            run there (a data-dependent branch) is counted by a real pass instead. ``model`` is untouched.
 
     Raises:
         UsageError: a bad input size or batch size.
@@ -71,6 +75,18 @@ def summarize(
     """
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
+    if on_meta and str(device or "meta") == "meta":
+        import copy
+
+        try:
+            meta = copy.deepcopy(unwrap_compiled(model)).to("meta")
+            return summarize(
+                meta, input_size, batch_size=batch_size, depth=depth, device="meta", dtype=dtype, name=name
+            )
+        except UsageError:
+            raise
+        except Exception:  # not every model runs on meta: count it for real
+            pass
     if len(input_size) not in (3, 4) or any(int(v) < 1 for v in input_size):
         raise UsageError(
             f"--input-size {tuple(input_size)}: give C,H,W (a video model: C,T,H,W) with positive sizes, "
