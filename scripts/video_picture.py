@@ -16,43 +16,15 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hookviz.video import KINETICS_MEAN, KINETICS_STD  # noqa: E402
-from tests.video_net import CLASSES, ShapesVideoNet, moving_shape  # noqa: E402
-
-
-def normalised(video: np.ndarray) -> np.ndarray:
-    x = (video.astype(np.float32) / 255 - np.asarray(KINETICS_MEAN, np.float32)) / np.asarray(
-        KINETICS_STD, np.float32
-    )
-    return x.transpose(3, 0, 1, 2)
+from tests.video_net import CLASSES, moving_shape, trained  # noqa: E402
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xs, ys = [], []
-    for i in range(600):
-        visible = None
-        if rng.random() < 0.3:
-            first = int(rng.integers(0, 5))
-            visible = range(first, first + int(rng.integers(2, 5)))
-        xs.append(normalised(moving_shape(rng, i % 3, visible=visible)[0]))
-        ys.append(i % 3)
-    x, y = torch.from_numpy(np.stack(xs)), torch.tensor(ys)
-    model = ShapesVideoNet()
-    opt = torch.optim.Adam(model.parameters(), 5e-3)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(80):
-        idx = torch.randint(0, len(x), (32,), generator=gen)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    model = trained()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         torch.save(model.state_dict(), d / "net.pt")

@@ -221,3 +221,17 @@ def built_once(monkeypatch: pytest.MonkeyPatch) -> None:
         return copy.deepcopy(last["model"])
 
     monkeypatch.setattr(torchvision.models, "get_model", get_model)
+
+
+def ball_video(path: Path, frames: int = 20, size: tuple[int, int] = (96, 72), grey: int = 50) -> Path:
+    """An mp4 (15 fps) of a yellow ball crossing a grey ``size`` = (width, height) picture, left to right."""
+    import cv2
+
+    w, h = size
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), 15.0, (w, h))
+    for k in range(frames):
+        frame = np.full((h, w, 3), grey, np.uint8)
+        cv2.circle(frame, (4 + (w - 8) * k // max(1, frames - 1), h // 2), max(3, h // 8), (0, 200, 255), -1)
+        writer.write(frame)
+    writer.release()
+    return path

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from hookviz.cli import app
 from hookviz.images import decode_png
 from hookviz.report import build_report, latest_records
-from tests.conftest import write_image
+from tests.conftest import ball_video, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
 HOSTILE = '<img src=x onerror="window.pwned=1">.png'
@@ -207,16 +207,9 @@ def test_foreign_and_null_values_do_not_stop_the_page(browser: object, tmp_path:
 def test_a_video_run_plays_its_overlays_in_the_page(browser: object, tmp_path: Path) -> None:
     """A video model's run: a card per clip (with its frames and seconds) whose overlay WebM Chromium
     decodes and plays, and a card for the whole video's prediction."""
-    import cv2
     from selenium.webdriver.common.by import By
 
-    video = tmp_path / "ball.mp4"
-    writer = cv2.VideoWriter(str(video), cv2.VideoWriter.fourcc(*"mp4v"), 15.0, (48, 40))
-    for k in range(20):
-        frame = np.full((40, 48, 3), 60, np.uint8)
-        cv2.circle(frame, (6 + 2 * k, 20), 6, (0, 220, 255), -1)
-        writer.write(frame)
-    writer.release()
+    video = ball_video(tmp_path / "ball.mp4", size=(48, 40))
     net = str(Path(__file__).with_name("video_net.py")) + ":ShapesVideoNet"
     out = tmp_path / "out"
     r = CliRunner().invoke(

@@ -17,48 +17,18 @@ import torch.nn.functional as F
 
 from hookviz.errors import InputError
 from hookviz.inputs import Item, clip_items
-from hookviz.video import KINETICS_MEAN, KINETICS_STD, VideoPreprocess, plan_clips, probe, read_clip
+from hookviz.video import VideoPreprocess, plan_clips, probe, read_clip
 from tests.conftest import invoke, records
-from tests.video_net import CLASSES, FRAMES, SIDE, ShapesVideoNet, moving_shape
+from tests.video_net import CLASSES, FRAMES, SIDE, ShapesVideoNet, moving_shape, normalised, trained
 
 NET = str(Path(__file__).with_name("video_net.py")) + ":ShapesVideoNet"
 FPS = 15.0  # the default sampling rate of a model of one's own: every frame is taken
 
 
-def _normalised(video: np.ndarray) -> np.ndarray:
-    """What :class:`VideoPreprocess` makes of frames already at the input size: ``(3, T, H, W)``."""
-    x = (video.astype(np.float32) / 255 - np.asarray(KINETICS_MEAN, np.float32)) / np.asarray(
-        KINETICS_STD, np.float32
-    )
-    return x.transpose(3, 0, 1, 2)
-
-
 @pytest.fixture(scope="module")
 def video_net(tmp_path_factory: pytest.TempPathFactory) -> tuple[ShapesVideoNet, Path]:
-    """The 3D CNN trained on 600 seeded clips (square, cross, nothing; a third of them with the shape in a
-    few frames only): 80 steps, about 15 s on one core, 95-100 % on fresh clips. Returns it and its file."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xs, ys = [], []
-    for i in range(600):
-        visible = None
-        if rng.random() < 0.3:
-            first = int(rng.integers(0, 5))
-            visible = range(first, first + int(rng.integers(2, 5)))
-        video, _ = moving_shape(rng, i % 3, visible=visible)
-        xs.append(_normalised(video))
-        ys.append(i % 3)
-    x, y = torch.from_numpy(np.stack(xs)), torch.tensor(ys)
-    model = ShapesVideoNet()
-    opt = torch.optim.Adam(model.parameters(), 5e-3)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(80):
-        idx = torch.randint(0, len(x), (32,), generator=gen)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
+    """The 3D CNN of :func:`tests.video_net.trained`, and its weights' file."""
+    model = trained()
     path = tmp_path_factory.mktemp("video_net") / "video_net.pt"
     torch.save(model.state_dict(), path)
     return model, path
@@ -68,7 +38,7 @@ def test_the_trained_net_tells_the_shapes_apart(video_net: tuple[ShapesVideoNet,
     rng = np.random.default_rng(9)
     clips = [moving_shape(rng, i % 3)[0] for i in range(90)]
     with torch.no_grad():
-        pred = video_net[0](torch.from_numpy(np.stack([_normalised(v) for v in clips]))).argmax(1)
+        pred = video_net[0](torch.from_numpy(np.stack([normalised(v) for v in clips]))).argmax(1)
     assert (pred == torch.arange(90) % 3).float().mean() >= 0.9
 
 
@@ -80,7 +50,7 @@ def test_the_map_peak_follows_the_moving_shape(video_net: tuple[ShapesVideoNet, 
 
     rng = np.random.default_rng(5)
     made = [moving_shape(rng, i % 2) for i in range(30)]
-    x = torch.from_numpy(np.stack([_normalised(v) for v, _ in made]))
+    x = torch.from_numpy(np.stack([normalised(v) for v, _ in made]))
     ex = explain(video_net[0], x, ["features"], [method])
     maps = ex.maps[(method, "features")]
     assert maps.shape == (30, 1, FRAMES, SIDE // 2, SIDE // 2)
@@ -104,7 +74,7 @@ def test_the_map_mass_falls_in_the_frames_that_show_the_shape(
 
     rng = np.random.default_rng(11)
     x = torch.from_numpy(
-        np.stack([_normalised(moving_shape(rng, i % 2, visible=visible)[0]) for i in range(12)])
+        np.stack([normalised(moving_shape(rng, i % 2, visible=visible)[0]) for i in range(12)])
     )
     maps = explain(video_net[0], x, ["features"], ["gradcam"]).maps[("gradcam", "features")][:, 0]
     mass = maps.clamp_min(0).sum(dim=(2, 3))

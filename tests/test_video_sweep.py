@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cv2
-import numpy as np
 import pytest
 
-from tests.conftest import invoke
+from tests.conftest import ball_video, invoke
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +31,7 @@ SMALLER = {
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Twenty frames of a ball crossing a 96x72 picture, at 15 fps."""
-    path = tmp_path_factory.mktemp("sweep") / "ball.mp4"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), 15.0, (96, 72))
-    for k in range(20):
-        frame = np.full((72, 96, 3), 50, np.uint8)
-        cv2.circle(frame, (10 + 4 * k, 36), 9, (0, 200, 255), -1)
-        writer.write(frame)
-    writer.release()
-    return path
+    return ball_video(tmp_path_factory.mktemp("sweep") / "ball.mp4")
 
 
 @pytest.mark.parametrize("name", sorted(SMALLER))

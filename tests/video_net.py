@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from hookviz.video import KINETICS_MEAN, KINETICS_STD
 
 CLASSES = ("square", "cross", "nothing")
 SIDE = 32
@@ -64,3 +67,36 @@ def moving_shape(
         video[k] = frame
         boxes.append((cx - r, cy - r, cx + r + 1, cy + r + 1))
     return video, boxes
+
+
+def normalised(video: np.ndarray) -> np.ndarray:
+    """What :class:`hookviz.video.VideoPreprocess` makes of frames already at the input size:
+    ``(3, T, H, W)`` float32 with Kinetics' mean and std."""
+    mean, std = np.asarray(KINETICS_MEAN, np.float32), np.asarray(KINETICS_STD, np.float32)
+    return ((video.astype(np.float32) / 255 - mean) / std).transpose(3, 0, 1, 2)
+
+
+def trained(steps: int = 80, clips: int = 600) -> ShapesVideoNet:
+    """The net trained on ``clips`` seeded clips (square, cross, nothing; a third of them with the shape in a
+    few frames only): 80 steps of 32, about 10-15 s on one core, 95-100 % on fresh clips."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    xs, ys = [], []
+    for i in range(clips):
+        visible = None
+        if rng.random() < 0.3:
+            first = int(rng.integers(0, 5))
+            visible = range(first, first + int(rng.integers(2, 5)))
+        xs.append(normalised(moving_shape(rng, i % 3, visible=visible)[0]))
+        ys.append(i % 3)
+    x, y = torch.from_numpy(np.stack(xs)), torch.tensor(ys)
+    model = ShapesVideoNet()
+    opt = torch.optim.Adam(model.parameters(), 5e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (32,), generator=gen)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()

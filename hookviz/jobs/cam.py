@@ -369,13 +369,24 @@ class CamJob:
             title = f"{lm.name} | predicted {lm.describe(pred)} {scored(p_score)} | " + _weights_note(lm)
             sheet = render.sheet(rows, [method_title(m) for m in self.methods], title=title)
             files.append((f"{stem}.sheet.png", encode_png(sheet)))
-        first_t = int(ex.targets[index, 0])
-        fields = {
+        return files, self._fields(ex, index, records)
+
+    def _fields(self, ex: Any, index: int, records: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+        """An input's record fields: layers, methods, the prediction and the first target, the maps' records
+        (``more`` goes in after the methods: a video clip's place)."""
+        lm, dense = self.loaded, ex.labels is not None
+        pred, first_t = int(ex.predicted[index]), int(ex.targets[index, 0])
+        return {
             "layers": list(self.layers),
             "methods": list(self.methods),
             "layer": self.layers[0],
             "method": self.methods[0],
-            "predicted": {"index": pred, "name": lm.class_name(pred), "score": round(p_score, 6)},
+            **more,
+            "predicted": {
+                "index": pred,
+                "name": lm.class_name(pred),
+                "score": round(float(ex.predicted_score[index]), 6),
+            },
             "target": {
                 "index": first_t,
                 "name": lm.class_name(first_t),
@@ -388,7 +399,6 @@ class CamJob:
             **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
-        return files, fields
 
     def _cost_fields(self, method: str, layer: str, targets: int, result: CamBatch) -> dict[str, Any]:
         """The passes per image a method ran beyond the shared one (none: no field)."""

@@ -162,24 +162,7 @@ class VideoCamJob(CamJob):
         )
         sheet = render.sheet(rows, [stamps[k] for k in shown], title=title, cell=160)
         files.append((f"{stem}.frames.png", encode_png(sheet)))
-        first_t = int(ex.targets[index, 0])
-        fields = {
-            "layers": list(self.layers),
-            "methods": list(self.methods),
-            "layer": self.layers[0],
-            "method": self.methods[0],
-            "clip": _clip_fields(clip),
-            "predicted": {"index": pred, "name": lm.class_name(pred), "score": round(p_score, 6)},
-            "target": {
-                "index": first_t,
-                "name": lm.class_name(first_t),
-                "score": round(float(ex.target_scores[index, 0]), 6),
-            },
-            "normalize": self.normalize,
-            "maps": records,
-            **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
-        }
-        return files, fields
+        return files, self._fields(ex, index, records, clip=_clip_fields(clip))
 
 
 def _stamp(frame: int, seconds: float | None) -> str:
