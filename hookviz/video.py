@@ -302,7 +302,8 @@ def _seekable(cap: Any, frames: int, fps: float) -> bool:
 
 
 def plan_clips(info: VideoInfo, p: VideoPreprocess) -> list[Clip]:
-    """The clips of a video: ``p.clips`` evenly spaced (or every one), each ``p.clip_len`` sampled frames.
+    """The clips of a video: ``p.clips`` evenly spaced from the first to the last (one: the middle clip; None:
+    every clip, back to back), each ``p.clip_len`` sampled frames.
 
     A video shorter than one clip gives one clip whose frames repeat (spread evenly over the video).
     """
@@ -314,10 +315,10 @@ def plan_clips(info: VideoInfo, p: VideoPreprocess) -> list[Clip]:
     last = available - p.clip_len  # the latest start
     if p.clips is None:
         starts = list(range(0, last + 1, p.clip_len))
-    else:
-        starts = sorted({round(v) for v in np.linspace(0, last, p.clips + 2)[1:-1]}) if p.clips > 1 else []
-        if p.clips == 1:
-            starts = [last // 2]
+    elif p.clips == 1:  # the middle clip (torchvision's sampler would take the first)
+        starts = [last // 2]
+    else:  # as torchvision's UniformClipSampler: the first and the last clip, and evenly between them
+        starts = sorted({round(float(v)) for v in np.linspace(0, last, p.clips)})
     return [
         Clip(
             n,

@@ -204,10 +204,13 @@ def records(out: Path) -> list[dict[str, Any]]:
 @pytest.fixture
 def built_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchvision builds each random-init model once in a sweep: the commands that follow get a copy of it
-    (the same seed-0 weights they would build themselves, without paying for the initialisation again)."""
+    (the same seed-0 weights they would build themselves, without paying for the initialisation again, or
+    for tracing its shapes again)."""
     import copy
 
     import torchvision
+
+    from hookviz.hooks import _TRACES
 
     build = torchvision.models.get_model
     last: dict[str, Any] = {}
@@ -218,7 +221,11 @@ def built_once(monkeypatch: pytest.MonkeyPatch) -> None:
             return build(name, **kwargs)
         if last.get("key") != key or torch.initial_seed() != last.get("seed"):
             last.update(key=key, seed=torch.initial_seed(), model=build(name, **kwargs))
-        return copy.deepcopy(last["model"])
+        twin = copy.deepcopy(last["model"])
+        # The copies share one cache of traced shapes (hooks.traced): identical modules give identical
+        # shapes, so the commands that follow do not trace the architecture again.
+        _TRACES[twin] = _TRACES.setdefault(last["model"], {})
+        return twin
 
     monkeypatch.setattr(torchvision.models, "get_model", get_model)
 

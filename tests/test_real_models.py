@@ -97,7 +97,8 @@ def models() -> dict[str, nn.Module]:
     trained = {}
     for name, (make, _) in EXPECTED.items():
         torch.manual_seed(1)  # the initial weights too: this fixture is set up before the per-test seeding
-        trained[name] = train_on_shapes(make(), 600, seed=1)
+        # EfficientNet-Lite's head needs 600 steps to localise with a margin (93 % at 400, 90 % asserted).
+        trained[name] = train_on_shapes(make(), 600 if name == "lite" else 400, seed=1)
     return trained
 
 

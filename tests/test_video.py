@@ -270,8 +270,8 @@ def test_a_variable_frame_rate_video_keeps_its_own_times(tmp_path: Path) -> None
 
 
 def test_clip_sampling_follows_the_weights_and_the_options() -> None:
-    """r3d_18's weights: 16 frames at 15 fps, 5 clips evenly spaced; --clips all: back to back; a video
-    shorter than a clip: one clip of repeated frames."""
+    """r3d_18's weights: 16 frames at 15 fps, 5 clips evenly spaced from the first to the last; one clip: the
+    middle one; --clips all: back to back; a video shorter than a clip: one clip of repeated frames."""
     from hookviz.models import load_model
     from hookviz.video import VideoInfo
 
@@ -286,8 +286,10 @@ def test_clip_sampling_follows_the_weights_and_the_options() -> None:
     info = VideoInfo(300, 30.0, 320, 240)
     clips = plan_clips(info, p)
     assert len(clips) == 5 and all(np.diff(c.indices).tolist() == [2] * 15 for c in clips)
-    starts = [c.indices[0] for c in clips]
-    assert starts == sorted(starts) and starts[0] > 0 and clips[-1].indices[-1] < 299
+    starts = [c.indices[0] for c in clips]  # 150 resampled frames, starts 0 .. 134: as UniformClipSampler
+    assert starts == [2 * round(v) for v in np.linspace(0, 150 - 16, 5)] and clips[-1].indices[-1] == 298
+    (middle,) = plan_clips(info, p.sampled(clips=1))
+    assert middle.indices[0] == 2 * ((150 - 16) // 2)
     every = plan_clips(info, p.sampled(clips="all", frame_stride=1))
     assert [c.indices[0] for c in every] == list(range(0, 300 - 15, 16))
     (short,) = plan_clips(VideoInfo(5, 30.0, 320, 240), p)
