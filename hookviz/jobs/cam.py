@@ -197,18 +197,23 @@ class CamJob:
     def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
         return f"{stem}.{method}.{slug(layer)}{suffix}"
 
+    #: What each map is written as (a video's: an overlay video).
+    picture = ".png"
+
+    def _sheet_name(self, stem: str) -> str | None:
+        return f"{stem}.sheet.png" if self._want_sheet() else None
+
     def planned(self, stem: str) -> list[str]:
         names = []
         for m in self.methods:
             for layer in self._layer_names():
                 for suffix in self._target_suffixes():
                     base = self._name(stem, m, layer, suffix)
-                    names.append(f"{base}.png")
+                    names.append(f"{base}{self.picture}")
                     if self.save_raw:
                         names += [f"{base}.npy", f"{base}.full.npy"]
-        if self._want_sheet():
-            names.append(f"{stem}.sheet.png")
-        return names
+        sheet = self._sheet_name(stem)
+        return [*names, sheet] if sheet else names
 
     # -- compute --------------------------------------------------------------------------
     def compute(self, x: Any) -> CamBatch:
@@ -344,14 +349,7 @@ class CamJob:
                 cells[(method, layer, j)] = cell
                 records.append(
                     {
-                        "file": f"{base}.png",
-                        "method": method,
-                        "layer": layer,
-                        "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
-                        # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
-                        "finite": bool(np.isfinite(cam).all()),
-                        "min": _finite_stat(np.min, cam),
-                        "max": _finite_stat(np.max, cam),
+                        **self._map_record(f"{base}.png", method, layer, tgt, t_score, cam),
                         "scale": list(scale) if scale else None,
                         **({"metrics": faith} if faith is not None else {}),
                         **({"region": region} if region is not None else {}),
@@ -398,6 +396,21 @@ class CamJob:
             **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
             **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
+        }
+
+    def _map_record(
+        self, file: str, method: str, layer: str, target: int, score: float, cam: np.ndarray
+    ) -> dict[str, Any]:
+        """What every map's record starts with: its file, method, layer, target and value range."""
+        return {
+            "file": file,
+            "method": method,
+            "layer": layer,
+            "target": {"index": target, "name": self.loaded.class_name(target), "score": round(score, 6)},
+            # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
+            "finite": bool(np.isfinite(cam).all()),
+            "min": _finite_stat(np.min, cam),
+            "max": _finite_stat(np.max, cam),
         }
 
     def _cost_fields(self, method: str, layer: str, targets: int, result: CamBatch) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import numpy as np
 from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import _check_finite, _finite_stat, _npy, _weights_note
+from hookviz.jobs.common import _check_finite, _npy, _weights_note
 from hookviz.methods import title as method_title
 
 #: Frames of a clip shown on its contact sheet.
@@ -77,17 +77,10 @@ class VideoCamJob(CamJob):
         if self.metrics:
             raise UsageError("--metrics is for photos; `hookviz evaluate` measures a video model's maps")
 
-    def planned(self, stem: str) -> list[str]:
-        names = []
-        for m in self.methods:
-            for layer in self._layer_names():
-                for suffix in self._target_suffixes():
-                    base = self._name(stem, m, layer, suffix)
-                    names.append(f"{base}.webm")
-                    if self.save_raw:
-                        names += [f"{base}.npy", f"{base}.full.npy"]
-        names.append(f"{stem}.frames.png")
-        return names
+    picture = ".webm"
+
+    def _sheet_name(self, stem: str) -> str | None:
+        return f"{stem}.frames.png"  # the contact sheet, always
 
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
@@ -143,13 +136,7 @@ class VideoCamJob(CamJob):
                 mass = np.clip(np.nan_to_num(over_time), 0, None).reshape(n, -1).sum(axis=1)
                 records.append(
                     {
-                        "file": f"{base}.webm",
-                        "method": method,
-                        "layer": layer,
-                        "target": {"index": tgt, "name": lm.class_name(tgt), "score": round(t_score, 6)},
-                        "finite": bool(np.isfinite(cam).all()),
-                        "min": _finite_stat(np.min, cam),
-                        "max": _finite_stat(np.max, cam),
+                        **self._map_record(f"{base}.webm", method, layer, tgt, t_score, cam),
                         "shape": list(cam.shape),
                         # The share of the map's (positive) mass in each sampled frame: when it looks.
                         "time_mass": [round(float(v), 4) for v in mass / max(float(mass.sum()), 1e-30)],
