@@ -224,11 +224,16 @@ def test_a_video_run_plays_its_overlays_in_the_page(browser: object, tmp_path: P
     parts = [c.find_element(By.CSS_SELECTOR, "p.meta").text for c in cards]
     assert any(p.startswith("clip 1/2 · frames") and p.endswith(" s") for p in parts)
     assert any(p.startswith("whole video: mean of 2 clips") for p in parts)
+    browser.set_script_timeout(30)  # type: ignore[attr-defined]
     played = browser.execute_async_script(  # type: ignore[attr-defined]
         """const done = arguments[arguments.length - 1];
         const videos = Array.from(document.querySelectorAll("video"));
         const state = (v) => [v.videoWidth, v.readyState, v.currentTime, v.error ? v.error.code : 0];
-        setTimeout(() => done(videos.map(state)), 1500);"""
+        const playing = (v) => v.error || (v.readyState >= 2 && v.currentTime > 0);
+        const start = Date.now();  // a loaded machine may take seconds: wait for play, up to 20 s
+        const poll = () => videos.every(playing) || Date.now() - start > 20000
+            ? done(videos.map(state)) : setTimeout(poll, 100);
+        poll();"""
     )
     assert len(played) == 2
     for width, ready, now, error in played:
