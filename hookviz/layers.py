@@ -143,9 +143,17 @@ def output_layers(
     one is dropped (its output would be dropped twice), and a glob keeps only the layers with 4-D outputs.
 
     Raises:
-        LayerError: a name without a 4-D output, or a glob that matches none.
+        LayerError: a name without a 4-D output (a video model's 5-D one too), or a glob that matches none.
     """
-    return outermost(map_layers(model, specs, calls, model_name))
+    chosen = outermost(map_layers(model, specs, calls, model_name))
+    shapes = {c.name: c.output_shape for c in calls}
+    clips = [n for n in chosen if len(shapes.get(n) or ()) == 5]
+    if clips:
+        raise LayerError(
+            f"layer {clips[0]!r} outputs {tuple(shapes[clips[0]] or ())}, a video model's (B, C, T, H, W): "
+            "DropBlock and Dropout2d drop blocks of (B, C, H, W) maps; use them on a photo model"
+        )
+    return chosen
 
 
 def tensor_of(

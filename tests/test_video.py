@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hookviz.errors import InputError
 from hookviz.inputs import Item, clip_items
 from hookviz.video import VideoPreprocess, plan_clips, probe, read_clip
-from tests.conftest import invoke, records
+from tests.conftest import ball_video, invoke, records
 from tests.video_net import CLASSES, FRAMES, SIDE, ShapesVideoNet, moving_shape, normalised, trained
 
 NET = str(Path(__file__).with_name("video_net.py")) + ":ShapesVideoNet"
@@ -458,3 +458,13 @@ def test_explain_videos_from_the_library(video_net: tuple[ShapesVideoNet, Path],
     assert {Path(o).suffix for r in clips for o in r["outputs"]} == {".webm", ".png"}
     with pytest.raises(Exception, match="takes photos"):
         explain_videos(load_model("resnet18", "none"), folder, tmp_path / "o2")
+
+
+def test_gradflow_runs_on_clips_and_dropblock_is_refused_in_one_line(tmp_path: Path) -> None:
+    clip = ball_video(tmp_path / "ball.mp4", frames=12, size=(40, 32))
+    common = ["--model", NET, "--weights", "none", "--input-size", str(SIDE), "--resize", "squash"]
+    res = invoke("gradflow", str(clip), *common, "--out", str(tmp_path / "gf"), "--json")
+    assert res.exit_code == 0, res.output
+    assert any(o.endswith(".clip01.gradflow.png") for o in json.loads(res.stdout.splitlines()[0])["outputs"])
+    res = invoke("dropblock", str(clip), *common, "--out", str(tmp_path / "db"))
+    assert res.exit_code == 2 and "a video model's (B, C, T, H, W)" in res.stderr

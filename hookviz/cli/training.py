@@ -204,14 +204,14 @@ def dropblock(
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             from hookviz.jobs import DropBlockJob
-            from hookviz.layers import default_cam_layer, is_pattern, map_layers
+            from hookviz.layers import default_cam_layer, is_pattern, output_layers
             from hookviz.models import probe
 
             calls = probe(loaded)
             chosen = layer or default_cam_layer(loaded.model, calls)
             if is_pattern(chosen):
                 raise typer.BadParameter("takes one module name, not a pattern", param_hint="--layer")
-            (name,) = map_layers(loaded.model, [chosen], calls, loaded.name)
+            (name,) = output_layers(loaded.model, [chosen], calls, loaded.name)
             return DropBlockJob(
                 loaded=loaded,
                 layer=name,
