@@ -393,21 +393,6 @@ def clip_suffix(clip: Clip) -> str:
     return f".clip{clip.number + 1:02d}"
 
 
-def read_frames(path: Path) -> Iterator[np.ndarray]:
-    """Every frame of a video file, one at a time (RGB uint8): for tools that need them all."""
-    import cv2
-
-    cap = _capture(Path(path))
-    try:
-        while True:
-            ok, bgr = cap.read()
-            if not ok:
-                return
-            yield cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-    finally:
-        cap.release()
-
-
 def encode_webm(frames: Sequence[np.ndarray] | np.ndarray, fps: float) -> bytes:
     """RGB frames as a VP8 WebM (what browsers play), through a temp file (OpenCV writes only to files)."""
     import tempfile

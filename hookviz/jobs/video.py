@@ -20,7 +20,7 @@ import numpy as np
 from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import _check_finite, _npy, _weights_note
+from hookviz.jobs.common import _check_finite, _full_map, _npy, _weights_note
 from hookviz.methods import title as method_title
 
 #: Frames of a clip shown on its contact sheet.
@@ -128,7 +128,12 @@ class VideoCamJob(CamJob):
                 files.append((f"{base}.webm", encode_webm(_even(video), clip.fps)))
                 if self.save_raw:
                     files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
-                    files.append((f"{base}.full.npy", _npy(_full_clip(over_time, frames.shape[1:3], box))))
+                    files.append(
+                        (
+                            f"{base}.full.npy",
+                            _npy(np.stack([_full_map(m, frames[0], box) for m in over_time])),
+                        )
+                    )
                 rows.append(
                     (f"{method_title(method)} at {layer} | {lm.describe(tgt)} p={t_score:.3f}",
                      [pictures[k][box.y0 : box.y1, box.x0 : box.x1] for k in shown])
@@ -177,16 +182,6 @@ def _even(frames: list[np.ndarray]) -> list[np.ndarray]:
     h, w = frames[0].shape[:2]
     h, w = h - h % 2, w - w % 2
     return [f[:h, :w] for f in frames]
-
-
-def _full_clip(maps: np.ndarray, size: tuple[int, int], box: Box) -> np.ndarray:
-    """``(T, H, W)`` float32: each frame's map on its pixels where the model saw them, NaN elsewhere."""
-    from hookviz import render
-
-    full = np.full((len(maps), *size), np.nan, dtype=np.float32)
-    for k, cam in enumerate(maps):
-        full[k, box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
-    return full
 
 
 def video_summary(
