@@ -60,7 +60,11 @@ def test_metrics_on_a_hand_made_case() -> None:
 
 
 def test_statistics_helpers() -> None:
-    assert ev.mean_ci([1.0, 2.0, 3.0]) == pytest.approx((2.0, 4.303 * 1.0 / math.sqrt(3)))
+    assert ev.mean_ci([1.0, 2.0, 3.0]) == pytest.approx((2.0, 4.302653 * 1.0 / math.sqrt(3)))  # t(0.975, 2)
+    assert ev.mean_ci([1.0, float("nan"), 3.0]) == pytest.approx((2.0, 12.706205))  # sd sqrt(2), n 2
+    # Wilson (1927) for 0 of 3 and 3 of 3: [0, 0.5615] and [0.4385, 1].
+    assert ev.wilson(0, 3) == pytest.approx((0.0, 0.561497), abs=1e-6)
+    assert ev.wilson(3, 3) == pytest.approx((0.438503, 1.0), abs=1e-6)
     assert ev.mean_ci([5.0]) == (5.0, 0.0)
     assert ev.rankdata(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
     a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
@@ -100,7 +104,8 @@ def test_sanity_check_separates_a_faithful_map_from_a_model_blind_one(centred: T
         return {"gradcam": cam, "edges": edges}
 
     steps = ev.cascade(centred, maps, seed=0)
-    assert [name for name, _ in steps] == ["none", "fc", "features"]
+    # TinyCNN has no blocks: the test steps through its layers, from the head down.
+    assert [name for name, _ in steps] == ["none", "fc", *(f"features.{i}" for i in (9, 8, 5, 4, 1, 0))]
     original, randomised = steps[0][1], steps[-1][1]
     rho = np.mean([ev.spearman(randomised["gradcam"][i], original["gradcam"][i]) for i in range(16)])
     sim = np.mean([ev.ssim(randomised["gradcam"][i], original["gradcam"][i]) for i in range(16)])
@@ -156,9 +161,10 @@ def test_sanity_command_writes_strips_and_json(shape_photos: dict[str, Path], tm
     r = CliRunner().invoke(app, ["sanity", str(d / "in"), *_cli_model(d), "--out", str(out), "-q"])
     assert r.exit_code == 0, r.stderr
     data = json.loads((out / "sanity.json").read_text())
-    assert {s["randomized_up_to"] for s in data["steps"]} == {"none", "fc", "features"}
-    assert set(data["steps"][0]) >= {"randomized_up_to", "method", "spearman", "ssim"}
-    last = {s["method"]: s for s in data["steps"] if s["randomized_up_to"] == "features"}
+    layers = ["fc", *(f"features.{i}" for i in (9, 8, 5, 4, 1, 0))]
+    assert [s["randomized_up_to"] for s in data["steps"] if s["method"] == "edges"] == ["none", *layers]
+    assert set(data["steps"][0]) >= {"randomized_up_to", "method", "spearman", "spearman_ci95", "ssim"}
+    last = {s["method"]: s for s in data["steps"] if s["randomized_up_to"] == "features.0"}
     assert last["gradcam"]["spearman"] < 0.5 and last["edges"]["spearman"] > 0.99
     assert "gradcam: at full randomisation" in r.stdout and "(passes)" in r.stdout
     assert len(list(out.glob("*.sanity.features.png"))) == 12

@@ -18,10 +18,12 @@ from hookviz.taps import slug
 
 @dataclass(kw_only=True)
 class SanityJob:
-    """The model-parameter randomisation test per image: each method's map after each cumulative
-    randomisation step (head first, on a copy), its Spearman correlation and SSIM with the original map,
-    and a strip of the maps; an ``edges`` map (the image's own gradient, independent of the model) is the
-    control that must stay the same."""
+    """The model-parameter randomisation test per image: each method's map after each randomisation step
+    (block by block from the head down, on a copy; ``order="independent"``: each block alone), its Spearman
+    correlation and SSIM with the original map, and a strip of the maps (at most eight steps shown, every
+    step recorded); an ``edges`` map (the image's own gradient, independent of the model) is the control
+    that must stay the same. ``smooth`` > 1: sMPRT, every map the mean over that many noisy copies of the
+    input (noise ``noise`` x the input's range), so that gradient noise does not pass for sensitivity."""
 
     loaded: LoadedModel
     layer: str
@@ -29,6 +31,10 @@ class SanityJob:
     #: The settings of the methods that take any (``--seed``, ``--samples``, ...).
     options: MethodOptions = field(default_factory=MethodOptions)
     seed: int = 0
+    order: str = "cascading"
+    granularity: str = "block"
+    smooth: int = 1
+    noise: float = 0.1
     kind: str = "sanity"
 
     def __post_init__(self) -> None:
@@ -42,6 +48,9 @@ class SanityJob:
             "methods": list(self.methods),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
             "seed": self.seed,
+            "order": self.order,
+            "granularity": self.granularity,
+            **({"smooth": self.smooth, "smooth_noise": self.noise} if self.smooth > 1 else {}),
         }
 
     def planned(self, stem: str) -> list[str]:
@@ -57,13 +66,22 @@ class SanityJob:
             target = explain(self.loaded.model, x, [self.layer], ["eigencam"]).predicted
         edges = _edges(x)
 
-        def maps(model: Any) -> dict[str, Any]:
-            ex = explain(model, x, [self.layer], self.methods, target, options=self.options)
-            got = {m: ex.maps[(m, self.layer)][:, 0] for m in self.methods}
-            got["edges"] = edges
-            return got
+        def maps_of(model: Any, inputs: Any) -> dict[str, Any]:
+            ex = explain(model, inputs, [self.layer], self.methods, target, options=self.options)
+            return {m: ex.maps[(m, self.layer)][:, 0].float() for m in self.methods}
 
-        return evaluation.cascade(self.loaded.model, maps, seed=self.seed), target
+        if self.smooth > 1:
+            run = evaluation.smoothed(maps_of, x, samples=self.smooth, magnitude=self.noise, seed=self.seed)
+        else:
+            run = lambda model: maps_of(model, x)  # noqa: E731
+
+        def maps(model: Any) -> dict[str, Any]:
+            return {**run(model), "edges": edges}
+
+        steps = evaluation.cascade(
+            self.loaded.model, maps, seed=self.seed, order=self.order, granularity=self.granularity
+        )
+        return steps, target
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
@@ -85,12 +103,18 @@ class SanityJob:
 
         rows = []
         records = []
+        # The original, the first step (the head) and the last, and evenly between: eight columns at most.
+        n = len(steps)
+        shown_steps = {0, *(round(1 + k * (n - 2) / 6) for k in range(7))} if n > 8 else None
         for method in [*self.methods, "edges"]:
             cells = []
-            for name, maps in steps:
+            for k, (name, maps) in enumerate(steps):
                 cam = maps[method][index].float().numpy()
                 shown = cam[len(cam) // 2] if cam.ndim == 3 else cam
-                cells.append(render.overlay(crop, shown, Box(0, 0, crop.shape[1], crop.shape[0]), alpha=0.6))
+                if shown_steps is None or k in shown_steps:
+                    cells.append(
+                        render.overlay(crop, shown, Box(0, 0, crop.shape[1], crop.shape[0]), alpha=0.6)
+                    )
                 rho, s = similarity(maps[method][index], original[method][index])
                 records.append(
                     {
@@ -101,10 +125,16 @@ class SanityJob:
                     }
                 )
             rows.append((method_title(method) if method != "edges" else "image edges (control)", cells))
-        columns = ["original", *(f"random up to {name}" for name, _ in steps[1:])]
+        word = "random up to" if self.order == "cascading" else "random"
+        columns = [
+            "original" if k == 0 else f"{word} {name}"
+            for k, (name, _) in enumerate(steps)
+            if shown_steps is None or k in shown_steps
+        ]
         t = int(target[index])
         title = (
-            f"{self.loaded.name} | sanity check at {self.layer}: parameters randomised from the head down | "
+            f"{self.loaded.name} | sanity check at {self.layer}: parameters randomised "
+            f"{'from the head down' if self.order == 'cascading' else 'one block at a time'} | "
             f"explaining {self.loaded.describe(t)} | {_weights_note(self.loaded)}"
         )
         strip = render.sheet(rows, columns, title=title, cell=140)
@@ -134,18 +164,19 @@ def _edges(x: Any) -> Any:
 
 
 def summarise_sanity(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean Spearman and SSIM over the images for each step and method, in cascade order."""
+    """Mean Spearman and SSIM over the images, with their 95 % intervals, for each step and method, in the
+    test's order."""
+    from hookviz.evaluation import mean_ci
+
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for rec in records:
         for step in rec.get("steps", []):
             groups.setdefault((step["randomized_up_to"], step["method"]), []).append(step)
-    return [
-        {
-            "randomized_up_to": name,
-            "method": method,
-            "images": len(v),
-            "spearman": round(sum(s["spearman"] for s in v) / len(v), 4),
-            "ssim": round(sum(s["ssim"] for s in v) / len(v), 4),
-        }
-        for (name, method), v in groups.items()
-    ]
+    rows = []
+    for (name, method), v in groups.items():
+        row: dict[str, Any] = {"randomized_up_to": name, "method": method, "images": len(v)}
+        for key in ("spearman", "ssim"):
+            mean, half = mean_ci([s[key] for s in v])
+            row[key], row[f"{key}_ci95"] = round(mean, 4), round(half, 4)
+        rows.append(row)
+    return rows

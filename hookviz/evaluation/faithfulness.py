@@ -1,4 +1,5 @@
-"""Which map to trust: faithfulness metrics, chance baselines, and the model-randomisation sanity check.
+"""Faithfulness by deletion and insertion, average drop and increase in confidence; the chance baselines;
+the choice of ``--layer auto``.
 
 * **Deletion / insertion** (Petsiuk et al., RISE, BMVC 2018): pixels are removed from the image (deletion:
   replaced by the baseline, zeros in the model's input space, i.e. the data set's mean colour) or revealed on
@@ -8,9 +9,6 @@
 * **Average drop / increase in confidence** (Chattopadhay et al., Grad-CAM++, WACV 2018): the image multiplied
   by the map (scaled to [0, 1]); average drop = mean of max(0, p - p_masked) / p (in %, lower is better);
   increase in confidence = how often p_masked > p (in %, higher is better).
-* **Sanity check** (Adebayo et al., NeurIPS 2018): the model's parameters are randomised cumulatively from the
-  head down; a map that depends on what the model learned must change (its rank correlation and SSIM with the
-  original map fall), while a map that does not (edges of the image) stays the same.
 
 Every perturbed image of a batch is run through the model in chunks of ``chunk``; ``forward_passes`` counts
 them.
@@ -18,8 +16,7 @@ them.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,121 +176,6 @@ def center_maps(b: int, h: int, w: int) -> Tensor:
     yy, xx = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
     g = torch.exp(-(xx**2 + yy**2) / (2 * 0.5**2))
     return g.expand(b, h, w).clone()
-
-
-# t quantiles (two-sided 95 %) for small samples; above 30 the normal 1.96.
-_T95 = [
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-]  # fmt: skip
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % confidence interval (Student's t; 0 for a single value)."""
-    n = len(values)
-    if n == 0:
-        return float("nan"), float("nan")
-    mean = sum(values) / n
-    if n == 1:
-        return mean, 0.0
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
-    return mean, t * sd / math.sqrt(n)
-
-
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval (95 %) of a proportion, as fractions: inside 0..1 for any n and count,
-    unlike the normal or t interval, which gives 0 +- 0 for 0 of 3 and runs past 100 % for 3 of 3."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def rankdata(x: Tensor) -> Tensor:
-    """Ranks 1..n of a 1-D tensor, ties given their average rank: ``scipy.stats.rankdata`` (float64)."""
-    from scipy.stats import rankdata as ranks
-
-    return torch.from_numpy(ranks(x.detach().cpu().double().numpy()))
-
-
-def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman's rank correlation of two maps (flattened); 0 when either is constant."""
-    ra, rb = rankdata(a.flatten().double()), rankdata(b.flatten().double())
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denom = float(ra.norm() * rb.norm())
-    return float((ra * rb).sum()) / denom if denom > 0 else 0.0
-
-
-def ssim(a: Tensor, b: Tensor, size: int = 64) -> float:
-    """Structural similarity (Wang et al. 2004) of two maps, each min-max scaled to [0, 1] and resized to
-    ``size`` x ``size``; Gaussian window 11, sigma 1.5, as in the paper."""
-
-    def prep(m: Tensor) -> Tensor:
-        m = torch.nan_to_num(m.double(), nan=0.0)
-        m = (m - m.min()) / (m.max() - m.min()).clamp_min(1e-12)
-        return F.interpolate(m[None, None], size=(size, size), mode="bilinear", align_corners=False)
-
-    x, y = prep(a), prep(b)
-    coords = torch.arange(11, dtype=torch.float64) - 5
-    g = torch.exp(-(coords**2) / (2 * 1.5**2))
-    g = g / g.sum()
-    win = (g[:, None] * g[None, :])[None, None]
-
-    def blur(t: Tensor) -> Tensor:
-        return F.conv2d(t, win, padding=5)
-
-    mx, my = blur(x), blur(y)
-    vx, vy, cxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
-    c1, c2 = 0.01**2, 0.03**2
-    s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
-    return float(s[..., 5:-5, 5:-5].mean())
-
-
-def randomisation_blocks(model: nn.Module) -> list[str]:
-    """The cascade's steps: the top-level children that hold parameters, from the head down."""
-    names = [n for n, m in model.named_children() if any(True for _ in m.parameters())]
-    return list(reversed(names))
-
-
-def randomise(module: nn.Module, generator: torch.Generator) -> None:
-    """Re-initialise every parameter of ``module`` in place: ``reset_parameters`` where a layer has it
-    (its own default initialisation), else a normal draw with the tensor's own scale; seeded."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-    try:
-        with torch.no_grad():
-            for m in module.modules():
-                if hasattr(m, "reset_parameters") and callable(m.reset_parameters):
-                    m.reset_parameters()
-                else:
-                    for p in m.parameters(recurse=False):
-                        p.normal_(0.0, float(p.detach().float().std()) if p.numel() > 1 else 0.02)
-    finally:
-        torch.random.set_rng_state(state)
-
-
-def cascade(
-    model: nn.Module,
-    compute: Callable[[nn.Module], dict[str, Tensor]],
-    *,
-    seed: int = 0,
-) -> list[tuple[str, dict[str, Tensor]]]:
-    """Maps after each cumulative randomisation step (on a copy: ``model`` is not touched).
-
-    ``compute(model)`` returns maps per method; the result starts with ``("none", original maps)``.
-    """
-    import copy
-
-    work = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    steps = [("none", compute(work))]
-    for name in randomisation_blocks(work):
-        randomise(dict(work.named_modules())[name], gen)
-        steps.append((name, compute(work)))
-    return steps
 
 
 def rank_layers(
