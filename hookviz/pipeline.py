@@ -408,6 +408,9 @@ def run(
             batch = torch.from_numpy(np.stack([xs[i] for i in members]))
             # Pinned host memory lets the copy to the GPU overlap with work already queued.
             batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
+            annotate = getattr(job, "annotate", None)  # evaluate's objects: where each photo's are
+            if annotate is not None:
+                annotate([(ready[i][0], ready[i][2], ready[i][3]) for i in members], tuple(batch.shape[-2:]))
             try:
                 with timing.stage("compute"):
                     result = job.compute(batch)

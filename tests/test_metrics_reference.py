@@ -200,7 +200,7 @@ def test_robustness_equals_quantus(case: dict[str, Any]) -> None:
     draws = [rob_module.uniform_noise(x, 0.01, gen) for _ in range(4)]
     maps = _gradcam(model, x, y)
     ours = robustness(
-        model, lambda xp: _gradcam(model, xp, y), x, maps, samples=4, perturb=lambda _x, k: draws[k]
+        model, lambda xp, _k: _gradcam(model, xp, y), x, maps, samples=4, perturb=lambda _x, k: draws[k]
     )
     assert not torch.isnan(ours.relative_input_stability).any()  # no draw changed a prediction
 

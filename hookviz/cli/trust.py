@@ -56,6 +56,9 @@ from hookviz.cli.app import (
     _method_options,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
+from hookviz.cli.tables import _announce, _write_evaluation
+
+METRICS = "Metrics"
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
@@ -85,8 +88,85 @@ def evaluate(
     ] = "top1",
     steps: Annotated[
         int,
-        typer.Option("--steps", min=2, help="points on the deletion/insertion curves.", rich_help_panel=MAPS),
+        typer.Option(
+            "--steps",
+            min=2,
+            help="points on the deletion/insertion and pixel-flipping curves.",
+            rich_help_panel=MAPS,
+        ),
     ] = 16,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            help="families, repeatable or comma-separated: faithfulness (default), road, flipping, "
+            "localisation (default with --boxes/--masks), complexity, robustness, randomisation; all.",
+            rich_help_panel=METRICS,
+        ),
+    ] = None,
+    boxes: Annotated[
+        Path | None,
+        typer.Option(
+            "--boxes",
+            help="where the objects are: a COCO .json, a .csv (file,class,x0,y0,x1,y1), or a folder "
+            "of Pascal VOC .xml or YOLO .txt; each photo is explained for its annotated classes.",
+            rich_help_panel=METRICS,
+        ),
+    ] = None,
+    masks: Annotated[
+        str,
+        typer.Option(
+            "--masks",
+            help="DIR: object masks, a PNG a photo named as it (0 background, else class index); "
+            "a number: RISE's random masks.",
+            rich_help_panel=METRICS,
+        ),
+    ] = "2000",
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance",
+            min=0.0,
+            help="pointing game: pixels of the input (the paper's 15).",
+            rich_help_panel=METRICS,
+        ),
+    ] = 15.0,
+    top_k: Annotated[
+        int,
+        typer.Option(
+            "--top-k", min=1, help="top-k intersection: the k most relevant pixels.", rich_help_panel=METRICS
+        ),
+    ] = 1000,
+    radius: Annotated[
+        float,
+        typer.Option(
+            "--radius",
+            min=0.0,
+            help="robustness: uniform noise within this of each input value.",
+            rich_help_panel=METRICS,
+        ),
+    ] = 0.2,
+    robust_samples: Annotated[
+        int,
+        typer.Option(
+            "--robust-samples", min=1, help="robustness: noisy copies per image.", rich_help_panel=METRICS
+        ),
+    ] = 10,
+    patch_size: Annotated[
+        int,
+        typer.Option(
+            "--patch-size", min=1, help="region perturbation: patch side, pixels.", rich_help_panel=METRICS
+        ),
+    ] = 8,
+    regions: Annotated[
+        int,
+        typer.Option(
+            "--regions",
+            min=1,
+            help="region perturbation: patches removed, one a step.",
+            rich_help_panel=METRICS,
+        ),
+    ] = 100,
     seed: Seed = 0,
     masked_batch: MaskedBatch = 64,
     samples: Samples = None,
@@ -95,7 +175,6 @@ def evaluate(
     baseline: Baseline = "black",
     window: Window = 16,
     stride: Stride = 8,
-    masks: Masks = 2000,
     cells: Cells = 7,
     head_fusion: HeadFusion = "mean",
     discard_ratio: DiscardRatio = 0.0,
@@ -119,7 +198,11 @@ def evaluate(
     clips: ClipsOpt = None,
     debug: Debug = False,
 ) -> None:
-    """How faithful each map is: deletion/insertion AUC, average drop, increase in confidence, vs chance."""
+    """How good each map is, against chance: faithfulness, ROAD, flipping, localisation, complexity, ..."""
+    mask_dir = None if masks.strip().isdigit() else Path(masks)
+    rise_masks = int(masks) if mask_dir is None else 2000
+    if rise_masks < 1:
+        raise typer.BadParameter("RISE's masks: at least 1", param_hint="--masks")
     m = ModelOptions(
         model=model,
         weights=weights,
@@ -144,7 +227,7 @@ def evaluate(
         skip_existing=skip_existing,
         max_pixels=max_pixels,
         null=null,
-        quiet=True,
+        quiet=quiet,
         as_json=as_json,
         debug=debug,
     )
@@ -173,9 +256,14 @@ def evaluate(
                     "evaluate explains one class per image: top1 or a class", param_hint="--target"
                 )
             options = _method_options(
-                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch,
+                seed, samples, noise, ig_steps, baseline, window, stride, rise_masks, cells, masked_batch,
                 head_fusion=head_fusion, discard=discard_ratio,
             )  # fmt: skip
+            from hookviz.annotations import load as load_annotations
+            from hookviz.jobs.evaluate import MetricSettings, parse_metrics
+
+            annotated = boxes is not None or mask_dir is not None
+            found = load_annotations(boxes, mask_dir) if annotated else None
             job = EvaluateJob(
                 loaded=loaded,
                 layers=chosen,
@@ -183,71 +271,20 @@ def evaluate(
                 targets=t,
                 steps=steps,
                 options=method_options(loaded, options, compare),
-            )
+                metrics=parse_metrics(metric, annotated=found is not None),
+                metric_settings=MetricSettings(
+                    tolerance=tolerance, top_k=top_k, radius=radius, robust_samples=robust_samples,
+                    patch=patch_size, regions=regions,
+                ),
+                annotations=found,
+                seed=seed,
+            )  # fmt: skip
+            if not quiet:
+                _announce(job)
             made.append(job)
             return job
 
         _run_then(make, m, r, lambda: _write_evaluation(made[0], out, quiet, as_json) if made else None)
-
-
-def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
-    """The table (stdout, or stderr with --json), OUT/evaluation.csv and OUT/evaluation.json."""
-    import csv
-    import io
-
-    from hookviz import pipeline
-    from hookviz.files import atomic_write
-    from hookviz.jobs import summarise_evaluation
-    from hookviz.report import latest_records
-
-    key = pipeline.settings_key(job.settings())
-    lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
-    recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
-    rows = summarise_evaluation(recs)
-    passes = sum(int(x.get("forward_passes", 0)) for x in recs)
-    columns = ["method", "layer", "images", "deletion_auc", "deletion_auc_ci95", "insertion_auc",
-               "insertion_auc_ci95", "average_drop", "average_drop_ci95", "increase_in_confidence",
-               "increase_in_confidence_ci95_low", "increase_in_confidence_ci95_high"]  # fmt: skip
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        low, high = row["increase_in_confidence_ci95"]
-        writer.writerow(
-            {**row, "increase_in_confidence_ci95_low": low, "increase_in_confidence_ci95_high": high}
-        )
-    summary = {
-        "key": key,
-        "settings": job.settings(),
-        "images": len(recs),
-        "forward_passes": passes,
-        "rows": rows,
-    }
-    for name, text in (
-        ("evaluation.csv", buf.getvalue()),
-        ("evaluation.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False)),
-    ):
-        atomic_write(out / name, text)
-    table = [
-        f"{'method':<12} {'layer':<28} {'n':>4}  {'deletion AUC ↓':>16}  {'insertion AUC ↑':>16}  "
-        f"{'avg drop % ↓':>14}  {'increase % ↑':>13}"
-    ]
-    for row in rows:
-        table.append(
-            f"{row['method']:<12} {row['layer']:<28} {row['images']:>4}  "
-            f"{row['deletion_auc']:>8.3f} ±{row['deletion_auc_ci95']:<6.3f}  "
-            f"{row['insertion_auc']:>8.3f} ±{row['insertion_auc_ci95']:<6.3f}  "
-            f"{row['average_drop']:>6.1f} ±{row['average_drop_ci95']:<5.1f}  "
-            f"{row['increase_in_confidence']:>5.1f} "
-            f"[{row['increase_in_confidence_ci95'][0]:.0f}, {row['increase_in_confidence_ci95'][1]:.0f}]"
-        )
-    table.append(
-        f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean "
-        "(Student's t), [low, high] that of a proportion (Wilson); random and center are chance baselines"
-    )
-    table.append(f"wrote {out / 'evaluation.csv'} and {out / 'evaluation.json'}")
-    if not quiet or not as_json:
-        typer.echo("\n".join(table), err=as_json)
 
 
 def sanity(

@@ -29,6 +29,7 @@ from hookviz.evaluation.faithfulness import (
 )
 from hookviz.evaluation.randomisation import (
     cascade,
+    off_classes,
     random_logit,
     randomisation_blocks,
     randomise,
@@ -47,6 +48,7 @@ __all__ = [
     "choose_layer",
     "faithfulness",
     "mean_ci",
+    "off_classes",
     "random_logit",
     "random_maps",
     "randomisation_blocks",

@@ -172,6 +172,15 @@ def smoothed(
     return run
 
 
+def off_classes(targets: Tensor, classes: int, seed: int = 0) -> Tensor:
+    """A random class other than each image's target, drawn as Quantus's RandomLogit draws it (``numpy``
+    seeded ``seed``, uniform over the other classes)."""
+    import numpy as np
+
+    picks = np.random.RandomState(seed).randint(0, classes - 1, int(targets.shape[0]))
+    return torch.tensor([int(p) + (int(p) >= int(t)) for p, t in zip(picks, targets.tolist(), strict=True)])
+
+
 def random_logit(
     explain_class: Callable[[Tensor], Tensor],
     targets: Tensor,
@@ -180,21 +189,16 @@ def random_logit(
     seed: int = 0,
     similarity: Callable[[Tensor, Tensor], float] | None = None,
 ) -> dict[str, Any]:
-    """The random-logit test: each image's map for its class against the map for a random other class,
-    drawn as Quantus draws it (``numpy`` seeded ``seed``, uniform over the other classes). A map that
-    explains the class differs (low similarity); one that shows the image regardless does not.
+    """The random-logit test: each image's map for its class against the map for a random other class
+    (:func:`off_classes`). A map that explains the class differs (low similarity); one that shows the image
+    whatever the class does not.
 
     ``explain_class(classes)`` returns the maps ``(B, ...)`` for one class per image.
     Returns ``{"classes": off classes, "similarity": (B,) tensor}``; similarity defaults to SSIM.
     """
-    import numpy as np
-
     from hookviz.evaluation.stats import ssim
 
-    b = int(targets.shape[0])
-    rng = np.random.RandomState(seed)
-    picks = rng.randint(0, classes - 1, b)
-    off = torch.tensor([int(p) + (int(p) >= int(t)) for p, t in zip(picks, targets.tolist(), strict=True)])
+    off = off_classes(targets, classes, seed)
     a, o = explain_class(targets), explain_class(off)
     sim = similarity or ssim
-    return {"classes": off, "similarity": torch.tensor([sim(a[i], o[i]) for i in range(b)])}
+    return {"classes": off, "similarity": torch.tensor([sim(a[i], o[i]) for i in range(len(off))])}

@@ -46,7 +46,7 @@ def _norm(a: Tensor) -> Tensor:
 
 def robustness(
     model: nn.Module,
-    explain: Callable[[Tensor], Tensor],
+    explain: Callable[[Tensor, int], Tensor],
     x: Tensor,
     maps: Tensor,
     *,
@@ -58,8 +58,8 @@ def robustness(
 ) -> Robustness:
     """The four figures for ``maps`` (what ``explain(x)`` gives, any shape ``(B, ...)``) of inputs ``x``.
 
-    ``explain(x')`` must return the maps of the perturbed inputs for the same classes; ``perturb(x, k)``
-    replaces the default draw (:func:`uniform_noise`, seeded ``seed``) for the ``k``-th sample.
+    ``explain(x', k)`` must return the maps of the ``k``-th perturbed inputs for the same classes;
+    ``perturb(x, k)`` replaces the default draw (:func:`uniform_noise`, seeded ``seed``) for the ``k``-th.
     """
     gen = torch.Generator().manual_seed(seed)
     draw = perturb or (lambda inputs, _k: uniform_noise(inputs, radius, gen))
@@ -73,7 +73,7 @@ def robustness(
     sens, ris, ros = [], [], []
     for k in range(samples):
         xp = draw(x, k)
-        ep = explain(xp).detach().double().cpu()
+        ep = explain(xp, k).detach().double().cpu()
         with torch.no_grad(), preserved(model):
             model.eval()
             lp = logits_of(model(xp)).double().cpu()

@@ -1,23 +1,104 @@
-"""``evaluate``: faithfulness of every map per image, and the summary over images."""
+"""``evaluate``: every map's metrics per image, in families (``--metric``), and the summary over images."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from hookviz.errors import UsageError
 from hookviz.images import Box
 from hookviz.jobs.common import _check_finite, model_settings, parse_methods
 from hookviz.methods import MethodOptions
 from hookviz.models import LoadedModel
 
+#: ``--metric`` families, in the order their columns appear.
+FAMILIES = ("faithfulness", "road", "flipping", "localisation", "complexity", "robustness", "randomisation")
+#: Each figure: its family, what it is called in a table, whether lower or higher is better, and whether it
+#: is a proportion (a Wilson interval) or a mean (Student's t).
+FIGURES: dict[str, tuple[str, str, str, bool]] = {
+    "deletion_auc": ("faithfulness", "deletion AUC", "↓", False),
+    "insertion_auc": ("faithfulness", "insertion AUC", "↑", False),
+    "average_drop": ("faithfulness", "avg drop %", "↓", False),
+    "increase": ("faithfulness", "increase %", "↑", True),
+    "road_morf": ("road", "ROAD MoRF", "↓", False),
+    "road_lerf": ("road", "ROAD LeRF", "↑", False),
+    "road": ("road", "ROAD LeRF-MoRF", "↑", False),
+    "pixel_flipping_auc": ("flipping", "pixel flipping AUC", "↓", False),
+    "region_aopc": ("flipping", "region AOPC", "↑", False),
+    "pointing_game": ("localisation", "pointing %", "↑", True),
+    "energy_pointing_game": ("localisation", "energy pointing", "↑", False),
+    "relevance_mass": ("localisation", "relevance mass", "↑", False),
+    "relevance_rank": ("localisation", "relevance rank", "↑", False),
+    "top_k_intersection": ("localisation", "top-k", "↑", False),
+    "sparseness": ("complexity", "sparseness", "↑", False),
+    "complexity": ("complexity", "complexity", "↓", False),
+    "max_sensitivity": ("robustness", "max sensitivity", "↓", False),
+    "avg_sensitivity": ("robustness", "avg sensitivity", "↓", False),
+    "relative_input_stability": ("robustness", "RIS", "↓", False),
+    "relative_output_stability": ("robustness", "ROS", "↓", False),
+    "random_logit": ("randomisation", "random-logit SSIM", "↓", False),
+}
+#: A figure's name in the summary where it differs from the per-image one (a per-image yes/no there).
+SUMMARY_NAMES = {"increase": "increase_in_confidence"}
+
+
+def summary_name(figure: str) -> str:
+    return SUMMARY_NAMES.get(figure, figure)
+
+
+#: Families that perturb an image's pixels, or need its annotations: not for a video model's clips.
+PIXEL_FAMILIES = ("road", "flipping", "localisation")
+
+
+def parse_metrics(spec: Sequence[str] | None, annotated: bool = False) -> tuple[str, ...]:
+    """``--metric`` values (repeatable, comma-separated; ``all``) as families in table order. Default: the
+    faithfulness set, with ``localisation`` too when annotations are given."""
+    asked = [p.strip().lower() for s in spec or () for p in s.split(",") if p.strip()]
+    if not asked:
+        return ("faithfulness", "localisation") if annotated else ("faithfulness",)
+    if "all" in asked:
+        return tuple(f for f in FAMILIES if f != "localisation" or annotated)
+    aliases = {"localization": "localisation", "randomization": "randomisation", "pixel-flipping": "flipping"}
+    unknown = [a for a in asked if aliases.get(a, a) not in FAMILIES]
+    if unknown:
+        raise UsageError(f"--metric {unknown[0]!r}: one of {', '.join(FAMILIES)}, or all")
+    chosen = {aliases.get(a, a) for a in asked}
+    if "localisation" in chosen and not annotated:
+        raise UsageError("--metric localisation needs where the objects are: --boxes FILE|DIR or --masks DIR")
+    return tuple(f for f in FAMILIES if f in chosen)
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """The settings of the metrics that take any (recorded with every evaluation)."""
+
+    tolerance: float = 15.0  # pointing game, pixels of the input
+    top_k: int = 1000  # top-k intersection
+    radius: float = 0.2  # robustness: uniform noise in [-radius, radius] of the model's input
+    robust_samples: int = 10
+    patch: int = 8  # region perturbation
+    regions: int = 100
+    road_noise: float = 0.01
+
+    def record(self, families: Sequence[str]) -> dict[str, Any]:
+        used: dict[str, dict[str, Any]] = {
+            "localisation": {"tolerance": self.tolerance, "top_k": self.top_k},
+            "robustness": {"radius": self.radius, "samples": self.robust_samples},
+            "flipping": {"patch": self.patch, "regions": self.regions},
+            "road": {"percentages": [10, 20, 30, 40, 50, 60, 70, 80, 90], "noise": self.road_noise},
+        }
+        return {k: v for f in families for k, v in used.get(f, {}).items()}
+
 
 @dataclass(kw_only=True)
 class EvaluateJob:
-    """Faithfulness of every method x layer per image (deletion/insertion AUC, average drop, increase in
-    confidence), with the ``random`` and ``center`` chance baselines; no pictures, only records."""
+    """The metrics of every method x layer per image with the ``random`` and ``center`` chance baselines;
+    no pictures, only records. With annotations (:mod:`hookviz.annotations`) each image is explained for its
+    annotated classes, the first (the largest object's) for every family, each for the localisation."""
 
     loaded: LoadedModel
     layers: Sequence[str]
@@ -27,10 +108,20 @@ class EvaluateJob:
     targets: str | list[int] | None = None
     steps: int = 16
     chunk: int = 64
+    metrics: Sequence[str] = ("faithfulness",)
+    metric_settings: MetricSettings = field(default_factory=MetricSettings)
+    annotations: Any = None  # hookviz.annotations.Annotations
+    seed: int = 0
     kind: str = "evaluate"
+    _pending: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.methods = parse_methods(self.methods)
+        if self.loaded.video is not None and (bad := [f for f in self.metrics if f in PIXEL_FAMILIES]):
+            raise UsageError(
+                f"--metric {bad[0]} perturbs or annotates an image's pixels; on a video model's clips use "
+                "faithfulness, complexity, robustness or randomisation"
+            )
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -39,63 +130,82 @@ class EvaluateJob:
             "layers": list(self.layers),
             "methods": list(self.methods),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-            "targets": "top1" if self.targets is None else self.targets,
+            "targets": "annotated" if self.annotations is not None else self.targets or "top1",
             "steps": self.steps,
             "baseline": "zeros (the data set's mean colour after normalisation)",
+            "metrics": list(self.metrics),
+            **({"metric_settings": s} if (s := self.metric_settings.record(self.metrics)) else {}),
+            **({"annotations": self.annotations.source} if self.annotations is not None else {}),
+            **({"seed": self.seed} if {"robustness", "randomisation"} & set(self.metrics) else {}),
         }
 
     def planned(self, stem: str) -> list[str]:
         return []
 
-    def compute(self, x: Any) -> Any:
-        from hookviz import evaluation
-        from hookviz.attribution import explain
-        from hookviz.readout import scorer
+    def passes_per_image(self, maps: int, size: tuple[int, ...]) -> dict[str, int]:
+        """Forward passes of the model per image that each family costs beyond the explanation, for
+        ``maps`` maps (method x layer, plus the two chance baselines)."""
+        h, w = size[-2:]
+        s = self.metric_settings
+        regions = min(s.regions, math.ceil(h / s.patch) * math.ceil(w / s.patch))
+        per_map = {
+            "faithfulness": 2 * (self.steps + 1) + 1,
+            "road": 2 * 9,
+            "flipping": self.steps + regions + 1,
+            "robustness": s.robust_samples * 2 + 1,
+        }
+        out = {}
+        for f in self.metrics:
+            if f in per_map:
+                out[f] = per_map[f] * (maps - 2 if f == "robustness" else maps)
+        return out
 
-        ex = explain(self.loaded.model, x, self.layers, self.methods, self.targets, options=self.options)
-        t = ex.targets[:, 0]
-        score = scorer(
-            ex.labels, ex.region, ex.score_kind
-        )  # a segmentation's class probability over its region
-        rows: dict[str, Any] = {}
-        passes = 0
-        for (method, layer), maps in ex.maps.items():
-            f = evaluation.faithfulness(
-                self.loaded.model, x, maps[:, 0], t, steps=self.steps, chunk=self.chunk, scorer=score
-            )
-            rows[f"{method}@{layer}"] = f
-            passes += f.forward_passes
-        b, *dims = x.shape[0], *ex.maps[(self.methods[0], self.layers[0])].shape[2:]
-        steps, h, w = dims if len(dims) == 3 else (1, *dims)  # a video model's maps have time steps
-        shape = (b, *dims)
-        for name, maps in (
-            ("random", evaluation.random_maps(b, steps * h, w, x=x).reshape(shape)),
-            ("center", evaluation.center_maps(b, h, w)[:, None].expand(b, steps, h, w).reshape(shape)),
-        ):
-            f = evaluation.faithfulness(
-                self.loaded.model, x, maps, t, steps=self.steps, chunk=self.chunk, scorer=score
-            )
-            rows[name] = f
-            passes += f.forward_passes
-        return ex, rows, passes
+    def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
+        """Before a batch: each image's annotated objects, as ``(label, mask)`` in the input's frame, the
+        largest first (pipeline hook)."""
+        if self.annotations is None:
+            return
+        from hookviz.annotations import input_mask, resolve
+        from hookviz.models import num_classes
+
+        classes = num_classes(self.loaded)
+        objects: list[list[tuple[int | None, np.ndarray]] | None] = []
+        for item, rgb, box in batch:
+            regions = self.annotations.regions(item.path or item.name)
+            if regions is None:  # this image fails alone (render says why); the others go on
+                objects.append(None)
+                continue
+            h, w = rgb.shape[:2]
+            merged: dict[int | None, np.ndarray] = {}
+            for r in regions:
+                k = resolve(r.label, self.loaded.categories, classes)
+                merged[k] = merged.get(k, np.zeros((h, w), bool)) | r.draw(h, w)
+            masks = {k: input_mask(m, box, size) for k, m in merged.items()}
+            objects.append(sorted(masks.items(), key=lambda kv: -int(kv[1].sum())))
+        self._pending = objects
+
+    def compute(self, x: Any) -> Any:
+        from hookviz.jobs.evaluate_compute import compute
+
+        objects, self._pending = self._pending, None
+        return compute(self, x, objects)
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        ex, rows, passes = result
+        ex, rows, objects, passes = result
+        if objects is not None and objects[index] is None:
+            from hookviz.errors import InputError
+
+            raise InputError(f"not in the annotations ({self.annotations.source}): no object to localise")
         _check_finite(ex, index)
         lm = self.loaded
         pred, tgt = int(ex.predicted[index]), int(ex.targets[index, 0])
         metrics = {
-            name: {
-                "deletion_auc": round(float(f.deletion_auc[index]), 6),
-                "insertion_auc": round(float(f.insertion_auc[index]), 6),
-                "average_drop": round(float(f.average_drop[index]), 4),
-                "increase": bool(f.increase[index] > 0),
-            }
-            for name, f in rows.items()
+            name: {k: _value(k, v[index]) for k, v in figures.items() if k in FIGURES}
+            for name, figures in rows.items()
         }
-        fields = {
+        fields: dict[str, Any] = {
             "predicted": {
                 "index": pred,
                 "name": lm.class_name(pred),
@@ -109,28 +219,69 @@ class EvaluateJob:
             "metrics": metrics,
             "forward_passes": passes // max(1, int(ex.targets.shape[0])),
         }
+        if objects is not None:
+            fields["objects"] = [
+                {
+                    "class": {"index": k, "name": lm.class_name(k)},
+                    "pixels": pixels,
+                    "metrics": {n: {f: _value(f, v) for f, v in m.items()} for n, m in found.items()},
+                }
+                for k, pixels, found in objects[index]
+            ]
         return [], fields
 
 
+def _value(name: str, v: Any) -> Any:
+    f = float(v)
+    if name == "increase":
+        return bool(f > 0)
+    return None if math.isnan(f) else round(f, 6)
+
+
 def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per method@layer (and per chance baseline): mean and 95 % CI of each metric over the images."""
+    """One row per method@layer (and per chance baseline): each figure's mean and 95 % interval over the
+    images (localisation: over the annotated objects)."""
+    return _summarise(records, by_class=False)
+
+
+def summarise_by_class(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The localisation figures per method@layer and annotated class."""
+    return _summarise(records, by_class=True)
+
+
+def _summarise(records: Sequence[dict[str, Any]], by_class: bool) -> list[dict[str, Any]]:
     from hookviz.evaluation import mean_ci, wilson
 
-    names: list[str] = []
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    names: dict[tuple[str, ...], str] = {}
     for rec in records:
-        names += [n for n in rec.get("metrics", {}) if n not in names]
+        if not by_class:
+            for name, figures in rec.get("metrics", {}).items():
+                groups.setdefault((name,), []).append(figures)
+        for obj in rec.get("objects", []):
+            for name, figures in obj.get("metrics", {}).items():
+                key: tuple[str, ...] = (name, str(obj["class"]["index"])) if by_class else (name,)
+                names[key] = obj["class"]["name"]
+                groups.setdefault(key, []).append(figures)
     rows = []
-    for name in names:
-        values = [rec["metrics"][name] for rec in records if name in rec.get("metrics", {})]
-        method, _, layer = name.partition("@")
-        row: dict[str, Any] = {"method": method, "layer": layer or "-", "images": len(values)}
-        for metric in ("deletion_auc", "insertion_auc", "average_drop"):
-            mean, half = mean_ci([float(v[metric]) for v in values])
-            row[metric], row[f"{metric}_ci95"] = round(mean, 4), round(half, 4)
-        # A proportion: the Wilson interval stays inside 0..100 % for small n (a t interval does not).
-        hits = sum(bool(v["increase"]) for v in values)
-        low, high = wilson(hits, len(values))
-        row["increase_in_confidence"] = round(100.0 * hits / max(1, len(values)), 2)
-        row["increase_in_confidence_ci95"] = [round(100.0 * low, 2), round(100.0 * high, 2)]
+    for key, values in groups.items():
+        method, _, layer = key[0].partition("@")
+        row: dict[str, Any] = {"method": method, "layer": layer or "-"}
+        if by_class:
+            row |= {"class": int(key[1]), "name": names[key]}
+        for fig, (family, _, _, proportion) in FIGURES.items():
+            got = [v[fig] for v in values if v.get(fig) is not None]
+            if not got:
+                continue
+            row.setdefault("objects" if family == "localisation" else "images", len(got))
+            out = summary_name(fig)
+            if proportion:  # the Wilson interval stays inside 0..100 % for small n (a t interval does not)
+                hits = sum(bool(g) for g in got)
+                low, high = wilson(hits, len(got))
+                row[out] = round(100.0 * hits / len(got), 2)
+                row[f"{out}_ci95"] = [round(100.0 * low, 2), round(100.0 * high, 2)]
+            else:
+                mean, half = mean_ci([float(g) for g in got])
+                row[out], row[f"{out}_ci95"] = round(mean, 4), round(half, 4)
         rows.append(row)
     return rows

@@ -1,0 +1,265 @@
+"""Where the objects are: boxes and masks in the formats data sets come in (``evaluate --boxes/--masks``).
+
+* **COCO** JSON (a file): ``images`` (``file_name``, ``width``, ``height``), ``annotations`` (``bbox`` as
+  ``[x, y, w, h]``, polygon ``segmentation`` drawn where given), ``categories`` (``name``).
+* **Pascal VOC** XML (a folder of ``NAME.xml``): ``<filename>``, ``<size>``, ``<object><name>`` and its
+  ``<bndbox>`` (1-based, inclusive, as VOC writes them).
+* **YOLO** (a folder of ``NAME.txt``): ``class cx cy w h`` a line, fractions of the image's size; the class an
+  index, or a name when the folder has ``classes.txt`` (one name a line).
+* **CSV** (a file): ``file,class,x0,y0,x1,y1`` a row (a header row is optional), pixels.
+* **Masks** (a folder of ``NAME.png``): 0 is background; other values are class indices (VOC's
+  ``SegmentationClass``, its 255 border ignored), except that a mask holding only 0 and one other value is
+  one object of the class explained.
+
+A file is named relative to the input folder (``sub/cat.jpg``) or by its bare name (``cat.jpg``; the folder
+formats by stem). Classes are model class indices, or names matched to the model's labels.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hookviz.errors import UsageError
+
+#: A class as annotated: a model class index, a name to look up, or None (a binary mask's one object).
+Label = int | str | None
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+
+
+@dataclass(frozen=True)
+class Region:
+    """One annotated object: a box (pixels ``x0, y0, x1, y1``; ``normalised``: fractions, YOLO's), polygons,
+    or a mask, in the frame of an image ``size`` = (width, height) when the annotation says so."""
+
+    label: Label
+    box: tuple[float, float, float, float] | None = None
+    polygons: tuple[tuple[float, ...], ...] = ()
+    mask: np.ndarray | None = field(default=None, compare=False)
+    normalised: bool = False
+    size: tuple[int, int] | None = None
+
+    def draw(self, height: int, width: int) -> np.ndarray:
+        """The object as a boolean mask of an image ``height`` x ``width``."""
+        import cv2
+
+        if self.mask is not None:
+            m = self.mask
+            if m.shape != (height, width):
+                m = cv2.resize(m.astype(np.uint8), (width, height), interpolation=cv2.INTER_NEAREST) > 0
+            return m.astype(bool)
+        sx, sy = (width, height) if self.normalised else (1.0, 1.0)
+        if self.size is not None and not self.normalised:
+            sx, sy = width / self.size[0], height / self.size[1]
+        out = np.zeros((height, width), np.uint8)
+        if self.polygons:
+            for poly in self.polygons:
+                pts = np.asarray(poly, np.float64).reshape(-1, 2) * (sx, sy)
+                cv2.fillPoly(out, [np.round(pts).astype(np.int32)], 1)
+        elif self.box is not None:
+            x0, y0, x1, y1 = self.box
+            c0, r0 = max(0, int(np.floor(x0 * sx))), max(0, int(np.floor(y0 * sy)))
+            c1, r1 = min(width, int(np.ceil(x1 * sx))), min(height, int(np.ceil(y1 * sy)))
+            out[r0:r1, c0:c1] = 1
+        return out.astype(bool)
+
+
+@dataclass
+class Annotations:
+    """Regions per image file, looked up by the end of the image's path (see the module's notes)."""
+
+    source: str
+    by_name: dict[str, list[Region]]
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def regions(self, path: Path | str) -> list[Region] | None:
+        """The regions annotated for the image at ``path`` (None: the image is not in the annotations; an
+        empty list: annotated, and holds no object)."""
+        parts = Path(path).parts
+        for k in range(len(parts)):
+            found = self.by_name.get(_key("/".join(parts[k:])))
+            if found is not None:
+                return found
+        return self.by_name.get(_key(Path(path).stem))
+
+    def labels(self) -> set[Label]:
+        return {r.label for regions in self.by_name.values() for r in regions}
+
+
+def _key(name: str) -> str:
+    return name.replace("\\", "/").lstrip("./").lower()
+
+
+def _label(text: Any) -> Label:
+    s = str(text).strip()
+    return int(s) if s.lstrip("-").isdigit() else s
+
+
+def load(boxes: Path | None = None, masks: Path | None = None) -> Annotations:
+    """Read ``--boxes`` (a COCO JSON or CSV file, a VOC or YOLO folder) or ``--masks`` (a folder of PNGs)."""
+    if (boxes is None) == (masks is None):
+        raise UsageError("give one of --boxes FILE|DIR and --masks DIR")
+    if masks is not None:
+        return _masks(masks)
+    assert boxes is not None
+    if not boxes.exists():
+        raise UsageError(f"--boxes {boxes}: no such file or folder")
+    if boxes.is_dir():
+        if any(boxes.glob("*.xml")):
+            return _voc(boxes)
+        if any(p for p in boxes.glob("*.txt") if p.name != "classes.txt"):
+            return _yolo(boxes)
+        raise UsageError(f"--boxes {boxes}: a folder of VOC .xml or YOLO .txt files; found neither")
+    if boxes.suffix.lower() == ".json":
+        return _coco(boxes)
+    if boxes.suffix.lower() in (".csv", ".txt"):
+        return _csv(boxes)
+    raise UsageError(f"--boxes {boxes}: a COCO .json, a .csv (file,class,x0,y0,x1,y1), or a VOC/YOLO folder")
+
+
+def _bad(path: Path, what: str) -> UsageError:
+    return UsageError(f"--boxes {path}: {what}")
+
+
+def _coco(path: Path) -> Annotations:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        names = {c["id"]: c.get("name", c["id"]) for c in data.get("categories", [])}
+        images = {im["id"]: im for im in data["images"]}
+        by: dict[str, list[Region]] = {_key(im["file_name"]): [] for im in images.values()}
+        for ann in data.get("annotations", []):
+            im = images[ann["image_id"]]
+            x, y, w, h = (float(v) for v in ann["bbox"])
+            seg = ann.get("segmentation")
+            polys = tuple(tuple(float(v) for v in p) for p in seg) if isinstance(seg, list) else ()
+            size = (int(im["width"]), int(im["height"])) if "width" in im and "height" in im else None
+            label = names.get(ann["category_id"], ann["category_id"])
+            by[_key(im["file_name"])].append(Region(_label(label), (x, y, x + w, y + h), polys, size=size))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _bad(path, f"not a COCO annotation file ({type(exc).__name__}: {exc})") from None
+    return Annotations("coco", by)
+
+
+def _voc(folder: Path) -> Annotations:
+    import xml.etree.ElementTree as ET
+
+    by: dict[str, list[Region]] = {}
+    for xml in sorted(folder.glob("*.xml")):
+        try:
+            root = ET.parse(xml).getroot()
+            wh = (int(float(root.findtext("size/width", "0"))), int(float(root.findtext("size/height", "0"))))
+            regions = []
+            for obj in root.iter("object"):
+                bb = obj.find("bndbox")
+                assert bb is not None
+                x0, y0, x1, y1 = (float(bb.findtext(k, "nan")) for k in ("xmin", "ymin", "xmax", "ymax"))
+                box = (x0 - 1, y0 - 1, x1, y1)  # VOC: 1-based, inclusive
+                regions.append(Region(_label(obj.findtext("name", "")), box, size=wh if all(wh) else None))
+        except (ET.ParseError, AssertionError, ValueError, AttributeError) as exc:
+            raise _bad(xml, f"not a Pascal VOC annotation ({type(exc).__name__}: {exc})") from None
+        by[_key(xml.stem)] = regions
+        name = root.findtext("filename")
+        if name:
+            by[_key(name)] = regions
+    return Annotations("voc", by)
+
+
+def _yolo(folder: Path) -> Annotations:
+    names_file = folder / "classes.txt"
+    names = names_file.read_text(encoding="utf-8").split("\n") if names_file.exists() else None
+    by: dict[str, list[Region]] = {}
+    for txt in sorted(p for p in folder.glob("*.txt") if p.name != "classes.txt"):
+        regions = []
+        for n, line in enumerate(txt.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                c, cx, cy, w, h = line.split()[:5]
+                k, fx, fy, fw, fh = int(c), float(cx), float(cy), float(w), float(h)
+            except ValueError:
+                raise _bad(txt, f"line {n}: not 'class cx cy w h' ({line.strip()!r})") from None
+            label: Label = names[k].strip() if names is not None and k < len(names) else k
+            regions.append(
+                Region(label, (fx - fw / 2, fy - fh / 2, fx + fw / 2, fy + fh / 2), normalised=True)
+            )
+        by[_key(txt.stem)] = regions
+    return Annotations("yolo", by)
+
+
+def _csv(path: Path) -> Annotations:
+    by: dict[str, list[Region]] = {}
+    with path.open(encoding="utf-8", newline="") as f:
+        for n, row in enumerate(csv.reader(f), 1):
+            if not row or (n == 1 and row[0].strip().lower() in ("file", "filename", "image", "path")):
+                continue
+            try:
+                name, label, *coords = (c.strip() for c in row)
+                x0, y0, x1, y1 = (float(v) for v in coords[:4])
+            except ValueError:
+                raise _bad(path, f"row {n}: not file,class,x0,y0,x1,y1 ({','.join(row)!r})") from None
+            by.setdefault(_key(name), []).append(Region(_label(label), (x0, y0, x1, y1)))
+    return Annotations("csv", by)
+
+
+def _masks(folder: Path) -> Annotations:
+    from PIL import Image
+
+    if not folder.is_dir():
+        raise UsageError(f"--masks {folder}: not a folder (one PNG a photo, named as the photo)")
+    by: dict[str, list[Region]] = {}
+    for png in sorted(folder.glob("*.png")):
+        try:
+            with Image.open(png) as im:
+                values = np.asarray(im.convert("L") if im.mode not in ("L", "P", "I", "I;16") else im)
+        except OSError as exc:
+            raise UsageError(f"--masks {png}: cannot be read ({exc})") from None
+        if values.ndim == 3:
+            values = values[..., 0]
+        present = [int(v) for v in np.unique(values) if v != 0]
+        if len(present) == 1:  # a binary mask: one object of the class explained
+            by[_key(png.stem)] = [Region(None, mask=values == present[0])]
+        else:
+            by[_key(png.stem)] = [Region(v, mask=values == v) for v in present if v != 255]
+    if not by:
+        raise UsageError(f"--masks {folder}: no .png in it")
+    return Annotations("masks", by)
+
+
+def resolve(label: Label, names: Sequence[str], classes: int) -> int | None:
+    """A label as a model class index (None: the binary mask's class explained); a name is matched to the
+    model's labels (case, spaces and underscores aside)."""
+    if label is None:
+        return None
+    if isinstance(label, int):
+        if not 0 <= label < classes:
+            raise UsageError(f"annotated class {label} is out of the model's range 0..{classes - 1}")
+        return label
+
+    def norm(s: str) -> str:
+        return s.strip().lower().replace("_", " ")
+
+    lookup = {norm(n): i for i, n in enumerate(names)}
+    if norm(label) not in lookup:
+        raise UsageError(
+            f"annotated class {label!r} is not one of the model's classes: name them as its labels "
+            "(hookviz models lists them), give class indices, or --labels FILE with your names"
+        )
+    return lookup[norm(label)]
+
+
+def input_mask(region_masks: np.ndarray, box: Any, size: tuple[int, int]) -> np.ndarray:
+    """An object mask of the original image brought into the model's input frame: the region the model saw
+    (``box``), resized (nearest) to the input's ``size`` = (height, width)."""
+    import cv2
+
+    crop = region_masks[box.y0 : box.y1, box.x0 : box.x1].astype(np.uint8)
+    h, w = size
+    return cv2.resize(crop, (w, h), interpolation=cv2.INTER_NEAREST) > 0

@@ -1,0 +1,141 @@
+"""``evaluate``'s words and files: the cost said before it starts, the tables after, ``evaluation.csv`` /
+``evaluation_by_class.csv`` / ``evaluation.json``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def _announce(job: Any) -> None:
+    """One line on stderr before the run: what each family costs in forward passes per image."""
+    maps = len(job.methods) * len(job.layers) + 2
+    cost = job.passes_per_image(maps, job.loaded.input_shape)
+    parts = [f"{family} {n:,}" for family, n in cost.items()]
+    extra = []
+    if "robustness" in job.metrics:
+        extra.append(f"{job.metric_settings.robust_samples} explanations of noisy copies (robustness)")
+    if "randomisation" in job.metrics:
+        extra.append("1 explanation of a random other class (randomisation)")
+    free = [f for f in job.metrics if f in ("localisation", "complexity")]
+    line = (
+        f"evaluate: {maps} maps an image ({len(job.methods)} method(s) x {len(job.layers)} layer(s) + the "
+        f"random and center baselines); forward passes an image: {', '.join(parts) or 'none'}"
+        f"{' = ' + format(sum(cost.values()), ',') if len(cost) > 1 else ''}"
+        f"{'; plus ' + ' and '.join(extra) if extra else ''}"
+        f"{'; ' + ' and '.join(free) + ' cost none' if free else ''}"
+    )
+    typer.echo(line, err=True)
+
+
+def _columns(rows: list[dict[str, Any]], lead: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """CSV columns (each figure, then its interval: ``_ci95`` for a mean's half-width, ``_ci95_low`` /
+    ``_ci95_high`` for a proportion's Wilson interval) and the rows flattened to them."""
+    from hookviz.jobs.evaluate import FIGURES, summary_name
+
+    columns = list(lead)
+    names = [(summary_name(f), spec[3]) for f, spec in FIGURES.items()]
+    for fig, proportion in names:
+        if any(fig in r for r in rows):
+            columns += [fig, f"{fig}_ci95_low", f"{fig}_ci95_high"] if proportion else [fig, f"{fig}_ci95"]
+    flat = []
+    for r in rows:
+        row = dict(r)
+        for fig, proportion in names:
+            if proportion and fig in r:
+                row[f"{fig}_ci95_low"], row[f"{fig}_ci95_high"] = r[f"{fig}_ci95"]
+        flat.append(row)
+    return columns, flat
+
+
+def _csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _cell(row: dict[str, Any], fig: str, proportion: bool) -> str:
+    if fig not in row:
+        return "-"
+    if proportion:
+        low, high = row[f"{fig}_ci95"]
+        return f"{row[fig]:.1f} [{low:.0f}, {high:.0f}]"
+    return f"{row[fig]:.3f} ±{row[f'{fig}_ci95']:.3f}"
+
+
+def _table(rows: list[dict[str, Any]], families: list[str], label: str = "") -> list[str]:
+    from hookviz.jobs.evaluate import FIGURES, summary_name
+
+    out = []
+    for family in families:
+        figs = [(summary_name(f), s) for f, s in FIGURES.items() if s[0] == family]
+        figs = [(f, s) for f, s in figs if any(f in r for r in rows)]
+        if not figs:
+            continue
+        count = "objects" if family == "localisation" else "images"
+        head = (
+            f"{'method':<12} {'layer':<24} {label:<14}{'n':>5}  "
+            if label
+            else f"{'method':<12} {'layer':<24} {'n':>5}  "
+        )
+        out.append(f"[{family}]")
+        out.append(head + "  ".join(f"{name + ' ' + arrow:>20}" for _, (_, name, arrow, _) in figs))
+        for r in rows:
+            if not any(f in r for f, _ in figs):
+                continue
+            who = f"{r['method']:<12} {r['layer']:<24} "
+            if label:
+                who += f"{str(r.get('name', ''))[:14]:<14}"
+            out.append(
+                who + f"{r.get(count, 0):>5}  " + "  ".join(f"{_cell(r, f, s[3]):>20}" for f, s in figs)
+            )
+    return out
+
+
+def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
+    """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
+    annotations) and OUT/evaluation.json."""
+    from hookviz import pipeline
+    from hookviz.files import atomic_write
+    from hookviz.jobs.evaluate import summarise_by_class, summarise_evaluation
+    from hookviz.report import latest_records
+
+    key = pipeline.settings_key(job.settings())
+    lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+    recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
+    rows = summarise_evaluation(recs)
+    by_class = summarise_by_class(recs) if job.annotations is not None else []
+    passes = sum(int(x.get("forward_passes", 0)) for x in recs)
+    columns, flat = _columns(rows, ["method", "layer", "images", "objects"])
+    files = [("evaluation.csv", _csv(columns, flat))]
+    if job.annotations is not None:
+        ccols, cflat = _columns(by_class, ["method", "layer", "class", "name", "objects"])
+        files.append(("evaluation_by_class.csv", _csv(ccols, cflat)))
+    summary = {
+        "key": key,
+        "settings": job.settings(),
+        "images": len(recs),
+        "forward_passes": passes,
+        "rows": rows,
+        **({"by_class": by_class} if job.annotations is not None else {}),
+    }
+    files.append(("evaluation.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False)))
+    for name, text in files:
+        atomic_write(out / name, text)
+    table = _table(rows, list(job.metrics))
+    if by_class and len({r["class"] for r in by_class}) > 1:
+        table += ["", "by annotated class:", *_table(by_class, ["localisation"], label="class")]
+    table.append(
+        f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean "
+        "(Student's t), [low, high] that of a proportion (Wilson); random and center are chance baselines"
+    )
+    table.append("wrote " + ", ".join(str(out / name) for name, _ in files))
+    if not quiet or not as_json:
+        typer.echo("\n".join(table), err=as_json)

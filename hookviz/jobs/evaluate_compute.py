@@ -1,0 +1,172 @@
+"""The computation of ``evaluate`` for one batch: the maps (for the annotated classes where there are
+annotations), then each ``--metric`` family on each map and on the chance baselines."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from hookviz.jobs.evaluate import EvaluateJob
+
+Objects = list[list[tuple[int | None, np.ndarray]] | None] | None
+
+
+def _targets(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
+    """What to explain: ``--target`` as given, or each image's annotated classes ``(B, T)`` (the largest
+    object's first; a binary mask's object is the ``--target`` class; short rows padded with their first)."""
+    if objects is None:
+        return job.targets
+    from hookviz.attribution import explain
+
+    default: list[int] = []
+    if any(not objs or any(k is None for k, _ in objs) for objs in objects):
+        with torch.no_grad():  # the class of a binary mask's object, or of an image without any
+            top = explain(job.loaded.model, x, job.layers[:1], ["eigencam"], job.targets).targets[:, 0]
+        default = [int(v) for v in top]
+    rows = [
+        [default[i] if k is None else k for k, _ in objs or []] or [default[i]]
+        for i, objs in enumerate(objects)
+    ]
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [r[0]] * (width - len(r)) for r in rows], device=x.device)
+
+
+def _baselines(x: Tensor, maps: Tensor) -> dict[str, Tensor]:
+    from hookviz import evaluation
+
+    b, *dims = maps.shape
+    steps, h, w = dims if len(dims) == 3 else (1, *dims)  # a video model's maps have time steps
+    shape = (b, *dims)
+    return {
+        "random": evaluation.random_maps(b, steps * h, w, x=x).reshape(shape),
+        "center": evaluation.center_maps(b, h, w)[:, None].expand(b, steps, h, w).reshape(shape),
+    }
+
+
+def _similarity(a: Tensor, b: Tensor) -> float:
+    """SSIM of two maps; a video model's per time step, averaged."""
+    from hookviz.evaluation import ssim
+
+    if a.dim() == 3:
+        return float(np.mean([ssim(a[k], b[k]) for k in range(a.shape[0])]))
+    return ssim(a, b)
+
+
+def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
+    from hookviz import evaluation
+    from hookviz.attribution import explain
+    from hookviz.evaluation import localisation as loc
+    from hookviz.evaluation import perturbation as pert
+    from hookviz.evaluation.robustness import robustness, uniform_noise
+    from hookviz.models import num_classes
+    from hookviz.readout import scorer
+
+    model, s, families = job.loaded.model, job.metric_settings, set(job.metrics)
+    ex = explain(model, x, job.layers, job.methods, _targets(job, x, objects), options=job.options)
+    t = ex.targets[:, 0]
+    score = scorer(ex.labels, ex.region, ex.score_kind)  # a segmentation's class probability over its region
+    size = tuple(int(v) for v in x.shape[2:])
+    named = {f"{m}@{layer}": maps[:, 0] for (m, layer), maps in ex.maps.items()}
+    first = next(iter(named.values()))
+    named |= _baselines(x, first)
+    rows: dict[str, dict[str, Tensor]] = {name: {} for name in named}
+    passes = 0
+    common = {"chunk": job.chunk, "scorer": score}
+    for name, maps in named.items():
+        r = rows[name]
+        if "faithfulness" in families:
+            f = evaluation.faithfulness(model, x, maps, t, steps=job.steps, **common)  # type: ignore[arg-type]
+            r |= {"deletion_auc": f.deletion_auc, "insertion_auc": f.insertion_auc}
+            r |= {"average_drop": f.average_drop, "increase": f.increase}
+            passes += f.forward_passes
+        if "road" in families:
+            rd = pert.road(model, x, maps, t, noise=s.road_noise, seed=job.seed, **common)  # type: ignore[arg-type]
+            r |= {"road_morf": rd.morf_mean, "road_lerf": rd.lerf_mean, "road": rd.combined}
+            passes += rd.forward_passes
+        if "flipping" in families:
+            pf = pert.pixel_flipping(model, x, maps, t, steps=job.steps, **common)  # type: ignore[arg-type]
+            rp = pert.region_perturbation(model, x, maps, t, patch_size=s.patch, regions=s.regions, **common)  # type: ignore[arg-type]
+            r |= {"pixel_flipping_auc": pf.summary, "region_aopc": rp.summary}
+            passes += pf.forward_passes + rp.forward_passes
+        if "complexity" in families:
+            up = evaluation.upsample(maps.to(x.device), size).cpu()
+            r |= {"sparseness": loc.sparseness(up).float(), "complexity": loc.complexity(up).float()}
+    if "robustness" in families:
+        gen = torch.Generator().manual_seed(job.seed)
+        draws = [uniform_noise(x, s.radius, gen) for _ in range(s.robust_samples)]
+        cache: dict[int, Any] = {}
+
+        def perturbed(k: int) -> Any:
+            if k not in cache:
+                cache.clear()  # one draw's explanations at a time
+                cache[k] = explain(model, draws[k], job.layers, job.methods, ex.targets, options=job.options)
+            return cache[k]
+
+        def explainer(key: tuple[str, str]) -> Any:
+            return lambda _xp, k: perturbed(k).maps[key][:, 0]
+
+        for (m, layer), maps in ex.maps.items():
+            rb = robustness(
+                model,
+                explainer((m, layer)),
+                x,
+                maps[:, 0],
+                samples=s.robust_samples,
+                perturb=lambda _x, k: draws[k],
+            )
+            rows[f"{m}@{layer}"] |= {
+                "max_sensitivity": rb.max_sensitivity,
+                "avg_sensitivity": rb.avg_sensitivity,
+                "relative_input_stability": rb.relative_input_stability,
+                "relative_output_stability": rb.relative_output_stability,
+            }
+            passes += rb.forward_passes
+    if "randomisation" in families:
+        off = evaluation.off_classes(t.cpu(), num_classes(job.loaded), job.seed).to(x.device)
+        other = explain(model, x, job.layers, job.methods, off, options=job.options)
+        for name, maps in named.items():
+            alt = other.maps[tuple(name.split("@", 1))][:, 0] if "@" in name else maps  # type: ignore[index]
+            sims = [_similarity(maps[i].float().cpu(), alt[i].float().cpu()) for i in range(len(maps))]
+            rows[name]["random_logit"] = torch.tensor(sims)
+    found = None
+    if objects is not None:
+        found = _localise(job, ex, named, objects, size, x)
+    return ex, rows, found, passes
+
+
+def _localise(
+    job: EvaluateJob, ex: Any, named: dict[str, Tensor], objects: Objects, size: tuple[int, ...], x: Tensor
+) -> list[Any]:
+    """Per image and annotated object: the five localisation figures of each map for the object's class."""
+    from hookviz import evaluation
+    from hookviz.evaluation import localisation as loc
+
+    s = job.metric_settings
+    out: list[Any] = []
+    assert objects is not None
+    for i, objs in enumerate(objects):
+        if objs is None:
+            out.append(None)
+            continue
+        mine = []
+        for j, (_, mask) in enumerate(objs):
+            k = int(ex.targets[i, j])
+            m = torch.from_numpy(mask)[None]
+            figures: dict[str, dict[str, float]] = {}
+            for name, maps in named.items():
+                cam = ex.maps[tuple(name.split("@", 1))][i : i + 1, j] if "@" in name else maps[i : i + 1]
+                up = evaluation.upsample(cam.to(x.device), size[-2:]).cpu()
+                figures[name] = {
+                    "pointing_game": float(loc.pointing_game(up, m, s.tolerance)),
+                    "energy_pointing_game": float(loc.energy_pointing_game(up, m)),
+                    "relevance_mass": float(loc.relevance_mass(up, m)),
+                    "relevance_rank": float(loc.relevance_rank(up, m)),
+                    "top_k_intersection": float(loc.top_k_intersection(up, m, s.top_k)),
+                }
+            mine.append((k, int(mask.sum()), figures))
+        out.append(mine)
+    return out
