@@ -113,7 +113,8 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     rows = summarise_evaluation(recs)
     by_class = summarise_by_class(recs) if job.annotations is not None else []
     passes = sum(int(x.get("forward_passes", 0)) for x in recs)
-    columns, flat = _columns(rows, ["method", "layer", "images", "objects"])
+    lead = ["method", "layer", "images", *(["objects"] if job.annotations is not None else [])]
+    columns, flat = _columns(rows, lead)
     files = [("evaluation.csv", _csv(columns, flat))]
     if job.annotations is not None:
         ccols, cflat = _columns(by_class, ["method", "layer", "class", "name", "objects"])

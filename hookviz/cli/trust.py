@@ -259,7 +259,7 @@ def evaluate(
                 seed, samples, noise, ig_steps, baseline, window, stride, rise_masks, cells, masked_batch,
                 head_fusion=head_fusion, discard=discard_ratio,
             )  # fmt: skip
-            from hookviz.annotations import load as load_annotations
+            from hookviz.annotation import load as load_annotations
             from hookviz.jobs.evaluate import MetricSettings, parse_metrics
 
             annotated = boxes is not None or mask_dir is not None

@@ -97,7 +97,7 @@ class MetricSettings:
 @dataclass(kw_only=True)
 class EvaluateJob:
     """The metrics of every method x layer per image with the ``random`` and ``center`` chance baselines;
-    no pictures, only records. With annotations (:mod:`hookviz.annotations`) each image is explained for its
+    no pictures, only records. With annotations (:mod:`hookviz.annotation`) each image is explained for its
     annotated classes, the first (the largest object's) for every family, each for the localisation."""
 
     loaded: LoadedModel
@@ -110,7 +110,7 @@ class EvaluateJob:
     chunk: int = 64
     metrics: Sequence[str] = ("faithfulness",)
     metric_settings: MetricSettings = field(default_factory=MetricSettings)
-    annotations: Any = None  # hookviz.annotations.Annotations
+    annotations: Any = None  # hookviz.annotation.Annotations
     seed: int = 0
     kind: str = "evaluate"
     _pending: Any = field(default=None, init=False, repr=False)
@@ -165,7 +165,7 @@ class EvaluateJob:
         largest first (pipeline hook)."""
         if self.annotations is None:
             return
-        from hookviz.annotations import input_mask, resolve
+        from hookviz.annotation import input_mask, resolve
         from hookviz.models import num_classes
 
         classes = num_classes(self.loaded)

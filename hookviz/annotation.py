@@ -64,8 +64,9 @@ class Region:
                 cv2.fillPoly(out, [np.round(pts).astype(np.int32)], 1)
         elif self.box is not None:
             x0, y0, x1, y1 = self.box
-            c0, r0 = max(0, int(np.floor(x0 * sx))), max(0, int(np.floor(y0 * sy)))
-            c1, r1 = min(width, int(np.ceil(x1 * sx))), min(height, int(np.ceil(y1 * sy)))
+            # Every pixel the box touches; a thousandth of a pixel is rounding (YOLO's 6 decimals), not area.
+            c0, r0 = max(0, int(np.floor(x0 * sx + 1e-3))), max(0, int(np.floor(y0 * sy + 1e-3)))
+            c1, r1 = min(width, int(np.ceil(x1 * sx - 1e-3))), min(height, int(np.ceil(y1 * sy - 1e-3)))
             out[r0:r1, c0:c1] = 1
         return out.astype(bool)
 
