@@ -21,6 +21,7 @@ from hookviz.cli import app
 from hookviz.errors import UsageError
 from hookviz.evaluation import cascade, random_logit, spearman
 from hookviz.jobs.sanity import _edges
+from hookviz.report import build_report
 from hookviz.shapes import SHAPES, draw_shape
 from tests.conftest import Trained, write_image
 
@@ -121,6 +122,9 @@ def test_the_four_box_formats_give_the_same_numbers_and_grad_cam_points_at_the_s
     assert by["gradcam"]["relevance_rank"] > by["random"]["relevance_rank"] + 0.4
     classes = {(r["method"], r["name"]) for r in got["coco"]["by_class"]}
     assert {("gradcam", s) for s in SHAPES} <= classes
+    page = build_report(tmp_path / "coco").read_text()  # the report shows the tables
+    assert "<caption>localisation</caption>" in page and "localisation by annotated class" in page
+    assert page.count("<td>gradcam</td>") == 1 + 3  # overall, and one row a class
     table = (tmp_path / "coco" / "evaluation_by_class.csv").read_text().splitlines()
     assert table[0].startswith("method,layer,class,name,objects,pointing_game,pointing_game_ci95_low")
     # The figures are each object's own: the pointing game by hand for the CSV's first photo.

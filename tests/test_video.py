@@ -421,10 +421,15 @@ def test_evaluate_and_sanity_on_a_trained_video_model(
         _write(folder / f"v{n}.mp4", moving_shape(rng, n % 2, frames=8)[0])
     common = ["--model", NET, "--weights", str(weights), "--input-size", str(SIDE), "--resize", "squash",
               "--clip-len", "8", "--clips", "1", "--layer", "features"]  # fmt: skip
-    res = invoke("evaluate", str(folder), *common, "--out", str(tmp_path / "ev"))
+    families = "faithfulness,complexity,robustness,randomisation"  # what applies to clips
+    res = invoke("evaluate", str(folder), *common, "--metric", families, "--robust-samples", "2",
+                 "--out", str(tmp_path / "ev"))  # fmt: skip
     assert res.exit_code == 0, res.output
     rows = {r["method"]: r for r in json.loads((tmp_path / "ev" / "evaluation.json").read_text())["rows"]}
-    assert rows["gradcam"]["images"] == 6
+    assert rows["gradcam"]["images"] == 6 and rows["gradcam"]["max_sensitivity"] >= 0
+    assert rows["gradcam"]["random_logit"] < rows["center"]["random_logit"] == 1.0
+    refused = invoke("evaluate", str(folder), *common, "--metric", "road", "--out", str(tmp_path / "r"))
+    assert refused.exit_code == 2 and "on a video model's clips use faithfulness" in refused.output
     assert rows["gradcam"]["deletion_auc"] < rows["random"]["deletion_auc"] - 0.1, rows
     res = invoke("sanity", str(folder), *common, "--out", str(tmp_path / "san"))
     assert res.exit_code == 0, res.output

@@ -61,41 +61,20 @@ def _csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _cell(row: dict[str, Any], fig: str, proportion: bool) -> str:
-    if fig not in row:
-        return "-"
-    if proportion:
-        low, high = row[f"{fig}_ci95"]
-        return f"{row[fig]:.1f} [{low:.0f}, {high:.0f}]"
-    return f"{row[fig]:.3f} ±{row[f'{fig}_ci95']:.3f}"
-
-
-def _table(rows: list[dict[str, Any]], families: list[str], label: str = "") -> list[str]:
-    from hookviz.jobs.evaluate import FIGURES, summary_name
+def _table(rows: list[dict[str, Any]], families: list[str], label: bool = False) -> list[str]:
+    from hookviz.jobs.evaluate import tables
 
     out = []
-    for family in families:
-        figs = [(summary_name(f), s) for f, s in FIGURES.items() if s[0] == family]
-        figs = [(f, s) for f, s in figs if any(f in r for r in rows)]
-        if not figs:
-            continue
-        count = "objects" if family == "localisation" else "images"
-        head = (
-            f"{'method':<12} {'layer':<24} {label:<14}{'n':>5}  "
-            if label
-            else f"{'method':<12} {'layer':<24} {'n':>5}  "
-        )
-        out.append(f"[{family}]")
-        out.append(head + "  ".join(f"{name + ' ' + arrow:>20}" for _, (_, name, arrow, _) in figs))
-        for r in rows:
-            if not any(f in r for f, _ in figs):
-                continue
-            who = f"{r['method']:<12} {r['layer']:<24} "
-            if label:
-                who += f"{str(r.get('name', ''))[:14]:<14}"
-            out.append(
-                who + f"{r.get(count, 0):>5}  " + "  ".join(f"{_cell(r, f, s[3]):>20}" for f, s in figs)
-            )
+    for t in tables(rows, families):
+        wm = max(6, *(len(r["method"]) for r in t["rows"]))
+        wl = max(5, *(len(r["layer"]) for r in t["rows"]))
+        wc = max(5, *(len(r["name"]) for r in t["rows"])) if label else 0
+        out.append(f"[{t['family']}]")
+        who = f"{'method':<{wm}}  {'layer':<{wl}}  " + (f"{'class':<{wc}}  " if label else "")
+        out.append(who + f"{t['count']:>7}  " + "  ".join(f"{c:>20}" for c in t["columns"]))
+        for r in t["rows"]:
+            who = f"{r['method']:<{wm}}  {r['layer']:<{wl}}  " + (f"{r['name']:<{wc}}  " if label else "")
+            out.append(who + f"{r['n']:>7}  " + "  ".join(f"{c:>20}" for c in r["cells"]))
     return out
 
 
@@ -132,7 +111,7 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
         atomic_write(out / name, text)
     table = _table(rows, list(job.metrics))
     if by_class and len({r["class"] for r in by_class}) > 1:
-        table += ["", "by annotated class:", *_table(by_class, ["localisation"], label="class")]
+        table += ["", "by annotated class:", *_table(by_class, ["localisation"], label=True)]
     table.append(
         f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean "
         "(Student's t), [low, high] that of a proportion (Wilson); random and center are chance baselines"

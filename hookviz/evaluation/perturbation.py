@@ -124,7 +124,7 @@ def _classify(
     counter: list[int],
     scorer: Scorer | None,
 ) -> tuple[Tensor, Tensor]:
-    """The class's probability and whether the class is the top-1 (``argmax`` of the raw output); ``rows``
+    """The class's probability and whether the class is the top-1 (of the probabilities); ``rows``
     the image each perturbed copy comes from (a segmentation's scorer reads its region)."""
     probs, correct = [], []
     for i in range(0, images.shape[0], chunk):
@@ -132,7 +132,7 @@ def _classify(
         t = targets[i : i + chunk]
         p = torch.softmax(logits, dim=1) if scorer is None else scorer(logits, rows[i : i + chunk])
         probs.append(p.gather(1, t[:, None])[:, 0])
-        correct.append((logits.argmax(dim=1) == t).float())
+        correct.append((p.argmax(dim=1) == t).float())  # a segmentation's: the class over its region
         counter[0] += len(t)
     return torch.cat(probs), torch.cat(correct)
 

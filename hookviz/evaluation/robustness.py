@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.hooks import logits_of, preserved
+from hookviz.readout import Scorer
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ def robustness(
     seed: int = 0,
     eps: float = 1e-6,
     perturb: Callable[[Tensor, int], Tensor] | None = None,
+    scorer: Scorer | None = None,
 ) -> Robustness:
     """The four figures for ``maps`` (what ``explain(x)`` gives, any shape ``(B, ...)``) of inputs ``x``.
 
@@ -66,9 +68,17 @@ def robustness(
     e = maps.detach().double().cpu()
     xd = x.detach().double().cpu()
     passes = 0
+    rows = torch.arange(x.shape[0], device=x.device)
+
+    def predicted(out: Tensor) -> Tensor:
+        return (
+            (torch.softmax(out.float(), dim=1) if scorer is None else scorer(out, rows)).argmax(dim=1).cpu()
+        )
+
     with torch.no_grad(), preserved(model):
         model.eval()
-        logits = logits_of(model(x)).double().cpu()
+        out = logits_of(model(x))
+        logits, top = out.double().cpu().flatten(1), predicted(out)
         passes += x.shape[0]
     sens, ris, ros = [], [], []
     for k in range(samples):
@@ -76,14 +86,15 @@ def robustness(
         ep = explain(xp, k).detach().double().cpu()
         with torch.no_grad(), preserved(model):
             model.eval()
-            lp = logits_of(model(xp)).double().cpu()
+            out = logits_of(model(xp))
+            lp, top_p = out.double().cpu().flatten(1), predicted(out)
         passes += 2 * x.shape[0]  # the explanation's own passes are the method's; these are the readouts
         sens.append(_norm(e - ep) / _norm(e))
         rel = _norm((e - ep) / (e + (e == 0) * eps))
         dx = xp.detach().double().cpu() - xd
         den_in = _norm(dx / (xd + (xd == 0) * eps))
         den_out = _norm(logits - lp)
-        changed = lp.argmax(dim=1) != logits.argmax(dim=1)
+        changed = top_p != top
         nan = torch.full_like(rel, float("nan"))
         ris.append(torch.where(changed, nan, rel / (den_in + (den_in == 0) * eps)))
         ros.append(torch.where(changed, nan, rel / (den_out + (den_out == 0) * eps)))

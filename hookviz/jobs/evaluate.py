@@ -238,6 +238,42 @@ def _value(name: str, v: Any) -> Any:
     return None if math.isnan(f) else round(f, 6)
 
 
+def tables(rows: Sequence[dict[str, Any]], families: Sequence[str]) -> list[dict[str, Any]]:
+    """The summary as tables, one a family: ``{"family", "count" (images or objects), "columns" (each
+    figure's name and its better direction), "rows" [{"method", "layer", "name", "n", "cells"}]}``, each
+    cell the figure and its interval as text (``0.372 ±0.041``, a proportion ``100.0 [89, 100]``)."""
+    out = []
+    for family in families:
+        figs = [(summary_name(f), spec) for f, spec in FIGURES.items() if spec[0] == family]
+        figs = [(f, spec) for f, spec in figs if any(f in r for r in rows)]
+        if not figs:
+            continue
+        count = "objects" if family == "localisation" else "images"
+        body = [
+            {
+                "method": r["method"],
+                "layer": r["layer"],
+                "name": str(r.get("name", "")),
+                "n": int(r.get(count, 0)),
+                "cells": [_cell(r, f, spec[3]) for f, spec in figs],
+            }
+            for r in rows
+            if any(f in r for f, _ in figs)
+        ]
+        columns = [f"{spec[1]} {spec[2]}" for _, spec in figs]
+        out.append({"family": family, "count": count, "columns": columns, "rows": body})
+    return out
+
+
+def _cell(row: dict[str, Any], fig: str, proportion: bool) -> str:
+    if row.get(fig) is None:
+        return "-"
+    if proportion:
+        low, high = row[f"{fig}_ci95"]
+        return f"{row[fig]:.1f} [{low:.0f}, {high:.0f}]"
+    return f"{row[fig]:.3f} ±{row[f'{fig}_ci95']:.3f}"
+
+
 def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per method@layer (and per chance baseline): each figure's mean and 95 % interval over the
     images (localisation: over the annotated objects)."""

@@ -117,6 +117,7 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
                 maps[:, 0],
                 samples=s.robust_samples,
                 perturb=lambda _x, k: draws[k],
+                scorer=score,
             )
             rows[f"{m}@{layer}"] |= {
                 "max_sensitivity": rb.max_sensitivity,

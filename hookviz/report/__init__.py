@@ -153,6 +153,32 @@ def _runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(runs.values())
 
 
+def _evaluation(out: Path, warn: Callable[[str], None] | None) -> dict[str, Any] | None:
+    """``evaluation.json`` of the folder as tables for the page (None when no evaluation ran)."""
+    from hookviz.jobs.evaluate import FAMILIES, tables
+
+    path = out / "evaluation.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows = [r for r in _list(data.get("rows")) if isinstance(r, dict)]
+        by_class = [r for r in _list(data.get("by_class")) if isinstance(r, dict)]
+        asked = _list(_dict(data.get("settings")).get("metrics")) or ["faithfulness"]
+        return {
+            "images": _int(data.get("images")),
+            "forward_passes": _int(data.get("forward_passes")),
+            "tables": tables(rows, [f for f in FAMILIES if f in asked]),
+            "by_class": tables(by_class, ["localisation"])
+            if len({r.get("class") for r in by_class}) > 1
+            else [],
+        }
+    except (ValueError, TypeError, KeyError) as exc:
+        if warn is not None:
+            warn(f"{path}: left out of the page ({type(exc).__name__}: {exc})")
+        return None
+
+
 def build_report(
     out: str | Path, *, title: str | None = None, warn: Callable[[str], None] | None = None
 ) -> Path:
@@ -186,6 +212,7 @@ def build_report(
         title=title or f"hookviz report: {out.resolve().name}",
         runs=finite(_runs(records)),
         cards=finite(cards),
+        evaluation=_evaluation(out, warn),
         counts={s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "error")},
     )
     final = out / REPORT
