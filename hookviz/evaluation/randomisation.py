@@ -188,17 +188,19 @@ def random_logit(
     *,
     seed: int = 0,
     similarity: Callable[[Tensor, Tensor], float] | None = None,
+    maps: Tensor | None = None,
 ) -> dict[str, Any]:
     """The random-logit test: each image's map for its class against the map for a random other class
     (:func:`off_classes`). A map that explains the class differs (low similarity); one that shows the image
     whatever the class does not.
 
-    ``explain_class(classes)`` returns the maps ``(B, ...)`` for one class per image.
+    ``explain_class(classes)`` returns the maps ``(B, ...)`` for one class per image; ``maps``, the targets'
+    maps where they are at hand (not explained again).
     Returns ``{"classes": off classes, "similarity": (B,) tensor}``; similarity defaults to SSIM.
     """
     from hookviz.evaluation.stats import ssim
 
     off = off_classes(targets, classes, seed)
-    a, o = explain_class(targets), explain_class(off)
+    a, o = explain_class(targets) if maps is None else maps, explain_class(off)
     sim = similarity or ssim
     return {"classes": off, "similarity": torch.tensor([sim(a[i], o[i]) for i in range(len(off))])}
