@@ -226,3 +226,27 @@ def test_random_logit_and_independent_randomisation_separate_grad_cam_from_the_e
     # Measured: Grad-CAM's maps keep a Spearman of 0.24 with the original, on average over the layers
     # randomised one at a time; the edges 1.
     assert rho["edges"] == pytest.approx(1.0) and rho["gradcam"] < 0.5, rho
+
+
+def test_metric_families_parse_and_the_cost_is_said_first(data: dict[str, Any], tmp_path: Path) -> None:
+    from hookviz.jobs.evaluate import FAMILIES, parse_metrics
+
+    assert parse_metrics(None) == ("faithfulness",)
+    assert parse_metrics(None, annotated=True) == ("faithfulness", "localisation")
+    assert parse_metrics(["road", "complexity,faithfulness"]) == ("faithfulness", "road", "complexity")
+    assert parse_metrics(["all"]) == tuple(f for f in FAMILIES if f != "localisation")
+    with pytest.raises(UsageError, match="--metric 'speed': one of faithfulness"):
+        parse_metrics(["speed"])
+    with pytest.raises(UsageError, match="needs where the objects are: --boxes"):
+        parse_metrics(["localisation"])
+    d = data["dir"]
+    r = CliRunner().invoke(
+        app, ["evaluate", str(d / "in" / "a" / "p00.png"), *_model(d), "--metric", "faithfulness,flipping",
+              "--regions", "5", "--out", str(tmp_path / "o")],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    # 3 maps x (2 x 17 + 1) deletion/insertion/drop, 3 x (16 + 5 + 1) flipping
+    assert "forward passes an image: faithfulness 105, flipping 66 = 171" in r.stderr
+    assert r.stdout.startswith("[faithfulness]")  # no line per image before the table
+    rec = json.loads((tmp_path / "o" / "manifest.jsonl").read_text().splitlines()[-1])
+    assert rec["forward_passes"] == 171

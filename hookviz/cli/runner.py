@@ -82,6 +82,8 @@ class RunOptions:
     as_json: bool = False
     debug: bool = False
     report: bool = False
+    #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
+    lines: bool = True
 
 
 def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
@@ -133,6 +135,7 @@ class _Reporter:
     def __init__(self, out: IO[str], quiet: bool, as_json: bool) -> None:
         self.out, self.quiet, self.as_json = out, quiet, as_json
         self.ok = self.failed = 0
+        self.lines = True
         self.bar: Any = None
         self._inner: Any = None
         #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
@@ -182,7 +185,7 @@ class _Reporter:
                 from hookviz.pipeline import to_json
 
                 self.say(to_json(rec))
-            elif not self.quiet:
+            elif not self.quiet and self.lines:
                 v = rec["video"]
                 self.say(
                     f"{rec['input']}: whole video: predicted {_named(v)} p={v['score']:.3f} "
@@ -198,7 +201,7 @@ class _Reporter:
             from hookviz.pipeline import to_json
 
             self.say(to_json(rec))
-        elif not self.quiet and rec["status"] != "error":
+        elif not self.quiet and self.lines and rec["status"] != "error":
             self.say(_describe(rec))
         if self.bar is not None:
             if self.count_from is not None:
@@ -380,6 +383,7 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
             items = list(clip_items(items, video, r.max_pixels))
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
         reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
+        reporter.lines = r.lines
         reporter.lead = lead
         # The first images of the whole input list, not of this rank's shard: every rank sees the same.
         reporter.first_images = lambda n: _first_images(everything, loaded, n, r.max_pixels)

@@ -228,6 +228,7 @@ def evaluate(
         max_pixels=max_pixels,
         null=null,
         quiet=quiet,
+        lines=False,
         as_json=as_json,
         debug=debug,
     )
