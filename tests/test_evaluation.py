@@ -283,3 +283,24 @@ def test_guided_maps_are_drawn_with_the_top_half_percent_saturated() -> None:
     unit = job._unit(cam, None, "guidedbackprop")
     assert unit[50, 50] == pytest.approx(0.5025, abs=0.01) and unit[0, 0] == 1.0
     assert job._unit(cam, None, "gradcam")[50, 50] < 1e-5  # other maps: plain min-max
+
+
+def test_sanity_independent_and_smooth(shape_photos: dict[str, Path], tmp_path: Path) -> None:
+    """--order independent re-initialises one block at a time; --smooth N averages each map over N noisy
+    inputs first (sMPRT); both recorded, and the verdict reads the mean over the blocks."""
+    d, out = shape_photos["dir"], tmp_path / "o"
+    photos = sorted((d / "in").iterdir())[:3]
+    r = CliRunner().invoke(
+        app, ["sanity", *map(str, photos), *_cli_model(d), "--order", "independent", "--smooth", "3",
+              "--out", str(out), "-q"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    data = json.loads((out / "sanity.json").read_text())
+    assert data["order"] == "independent" and data["granularity"] == "block"
+    rec = json.loads((out / "manifest.jsonl").read_text().splitlines()[-1])
+    assert rec["settings"]["smooth"] == 3 and rec["settings"]["order"] == "independent"
+    assert "gradcam: averaged over the blocks randomised one at a time" in r.stdout
+    edges = [s for s in data["steps"] if s["method"] == "edges"]
+    assert all(s["spearman"] == pytest.approx(1.0) for s in edges)
+    bad = CliRunner().invoke(app, ["sanity", str(photos[0]), *_cli_model(d), "--order", "sideways"])
+    assert bad.exit_code == 2 and "one of cascading, independent" in bad.stderr
