@@ -17,14 +17,14 @@ model, input, map and settings (tests/test_metrics_reference.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hookviz.evaluation.faithfulness import _probabilities, upsample
+from hookviz.evaluation.faithfulness import _probabilities, chunk_size, upsample
 from hookviz.hooks import logits_of, preserved
 from hookviz.readout import Scorer
 
@@ -120,13 +120,14 @@ def _classify(
     images: Tensor,
     targets: Tensor,
     rows: Tensor,
-    chunk: int,
+    chunk: int | None,
     counter: list[int],
     scorer: Scorer | None,
 ) -> tuple[Tensor, Tensor]:
     """The class's probability and whether the class is the top-1 (of the probabilities); ``rows``
     the image each perturbed copy comes from (a segmentation's scorer reads its region)."""
     probs, correct = [], []
+    chunk = chunk_size(images, chunk)
     for i in range(0, images.shape[0], chunk):
         logits = logits_of(model(images[i : i + chunk])).float()
         t = targets[i : i + chunk]
@@ -146,7 +147,7 @@ def road(
     percentages: Sequence[float] = ROAD_PERCENTAGES,
     noise: float = 0.01,
     seed: int = 0,
-    chunk: int = 64,
+    chunk: int | None = None,
     scorer: Scorer | None = None,
 ) -> Road:
     """ROAD (MoRF and LeRF) for ``maps`` ``(B, h, w)`` of images ``x`` ``(B, C, H, W)``; each percentage
@@ -184,6 +185,28 @@ def road(
     )
 
 
+def _curve(
+    model: nn.Module,
+    perturbed: Callable[[int], Tensor],
+    steps: int,
+    targets: Tensor,
+    chunk: int | None,
+    passes: list[int],
+    scorer: Scorer | None,
+) -> Tensor:
+    """The class's probability ``(B, steps)`` for ``perturbed(s)``, the batch after step ``s`` (asked for in
+    order), as many steps a forward pass as fill a chunk: never all of them in memory at once."""
+    b = targets.shape[0]
+    per = max(1, chunk_size(targets, chunk) // b)
+    out = []
+    for s0 in range(0, steps, per):
+        group = [perturbed(s) for s in range(s0, min(steps, s0 + per))]
+        rows = torch.arange(b, device=targets.device).repeat(len(group))
+        p = _probabilities(model, torch.cat(group), targets.repeat(len(group)), chunk, passes, scorer, rows)
+        out.append(p.reshape(len(group), b))
+    return torch.cat(out).T.cpu()
+
+
 @dataclass(frozen=True)
 class Curve:
     """A perturbation curve per image and its summary: pixel flipping's probabilities (``auc``: area over
@@ -204,7 +227,7 @@ def pixel_flipping(
     pixels_per_step: int | None = None,
     steps: int = 16,
     baseline: float = 0.0,
-    chunk: int = 64,
+    chunk: int | None = None,
     scorer: Scorer | None = None,
 ) -> Curve:
     """Pixel flipping: ``pixels_per_step`` pixels (default ``ceil(H * W / steps)``), most relevant first,
@@ -216,17 +239,15 @@ def pixel_flipping(
     order = torch.sort(_importance(x, maps), dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(n, device=x.device).expand(b, n))
-    images = []
-    for s in range(1, math.ceil(n / k) + 1):
-        keep = (rank >= s * k).reshape(b, 1, *x.shape[2:]).to(x.dtype)
-        images.append(x * keep + baseline * (1 - keep))
     passes = [0]
+
+    def flipped(s: int) -> Tensor:
+        keep = (rank >= (s + 1) * k).reshape(b, 1, *x.shape[2:]).to(x.dtype)
+        return x * keep + baseline * (1 - keep)
+
     with torch.no_grad(), preserved(model):
         model.eval()
-        t = targets.to(x.device).repeat(len(images))
-        rows = torch.arange(b, device=x.device).repeat(len(images))
-        probs = _probabilities(model, torch.cat(images), t, chunk, passes, scorer, rows)
-    curve = probs.reshape(len(images), b).T.cpu()
+        curve = _curve(model, flipped, math.ceil(n / k), targets.to(x.device), chunk, passes, scorer)
     area = torch.trapezoid(curve, dx=1.0 / max(1, curve.shape[1] - 1), dim=1)
     return Curve(curve=curve, summary=area, forward_passes=passes[0])
 
@@ -240,7 +261,7 @@ def region_perturbation(
     patch_size: int = 8,
     regions: int = 100,
     baseline: float = 0.0,
-    chunk: int = 64,
+    chunk: int | None = None,
     scorer: Scorer | None = None,
 ) -> Curve:
     """Region perturbation (most relevant first): the ``patch_size`` patches of a grid over the image
@@ -260,16 +281,17 @@ def region_perturbation(
         torch.arange(h, device=x.device)[:, None] // patch_size * gw
         + torch.arange(w, device=x.device) // patch_size
     )
-    images, keep = [], torch.ones(b, h, w, dtype=x.dtype, device=x.device)
-    for s in range(steps):
-        keep = keep * (cell[None] != order[:, s, None, None]).to(x.dtype)
-        images.append(x * keep[:, None] + baseline * (1 - keep[:, None]))
+    keep = [torch.ones(b, 1, h, w, dtype=x.dtype, device=x.device)]
     passes = [0]
+
+    def removed(s: int) -> Tensor:  # cumulative: asked for in order
+        keep[0] = keep[0] * (cell[None, None] != order[:, s, None, None, None]).to(x.dtype)
+        return x * keep[0] + baseline * (1 - keep[0])
+
     with torch.no_grad(), preserved(model):
         model.eval()
         t = targets.to(x.device)
-        p0 = _probabilities(model, x, t, chunk, passes, scorer)
-        rows = torch.arange(b, device=x.device).repeat(steps)
-        probs = _probabilities(model, torch.cat(images), t.repeat(steps), chunk, passes, scorer, rows)
-    drops = (p0[None] - probs.reshape(steps, b)).T.cpu()
+        p0 = _probabilities(model, x, t, chunk, passes, scorer).cpu()
+        probs = _curve(model, removed, steps, t, chunk, passes, scorer)
+    drops = p0[:, None] - probs
     return Curve(curve=drops, summary=drops.mean(dim=1), forward_passes=passes[0])

@@ -107,7 +107,7 @@ class EvaluateJob:
     options: MethodOptions = field(default_factory=MethodOptions)
     targets: str | list[int] | None = None
     steps: int = 16
-    chunk: int = 64
+    chunk: int | None = None  # perturbed images a pass: 64 on a GPU, 8 on the CPU
     metrics: Sequence[str] = ("faithfulness",)
     metric_settings: MetricSettings = field(default_factory=MetricSettings)
     annotations: Any = None  # hookviz.annotation.Annotations
