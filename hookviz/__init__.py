@@ -24,6 +24,7 @@ _EXPORTS = {
     "Explanation": "hookviz.attribution",
     "explain_detections": "hookviz.detection",
     "explain_videos": "hookviz.jobs.video",
+    "evaluate": "hookviz.jobs.evaluate",
     "DetectionExplanation": "hookviz.detection",
     "summarize": "hookviz.summary",
     "ModelSummary": "hookviz.summary",
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
     from hookviz.hooks import capture, preserved, trace_shapes
     from hookviz.images import Preprocess, load_rgb
+    from hookviz.jobs.evaluate import evaluate
     from hookviz.jobs.video import explain_videos
     from hookviz.layers import resolve_layers
     from hookviz.methods import Method, MethodOptions, register_method
@@ -82,6 +84,7 @@ __all__ = [
     "capture",
     "clip_grad_values",
     "drop_block",
+    "evaluate",
     "explain",
     "explain_detections",
     "explain_videos",

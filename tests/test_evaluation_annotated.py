@@ -250,3 +250,23 @@ def test_metric_families_parse_and_the_cost_is_said_first(data: dict[str, Any], 
     assert r.stdout.startswith("[faithfulness]")  # no line per image before the table
     rec = json.loads((tmp_path / "o" / "manifest.jsonl").read_text().splitlines()[-1])
     assert rec["forward_passes"] == 171
+
+
+def test_the_library_evaluates_a_batch_with_masks(data: dict[str, Any]) -> None:
+    """``hookviz.evaluate``: the same figures from Python, for a batch and masks in the input's frame."""
+    import hookviz
+
+    d = data["dir"]
+    loaded = hookviz.load_model(
+        "tests.conftest:TinyCNN", weights=str(d / "tiny.pth"), labels=str(d / "labels.txt"), device="cpu",
+        input_size=S, resize="squash", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+    )  # fmt: skip
+    rng = np.random.default_rng(4)
+    shots = [draw_shape(k, S, rng) for k in (0, 1, 2, 0)]
+    x = torch.from_numpy(np.stack([img.transpose(2, 0, 1) for img, _ in shots]))
+    masks = [[(k, mask)] for k, (_, mask) in zip((0, 1, 2, 0), shots, strict=True)]
+    got = hookviz.evaluate(loaded, x, ["features"], metrics=["localisation", "complexity"], masks=masks)
+    assert set(got["figures"]) == {"gradcam@features", "random", "center"}
+    assert got["figures"]["gradcam@features"]["sparseness"].shape == (4,)
+    hits = [obj[0][2]["gradcam@features"]["pointing_game"] for obj in got["objects"]]
+    assert hits == [1.0] * 4 and got["forward_passes"] == 0  # localisation and complexity run no model

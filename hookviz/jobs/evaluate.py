@@ -321,3 +321,46 @@ def _summarise(records: Sequence[dict[str, Any]], by_class: bool) -> list[dict[s
                 row[out], row[f"{out}_ci95"] = round(mean, 4), round(half, 4)
         rows.append(row)
     return rows
+
+
+def evaluate(
+    loaded: LoadedModel,
+    x: Any,
+    layers: Sequence[str],
+    methods: Sequence[str] = ("gradcam",),
+    *,
+    metrics: Sequence[str] | None = None,
+    targets: str | list[int] | None = None,
+    masks: Sequence[Sequence[tuple[int | None, np.ndarray]]] | None = None,
+    settings: MetricSettings | None = None,
+    options: MethodOptions | None = None,
+    steps: int = 16,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The library's ``evaluate``: every figure of the ``metrics`` families for each method@layer's maps of
+    the preprocessed batch ``x`` and for the ``random`` and ``center`` baselines.
+
+    ``masks``: per image, ``(class, mask)`` pairs in the input's frame (``(H, W)`` booleans; class None: the
+    ``targets`` class), the largest object first; they make ``localisation`` available. Returns
+    ``{"figures": {map name: {figure: (B,) tensor}}, "objects": per image [(class, pixels, {map name:
+    {figure: value}})] or None, "forward_passes": int, "explanation": the Explanation}``.
+    """
+    from hookviz.jobs.evaluate_compute import compute
+
+    job = EvaluateJob(
+        loaded=loaded,
+        layers=list(layers),
+        methods=list(methods),
+        targets=targets,
+        steps=steps,
+        metrics=parse_metrics(metrics, annotated=masks is not None),
+        metric_settings=settings or MetricSettings(),
+        options=options or MethodOptions(),
+        annotations=None,
+        seed=seed,
+    )
+    objects: list[list[tuple[int | None, np.ndarray]] | None] | None = (
+        [list(m) for m in masks] if masks is not None else None
+    )
+    ex, rows, found, passes = compute(job, x, objects)
+    return {"figures": rows, "objects": found, "forward_passes": passes, "explanation": ex}
