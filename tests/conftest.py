@@ -105,11 +105,58 @@ class Trained:
     accuracy: float
 
 
+#: Where trained shapes models are kept for this run: the folder the xdist workers share, so that a model two
+#: test files (or both workers) train is trained once. Set by the session fixture below; None outside pytest.
+_TRAINED_CACHE: Path | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _training_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global _TRAINED_CACHE
+    root = tmp_path_factory.getbasetemp()
+    _TRAINED_CACHE = (root.parent if root.name.startswith("popen-gw") else root) / "trained-shapes"
+    _TRAINED_CACHE.mkdir(exist_ok=True)
+
+
+def _training_key(model: nn.Module, steps: int, seed: int, shift: float) -> str:
+    """What the trained weights depend on: the model's code and structure, the training code and data,
+    the settings and the torch version."""
+    import hashlib
+    import inspect
+
+    import hookviz.shapes
+
+    try:
+        code = inspect.getsource(type(model))
+    except (OSError, TypeError):  # a class without source: its name and structure stand for it
+        code = type(model).__qualname__
+    settings = repr((steps, seed, shift, torch.__version__))
+    parts = [
+        code,
+        repr(model),
+        inspect.getsource(train_on_shapes),
+        inspect.getsource(hookviz.shapes),
+        settings,
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
 def train_on_shapes(model: nn.Module, steps: int = 400, *, seed: int = 0, shift: float = 0.0) -> nn.Module:
     """Train ``model`` on synthetic shapes (batches of 32, Adam with a one-cycle schedule); eval mode after.
 
-    ``shift`` is subtracted from every input (0.5 centres them on the data's mean grey).
+    ``shift`` is subtracted from every input (0.5 centres them on the data's mean grey). A model trained
+    earlier in this run with the same code and settings (and the same initial weights) is loaded instead of
+    trained again, with the random state the training would have left.
     """
+    cached = None
+    if _TRAINED_CACHE is not None:
+        start = hashlib_of(model)
+        cached = _TRAINED_CACHE / f"{_training_key(model, steps, seed, shift)}-{start}.pt"
+        if cached.exists():
+            saved = torch.load(cached, weights_only=True)
+            model.load_state_dict(saved["state"])
+            torch.set_rng_state(saved["rng"])
+            return model.eval()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
@@ -124,7 +171,22 @@ def train_on_shapes(model: nn.Module, steps: int = 400, *, seed: int = 0, shift:
         sched.step()
     for p in model.parameters():
         p.grad = None
+    if cached is not None:
+        part = cached.with_suffix(f".{os.getpid()}.part")
+        torch.save({"state": model.state_dict(), "rng": torch.get_rng_state()}, part)
+        part.replace(cached)  # atomic: a worker reading it sees all of it or none
     return model.eval()
+
+
+def hashlib_of(model: nn.Module) -> str:
+    """A digest of the model's initial weights (training starts from them)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
 
 
 @pytest.fixture(scope="session")
