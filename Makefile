@@ -35,10 +35,10 @@ demo: $(STAMP)  ## render feature maps and Grad-CAM overlays for sample_images/,
 	@bash scripts/demo.sh $(VENV)/bin/hookviz $(DEMO_OUT)
 
 test: $(STAMP) browser  ## run the test suite (slow tests included; two workers, one core each)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 test-fast: $(STAMP) browser  ## the inner loop: every test but the slow model sweeps
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=10
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=10
 
 lint: $(STAMP)  ## ruff + mypy
 	$(VENV)/bin/ruff check hookviz tests bench examples scripts

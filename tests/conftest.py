@@ -30,10 +30,26 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_images"
 
 
+#: The longest test files, longest first (``make test``'s durations): handed out first, so that the rest
+#: fills in around them (last, the sweep of every classifier would run alone for six minutes at the end).
+LONGEST = (
+    "test_torchvision_sweep.py",
+    "test_dense.py",
+    "test_real_models.py",
+    "test_sources.py",
+    "test_video_sweep.py",
+    "test_distributed.py",
+    "test_evaluation_sweep.py",
+    "test_hardening.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow model sweeps first: with two workers they start at once and the rest fills in around them
-    (last, they would run alone at the end)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The slow model sweeps first, the longest files first among them. The Makefile runs xdist with
+    ``--no-loadscope-reorder``: by default it orders the files by their number of tests, which puts a file
+    of one long sweep last whatever the order here."""
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, rank.get(item.path.name, 99)))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
