@@ -24,7 +24,7 @@ def test_every_family_runs_on(model: str, tmp_path: Path) -> None:
     photo = write_image(
         tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (80, 96, 3), dtype=np.uint8)
     )
-    size = "112" if model == "swin_t" else "64"
+    size = "64"
     r = CliRunner().invoke(
         app, ["evaluate", str(photo), "--model", model, "--weights", "none", "--input-size", size,
               "--metric", "all", "--method", "gradcam", "--method", "layercam", "--robust-samples", "2",
