@@ -241,15 +241,18 @@ def test_metric_families_parse_and_the_cost_is_said_first(data: dict[str, Any], 
         parse_metrics(["localisation"])
     d = data["dir"]
     r = CliRunner().invoke(
-        app, ["evaluate", str(d / "in" / "a" / "p00.png"), *_model(d), "--metric", "faithfulness,flipping",
-              "--regions", "5", "--out", str(tmp_path / "o")],
+        app, ["evaluate", str(d / "in" / "a" / "p00.png"), *_model(d), "--metric",
+              "faithfulness,flipping,robustness,randomisation", "--regions", "5", "--robust-samples", "2",
+              "--out", str(tmp_path / "o")],
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    # 3 maps x (2 x 17 + 1) deletion/insertion/drop, 3 x (16 + 5 + 1) flipping
-    assert "forward passes an image: faithfulness 105, flipping 66 = 171" in r.stderr
+    # 3 maps x (2 x 17 + 1) deletion/insertion/drop, 3 x (16 + 5 + 1) flipping; robustness: 2 noisy copies
+    # explained, and Grad-CAM's map read out on the photo and on each; randomisation: one other class.
+    said = "forward passes an image: faithfulness 105, flipping 66, robustness 5, randomisation 1 = 177"
+    assert said in r.stderr and "backward passes on 2 noisy copies and a random other class" in r.stderr
     assert r.stdout.startswith("[faithfulness]")  # no line per image before the table
     rec = json.loads((tmp_path / "o" / "manifest.jsonl").read_text().splitlines()[-1])
-    assert rec["forward_passes"] == 171
+    assert rec["forward_passes"] == 177
 
 
 def test_the_library_evaluates_a_batch_with_masks(data: dict[str, Any]) -> None:

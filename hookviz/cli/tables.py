@@ -17,11 +17,9 @@ def _announce(job: Any) -> None:
     maps = len(job.methods) * len(job.layers) + 2
     cost = job.passes_per_image(maps, job.loaded.input_shape)
     parts = [f"{family} {n:,}" for family, n in cost.items()]
-    extra = []
-    if "robustness" in job.metrics:
-        extra.append(f"{job.metric_settings.robust_samples} explanations of noisy copies (robustness)")
-    if "randomisation" in job.metrics:
-        extra.append("1 explanation of a random other class (randomisation)")
+    on = [f"{job.metric_settings.robust_samples} noisy copies"] if "robustness" in job.metrics else []
+    on += ["a random other class"] if "randomisation" in job.metrics else []
+    extra = [f"the methods' backward passes on {' and '.join(on)}"] if on else []
     free = [f for f in job.metrics if f in ("localisation", "complexity")]
     line = (
         f"evaluate: {maps} maps an image ({len(job.methods)} method(s) x {len(job.layers)} layer(s) + the "

@@ -88,7 +88,7 @@ def robustness(
             model.eval()
             out = logits_of(model(xp))
             lp, top_p = out.double().cpu().flatten(1), predicted(out)
-        passes += 2 * x.shape[0]  # the explanation's own passes are the method's; these are the readouts
+        passes += x.shape[0]  # the readout of the noisy copy (its explanation's passes are the caller's)
         sens.append(_norm(e - ep) / _norm(e))
         rel = _norm((e - ep) / (e + (e == 0) * eps))
         dx = xp.detach().double().cpu() - xd

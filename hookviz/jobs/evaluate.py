@@ -144,21 +144,19 @@ class EvaluateJob:
 
     def passes_per_image(self, maps: int, size: tuple[int, ...]) -> dict[str, int]:
         """Forward passes of the model per image that each family costs beyond the explanation, for
-        ``maps`` maps (method x layer, plus the two chance baselines)."""
+        ``maps`` maps (method x layer, plus the two chance baselines); robustness and randomisation also
+        explain noisy copies and another class (one forward pass each here, their backward passes besides)."""
         h, w = size[-2:]
         s = self.metric_settings
         regions = min(s.regions, math.ceil(h / s.patch) * math.ceil(w / s.patch))
-        per_map = {
-            "faithfulness": 2 * (self.steps + 1) + 1,
-            "road": 2 * 9,
-            "flipping": self.steps + regions + 1,
-            "robustness": s.robust_samples * 2 + 1,
+        cost = {
+            "faithfulness": (2 * (self.steps + 1) + 1) * maps,
+            "road": 2 * 9 * maps,
+            "flipping": (self.steps + regions + 1) * maps,
+            "robustness": (s.robust_samples + 1) * (maps - 2) + s.robust_samples,
+            "randomisation": 1,
         }
-        out = {}
-        for f in self.metrics:
-            if f in per_map:
-                out[f] = per_map[f] * (maps - 2 if f == "robustness" else maps)
-        return out
+        return {f: cost[f] for f in self.metrics if f in cost}
 
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Before a batch: each image's annotated objects, as ``(label, mask)`` in the input's frame, the

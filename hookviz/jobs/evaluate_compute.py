@@ -98,16 +98,15 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
     if "robustness" in families:
         gen = torch.Generator().manual_seed(job.seed)
         draws = [uniform_noise(x, s.radius, gen) for _ in range(s.robust_samples)]
-        cache: dict[int, Any] = {}
-
-        def perturbed(k: int) -> Any:
-            if k not in cache:
-                cache.clear()  # one draw's explanations at a time
-                cache[k] = explain(model, draws[k], job.layers, job.methods, ex.targets, options=job.options)
-            return cache[k]
+        # Each noisy copy explained once, for every method and layer at once.
+        noisy = []
+        for xp in draws:
+            e = explain(model, xp, job.layers, job.methods, ex.targets, options=job.options)
+            noisy.append({key: maps[:, 0].detach() for key, maps in e.maps.items()})
+            passes += x.shape[0]
 
         def explainer(key: tuple[str, str]) -> Any:
-            return lambda _xp, k: perturbed(k).maps[key][:, 0]
+            return lambda _xp, k: noisy[k][key]
 
         for (m, layer), maps in ex.maps.items():
             rb = robustness(
@@ -129,6 +128,7 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
     if "randomisation" in families:
         off = evaluation.off_classes(t.cpu(), num_classes(job.loaded), job.seed).to(x.device)
         other = explain(model, x, job.layers, job.methods, off, options=job.options)
+        passes += x.shape[0]
         for name, maps in named.items():
             alt = other.maps[tuple(name.split("@", 1))][:, 0] if "@" in name else maps  # type: ignore[index]
             sims = [_similarity(maps[i].float().cpu(), alt[i].float().cpu()) for i in range(len(maps))]
