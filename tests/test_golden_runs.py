@@ -1,12 +1,15 @@
-"""A full run of every command on one small fixed input: file names, manifest records (less times and paths),
-printed tables and the bytes of every file, against tests/golden/runs.json. A reshaping of the code (modules,
-registries) must leave all of it exactly as it was; ``pytest --update-golden`` rewrites it on purpose."""
+"""A full run of every command on one small fixed input against the files it wrote before (tests/golden/runs/):
+file names, printed text, JSON structure and integers exactly; floats, raw maps and pictures within a tolerance
+(tests/golden_compare.py), so that the goldens hold on any CPU. A reshaping of the code (modules, registries) must
+leave all of it as it was; ``pytest --update-golden`` rewrites it on purpose."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import invoke, write_image
+from tests.conftest import ROOT, invoke, write_image
+from tests.golden_compare import TEXT_SUFFIXES, compare_file
+
+GOLDEN = Path(__file__).parent / "golden" / "runs"
 
 MODEL = ["--model", "tests.shapes_net:make", "--weights", "none", "--input-size", "48", "--device", "cpu"]
 LABELS = "square\ndisc\ncross\n"
@@ -23,14 +29,7 @@ LABELS = "square\ndisc\ncross\n"
 def _mask(text: str, root: Path) -> str:
     text = text.replace(str(root), "<tmp>")
     text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", "<time>", text)
-    return re.sub(r"(-)[0-9a-f]{8}(\.)", r"\1<path hash>\2", text)
-
-
-def _digest(path: Path, root: Path) -> str:
-    data = path.read_bytes()
-    if path.suffix in (".jsonl", ".json", ".csv", ".html", ".txt"):
-        data = _mask(data.decode("utf-8"), root).encode()
-    return hashlib.sha256(data).hexdigest()[:16]
+    return re.sub(r"(-)[0-9a-f]{8}(\.)", r"\1PATHHASH\2", text)
 
 
 COMMANDS: dict[str, list[str]] = {
@@ -46,21 +45,26 @@ COMMANDS: dict[str, list[str]] = {
 }  # fmt: skip
 
 
+def _threads() -> int:
+    return int(os.environ.get("HOOKVIZ_GOLDEN_THREADS", "1"))
+
+
 @pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Raw maps' last bits depend on how many threads sum them: the golden bytes are one thread's."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def threads() -> Iterator[None]:
+    """One thread by default (as make test's workers run); the subprocess test below asks for another count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(_threads())
     yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads(before)
 
 
-def test_every_command_writes_what_it_wrote_before(tmp_path: Path, golden: object, one_thread: None) -> None:
+def _run_everything(tmp_path: Path) -> dict[str, bytes]:
+    """Every command on one photo: ``{command/file name: content}``, times, paths and path hashes masked."""
     rng = np.random.default_rng(7)
     photo = write_image(tmp_path / "photo.png", rng.integers(0, 256, (40, 52, 3), dtype=np.uint8))
     labels = tmp_path / "labels.txt"
     labels.write_text(LABELS)
-    got: dict[str, dict[str, object]] = {}
+    got: dict[str, bytes] = {}
     for name, args in COMMANDS.items():
         out = tmp_path / name
         filled = [a.replace("{photo}", str(photo)) for a in args]
@@ -69,12 +73,40 @@ def test_every_command_writes_what_it_wrote_before(tmp_path: Path, golden: objec
             extra += ["--labels", str(labels)]
         r = invoke(*filled, *extra)
         assert r.exit_code == 0, (name, r.stderr)
-        files = {}
+        got[f"{name}/stdout"] = _mask(r.stdout, tmp_path).encode()
         if out.is_dir():
             for p in sorted(out.iterdir()):
-                files[_mask(p.name, tmp_path)] = _digest(p, tmp_path)
-        got[name] = {
-            "files": files,
-            "stdout": hashlib.sha256(_mask(r.stdout, tmp_path).encode()).hexdigest()[:16],
-        }
-    golden("runs.json", json.dumps(got, indent=1, sort_keys=True) + "\n")  # type: ignore[operator]
+                data = p.read_bytes()
+                if p.suffix in TEXT_SUFFIXES:
+                    data = _mask(data.decode("utf-8"), tmp_path).encode()
+                got[f"{name}/{_mask(p.name, tmp_path)}"] = data
+    return got
+
+
+def test_every_command_writes_what_it_wrote_before(
+    tmp_path: Path, request: pytest.FixtureRequest, threads: None
+) -> None:
+    got = _run_everything(tmp_path)
+    if request.config.getoption("--update-golden"):
+        shutil.rmtree(GOLDEN, ignore_errors=True)
+        for name, data in got.items():
+            (GOLDEN / name).parent.mkdir(parents=True, exist_ok=True)
+            (GOLDEN / name).write_bytes(data)
+    stored = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in sorted(GOLDEN.rglob("*")) if p.is_file()}
+    assert sorted(got) == sorted(stored), "the set of output files changed"
+    problems = [f"{name}: {why}" for name in got if (why := compare_file(name, stored[name], got[name]))]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_the_golden_run_holds_on_other_kernels_and_thread_counts() -> None:
+    """The same comparison in a fresh process whose ATen kernels are the portable ones (no AVX: other
+    reduction orders, other last bits) and which sums with two threads: what another CPU would compute."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "HOOKVIZ_GOLDEN_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    test = f"{Path(__file__).relative_to(ROOT)}::test_every_command_writes_what_it_wrote_before"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", test],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
