@@ -8,8 +8,12 @@
   index, or a name when the folder has ``classes.txt`` (one name a line).
 * **CSV** (a file): ``file,class,x0,y0,x1,y1`` a row (a header row is optional), pixels.
 * **Masks** (a folder of ``NAME.png``): 0 is background; other values are class indices (VOC's
-  ``SegmentationClass``, its 255 border ignored), except that a mask holding only 0 and one other value is
-  one object of the class explained.
+  ``SegmentationClass``, its 255 border ignored), except that a mask holding only {0, 1} or {0, 255} is
+  binary: one object of the class explained (``mask_kind`` ``binary`` or ``classes`` decides for every file).
+  A mask of another size than its photo is resized (nearest) when its aspect is the photo's, refused else.
+
+Boxes that cover no pixel (reversed corners, zero area, wholly outside the image) are left out and counted
+in :attr:`Annotations.warnings`, one line per annotation file.
 
 A file is named relative to the input folder (``sub/cat.jpg``) or by its bare name (``cat.jpg``; the folder
 formats by stem). Classes are model class indices, or names matched to the model's labels.
@@ -65,10 +69,60 @@ class Region:
         elif self.box is not None:
             x0, y0, x1, y1 = self.box
             # Every pixel the box touches; a thousandth of a pixel is rounding (YOLO's 6 decimals), not area.
-            c0, r0 = max(0, int(np.floor(x0 * sx + 1e-3))), max(0, int(np.floor(y0 * sy + 1e-3)))
-            c1, r1 = min(width, int(np.ceil(x1 * sx - 1e-3))), min(height, int(np.ceil(y1 * sy - 1e-3)))
-            out[r0:r1, c0:c1] = 1
+            # Both corners are clipped to the image: a box wholly outside it is empty (never a negative
+            # index read from the far side).
+            c0, c1 = (_clip(v, width) for v in (np.floor(x0 * sx + 1e-3), np.ceil(x1 * sx - 1e-3)))
+            r0, r1 = (_clip(v, height) for v in (np.floor(y0 * sy + 1e-3), np.ceil(y1 * sy - 1e-3)))
+            if c1 > c0 and r1 > r0:
+                out[r0:r1, c0:c1] = 1
         return out.astype(bool)
+
+
+def _clip(v: float, size: int) -> int:
+    return int(min(max(v, 0), size))
+
+
+def empty_box(r: Region) -> str | None:
+    """Why the box of ``r`` covers no pixel of its image (None: it covers some, or is not a box)."""
+    if r.box is None or r.polygons:
+        return None
+    x0, y0, x1, y1 = r.box
+    if not all(np.isfinite(r.box)):
+        return "not a number"
+    if x1 < x0 or y1 < y0:
+        return "reversed corners"
+    if x1 == x0 or y1 == y0:
+        return "zero area"
+    w, h = (1.0, 1.0) if r.normalised else (r.size or (np.inf, np.inf))
+    if x1 <= 0 or y1 <= 0 or x0 >= w or y0 >= h:
+        return "outside the image"
+    return None
+
+
+def _fmt(v: float) -> str:
+    return f"{v:g}"
+
+
+def _keep_boxes(by: dict[str, list[Region]], where: str) -> tuple[dict[str, list[Region]], list[str]]:
+    """``by`` without the boxes that cover no pixel, and a warning line for them (none when all are kept)."""
+    dropped: list[tuple[str, Region, str]] = []
+    kept: dict[str, list[Region]] = {}
+    for name, regions in by.items():
+        kept[name] = []
+        for r in regions:
+            why = empty_box(r)
+            if why is None:
+                kept[name].append(r)
+            else:
+                dropped.append((name, r, why))
+    if not dropped:
+        return kept, []
+    name, r, why = dropped[0]
+    box = ",".join(_fmt(v) for v in r.box or ())
+    return kept, [
+        f"{where}: {len(dropped)} box(es) cover no pixel and are left out (reversed corners, zero area or "
+        f"outside the image), e.g. {name}: {r.label} at {box} ({why})"
+    ]
 
 
 @dataclass
@@ -77,6 +131,10 @@ class Annotations:
 
     source: str
     by_name: dict[str, list[Region]]
+    #: Lines for the user about what was read: boxes left out, how masks were read.
+    warnings: list[str] = field(default_factory=list)
+    #: The folder or file the annotations came from.
+    where: str = ""
 
     def __len__(self) -> int:
         return len(self.by_name)
@@ -94,6 +152,28 @@ class Annotations:
     def labels(self) -> set[Label]:
         return {r.label for regions in self.by_name.values() for r in regions}
 
+    def check(self, names: Sequence[str], classes: int) -> None:
+        """Resolve every annotated class before the first image runs.
+
+        Raises:
+            UsageError: some labels are not the model's classes; the line lists them with a file each.
+        """
+        bad: dict[str, str] = {}
+        for file, regions in self.by_name.items():
+            for r in regions:
+                try:
+                    resolve(r.label, names, classes)
+                except UsageError:
+                    bad.setdefault(repr(r.label), file)
+        if bad:
+            listed = ", ".join(f"{label} (in {file})" for label, file in list(bad.items())[:5])
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise UsageError(
+                f"{self.where or self.source}: {len(bad)} annotated class(es) are not the model's classes "
+                f"0..{classes - 1}: {listed}{more}; name them as its labels (hookviz models lists them), "
+                "give class indices, or --labels FILE with your names"
+            )
+
 
 def _key(name: str) -> str:
     return name.replace("\\", "/").lstrip("./").lower()
@@ -104,13 +184,24 @@ def _label(text: Any) -> Label:
     return int(s) if s.lstrip("-").isdigit() else s
 
 
-def load(boxes: Path | None = None, masks: Path | None = None) -> Annotations:
-    """Read ``--boxes`` (a COCO JSON or CSV file, a VOC or YOLO folder) or ``--masks`` (a folder of PNGs)."""
+MASK_KINDS = ("auto", "binary", "classes")
+
+
+def load(boxes: Path | None = None, masks: Path | None = None, mask_kind: str = "auto") -> Annotations:
+    """Read ``--boxes`` (a COCO JSON or CSV file, a VOC or YOLO folder) or ``--masks`` (a folder of PNGs;
+    ``mask_kind``: ``auto``, ``binary`` or ``classes``, see the module's notes)."""
     if (boxes is None) == (masks is None):
         raise UsageError("give one of --boxes FILE|DIR and --masks DIR")
     if masks is not None:
-        return _masks(masks)
+        return _masks(masks, mask_kind)
     assert boxes is not None
+    found = _boxes(boxes)
+    found.by_name, found.warnings = _keep_boxes(found.by_name, f"--boxes {boxes}")
+    found.where = f"--boxes {boxes}"
+    return found
+
+
+def _boxes(boxes: Path) -> Annotations:
     if not boxes.exists():
         raise UsageError(f"--boxes {boxes}: no such file or folder")
     if boxes.is_dir():
@@ -210,12 +301,15 @@ def _csv(path: Path) -> Annotations:
     return Annotations("csv", by)
 
 
-def _masks(folder: Path) -> Annotations:
+def _masks(folder: Path, kind: str = "auto") -> Annotations:
     from PIL import Image
 
+    if kind not in MASK_KINDS:
+        raise UsageError(f"--mask-kind {kind!r}: one of {', '.join(MASK_KINDS)}")
     if not folder.is_dir():
         raise UsageError(f"--masks {folder}: not a folder (one PNG a photo, named as the photo)")
     by: dict[str, list[Region]] = {}
+    read_as = {"binary": 0, "classes": 0}
     for png in sorted(folder.glob("*.png")):
         try:
             with Image.open(png) as im:
@@ -225,13 +319,21 @@ def _masks(folder: Path) -> Annotations:
         if values.ndim == 3:
             values = values[..., 0]
         present = [int(v) for v in np.unique(values) if v != 0]
-        if len(present) == 1:  # a binary mask: one object of the class explained
-            by[_key(png.stem)] = [Region(None, mask=values == present[0])]
+        binary = (set(present) <= {1} or set(present) <= {255}) if kind == "auto" else kind == "binary"
+        if binary:  # one object of the class explained
+            by[_key(png.stem)] = [Region(None, mask=values != 0)] if present else []
         else:
             by[_key(png.stem)] = [Region(v, mask=values == v) for v in present if v != 255]
+        read_as["binary" if binary else "classes"] += 1
     if not by:
         raise UsageError(f"--masks {folder}: no .png in it")
-    return Annotations("masks", by)
+    said = {
+        "binary": "binary (one object of the class explained)",
+        "classes": "class-index masks (each value a class, 255 ignored)",
+    }
+    how = "; ".join(f"{n} read as {said[k]}" for k, n in read_as.items() if n)
+    fix = " (--mask-kind binary|classes to choose)" if kind == "auto" else ""
+    return Annotations("masks", by, [f"--masks {folder}: {how}{fix}"], where=f"--masks {folder}")
 
 
 def resolve(label: Label, names: Sequence[str], classes: int) -> int | None:

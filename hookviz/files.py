@@ -7,6 +7,7 @@ final name instead of writing through it). Appends (the manifest) open with ``O_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -58,3 +59,22 @@ def open_append(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def append_line(fd: int, line: bytes) -> None:
+    """Append one whole line to the file open at ``fd``, or nothing: a write cut short (a full disk) is
+    undone (the file truncated back to where it was) and raised as ``OSError``."""
+    start = os.fstat(fd).st_size
+    done = 0
+    try:
+        while done < len(line):
+            n = os.write(fd, line[done:])
+            if n <= 0:
+                raise OSError(28, "No space left on device")
+            done += n
+    except OSError:
+        # Taken back only while nobody else appended after it (two runs sharing one manifest).
+        if done and os.fstat(fd).st_size == start + done:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+        raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -107,6 +108,8 @@ class LoadedModel:
     task: str = "classification"
     #: How a video becomes clips for a ``video`` model (None for the others).
     video: VideoPreprocess | None = None
+    #: Lines for the user about how the model was set up (prompts cut to the tokenizer's limit, ...).
+    notes: tuple[str, ...] = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -178,7 +181,12 @@ def load_model(
     if labels is not None:
         from hookviz.sources.torchvision import dense_classes
 
-        if isinstance(labels, str) and labels.lower() == "imagenet" and not Path(labels).exists():
+        # The CLI hands a Path: ``--labels imagenet`` is the word unless a file of that name exists.
+        if (
+            isinstance(labels, (str, Path))
+            and str(labels).lower() == "imagenet"
+            and not Path(labels).exists()
+        ):
             class_names = _imagenet_categories()
         elif isinstance(labels, (str, Path)):
             class_names = read_labels(labels)
@@ -194,7 +202,8 @@ def load_model(
                 "outputs; give one name per output, in index order"
             )
         categories = class_names
-        labels_id = hashlib.sha256("\n".join(class_names).encode()).hexdigest()[:16]
+        # A JSON list: a name holding a newline is not two names.
+        labels_id = hashlib.sha256(json.dumps(list(class_names)).encode()).hexdigest()[:16]
     base = built.preprocess
     video = built.video or (VideoPreprocess() if task == "video" else None)
     if video is not None:  # the image preprocessing names the clip's frame size and normalisation

@@ -24,9 +24,10 @@ import numpy as np
 
 from hookviz import timing
 from hookviz.errors import HookvizError, OutputError, UsageError
-from hookviz.files import TEMP, atomic_write, open_append
+from hookviz.files import TEMP, append_line, atomic_write, open_append
 from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb, quote
 from hookviz.inputs import Item, _real, expand_inputs
+from hookviz.memory import default_budget, human
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
     from hookviz.jobs.common import Job
@@ -95,6 +96,19 @@ class Output:
             ) from None
         self._clean_stale_temps()
         self.previous = read_results(self.root / MANIFEST)
+        if os.path.lexists(self.root / self.manifest):
+            self._open_manifest()  # refused before any work (a symlink), not after the first output
+
+    def _open_manifest(self) -> None:
+        if self._manifest_fd is not None:
+            return
+        try:
+            self._manifest_fd = open_append(self.root / self.manifest)
+        except OSError as exc:
+            raise OutputError(
+                f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}; a symlink "
+                "is refused); remove it or choose another --out"
+            ) from None
 
     def _clean_stale_temps(self) -> None:
         """Remove temp files left by a killed run (their process is gone); complete outputs are untouched."""
@@ -117,16 +131,17 @@ class Output:
         return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
 
     def record(self, entry: dict[str, Any]) -> None:
-        """Append one line to the manifest with a single ``write`` (lines are never interleaved or cut)."""
-        if self._manifest_fd is None:
-            try:
-                self._manifest_fd = open_append(self.root / self.manifest)
-            except OSError as exc:
-                raise OutputError(
-                    f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}; a symlink "
-                    "is refused); remove it or choose another --out"
-                ) from None
-        os.write(self._manifest_fd, (to_json(entry) + "\n").encode("utf-8"))
+        """Append one whole line to the manifest (never interleaved or cut: a line that cannot be written
+        whole, on a full disk, is taken back and the run stops with an :class:`OutputError`)."""
+        self._open_manifest()
+        assert self._manifest_fd is not None
+        try:
+            append_line(self._manifest_fd, (to_json(entry) + "\n").encode("utf-8"))
+        except OSError as exc:
+            raise OutputError(
+                f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}); the run "
+                "stopped: free some space and rerun (finished inputs are skipped)"
+            ) from None
 
     def close(self) -> None:
         if self._manifest_fd is not None:
@@ -234,6 +249,8 @@ def run(
     workers: int = 2,
     skip_existing: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_memory: int | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Stream ``items`` through ``job`` in batches and yield one manifest record per input.
 
@@ -245,7 +262,9 @@ def run(
     Decoding the next batch and rendering the previous one (in one thread pool) overlap with the
     model's work on the current one; records and files still follow the input order. Inputs of one
     size form one model batch (photos whose aspect is kept form several). One bad input gives an
-    ``error`` record and the rest go on.
+    ``error`` record and the rest go on. A job that estimates its memory (``memory(shape)``) has a batch
+    split so that the estimate stays under ``max_memory`` bytes (default: half of what is available), and
+    ``note`` is told once.
 
     Raises:
         HookvizError: a problem that would fail every input (a bad layer, target or device).
@@ -262,6 +281,23 @@ def run(
     model = str(settings.get("model", "model"))
     cuda = getattr(device, "type", str(device)) == "cuda"
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    budget = max_memory if max_memory is not None else default_budget(device)
+    said_split: set[tuple[int, ...]] = set()
+
+    def split(members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
+        """``members`` in batches whose estimated memory stays under the budget."""
+        estimate = getattr(job, "memory", None)
+        if estimate is None or len(members) == 1:
+            return [members]
+        est = estimate((len(members), *shape))
+        n = est.fitting(budget, len(members))
+        if n < len(members) and note is not None and shape not in said_split:
+            said_split.add(shape)
+            note(
+                f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
+                f"--max-memory {human(budget)}: running {n} at a time"
+            )
+        return [members[i : i + n] for i in range(0, len(members), n)]
 
     def record(item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
         entry = {"input": item.name, "status": status, "error": error, **base, **fields}
@@ -346,6 +382,7 @@ def run(
 
     def finish(item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
         """Wait for one input's render, write its files, and record it."""
+        fields: dict[str, Any] = {}
         try:
             files, fields = fut.result()
             fields["box"] = [box.x0, box.y0, box.x1, box.y1]
@@ -366,6 +403,12 @@ def run(
         except HookvizError as exc:
             return record(item, "error", f"{quote(item.name)}: {exc}")
         except FileExistsError as exc:
+            if all(output.path(n).exists() for n in job.planned(prefix)):
+                # Another run with these settings finished this input meanwhile (two runs into one --out):
+                # the set is complete, so it is skipped here, not failed.
+                kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in base}
+                kept |= {"prefix": prefix, "outputs": [str(output.path(n)) for n in job.planned(prefix)]}
+                return record(item, "skipped", note="outputs written by another run meanwhile", **kept)
             return record(
                 item, "error", f"{quote(item.name)}: output exists: {exc} (pass --overwrite to replace it)"
             )
@@ -404,7 +447,8 @@ def run(
             groups.setdefault(tuple(x.shape), []).append(i)
         placed: dict[int, tuple[Any, int]] = {}
         failed: dict[int, str] = {}
-        for members in groups.values():
+        chunks = [c for shape, m in groups.items() for c in split(m, shape)]
+        for members in chunks:
             batch = torch.from_numpy(np.stack([xs[i] for i in members]))
             # Pinned host memory lets the copy to the GPU overlap with work already queued.
             batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)

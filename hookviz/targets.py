@@ -11,6 +11,7 @@ they were found: the embedding is read by a hook that lives for one forward call
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,7 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
         raise UsageError(f"--prompt: {loaded.name} has no tokenizer beside it (save it with save_pretrained)")
     model = source.wrapped
     padding = "max_length" if source.kind.startswith("siglip") else True
+    notes = _truncated(source.tokenizer, prompts)
     encoded = source.tokenizer(list(prompts), padding=padding, truncation=True, return_tensors="pt")
     encoded = {k: v.to(loaded.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
     with torch.no_grad(), preserved(model):
@@ -251,8 +253,28 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
         scale = float(model.logit_scale.exp())  # type: ignore[operator]
         bias = float(model.logit_bias) if getattr(model, "logit_bias", None) is not None else 0.0  # type: ignore[arg-type]
     wrapper = ImageText(model, source.forward, texts.detach(), scale, bias)
-    digest = hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:12]
-    return _replace(loaded, wrapper, tuple(prompts), f"prompts:{digest}")
+    # A JSON list: a prompt holding a newline is not two prompts (and gets another settings key).
+    digest = hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest()[:12]
+    import dataclasses
+
+    replaced = _replace(loaded, wrapper, tuple(prompts), f"prompts:{digest}")
+    return dataclasses.replace(replaced, notes=replaced.notes + notes)
+
+
+def _truncated(tokenizer: Any, prompts: Sequence[str]) -> tuple[str, ...]:
+    """A note naming the prompts longer than the tokenizer's limit (the model reads only their start)."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    if not isinstance(limit, int) or limit > 100_000:
+        return ()
+    lengths = [len(ids) for ids in tokenizer(list(prompts), truncation=False)["input_ids"]]
+    long = [(p, n) for p, n in zip(prompts, lengths, strict=True) if n > limit]
+    if not long:
+        return ()
+    p, n = long[0]
+    return (
+        f"{len(long)} prompt(s) are longer than the text model's {limit} tokens and are cut to their first "
+        f"{limit} (the model reads no more), e.g. {p[:60]!r}... ({n} tokens); shorten them",
+    )
 
 
 def from_options(

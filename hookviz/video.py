@@ -236,11 +236,31 @@ def _capture(path: Path) -> Any:
     with _quiet_stderr():  # FFmpeg's own complaints about a broken file: our one line says it
         cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
     if not cap.isOpened():
+        if _video_signature(path):
+            raise InputError(
+                f"{quote(path)}: a video file that cannot be read: damaged or truncated (an interrupted "
+                "download or copy?); fetch or re-encode it"
+            )
         raise InputError(
             f"{quote(path)}: cannot open as a video (not a video file, or an unsupported codec); "
             "convert it to mp4 or webm"
         )
     return cap
+
+
+def _video_signature(path: Path) -> bool:
+    """Whether the file starts as a video container does (MP4/MOV ``ftyp``, Matroska/WebM, AVI, GIF)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return (
+        head[4:8] in (b"ftyp", b"moov", b"mdat", b"wide", b"free")
+        or head.startswith(b"\x1a\x45\xdf\xa3")
+        or (head.startswith(b"RIFF") and head[8:12] == b"AVI ")
+        or head.startswith((b"GIF87a", b"GIF89a"))
+    )
 
 
 def probe(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> VideoInfo:

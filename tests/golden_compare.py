@@ -39,15 +39,16 @@ def _numbers(text: str) -> tuple[list[str], list[str]]:
 
 
 def compare_text(expected: str, got: str, tol: Tolerance = Tolerance()) -> str | None:
-    """None when ``got`` reads as ``expected``: the same words and punctuation, the same integers, floats within
-    ``tol`` (or one unit of their last printed digit: a printed 0.3725 may round either way); else the first
-    difference, described."""
+    """None when ``got`` reads as ``expected``: the same words and punctuation, the same integers, floats
+    within ``tol`` (or one unit of their last printed digit: a printed 0.3725 may round either way); else the
+    first difference, described."""
     skel_e, num_e = _numbers(expected)
     skel_g, num_g = _numbers(got)
     if skel_e != skel_g or len(num_e) != len(num_g):
         for i, (a, b) in enumerate(zip(expected.splitlines(), got.splitlines(), strict=False)):
             if _numbers(a)[0] != _numbers(b)[0]:
-                return f"line {i + 1} differs beyond its numbers:\n  expected {a[:200]!r}\n  got      {b[:200]!r}"
+                shown = f"\n  expected {a[:200]!r}\n  got      {b[:200]!r}"
+                return f"line {i + 1} differs beyond its numbers:{shown}"
         return f"the texts differ in length or words ({len(expected)} vs {len(got)} characters)"
     for a, b in zip(num_e, num_g, strict=True):
         if a == b:

@@ -65,7 +65,8 @@ def test_statistics_helpers() -> None:
     # Wilson (1927) for 0 of 3 and 3 of 3: [0, 0.5615] and [0.4385, 1].
     assert ev.wilson(0, 3) == pytest.approx((0.0, 0.561497), abs=1e-6)
     assert ev.wilson(3, 3) == pytest.approx((0.438503, 1.0), abs=1e-6)
-    assert ev.mean_ci([5.0]) == (5.0, 0.0)
+    mean, half = ev.mean_ci([5.0])
+    assert mean == 5.0 and math.isnan(half)  # one value: no interval
     assert ev.rankdata(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
     a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     assert ev.spearman(a, a * 10 + 1) == pytest.approx(1.0) and ev.spearman(a, -a) == pytest.approx(-1.0)

@@ -1,7 +1,8 @@
-"""A full run of every command on one small fixed input against the files it wrote before (tests/golden/runs/):
-file names, printed text, JSON structure and integers exactly; floats, raw maps and pictures within a tolerance
-(tests/golden_compare.py), so that the goldens hold on any CPU. A reshaping of the code (modules, registries) must
-leave all of it as it was; ``pytest --update-golden`` rewrites it on purpose."""
+"""A full run of every command on one small fixed input against the files it wrote before
+(tests/golden/runs/): file names, printed text, JSON structure and integers exactly; floats, raw maps and
+pictures within a tolerance (tests/golden_compare.py), so that the goldens hold on any CPU. A reshaping
+of the code (modules, registries) must leave all of it as it was; ``pytest --update-golden`` rewrites it
+on purpose."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _threads() -> int:
 
 @pytest.fixture
 def threads() -> Iterator[None]:
-    """One thread by default (as make test's workers run); the subprocess test below asks for another count."""
+    """One thread by default (as make test's workers run); the subprocess test below asks for another."""
     before = torch.get_num_threads()
     torch.set_num_threads(_threads())
     yield
@@ -102,7 +103,12 @@ def test_every_command_writes_what_it_wrote_before(
 def test_the_golden_run_holds_on_other_kernels_and_thread_counts() -> None:
     """The same comparison in a fresh process whose ATen kernels are the portable ones (no AVX: other
     reduction orders, other last bits) and which sums with two threads: what another CPU would compute."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "HOOKVIZ_GOLDEN_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    env = {
+        **os.environ,
+        "ATEN_CPU_CAPABILITY": "default",
+        "HOOKVIZ_GOLDEN_THREADS": "2",
+        "OMP_NUM_THREADS": "2",
+    }
     env.pop("PYTEST_XDIST_WORKER", None)
     test = f"{Path(__file__).relative_to(ROOT)}::test_every_command_writes_what_it_wrote_before"
     r = subprocess.run(

@@ -167,6 +167,29 @@ MaxPixels = Annotated[
         "--max-pixels", min=1, help="refuse images larger than this many pixels.", rich_help_panel=RUN
     ),
 ]
+MaxMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory",
+        help="memory a batch may hold (4G, 512M): a batch estimated over it runs in smaller parts. "
+        "Default: half the memory available at the start (the GPU's free memory on CUDA).",
+        rich_help_panel=RUN,
+    ),
+]
+
+
+def memory_size(text: str | None) -> int | None:
+    """``--max-memory`` in bytes (None: the default budget)."""
+    if text is None:
+        return None
+    from hookviz.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--max-memory") from None
+
+
 ReportOpt = Annotated[
     bool,
     typer.Option(
@@ -285,7 +308,13 @@ Window = Annotated[
 Stride = Annotated[
     int, typer.Option("--stride", min=1, help="Occlusion's step, in input pixels.", rich_help_panel=SETTINGS)
 ]
-Masks = Annotated[int, typer.Option("--masks", min=1, help="RISE's random masks.", rich_help_panel=SETTINGS)]
+Masks = Annotated[
+    int,
+    typer.Option(
+        "--rise-masks", "--masks", min=1, help="RISE's random masks (--masks: the old spelling).",
+        rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
 Cells = Annotated[
     int, typer.Option("--cells", min=1, help="RISE's grid: cells per side.", rich_help_panel=SETTINGS)
 ]

@@ -30,6 +30,7 @@ from hookviz.cli.app import (
     Labels,
     MaskedBatch,
     Masks,
+    MaxMemory,
     MaxPixels,
     MeanOpt,
     Methods,
@@ -56,6 +57,7 @@ from hookviz.cli.app import (
     Workers,
     _guard,
     _method_options,
+    memory_size,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
@@ -222,6 +224,7 @@ def gradcam(
     workers: Workers = 2,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    max_memory: MaxMemory = None,
     report: ReportOpt = False,
     null: Null = False,
     clip_len: ClipLen = None,
@@ -256,6 +259,7 @@ def gradcam(
         overwrite=overwrite,
         skip_existing=skip_existing,
         max_pixels=max_pixels,
+        max_memory=memory_size(max_memory),
         null=null,
         quiet=quiet,
         as_json=as_json,

@@ -21,6 +21,7 @@ from hookviz.cli.app import (
     InputSize,
     JsonOut,
     Labels,
+    MaxMemory,
     MaxPixels,
     MeanOpt,
     Model,
@@ -38,6 +39,7 @@ from hookviz.cli.app import (
     Workers,
     _fail,
     _guard,
+    memory_size,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job, with_sampling
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
@@ -86,6 +88,7 @@ def featuremaps(
     workers: Workers = 2,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    max_memory: MaxMemory = None,
     report: ReportOpt = False,
     null: Null = False,
     clip_len: ClipLen = None,
@@ -117,6 +120,7 @@ def featuremaps(
         overwrite=overwrite,
         skip_existing=skip_existing,
         max_pixels=max_pixels,
+        max_memory=memory_size(max_memory),
         null=null,
         quiet=quiet,
         as_json=as_json,

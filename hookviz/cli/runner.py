@@ -77,6 +77,8 @@ class RunOptions:
     overwrite: bool = False
     skip_existing: bool = False
     max_pixels: int = 80_000_000
+    #: Bytes a batch may hold (None: half of what is available).
+    max_memory: int | None = None
     null: bool = False
     quiet: bool = False
     as_json: bool = False
@@ -391,6 +393,9 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
             reporter.agree = distributed.agree
         try:
             job = job_factory(loaded, reporter)
+            if not quiet:  # how the command set the model up (prompts cut to the tokenizer's limit)
+                for text in getattr(getattr(job, "loaded", None), "notes", ()):
+                    typer.echo(f"hookviz: note: {text}", err=True)
             if not loaded.pretrained and not quiet:
                 typer.echo(
                     f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); "
@@ -429,6 +434,8 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
                 workers=r.workers,
                 skip_existing=r.skip_existing,
                 max_pixels=r.max_pixels,
+                max_memory=r.max_memory,
+                note=None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True),
             )
             if video is not None:
                 records = pipeline.with_video_summaries(records, job, output, loaded)

@@ -15,6 +15,7 @@ from hookviz.cli.app import (
     InputSize,
     JsonOut,
     Labels,
+    MaxMemory,
     MaxPixels,
     MeanOpt,
     Model,
@@ -29,6 +30,7 @@ from hookviz.cli.app import (
     Weights,
     WeightsKey,
     _guard,
+    memory_size,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_job
 
@@ -81,6 +83,7 @@ def gradflow(
     as_json: JsonOut = False,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    max_memory: MaxMemory = None,
     null: Null = False,
     debug: Debug = False,
 ) -> None:
@@ -105,6 +108,7 @@ def gradflow(
         overwrite=overwrite,
         skip_existing=skip_existing,
         max_pixels=max_pixels,
+        max_memory=memory_size(max_memory),
         null=null,
         quiet=quiet,
         as_json=as_json,
@@ -171,6 +175,7 @@ def dropblock(
     as_json: JsonOut = False,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    max_memory: MaxMemory = None,
     null: Null = False,
     debug: Debug = False,
 ) -> None:
@@ -195,6 +200,7 @@ def dropblock(
         overwrite=overwrite,
         skip_existing=skip_existing,
         max_pixels=max_pixels,
+        max_memory=memory_size(max_memory),
         null=null,
         quiet=quiet,
         as_json=as_json,

@@ -10,6 +10,7 @@ import typer
 
 from hookviz.cli.app import (
     MAPS,
+    SETTINGS,
     Baseline,
     BatchSize,
     Cells,
@@ -29,6 +30,7 @@ from hookviz.cli.app import (
     Labels,
     MaskedBatch,
     Masks,
+    MaxMemory,
     MaxPixels,
     MeanOpt,
     Methods,
@@ -54,6 +56,7 @@ from hookviz.cli.app import (
     Workers,
     _guard,
     _method_options,
+    memory_size,
 )
 from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
 from hookviz.cli.tables import _announce, _write_evaluation
@@ -114,14 +117,26 @@ def evaluate(
         ),
     ] = None,
     masks: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--masks",
-            help="DIR: object masks, a PNG a photo named as it (0 background, else class index); "
-            "a number: RISE's random masks.",
+            help="DIR: object masks, a PNG a photo named as it (0 background, else class index; "
+            "{0,1} or {0,255}: binary, one object of the class explained).",
             rich_help_panel=METRICS,
         ),
-    ] = "2000",
+    ] = None,
+    mask_kind: Annotated[
+        str,
+        typer.Option(
+            "--mask-kind",
+            help="how --masks are read: auto ({0,1} and {0,255} binary, else class indices), binary, "
+            "classes.",
+            rich_help_panel=METRICS,
+        ),
+    ] = "auto",
+    rise_masks: Annotated[
+        int, typer.Option("--rise-masks", min=1, help="RISE's random masks.", rich_help_panel=SETTINGS)
+    ] = 2000,
     tolerance: Annotated[
         float,
         typer.Option(
@@ -192,6 +207,7 @@ def evaluate(
     workers: Workers = 2,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    max_memory: MaxMemory = None,
     null: Null = False,
     clip_len: ClipLen = None,
     frame_stride: FrameStride = None,
@@ -199,10 +215,12 @@ def evaluate(
     debug: Debug = False,
 ) -> None:
     """How good each map is, against chance: faithfulness, ROAD, flipping, localisation, complexity, ..."""
-    mask_dir = None if masks.strip().isdigit() else Path(masks)
-    rise_masks = int(masks) if mask_dir is None else 2000
-    if rise_masks < 1:
-        raise typer.BadParameter("RISE's masks: at least 1", param_hint="--masks")
+    mask_dir = None if masks is None or masks.strip().isdigit() else Path(masks)
+    if masks is not None and mask_dir is None:  # the old spelling of --rise-masks
+        rise_masks = int(masks)
+        if rise_masks < 1:
+            raise typer.BadParameter("RISE's masks: at least 1", param_hint="--rise-masks")
+        typer.echo("hookviz: note: --masks N is deprecated for RISE's masks; say --rise-masks N", err=True)
     m = ModelOptions(
         model=model,
         weights=weights,
@@ -226,6 +244,7 @@ def evaluate(
         overwrite=overwrite,
         skip_existing=skip_existing,
         max_pixels=max_pixels,
+        max_memory=memory_size(max_memory),
         null=null,
         quiet=quiet,
         lines=False,
@@ -264,7 +283,7 @@ def evaluate(
             from hookviz.jobs.evaluate import MetricSettings, parse_metrics
 
             annotated = boxes is not None or mask_dir is not None
-            found = load_annotations(boxes, mask_dir) if annotated else None
+            found = load_annotations(boxes, mask_dir, mask_kind) if annotated else None
             job = EvaluateJob(
                 loaded=loaded,
                 layers=chosen,
@@ -367,6 +386,7 @@ def sanity(
     batch_size: BatchSize = 8,
     device: Device = "auto",
     max_pixels: MaxPixels = 80_000_000,
+    max_memory: MaxMemory = None,
     null: Null = False,
     clip_len: ClipLen = None,
     frame_stride: FrameStride = None,
@@ -405,6 +425,7 @@ def sanity(
         overwrite=overwrite,
         skip_existing=skip_existing,
         max_pixels=max_pixels,
+        max_memory=memory_size(max_memory),
         null=null,
         quiet=quiet,
         as_json=as_json,

@@ -170,13 +170,20 @@ def random_maps(b: int, h: int, w: int, seed: int = 0, x: Tensor | None = None) 
     if x is None:
         gen = torch.Generator().manual_seed(seed)
         return torch.rand(b, h, w, generator=gen)
+    return torch.stack([torch.rand(h, w, generator=g) for g in image_generators(x, seed)])
+
+
+def image_seeds(x: Tensor, seed: int = 0) -> list[int]:
+    """A seed per image of the batch ``x`` from its own pixels and ``seed``: a draw made for an image is the
+    same whatever batch it is in and whatever its neighbours (``--batch-size`` changes no figure)."""
     import zlib
 
-    maps = []
-    for image in x.detach().float().cpu().numpy():
-        gen = torch.Generator().manual_seed(zlib.crc32(image.tobytes(), seed & 0xFFFFFFFF))
-        maps.append(torch.rand(h, w, generator=gen))
-    return torch.stack(maps)
+    return [zlib.crc32(image.tobytes(), seed & 0xFFFFFFFF) for image in x.detach().float().cpu().numpy()]
+
+
+def image_generators(x: Tensor, seed: int = 0) -> list[torch.Generator]:
+    """A CPU generator per image of ``x``, seeded by :func:`image_seeds`."""
+    return [torch.Generator().manual_seed(s) for s in image_seeds(x, seed)]
 
 
 def center_maps(b: int, h: int, w: int) -> Tensor:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hookviz.evaluation.faithfulness import _probabilities, chunk_size, upsample
+from hookviz.evaluation.faithfulness import _probabilities, chunk_size, image_generators, upsample
 from hookviz.hooks import logits_of, preserved
 from hookviz.readout import Scorer
 
@@ -155,7 +155,7 @@ def road(
     _refuse_video(x, "ROAD")
     b, n = x.shape[0], x.shape[2] * x.shape[3]
     importance = _importance(x, maps)
-    gen = torch.Generator().manual_seed(seed)
+    gens = image_generators(x, seed)  # each image's noise its own: the figures do not depend on the batch
     passes = [0]
     curves: dict[str, tuple[Tensor, Tensor]] = {}
     t = targets.to(x.device)
@@ -169,7 +169,7 @@ def road(
                 for i in range(b):
                     removed = torch.zeros(n, dtype=torch.bool)
                     removed[order[i, :k]] = True
-                    images.append(noisy_linear_imputation(x[i], removed, noise=noise, generator=gen))
+                    images.append(noisy_linear_imputation(x[i], removed, noise=noise, generator=gens[i]))
             reps, rows = t.repeat(len(percentages)), torch.arange(b, device=x.device).repeat(len(percentages))
             prob, correct = _classify(
                 model, torch.stack(images).to(x.device), reps, rows, chunk, passes, scorer

@@ -11,7 +11,7 @@ without blocks (VGG's convolutions), and the head. ``granularity="layer"`` steps
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -172,12 +172,16 @@ def smoothed(
     return run
 
 
-def off_classes(targets: Tensor, classes: int, seed: int = 0) -> Tensor:
+def off_classes(targets: Tensor, classes: int, seed: int = 0, seeds: Sequence[int] | None = None) -> Tensor:
     """A random class other than each image's target, drawn as Quantus's RandomLogit draws it (``numpy``
-    seeded ``seed``, uniform over the other classes)."""
+    seeded ``seed``, uniform over the other classes); with ``seeds``, each image's drawn from its own seed
+    (the same class whatever batch the image is in)."""
     import numpy as np
 
-    picks = np.random.RandomState(seed).randint(0, classes - 1, int(targets.shape[0]))
+    if seeds is not None:
+        picks = np.array([np.random.RandomState(s).randint(0, classes - 1) for s in seeds])
+    else:
+        picks = np.random.RandomState(seed).randint(0, classes - 1, int(targets.shape[0]))
     return torch.tensor([int(p) + (int(p) >= int(t)) for p, t in zip(picks, targets.tolist(), strict=True)])
 
 

@@ -13,8 +13,9 @@ from torch import Tensor
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % confidence interval (Student's t, ``scipy.stats.t``; 0 for a
-    single value). NaN values (a metric that does not apply to an image) are left out."""
+    """Mean and the half-width of its 95 % confidence interval (Student's t, ``scipy.stats.t``; NaN for a
+    single value: one image gives no interval). NaN values (a metric that does not apply to an image) are
+    left out."""
     from scipy.stats import t
 
     kept = [float(v) for v in values if not math.isnan(float(v))]
@@ -23,7 +24,7 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     mean = sum(kept) / n
     if n == 1:
-        return mean, 0.0
+        return mean, float("nan")
     sd = math.sqrt(sum((v - mean) ** 2 for v in kept) / (n - 1))
     return mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
 

@@ -216,6 +216,16 @@ class CamJob:
         return [*names, sheet] if sheet else names
 
     # -- compute --------------------------------------------------------------------------
+    def memory(self, shape: tuple[int, ...]) -> Any:
+        """What a batch of inputs of ``shape`` holds (:class:`hookviz.memory.Estimate`); the pipeline
+        splits a batch that would pass ``--max-memory``."""
+        from hookviz.memory import explain_estimate
+
+        k = len(self._target_suffixes())
+        est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
+                               self.methods, k, self.options)  # fmt: skip
+        return est if not self.aug_smooth else type(est)(est.per_image * 2, est.fixed)
+
     def compute(self, x: Any) -> CamBatch:
         from hookviz import cams
         from hookviz.attribution import explain
@@ -390,6 +400,11 @@ class CamJob:
                 "name": lm.class_name(first_t),
                 "score": round(float(ex.target_scores[index, 0]), 6),
             },
+            # Every class explained (--target top3: three), in the order of their maps' suffixes.
+            "targets": [
+                {"index": t, "name": lm.class_name(t), "score": round(float(ex.target_scores[index, j]), 6)}
+                for j, t in enumerate(int(v) for v in ex.targets[index])
+            ],
             "normalize": self.normalize,
             **({"region": ex.region, "score": "share of pixels"} if dense else {}),
             "maps": records,

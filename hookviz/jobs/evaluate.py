@@ -113,10 +113,18 @@ class EvaluateJob:
     annotations: Any = None  # hookviz.annotation.Annotations
     seed: int = 0
     kind: str = "evaluate"
+    #: Notes for the user (annotations left out or resized, how masks were read), each said once.
+    notes: list[str] = field(default_factory=list)
     _pending: Any = field(default=None, init=False, repr=False)
+    _noted: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.methods = parse_methods(self.methods)
+        if self.annotations is not None:  # every class resolved before the first image, not midway
+            from hookviz.models import num_classes
+
+            self.annotations.check(self.loaded.categories, num_classes(self.loaded))
+            self.notes.extend(self.annotations.warnings)
         if self.loaded.video is not None and (bad := [f for f in self.metrics if f in PIXEL_FAMILIES]):
             raise UsageError(
                 f"--metric {bad[0]} perturbs or annotates an image's pixels; on a video model's clips use "
@@ -158,29 +166,73 @@ class EvaluateJob:
         }
         return {f: cost[f] for f in self.metrics if f in cost}
 
+    def take_notes(self) -> list[str]:
+        """The notes found since the last call."""
+        taken, self.notes = self.notes, []
+        return taken
+
+    def _note_once(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
+
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Before a batch: each image's annotated objects, as ``(label, mask)`` in the input's frame, the
-        largest first (pipeline hook)."""
+        largest first (pipeline hook); an image whose annotation cannot be used gets its reason instead (it
+        fails alone)."""
         if self.annotations is None:
             return
+        objects: list[list[tuple[int | None, np.ndarray]] | str | None] = []
+        for item, rgb, box in batch:
+            try:
+                objects.append(self._objects(item, rgb, box, size))
+            except UsageError as exc:
+                objects.append(str(exc))
+        self._pending = objects
+
+    def _objects(
+        self, item: Any, rgb: np.ndarray, box: Box, size: tuple[int, int]
+    ) -> list[tuple[int | None, np.ndarray]] | None:
         from hookviz.annotation import input_mask, resolve
         from hookviz.models import num_classes
 
-        classes = num_classes(self.loaded)
-        objects: list[list[tuple[int | None, np.ndarray]] | None] = []
-        for item, rgb, box in batch:
-            regions = self.annotations.regions(item.path or item.name)
-            if regions is None:  # this image fails alone (render says why); the others go on
-                objects.append(None)
-                continue
-            h, w = rgb.shape[:2]
-            merged: dict[int | None, np.ndarray] = {}
-            for r in regions:
-                k = resolve(r.label, self.loaded.categories, classes)
-                merged[k] = merged.get(k, np.zeros((h, w), bool)) | r.draw(h, w)
-            masks = {k: input_mask(m, box, size) for k, m in merged.items()}
-            objects.append(sorted(masks.items(), key=lambda kv: -int(kv[1].sum())))
-        self._pending = objects
+        regions = self.annotations.regions(item.path or item.name)
+        if regions is None:  # this image fails alone (render says why); the others go on
+            return None
+        h, w = rgb.shape[:2]
+        merged: dict[int | None, np.ndarray] = {}
+        for r in regions:
+            if r.mask is not None and r.mask.shape != (h, w):
+                mh, mw = r.mask.shape
+                if abs(mh * w / mw - h) > 1.0:  # more than a pixel of rounding: another picture's mask
+                    raise UsageError(
+                        f"its mask is {mw}x{mh} and the photo {w}x{h}, another aspect: the mask of another "
+                        "photo? Give a mask of the photo's size"
+                    )
+                self._note_once("resize", f"masks of another size than their photo are resized (nearest), "
+                                f"e.g. {item.name}'s {mw}x{mh} to {w}x{h}")  # fmt: skip
+            k = resolve(r.label, self.loaded.categories, num_classes(self.loaded))
+            merged[k] = merged.get(k, np.zeros((h, w), bool)) | r.draw(h, w)
+        masks = {k: input_mask(m, box, size) for k, m in merged.items()}
+        lost = [k for k, m in masks.items() if not m.any() and merged[k].any()]
+        if lost:
+            self._note_once(
+                "lost",
+                f"an annotated object lies wholly outside the region the model saw and is left out, e.g. "
+                f"{item.name}: class {lost[0]} (--resize squash shows the model the whole photo)",
+            )
+        return sorted(((k, m) for k, m in masks.items() if m.any()), key=lambda kv: -int(kv[1].sum()))
+
+    def memory(self, shape: tuple[int, ...]) -> Any:
+        """What a batch of inputs of ``shape`` holds: the explanation, and the perturbed copies its families
+        run (a chunk at a time, whatever the batch)."""
+        from hookviz.memory import Estimate, explain_estimate
+
+        k = 1 if not isinstance(self.targets, list) else len(self.targets)
+        est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
+                               self.methods, k, self.options)  # fmt: skip
+        copies = (self.chunk or 64) * est.per_image // 4  # a perturbed copy holds no gradient and no map
+        return Estimate(est.per_image * (1 + self.metric_settings.robust_samples), est.fixed + copies)
 
     def compute(self, x: Any) -> Any:
         from hookviz.jobs.evaluate_compute import compute
@@ -192,9 +244,11 @@ class EvaluateJob:
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         ex, rows, objects, passes = result
-        if objects is not None and objects[index] is None:
+        if objects is not None and (objects[index] is None or isinstance(objects[index], str)):
             from hookviz.errors import InputError
 
+            if isinstance(objects[index], str):
+                raise InputError(f"annotation refused: {objects[index]}")
             raise InputError(f"not in the annotations ({self.annotations.source}): no object to localise")
         _check_finite(ex, index)
         lm = self.loaded
@@ -269,7 +323,10 @@ def _cell(row: dict[str, Any], fig: str, proportion: bool) -> str:
     if proportion:
         low, high = row[f"{fig}_ci95"]
         return f"{row[fig]:.1f} [{low:.0f}, {high:.0f}]"
-    return f"{row[fig]:.3f} ±{row[f'{fig}_ci95']:.3f}"
+    half = row.get(f"{fig}_ci95")
+    if half is None or half != half:  # one value: no interval
+        return f"{row[fig]:.3f} (n/a)"
+    return f"{row[fig]:.3f} ±{half:.3f}"
 
 
 def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

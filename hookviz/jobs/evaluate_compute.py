@@ -3,6 +3,7 @@ annotations), then each ``--metric`` family on each map and on the chance baseli
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
     from hookviz.jobs.evaluate import EvaluateJob
 
 Objects = list[list[tuple[int | None, np.ndarray]] | None] | None
+#: Objects as the job hands them over: an image whose annotation was refused has the reason instead.
+Given = Sequence[list[tuple[int | None, np.ndarray]] | str | None] | None
 
 
 def _targets(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
@@ -56,7 +59,7 @@ def _similarity(a: Tensor, b: Tensor) -> float:
     return ssim(a, b)
 
 
-def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
+def compute(job: EvaluateJob, x: Tensor, given: Given) -> Any:
     from hookviz import evaluation
     from hookviz.attribution import explain
     from hookviz.evaluation import localisation as loc
@@ -65,6 +68,9 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
     from hookviz.models import num_classes
     from hookviz.readout import scorer
 
+    refused = [o if isinstance(o, str) else None for o in given] if given is not None else None
+    # An image whose annotation was refused is explained as one without any (its record says why).
+    objects: Objects = [None if isinstance(o, str) else o for o in given] if given is not None else None
     model, s, families = job.loaded.model, job.metric_settings, set(job.metrics)
     ex = explain(model, x, job.layers, job.methods, _targets(job, x, objects), options=job.options)
     t = ex.targets[:, 0]
@@ -96,8 +102,12 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
             up = evaluation.upsample(maps.to(x.device), size).cpu()
             r |= {"sparseness": loc.sparseness(up).float(), "complexity": loc.complexity(up).float()}
     if "robustness" in families:
-        gen = torch.Generator().manual_seed(job.seed)
-        draws = [uniform_noise(x, s.radius, gen) for _ in range(s.robust_samples)]
+        # Each image's noise from its own generator: the figures do not change with --batch-size.
+        gens = evaluation.image_generators(x, job.seed)
+        per_image = [
+            [uniform_noise(x[i], s.radius, g) for _ in range(s.robust_samples)] for i, g in enumerate(gens)
+        ]
+        draws = [torch.stack([copies[k] for copies in per_image]) for k in range(s.robust_samples)]
         # Each noisy copy explained once, for every method and layer at once.
         noisy = []
         for xp in draws:
@@ -126,7 +136,8 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
             }
             passes += rb.forward_passes
     if "randomisation" in families:
-        off = evaluation.off_classes(t.cpu(), num_classes(job.loaded), job.seed).to(x.device)
+        seeds = evaluation.image_seeds(x, job.seed)
+        off = evaluation.off_classes(t.cpu(), num_classes(job.loaded), seeds=seeds).to(x.device)
         other = explain(model, x, job.layers, job.methods, off, options=job.options)
         passes += x.shape[0]
         for name, maps in named.items():
@@ -136,6 +147,7 @@ def compute(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
     found = None
     if objects is not None:
         found = _localise(job, ex, named, objects, size, x)
+        found = [r if r is not None else found[i] for i, r in enumerate(refused or [])]
     return ex, rows, found, passes
 
 

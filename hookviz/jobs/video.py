@@ -174,6 +174,21 @@ def _clip_fields(clip: Any) -> dict[str, Any]:
         if times[0] is not None and times[-1] is not None
         else None,
         "fps": round(clip.fps, 4),
+        **_uneven(idx, times, clip.fps),
+    }
+
+
+def _uneven(idx: list[int], times: Any, fps: float) -> dict[str, Any]:
+    """A ``sampling`` note when the clip's frames span another time than the rate says (a variable frame
+    rate): clips are sampled by frame index, so such a file's clips cover unequal times."""
+    if len(idx) < 2 or times[0] is None or times[-1] is None or not fps:
+        return {}
+    expected, actual = (len(idx) - 1) / fps, float(times[-1] - times[0])
+    if abs(actual - expected) <= 0.25 * expected + 1e-3:
+        return {}
+    return {
+        "sampling": f"by frame index: the file's frame rate varies, so this clip spans {actual:.2f} s where "
+        f"its rate says {expected:.2f} s"
     }
 
 

@@ -9,10 +9,12 @@ evidence for the class, as a CAM's ReLU keeps it), or all of it with ``--no-relu
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.hooks import HookGroup
@@ -146,20 +148,30 @@ def _bias(module: nn.Module) -> Tensor:
     return module.bias.detach()
 
 
-def _scaled_sum(t: Tensor, size: tuple[int, int]) -> Tensor:
-    """Each channel of ``t`` ``(B, K, h, w)`` min-max scaled, upsampled to ``size``, summed over channels."""
-    flat = t.flatten(2)
+def _scaled_sum(t: Tensor) -> Tensor:
+    """Each channel of ``t`` ``(B, K, h, w)`` min-max scaled, summed over channels ``(B, h, w)``, at the
+    feature's own resolution (bilinear upsampling is linear: the sum upsampled once equals the sum of the
+    upsampled channels, at a K-th of the memory and work)."""
+    flat = t.flatten(2).float()
     flat = flat - flat.amin(2, keepdim=True)
     flat = flat / (flat.amax(2, keepdim=True) + 1e-7)
-    up = torch.nn.functional.interpolate(
-        flat.reshape(t.shape).float(), size=size, mode="bilinear", align_corners=False
-    )
-    return up.sum(1)
+    return flat.sum(1).reshape(t.shape[0], *t.shape[2:])
+
+
+def _upsampled_total(parts: dict[tuple[int, int], Tensor], size: tuple[int, int]) -> Tensor:
+    """The sum of maps kept per resolution, each resolution upsampled (bilinear) to ``size`` once."""
+    total: Tensor | None = None
+    for hw, part in parts.items():
+        up = part if hw == size else F.interpolate(part[:, None], size=size, mode="bilinear")[:, 0]
+        total = up if total is None else total + up
+    assert total is not None
+    return total
 
 
 def fullgrad(p: LayerPass) -> Tensor:
     """FullGrad: ``|x ⊙ ∇_x y|`` plus, for every convolution and BatchNorm with a bias, ``|b ⊙ ∇_z y|`` at its
-    output ``z``; each channel min-max scaled and upsampled, then all summed."""
+    output ``z``; each channel min-max scaled and upsampled, then all summed (summed per resolution first,
+    each resolution upsampled once)."""
 
     def compute() -> Tensor:
         layers = [
@@ -181,10 +193,13 @@ def fullgrad(p: LayerPass) -> Tensor:
                 (gx,) = torch.autograd.grad(
                     scores.gather(1, p.targets[:, j, None]).sum(), xi, retain_graph=j < t - 1
                 )
-                total = _scaled_sum((gx * p.x).abs(), p.size)
-                for module, g in seen:
-                    total = total + _scaled_sum((_bias(module)[None, :, None, None] * g).abs(), p.size)
-                maps.append(total)
+                parts: dict[tuple[int, int], Tensor] = {}
+                terms = ((_bias(m)[None, :, None, None] * g).abs() for m, g in seen)
+                for term in itertools.chain([(gx * p.x).abs()], terms):  # one layer's term at a time
+                    hw = (int(term.shape[-2]), int(term.shape[-1]))
+                    summed = _scaled_sum(term)
+                    parts[hw] = parts[hw] + summed if hw in parts else summed
+                maps.append(_upsampled_total(parts, p.size))
         p.advance(p.x.shape[0])
         return torch.stack(maps, dim=1)
 
