@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from hookviz.layout import Layout, layout_of, to_spatial, unfold_time
 from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.perturb import channels_last
+from hookviz.methods.pixel import BiasTerms
 from hookviz.readout import Readout, Scorer, ranking, read
 from hookviz.taps import negative_mass
 
@@ -240,7 +242,9 @@ def _explain(
         # Gradient taps when a method needs layer gradients; else the tensors alone, with no graph.
         hooks = capture(model, grad_layers=layers) if with_gradients else capture(model, layers, outputs=True)
         x_in = x.detach().requires_grad_() if with_input else x
-        with hooks as cap:
+        # FullGrad's bias terms, gathered by the shared backward passes (they reach the input for it).
+        bias = BiasTerms(model) if "bias_gradients" in needs else contextlib.nullcontext()
+        with hooks as cap, bias:
             with torch.enable_grad() if with_input else torch.no_grad():
                 scores = readout(model(x_in))
             logits = scores.scores
@@ -258,6 +262,8 @@ def _explain(
                 inputs = [raw[layer] for layer in layers] if with_gradients else []
                 rows = torch.arange(t.shape[0], device=t.device)
                 for j in range(t.shape[1]):
+                    if isinstance(bias, BiasTerms):
+                        bias.start()
                     score = logits[rows, t[:, j]].sum()
                     got = torch.autograd.grad(score, [*inputs, *([x_in] if with_input else [])],
                                               retain_graph=j < t.shape[1] - 1)  # fmt: skip
@@ -275,6 +281,8 @@ def _explain(
     shared: dict[str, Any] = {"scores": logits.detach()}
     if with_input:
         shared["input_gradient"] = input_grads
+    if isinstance(bias, BiasTerms):
+        shared["fullgrad_bias"] = bias.parts
     # Score-CAM weighs a classifier's channels by the target logit (as pytorch-grad-cam and torchcam do); a
     # segmentation model's by the class's probability over the pixels it first predicted.
     channel_scorer: Scorer = scorer if scores.labels is not None else (lambda output, rows: output.float())

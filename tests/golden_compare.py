@@ -47,8 +47,12 @@ def compare_text(expected: str, got: str, tol: Tolerance = Tolerance()) -> str |
     if skel_e != skel_g or len(num_e) != len(num_g):
         for i, (a, b) in enumerate(zip(expected.splitlines(), got.splitlines(), strict=False)):
             if _numbers(a)[0] != _numbers(b)[0]:
-                shown = f"\n  expected {a[:200]!r}\n  got      {b[:200]!r}"
-                return f"line {i + 1} differs beyond its numbers:{shown}"
+                at = next(
+                    (k for k, (p, q) in enumerate(zip(a, b, strict=False)) if p != q), min(len(a), len(b))
+                )
+                lo = max(0, at - 80)
+                shown = f"\n  expected …{a[lo : at + 120]!r}\n  got      …{b[lo : at + 120]!r}"
+                return f"line {i + 1} differs beyond its numbers at character {at}:{shown}"
         return f"the texts differ in length or words ({len(expected)} vs {len(got)} characters)"
     for a, b in zip(num_e, num_g, strict=True):
         if a == b:

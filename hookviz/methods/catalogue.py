@@ -188,11 +188,12 @@ register_method(
     function=f"{_X}:inputxgradient", resolution="input",
 )  # fmt: skip
 register_method(
-    "fullgrad", title="FullGrad", family="input-gradient", needs={"own_passes"},
-    cost="one forward and one backward pass per target", paper="Srinivas & Fleuret, NeurIPS 2019",
+    "fullgrad", title="FullGrad", family="input-gradient", needs={"input_gradients", "bias_gradients"},
+    cost="the shared pass (its backward passes reach the input, a hook at every biased layer)",
+    paper="Srinivas & Fleuret, NeurIPS 2019",
     formula="|x ⊙ ∂y/∂x| + Σ_layers |b ⊙ ∂y/∂z| over every conv/BatchNorm bias, each channel min-max "
     "scaled and upsampled",
-    passes=lambda k, t, o, hw: (1, t), function=f"{_X}:fullgrad", resolution="input",
+    function=f"{_X}:fullgrad", resolution="input",
 )  # fmt: skip
 for _name, _title, _formula in (
     ("smoothgrad", "SmoothGrad", "max over colours of |mean over noisy copies of ∂y/∂x|"),

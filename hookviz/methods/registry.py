@@ -10,10 +10,14 @@ from typing import Any
 
 #: What a method can need from the explain pass: the layer's tensor, its gradient per target, the input's
 #: gradient per target (the shared pass then records from the input), Score-CAM's masked passes, attention,
-#: or passes of its own (which it runs itself, and counts in ``passes``).
+#: FullGrad's bias terms (a hook at every biased layer during the shared backward passes), or passes of its
+#: own (which it runs itself, and counts in ``passes``).
 NEEDS = frozenset(
-    {"activations", "layer_gradients", "input_gradients", "masked_passes", "attention", "own_passes"}
-)
+    {
+        "activations", "layer_gradients", "input_gradients", "bias_gradients", "masked_passes", "attention",
+        "own_passes",
+    }
+)  # fmt: skip
 FAMILIES = (
     "gradient-weighted", "activation-only", "perturbation", "input-gradient", "pixel-perturbation",
     "attention", "control",

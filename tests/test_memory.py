@@ -1,0 +1,71 @@
+"""A batch is sized from an estimate of what it holds: split under ``--max-memory``, the same results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torchvision
+
+from hookviz.memory import Estimate, explain_estimate, parse_size
+from tests.conftest import invoke, records, write_image
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def test_sizes_parse() -> None:
+    assert parse_size("4G") == 4 * 2**30 and parse_size("512M") == 512 * 2**20
+    assert (
+        parse_size("1.5GB") == int(1.5 * 2**30)
+        and parse_size("2000") == 2000
+        and parse_size("3 GiB") == 3 * 2**30
+    )
+    for bad in ("", "lots", "-1G", "0"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_a_batch_takes_what_fits() -> None:
+    est = Estimate(per_image=100, fixed=50)
+    assert est.total(3) == 350
+    assert est.fitting(300, 8) == 2 and est.fitting(10_000, 8) == 8 and est.fitting(10, 8) == 1
+
+
+def test_the_estimate_grows_with_what_the_pass_holds() -> None:
+    model = torchvision.models.resnet18().eval()
+    one = explain_estimate(model, (3, 224, 224), "cpu", ["layer4"], ["gradcam"], 1)
+    five = explain_estimate(model, (3, 224, 224), "cpu", ["layer4"], ["gradcam"], 5)
+    early = explain_estimate(model, (3, 224, 224), "cpu", ["layer1"], ["gradcam"], 1)
+    pixel = explain_estimate(model, (3, 224, 224), "cpu", ["layer4"], ["gradcam", "saliency"], 1)
+    big = explain_estimate(model, (3, 448, 448), "cpu", ["layer4"], ["gradcam"], 1)
+    assert 0 < one.per_image < five.per_image and one.per_image < early.per_image < pixel.per_image
+    assert big.per_image > 3 * one.per_image  # four times the pixels
+    # Score-CAM's masked copies run in rows of their own: a fixed cost, not one per image.
+    masked = explain_estimate(model, (3, 224, 224), "cpu", ["layer4"], ["scorecam"], 1)
+    assert masked.fixed > 0 and one.fixed == 0
+
+
+def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    d = tmp_path / "in"
+    d.mkdir()
+    for i in range(5):
+        write_image(d / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    args = ["gradcam", str(d), *TINY, "--method", "gradcam,saliency", "--target", "top2", "--save-raw"]
+    whole = invoke(*args, "--out", str(tmp_path / "a"), "-b", "5")
+    split = invoke(*args, "--out", str(tmp_path / "b"), "-b", "5", "--max-memory", "1M")
+    assert whole.exit_code == split.exit_code == 0, split.stderr
+    assert "note: a batch of 5 would hold about" in split.stderr and "running " in split.stderr
+    assert split.stderr.count("would hold") == 1 and "would hold" not in whole.stderr
+    a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".npy")}
+    b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".npy")}
+    assert a.keys() == b.keys() and len(a) == 5 * 2 * 2 * 2
+    for name in a:
+        np.testing.assert_allclose(np.load(a[name]), np.load(b[name]), rtol=1e-4, atol=1e-6)
+
+
+def test_a_bad_max_memory_is_a_usage_error(tmp_path: Path) -> None:
+    photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
+    r = invoke("gradcam", str(photo), *TINY, "--max-memory", "lots", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "not a size" in r.stderr
