@@ -1,3 +1,3 @@
-from hookviz.cli import main
+from hookviz.serve.client import main
 
 main()

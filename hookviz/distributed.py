@@ -122,7 +122,7 @@ def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None =
     number of lines merged. Each line is appended with one ``write``, as every manifest line is.
     """
     from hookviz.files import open_append
-    from hookviz.pipeline import process_alive
+    from hookviz.outputs import process_alive
 
     parts = []
     for p in root.iterdir():

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,17 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hookviz import timing
-from hookviz.errors import HookvizError, OutputError, UsageError
-from hookviz.files import TEMP, append_line, atomic_write, open_append
+from hookviz.errors import HookvizError, UsageError
 from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb, quote
 from hookviz.inputs import Item, _real, expand_inputs
 from hookviz.memory import default_budget, human
+from hookviz.outputs import MANIFEST, Output, finite, to_json
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
     from hookviz.jobs.common import Job
     from hookviz.video import VideoPreprocess
-
-MANIFEST = "manifest.jsonl"
 
 __all__ = ["MANIFEST", "Item", "Output", "expand_inputs", "finite", "output_stem", "run", "to_json"]
 
@@ -63,145 +57,8 @@ def output_prefix(path: Path, model: str, key: str) -> str:
     return f"{output_stem(path)}.{_UNSAFE.sub('_', model).strip('._')}.{key}"
 
 
-@dataclass
-class Output:
-    """Atomic writes under one folder, and its manifest."""
-
-    root: Path
-    overwrite: bool = False
-    #: The file records are appended to: ``manifest.jsonl``, or a torchrun rank's part of it.
-    manifest: str = MANIFEST
-    _manifest_fd: int | None = field(default=None, repr=False)
-    #: The latest result record (``ok`` or ``skipped``) per output prefix, read from an earlier manifest.
-    previous: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
-
-    def prepare(self) -> None:
-        """Create the folder; fail clearly if it is a file or not writable.
-
-        Raises:
-            OutputError: the folder cannot be used.
-        """
-        if self.root.exists() and not self.root.is_dir():
-            raise OutputError(f"--out {self.root}: is a file, not a folder; choose another --out")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"--out {self.root}: cannot create the folder ({exc.strerror})") from None
-        try:
-            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".hookviz-probe-"):
-                pass
-        except OSError as exc:
-            raise OutputError(
-                f"--out {self.root}: the folder is not writable ({exc.strerror}); choose another --out"
-            ) from None
-        self._clean_stale_temps()
-        self.previous = read_results(self.root / MANIFEST)
-        if os.path.lexists(self.root / self.manifest):
-            self._open_manifest()  # refused before any work (a symlink), not after the first output
-
-    def _open_manifest(self) -> None:
-        if self._manifest_fd is not None:
-            return
-        try:
-            self._manifest_fd = open_append(self.root / self.manifest)
-        except OSError as exc:
-            raise OutputError(
-                f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}; a symlink "
-                "is refused); remove it or choose another --out"
-            ) from None
-
-    def _clean_stale_temps(self) -> None:
-        """Remove temp files left by a killed run (their process is gone); complete outputs are untouched."""
-        for tmp in self.root.glob(".*.tmp"):
-            m = TEMP.match(tmp.name)
-            if m and not process_alive(int(m.group(1))):
-                tmp.unlink(missing_ok=True)
-
-    def path(self, name: str) -> Path:
-        if "/" in name or "\\" in name or name.startswith(".") or name in ("", ".", ".."):
-            raise ValueError(f"unsafe output name {name!r}")
-        return self.root / name
-
-    def write(self, name: str, data: bytes, *, replace: bool = False) -> Path:
-        """Write ``data`` to ``root/name`` through a temp file and a rename: never half a file.
-
-        Raises:
-            FileExistsError: the file exists and neither ``overwrite`` nor ``replace`` is on.
-        """
-        return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
-
-    def record(self, entry: dict[str, Any]) -> None:
-        """Append one whole line to the manifest (never interleaved or cut: a line that cannot be written
-        whole, on a full disk, is taken back and the run stops with an :class:`OutputError`)."""
-        self._open_manifest()
-        assert self._manifest_fd is not None
-        try:
-            append_line(self._manifest_fd, (to_json(entry) + "\n").encode("utf-8"))
-        except OSError as exc:
-            raise OutputError(
-                f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}); the run "
-                "stopped: free some space and rerun (finished inputs are skipped)"
-            ) from None
-
-    def close(self) -> None:
-        if self._manifest_fd is not None:
-            os.close(self._manifest_fd)
-            self._manifest_fd = None
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None, in nested dicts and lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
-def to_json(entry: dict[str, Any]) -> str:
-    """One record as strict JSON on one line: non-finite numbers are ``null`` (``NaN`` is not JSON), and a
-    file name that is not valid UTF-8 (its bytes kept by Python as lone surrogates) is written with ``\\u``
-    escapes, which Python's ``json`` and ``os.fsencode`` turn back into the very same bytes."""
-    line = json.dumps(finite(entry), ensure_ascii=False, allow_nan=False)
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:
-        line = json.dumps(finite(entry), ensure_ascii=True, allow_nan=False)
-    return line
-
-
-def read_results(manifest: Path) -> dict[str, dict[str, Any]]:
-    """The latest ``ok``/``skipped`` record per output prefix in a manifest (unreadable lines ignored)."""
-    found: dict[str, dict[str, Any]] = {}
-    try:
-        lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("status") in ("ok", "skipped") and rec.get("prefix"):
-            found[str(rec["prefix"])] = rec
-    return found
-
-
 #: Record fields that describe one run of an input rather than its result.
 _RUN_FIELDS = ("input", "status", "error", "note", "time")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` still exists (a temp file or manifest part of a dead one may be reclaimed)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 #: Records one input of a computed batch, once its render is done.

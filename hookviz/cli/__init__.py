@@ -3,7 +3,7 @@ one module per command family. Commands are registered here, in the order ``hook
 
 from __future__ import annotations
 
-from hookviz.cli import explain, inspect, report, training, trust
+from hookviz.cli import explain, inspect, report, serve, training, trust
 from hookviz.cli.app import (
     EXIT_BROKEN_PIPE,
     EXIT_INPUTS_FAILED,
@@ -26,6 +26,7 @@ app.command()(training.dropblock)
 app.command()(inspect.summary)
 app.command()(report.report)
 app.command()(inspect.models)
+app.command()(serve.serve)
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

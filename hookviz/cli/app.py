@@ -167,15 +167,9 @@ MaxPixels = Annotated[
         "--max-pixels", min=1, help="refuse images larger than this many pixels.", rich_help_panel=RUN
     ),
 ]
-MaxMemory = Annotated[
-    str | None,
-    typer.Option(
-        "--max-memory",
-        help="memory a batch may hold (4G, 512M): a batch estimated over it runs in smaller parts. "
-        "Default: half the memory available at the start (the GPU's free memory on CUDA).",
-        rich_help_panel=RUN,
-    ),
-]
+MaxMemory = Annotated[str | None, typer.Option("--max-memory", rich_help_panel=RUN, help="memory a batch may "
+    "hold (4G, 512M): a batch estimated over it runs in smaller parts. Default: half the memory available at "
+    "the start (the GPU's free memory on CUDA).")]  # fmt: skip
 
 
 def memory_size(text: str | None) -> int | None:
@@ -308,13 +302,8 @@ Window = Annotated[
 Stride = Annotated[
     int, typer.Option("--stride", min=1, help="Occlusion's step, in input pixels.", rich_help_panel=SETTINGS)
 ]
-Masks = Annotated[
-    int,
-    typer.Option(
-        "--rise-masks", "--masks", min=1, help="RISE's random masks (--masks: the old spelling).",
-        rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
+Masks = Annotated[int, typer.Option("--rise-masks", "--masks", min=1, rich_help_panel=SETTINGS,
+                                    help="RISE's random masks (--masks: the old spelling).")]  # fmt: skip
 Cells = Annotated[
     int, typer.Option("--cells", min=1, help="RISE's grid: cells per side.", rich_help_panel=SETTINGS)
 ]

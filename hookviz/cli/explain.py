@@ -59,7 +59,8 @@ from hookviz.cli.app import (
     _method_options,
     memory_size,
 )
-from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job
+from hookviz.cli.loading import ModelOptions, _rgb
+from hookviz.cli.runner import RunOptions, _Reporter, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
 if TYPE_CHECKING:

@@ -41,7 +41,8 @@ from hookviz.cli.app import (
     _guard,
     memory_size,
 )
-from hookviz.cli.runner import ModelOptions, RunOptions, _Reporter, _rgb, _run_job, with_sampling
+from hookviz.cli.loading import ModelOptions, _rgb, with_sampling
+from hookviz.cli.runner import RunOptions, _Reporter, _run_job
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
 if TYPE_CHECKING:

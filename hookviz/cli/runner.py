@@ -19,6 +19,7 @@ from hookviz.cli.app import (
     _fail,
     _stdout_reserved,
 )
+from hookviz.cli.loading import ModelOptions, _load
 from hookviz.errors import HookvizError
 
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
@@ -32,38 +33,6 @@ if TYPE_CHECKING:  # names for annotations only: importing them here would load 
 #: Builds a command's job once the model is loaded (the reporter gives it the first images, and rank 0's
 #: choices under torchrun).
 JobFactory = Callable[["LoadedModel", "_Reporter | None"], "Job"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelOptions:
-    """How to get the model: the options every per-image command shares."""
-
-    model: str
-    weights: str
-    device: str = "auto"
-    input_size: int | None = None
-    resize: str | None = None
-    labels: Path | None = None
-    weights_key: str | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    trust_pickle: bool = False
-    #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
-    clip_len: int | None = None
-    frame_stride: int | None = None
-    clips: str | None = None
-
-
-def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
-    if text is None:
-        return None
-    try:
-        values = [float(v) for v in text.replace(" ", ",").split(",") if v]
-    except ValueError:
-        values = []
-    if len(values) != 3 or (option == "--std" and min(values) <= 0):
-        raise typer.BadParameter(f"{text!r}: give three numbers R,G,B (0.485,0.456,0.406)", param_hint=option)
-    return (values[0], values[1], values[2])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,45 +55,6 @@ class RunOptions:
     report: bool = False
     #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
     lines: bool = True
-
-
-def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
-    from hookviz.models import load_model, resolve_device
-
-    loaded = load_model(
-        m.model,
-        m.weights,
-        device=resolve_device(m.device),
-        input_size=m.input_size,
-        resize=str(m.resize) if m.resize is not None else None,
-        mean=m.mean,
-        std=m.std,
-        progress=not quiet and sys.stderr.isatty(),
-        labels=m.labels,
-        weights_key=m.weights_key,
-        trust_pickle=m.trust_pickle,
-    )
-    return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
-
-
-def with_sampling(
-    loaded: LoadedModel, clip_len: int | None, frame_stride: int | None, clips: str | None
-) -> LoadedModel:
-    """``loaded`` with the user's clip sampling (a UsageError for a model that takes photos)."""
-    import dataclasses
-
-    from hookviz.errors import UsageError
-
-    given = [
-        o for o, v in (("--clip-len", clip_len), ("--frame-stride", frame_stride), ("--clips", clips)) if v
-    ]
-    if not given:
-        return loaded
-    if loaded.video is None:
-        raise UsageError(f"{given[0]} is for video models, and {loaded.name} takes photos; leave it out")
-    if clips is not None and clips != "all" and not (clips.isascii() and clips.isdigit() and int(clips) > 0):
-        raise UsageError(f"--clips {clips!r}: give a positive number of clips, or all")
-    return dataclasses.replace(loaded, video=loaded.video.sampled(clip_len, frame_stride, clips))
 
 
 class _Reporter:

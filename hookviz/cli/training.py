@@ -32,7 +32,8 @@ from hookviz.cli.app import (
     _guard,
     memory_size,
 )
-from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_job
+from hookviz.cli.loading import ModelOptions, _rgb
+from hookviz.cli.runner import RunOptions, _refuse_task, _Reporter, _run_job
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job

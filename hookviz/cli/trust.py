@@ -58,7 +58,8 @@ from hookviz.cli.app import (
     _method_options,
     memory_size,
 )
-from hookviz.cli.runner import ModelOptions, RunOptions, _refuse_task, _Reporter, _rgb, _run_then
+from hookviz.cli.loading import ModelOptions, _rgb
+from hookviz.cli.runner import RunOptions, _refuse_task, _Reporter, _run_then
 from hookviz.cli.tables import _announce, _write_evaluation
 
 METRICS = "Metrics"

@@ -1,0 +1,118 @@
+"""How a per-image command gets its model: the model options every such command shares, loading them, and the
+warm models of ``hookviz serve`` (a forked child finds the model its parent loaded)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
+    from hookviz.models import LoadedModel
+
+__all__ = ["USED", "WARM", "ModelOptions", "load_options", "warm_key", "with_sampling"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """How to get the model: the options every per-image command shares."""
+
+    model: str
+    weights: str
+    device: str = "auto"
+    input_size: int | None = None
+    resize: str | None = None
+    labels: Path | None = None
+    weights_key: str | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    trust_pickle: bool = False
+    #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
+    clip_len: int | None = None
+    frame_stride: int | None = None
+    clips: str | None = None
+
+
+def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.replace(" ", ",").split(",") if v]
+    except ValueError:
+        values = []
+    if len(values) != 3 or (option == "--std" and min(values) <= 0):
+        raise typer.BadParameter(f"{text!r}: give three numbers R,G,B (0.485,0.456,0.406)", param_hint=option)
+    return (values[0], values[1], values[2])
+
+
+#: Models kept warm by ``hookviz serve`` (a forked child finds them here), by :func:`warm_key`.
+WARM: dict[Any, LoadedModel] = {}
+#: The model options this process loaded (a server's child tells its parent, which keeps them warm).
+USED: list[ModelOptions] = []
+
+
+def warm_key(m: ModelOptions) -> Any:
+    """What identifies a loaded model for ``hookviz serve``: the options, and the size and time of every file
+    they name (a weights or labels file rewritten is loaded again); None for a model from the user's own code
+    (``module:function``, ``file.py``), which is loaded afresh every call."""
+    name = m.model
+    if name.endswith(".py") or (":" in name and not name.startswith(("timm:", "hf:", "torchvision:"))):
+        return None
+    stamps = []
+    for value in (m.weights, m.labels):
+        path = Path(str(value)) if value is not None else None
+        if path is not None and path.is_file():
+            st = path.stat()
+            stamps.append((str(path.resolve()), st.st_size, st.st_mtime_ns))
+    return (m, tuple(stamps))
+
+
+def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
+    """The model ``m`` asks for, loaded (no warm copy consulted)."""
+    from hookviz.models import load_model, resolve_device
+
+    loaded = load_model(
+        m.model,
+        m.weights,
+        device=resolve_device(m.device),
+        input_size=m.input_size,
+        resize=str(m.resize) if m.resize is not None else None,
+        mean=m.mean,
+        std=m.std,
+        progress=not quiet and sys.stderr.isatty(),
+        labels=m.labels,
+        weights_key=m.weights_key,
+        trust_pickle=m.trust_pickle,
+    )
+    return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
+
+
+def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
+    USED.append(m)
+    key = warm_key(m) if WARM else None
+    if key is not None and key in WARM:
+        return WARM[key]
+    return load_options(m, quiet)
+
+
+def with_sampling(
+    loaded: LoadedModel, clip_len: int | None, frame_stride: int | None, clips: str | None
+) -> LoadedModel:
+    """``loaded`` with the user's clip sampling (a UsageError for a model that takes photos)."""
+    import dataclasses
+
+    from hookviz.errors import UsageError
+
+    given = [
+        o for o, v in (("--clip-len", clip_len), ("--frame-stride", frame_stride), ("--clips", clips)) if v
+    ]
+    if not given:
+        return loaded
+    if loaded.video is None:
+        raise UsageError(f"{given[0]} is for video models, and {loaded.name} takes photos; leave it out")
+    if clips is not None and clips != "all" and not (clips.isascii() and clips.isdigit() and int(clips) > 0):
+        raise UsageError(f"--clips {clips!r}: give a positive number of clips, or all")
+    return dataclasses.replace(loaded, video=loaded.video.sampled(clip_len, frame_stride, clips))

@@ -1,0 +1,119 @@
+"""``hookviz serve``: start, ask about or stop the user's server (see :mod:`hookviz.serve`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookviz.cli.app import EXIT_SETUP, _fail, memory_size
+from hookviz.serve.client import ask
+from hookviz.serve.paths import private_dir, server_socket, socket_dir
+
+
+def serve(
+    stop: Annotated[
+        bool, typer.Option("--stop", help="stop the running server (its requests finish first).")
+    ] = False,
+    status: Annotated[
+        bool, typer.Option("--status", help="print the running server's state as JSON.")
+    ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach", "-d", help="run in the background (log beside the socket); return once it listens."
+        ),
+    ] = False,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--idle-timeout", min=0, help="exit after this many seconds without a request (0: never)."
+        ),
+    ] = 900.0,
+    max_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--max-memory",
+            help="warm models kept (parameters and buffers), least recently used dropped first (default 4G).",
+        ),
+    ] = None,
+    socket_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--socket",
+            help="the socket (default $XDG_RUNTIME_DIR/hookviz/server.sock; HOOKVIZ_SERVER names one too).",
+        ),
+    ] = None,
+) -> None:
+    """Keep torch imported and models warm: every hookviz command then runs in a fork of this process.
+
+    Listens on a Unix socket in a folder only you can open (mode 0700, socket 0600), never on the network.
+    While it runs, `hookviz gradcam cat.jpg` in a shell loop costs a fork instead of a Python start and
+    torch's import. --no-server (or HOOKVIZ_SERVER=none) runs a command here instead.
+    """  # fmt: skip
+    path = socket_path or server_socket() or socket_dir() / "server.sock"
+    if stop or status:
+        answer = ask(path, {"op": "stop" if stop else "status"})
+        if answer is None:
+            typer.echo(f"hookviz: no server at {path}", err=True)
+            raise typer.Exit(1)
+        typer.echo(
+            json.dumps(answer, indent=1) if status else f"hookviz: server {answer.get('pid')} stopping"
+        )
+        return
+    running = ask(path, {"op": "status"}, timeout=2.0)
+    if running is not None:
+        typer.echo(f"hookviz: a server is already running at {path} (pid {running.get('pid')})", err=True)
+        return
+    try:
+        private_dir(path.parent)
+    except PermissionError as exc:
+        _fail(str(exc), EXIT_SETUP)
+    budget = memory_size(max_memory) or 4 * 2**30
+    if detach:
+        _detach(path, idle_timeout, budget)
+        return
+    from hookviz.serve.server import Server
+
+    typer.echo(f"hookviz: serving on {path} (Ctrl-C stops it)", err=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        Server(path, idle_timeout=idle_timeout, max_memory=budget, log=sys.stderr).serve()  # type: ignore[arg-type]
+
+
+def _detach(path: Path, idle_timeout: float, budget: int) -> None:
+    """Start the server in a new session (its log beside the socket) and wait until it answers."""
+    log = path.parent / "server.log"
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        code = 0
+        try:
+            from hookviz.serve.server import Server
+
+            with open(log, "a", encoding="utf-8") as f:
+                Server(path, idle_timeout=idle_timeout, max_memory=budget, log=f).serve()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        answer = ask(path, {"op": "status"}, timeout=2.0)
+        if answer is not None:
+            typer.echo(f"hookviz: server {answer.get('pid')} listening on {path} (log: {log})", err=True)
+            return
+        time.sleep(0.1)
+    _fail(f"the server did not start; see {log}", EXIT_SETUP)

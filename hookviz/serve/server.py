@@ -1,0 +1,390 @@
+"""The server behind ``hookviz serve``: import torch once, keep the models asked for warm, fork a child per
+request.
+
+One thread, one loop (:mod:`selectors`): the listening socket, each waiting client's connection (a cancel or
+a hang-up interrupts its child) and the children's exits (``SIGCHLD`` through a wake-up pipe). A request is
+run by a forked child, which inherits the imported modules and the warm models, takes the client's stdin,
+stdout and stderr as its own, its working directory and environment, runs the command as ``hookviz`` would,
+and exits with the command's code; the loop sends that code to the client. A failing or crashing request
+ends its child only.
+
+The parent never computes with more than one thread: a process whose OpenMP pool has run cannot use it again
+after a fork (the child hangs), so the parent runs torch single-threaded and each child sets its own count.
+A child tells the parent which models it loaded (a pipe); the parent loads them in the loop, between
+requests, so that later children find them warm, and drops the least recently used past ``max_memory``
+bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import selectors
+import signal
+import socket
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookviz.serve.paths import private_dir
+
+#: What a client's environment may not change in a child: the server's own state.
+_KEEP = ("HOOKVIZ_SERVER",)
+#: Modules a command would import, imported once here (the children inherit them).
+PRELOAD = (
+    "torch", "torchvision", "cv2", "numpy", "PIL.Image", "matplotlib", "scipy.stats", "hookviz.cli",
+    "hookviz.attribution", "hookviz.pipeline", "hookviz.render", "hookviz.jobs", "hookviz.jobs.build",
+    "hookviz.features", "hookviz.summary", "hookviz.report", "hookviz.evaluation", "hookviz.sources",
+    "hookviz.sources.torchvision", "hookviz.models",
+)  # fmt: skip
+
+
+@dataclass
+class _Child:
+    conn: socket.socket
+    report: int  # the read end of the pipe the child names its models on
+    started: float
+
+
+@dataclass
+class Server:
+    """A server listening at ``path`` (a Unix socket in a folder only the user can open)."""
+
+    path: Path
+    #: Seconds without a request after which the server exits (0: never).
+    idle_timeout: float = 900.0
+    #: Bytes of warm models kept (parameters and buffers); the least recently used go first.
+    max_memory: int = 4 * 2**30
+    #: Children running at once; more requests wait in the socket's queue.
+    max_children: int = max(2, os.cpu_count() or 2)
+    log: io.TextIOBase | None = None
+    children: dict[int, _Child] = field(default_factory=dict)
+    warm: OrderedDict[Any, tuple[Any, int]] = field(default_factory=OrderedDict)
+    served: int = 0
+    _stopping: bool = False
+    _threads: int = 1
+    _command: Any = None
+    _started: float = field(default_factory=time.time)
+    _own_fds: list[int] = field(default_factory=list)
+
+    # -- start and stop ---------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Listen until stopped or idle; the socket is removed on the way out."""
+        import importlib
+
+        import torch
+
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # see the module's notes: the children get the real count
+        for name in PRELOAD:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        import typer
+
+        from hookviz.cli import app
+
+        self._command = typer.main.get_command(app)  # built once: typer builds it anew on every app() call
+        private_dir(self.path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a socket left by a server that died (a live one answered our check)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(self.path))  # created 0600
+        finally:
+            os.umask(old)
+        listener.listen(64)
+        listener.setblocking(False)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.selector = selectors.DefaultSelector()
+        # What a child must not keep open: the server's own descriptors.
+        self._own_fds = [listener.fileno(), wake_r, wake_w, self.selector.fileno()]
+        self.selector.register(listener, selectors.EVENT_READ, "accept")
+        self.selector.register(wake_r, selectors.EVENT_READ, "wake")
+        self._say(f"listening on {self.path} (pid {os.getpid()})")
+        last = time.monotonic()
+        try:
+            while not (self._stopping and not self.children):
+                idle = self.idle_timeout and not self.children and time.monotonic() - last > self.idle_timeout
+                if idle:
+                    self._say(f"idle for {self.idle_timeout:g} s: exiting")
+                    break
+                for key, _ in self.selector.select(timeout=1.0):
+                    if key.data == "accept":
+                        if len(self.children) < self.max_children and not self._stopping:
+                            self._accept(listener)
+                            last = time.monotonic()
+                    elif key.data == "wake":
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(wake_r, 512)
+                    else:
+                        self._client_spoke(key.data)
+                self._reap()
+                if self.children:
+                    last = time.monotonic()
+        finally:
+            signal.set_wakeup_fd(-1)
+            for pid in list(self.children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def stop(self) -> None:
+        """Finish the requests running, take no more, exit."""
+        self._stopping = True
+
+    def _say(self, text: str) -> None:
+        if self.log is not None:
+            print(f"{time.strftime('%H:%M:%S')} hookviz serve: {text}", file=self.log, flush=True)
+
+    # -- requests -----------------------------------------------------------------------------------------
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(True)
+        conn.settimeout(10.0)
+        fds: list[int] = []
+        try:
+            if not _same_user(conn):
+                raise PermissionError("a client of another user")
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            while not data.endswith(b"\n"):
+                more = conn.recv(1 << 20)
+                if not more:
+                    raise ConnectionError("the request was cut short")
+                data += more
+            request = json.loads(data)
+        except (OSError, ValueError) as exc:
+            self._say(f"refused a request: {exc}")
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        op = request.get("op")
+        if op == "status":
+            self._answer(conn, self.status())
+        elif op == "stop":
+            self._answer(conn, {"stopping": True, "pid": os.getpid()})
+            self.stop()
+        elif op == "run" and len(fds) == 3:
+            self._fork(conn, request, fds)
+        else:
+            self._answer(conn, {"error": f"unknown request {op!r}"})
+        for fd in fds:
+            os.close(fd)
+
+    def _answer(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall((json.dumps(message) + "\n").encode())
+        conn.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "socket": str(self.path),
+            "uptime_s": round(time.time() - self._started, 1),
+            "served": self.served,
+            "running": len(self.children),
+            "models": [_describe(k) for k in self.warm],
+            "warm_bytes": sum(size for _, size in self.warm.values()),
+            "max_memory": self.max_memory,
+            "idle_timeout_s": self.idle_timeout,
+        }
+
+    def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        report_r, report_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            others = [c.conn.fileno() for c in self.children.values()] + [
+                c.report for c in self.children.values()
+            ]
+            close = [report_r, conn.fileno(), *self._own_fds, *others]
+            _child(self._command, request, fds, report_w, self._threads, close)
+        os.close(report_w)
+        os.set_blocking(report_r, False)  # read once the child has exited; a grandchild may hold it open
+        self.served += 1
+        self.children[pid] = _Child(conn, report_r, time.monotonic())
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _client_spoke(self, pid: int) -> None:
+        """A waiting client sent a cancel or hung up: interrupt its child (it exits as on Ctrl-C)."""
+        child = self.children.get(pid)
+        if child is None:
+            return
+        with contextlib.suppress(OSError):
+            data = child.conn.recv(4096)
+            if data and b"cancel" not in data:
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(child.conn)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+            used = _read_report(child.report)
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(child.conn)
+            child.conn.setblocking(True)
+            self._answer(child.conn, {"exit": code})
+            self._say(f"request of pid {pid} exited {code} after {time.monotonic() - child.started:.2f} s")
+            for options in used:
+                self._keep_warm(options)
+
+    # -- warm models ----------------------------------------------------------------------------------------
+
+    def _keep_warm(self, options: Any) -> None:
+        """Load the model a child used, so that the next children inherit it (once; the least recently used
+        dropped past ``max_memory``)."""
+        from hookviz.cli import loading as runner
+
+        key = runner.warm_key(options)
+        if key is None:
+            return
+        if key in self.warm:
+            self.warm.move_to_end(key)
+            return
+        try:
+            loaded = runner.load_options(options, quiet=True)
+        except Exception as exc:  # a model that failed in the child fails here too: nothing to keep
+            self._say(f"not kept warm: {_describe(key)}: {exc}")
+            return
+        size = sum(
+            t.numel() * t.element_size() for t in (*loaded.model.parameters(), *loaded.model.buffers())
+        )
+        self.warm[key] = (loaded, size)
+        runner.WARM[key] = loaded
+        with contextlib.suppress(Exception):  # the layer probe's traced pass, cached with the model
+            from hookviz.models import probe
+
+            probe(loaded)
+        while sum(s for _, s in self.warm.values()) > self.max_memory and len(self.warm) > 1:
+            old, _ = self.warm.popitem(last=False)
+            runner.WARM.pop(old, None)
+            self._say(f"dropped {_describe(old)} (over the memory budget)")
+        self._say(f"keeping {_describe(key)} warm ({size / 2**20:.0f} MB)")
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the peer of ``conn`` runs as this user (Linux ``SO_PEERCRED``; elsewhere the folder's mode
+    keeps others out)."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return True
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return bool(uid == os.getuid())
+
+
+def _describe(key: Any) -> str:
+    return str(key[0].model) + (f" ({key[0].weights})" if key[0].weights else "")
+
+
+def _read_report(fd: int) -> list[Any]:
+    data = b""
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing more now
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    os.close(fd)
+    try:
+        used = pickle.loads(data) if data else []
+    except Exception:
+        return []
+    return used if isinstance(used, list) else []
+
+
+def _die_with_parent() -> None:
+    """Interrupt this child when the server dies (Linux ``PR_SET_PDEATHSIG``): its client then runs the
+    command itself, and must not race a child still writing the same files."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the server died before the line above
+        raise KeyboardInterrupt
+
+
+def _child(
+    command: Any, request: dict[str, Any], fds: list[int], report: int, threads: int, close: list[int]
+) -> None:
+    """Run one request in this forked child and exit with its code."""
+    code = 70
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _die_with_parent()
+        for fd in close:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        sys.stdin = io.TextIOWrapper(
+            io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape"
+        )
+        for target, name in ((1, "stdout"), (2, "stderr")):
+            raw = io.FileIO(target, "w", closefd=False)
+            stream = io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)
+            setattr(sys, name, stream)
+        os.chdir(request["cwd"])
+        env = {k: str(v) for k, v in dict(request.get("env") or {}).items()}
+        for k in _KEEP:
+            env.pop(k, None)
+        os.environ.clear()
+        os.environ.update(env)
+        import torch
+
+        want = env.get("OMP_NUM_THREADS", "")
+        torch.set_num_threads(int(want) if want.isdigit() and int(want) > 0 else threads)
+        sys.argv = ["hookviz", *request["argv"]]
+        from hookviz.cli import loading as runner
+
+        try:
+            command.main(args=list(request["argv"]), prog_name="hookviz")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except KeyboardInterrupt:
+            code = 130
+        with contextlib.suppress(Exception):
+            os.write(report, pickle.dumps(list(runner.USED)))
+    except BaseException as exc:  # the child must not return into the server's loop
+        with contextlib.suppress(Exception):
+            os.write(2, f"hookviz: error: internal error in the server's child: {exc!r}\n".encode())
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,232 @@
+"""``hookviz serve``: the same outputs as a command run here, a private socket, a fallback when the server
+is gone, concurrent clients, a cancelled request, a failing request that leaves the server serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hookviz.serve.client import ask
+from tests.conftest import ROOT, write_image
+from tests.golden_compare import compare_file
+from tests.test_golden_runs import COMMANDS, GOLDEN, LABELS, _mask
+
+pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets only")
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def _env(sock: Path | str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env |= {"HOOKVIZ_SERVER": str(sock), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return env
+
+
+def hookviz(sock: Path | str, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    """The installed ``hookviz`` entry point in a process of its own, with ``HOOKVIZ_SERVER`` set."""
+    cmd = [sys.executable, "-m", "hookviz", *args]
+    return subprocess.run(cmd, cwd=kw.pop("cwd", ROOT), env=_env(sock), capture_output=True, text=True,
+                          timeout=300, **kw)  # type: ignore[call-overload]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("srv") / "private"
+    sock = folder / "server.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock), "--idle-timeout", "600"],
+        cwd=ROOT, env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while ask(sock, {"op": "status"}, timeout=2.0) is None:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.2)
+    yield sock
+    ask(sock, {"op": "stop"})
+    try:
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    d = tmp_path / "in"
+    d.mkdir()
+    rng = np.random.default_rng(9)
+    for i in range(4):
+        write_image(d / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    return d
+
+
+def test_the_socket_is_private(server: Path) -> None:
+    assert stat.S_IMODE(server.parent.stat().st_mode) == 0o700
+    assert stat.S_ISSOCK(server.stat().st_mode) and stat.S_IMODE(server.stat().st_mode) == 0o600
+    status = ask(server, {"op": "status"})
+    assert status is not None and status["socket"] == str(server)
+
+
+@pytest.mark.slow
+def test_every_command_through_the_server_writes_what_it_writes_here(server: Path, tmp_path: Path) -> None:
+    """The golden run (tests/test_golden_runs.py, in process) repeated through the server: the same files,
+    text and exit codes, compared as the golden test compares them."""
+    rng = np.random.default_rng(7)
+    photo = write_image(tmp_path / "photo.png", rng.integers(0, 256, (40, 52, 3), dtype=np.uint8))
+    labels = tmp_path / "labels.txt"
+    labels.write_text(LABELS)
+    problems = []
+    for name, args in COMMANDS.items():
+        out = tmp_path / name
+        filled = [a.replace("{photo}", str(photo)) for a in args]
+        extra = ["--out", str(out), "-q"] if "{photo}" in args else []
+        if name in ("gradcam", "evaluate", "sanity"):
+            extra += ["--labels", str(labels)]
+        r = hookviz(server, *filled, *extra)
+        assert r.returncode == 0, (name, r.stderr)
+        assert "went away" not in r.stderr
+        got = {f"{name}/stdout": _mask(r.stdout, tmp_path).encode()}
+        for p in sorted(out.iterdir()) if out.is_dir() else []:
+            data = p.read_bytes()
+            if p.suffix in (".jsonl", ".json", ".csv", ".html", ".txt"):
+                data = _mask(data.decode(), tmp_path).encode()
+            got[f"{name}/{_mask(p.name, tmp_path)}"] = data
+        stored = {str(p.relative_to(GOLDEN)) for p in (GOLDEN / name).rglob("*") if p.is_file()}
+        assert set(got) == stored, name
+        problems += [
+            f"{k}: {why}" for k, v in got.items() if (why := compare_file(k, (GOLDEN / k).read_bytes(), v))
+        ]
+    assert not problems, "\n".join(problems)
+    status = ask(server, {"op": "status"})
+    assert status is not None and status["served"] >= len(COMMANDS)
+
+
+def test_records_on_stdout_and_exit_codes_are_the_commands_own(
+    server: Path, photos: Path, tmp_path: Path
+) -> None:
+    (photos / "broken.png").write_bytes(b"not a png")
+    args = ["gradcam", str(photos), *TINY, "--json", "-q"]
+    served = hookviz(server, *args, "--out", str(tmp_path / "a"))
+    here = hookviz("none", *args, "--out", str(tmp_path / "b"))
+    assert served.returncode == here.returncode == 1  # one input failed, the others were done
+    a = [json.loads(line) for line in served.stdout.splitlines()]
+    b = [json.loads(line) for line in here.stdout.splitlines()]
+    assert [(r["status"], Path(r["input"]).name) for r in a] == [
+        (r["status"], Path(r["input"]).name) for r in b
+    ]
+    assert len(a) == 5 and sum(r["status"] == "ok" for r in a) == 4
+    # --no-server runs here even with a server running; a usage error is exit 2 either way.
+    assert hookviz(server, "gradcam", str(photos / "p0.png"), *TINY, "--no-server", "-q", "--out",
+                   str(tmp_path / "c")).returncode == 0  # fmt: skip
+    assert hookviz(server, "gradcam", str(photos), *TINY, "--batch-size", "0").returncode == 2
+
+
+def test_stdin_paths_and_the_working_directory_are_the_clients(server: Path, photos: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "hookviz", "gradcam", "-", *TINY, "--out", "rel_out", "--json", "-q"],
+        input="p1.png\np2.png\n", cwd=photos, env=_env(server), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["ok", "ok"]
+    assert (photos / "rel_out" / "manifest.jsonl").is_file()  # relative to the client's directory
+
+
+def test_concurrent_clients(server: Path, photos: Path, tmp_path: Path) -> None:
+    env = _env(server)
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "hookviz", "gradcam", str(photos / f"p{i}.png"), *TINY,
+                          "--out", str(tmp_path / f"o{i}"), "--json", "-q"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(4)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [e for _, e in outs]
+    for i, (out, err) in enumerate(outs):
+        (rec,) = [json.loads(line) for line in out.splitlines()]
+        assert rec["status"] == "ok" and rec["input"].endswith(f"p{i}.png") and "went away" not in err
+
+
+def test_a_failing_request_leaves_the_server_serving(server: Path, photos: Path, tmp_path: Path) -> None:
+    bad = hookviz(server, "gradcam", str(photos / "p0.png"), "--model", "no_such_net", "--out", str(tmp_path))
+    assert bad.returncode == 2 and "no_such_net" in bad.stderr
+    good = hookviz(server, "gradcam", str(photos / "p0.png"), *TINY, "-q", "--out", str(tmp_path / "o"))
+    assert good.returncode == 0, good.stderr
+    assert ask(server, {"op": "status"}) is not None
+
+
+def test_ctrl_c_in_a_client_cancels_its_request_only(server: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    big = write_image(tmp_path / "big.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
+    slow = [sys.executable, "-m", "hookviz", "gradcam", str(big), "--model", "resnet18", "--weights", "none",
+            "--method", "scorecam", "--out", str(tmp_path / "slow"), "-q"]  # fmt: skip
+    client = subprocess.Popen(slow, cwd=ROOT, env=_env(server), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while (ask(server, {"op": "status"}) or {}).get("running", 0) < 1:
+        assert time.monotonic() < deadline and client.poll() is None
+        time.sleep(0.1)
+    time.sleep(0.5)
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 130, err
+    deadline = time.monotonic() + 30
+    while (ask(server, {"op": "status"}) or {}).get("running", 1) != 0:  # the child was interrupted
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert not list((tmp_path / "slow").glob("*.png"))  # nothing half-written
+
+
+def test_no_server_or_a_dead_one_runs_the_command_here(photos: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "p"
+    folder.mkdir(mode=0o700)
+    stale = folder / "server.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))  # a socket file nobody listens on: a server that died
+    s.close()
+    os.chmod(stale, 0o600)
+    for where in (stale, tmp_path / "missing.sock", "none"):
+        r = hookviz(where, "gradcam", str(photos / "p0.png"), *TINY, "-q", "--out", str(tmp_path / "o"),
+                    "--overwrite")  # fmt: skip
+        assert r.returncode == 0 and "went away" not in r.stderr, r.stderr
+
+
+def test_a_server_that_dies_mid_request_falls_back_once(tmp_path: Path) -> None:
+    folder = tmp_path / "private"
+    sock = folder / "server.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "hookviz", "serve", "--socket", str(sock)], cwd=ROOT,
+                            env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while ask(sock, {"op": "status"}, timeout=2.0) is None:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        rng = np.random.default_rng(2)
+        big = write_image(tmp_path / "big.png", rng.integers(0, 256, (128, 128, 3), dtype=np.uint8))
+        cmd = [sys.executable, "-m", "hookviz", "gradcam", str(big), "--model", "resnet18", "--weights",
+               "none", "--input-size", "64", "--method", "scorecam", "--out", str(tmp_path / "o"), "--json",
+               "-q"]  # fmt: skip
+        pipe = subprocess.PIPE
+        client = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stdout=pipe, stderr=pipe, text=True)
+        while (ask(sock, {"op": "status"}) or {}).get("running", 0) < 1:
+            assert time.monotonic() < deadline and client.poll() is None
+            time.sleep(0.05)
+        proc.kill()
+        out, err = client.communicate(timeout=300)
+        assert client.returncode == 0, err
+        assert err.count("the server went away during the command; running it here") == 1
+        recs = [json.loads(line) for line in out.splitlines()]
+        assert recs and recs[-1]["status"] in ("ok", "skipped")
+    finally:
+        proc.kill()
+        proc.wait()
