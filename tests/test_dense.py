@@ -182,15 +182,22 @@ def test_segmentation_every_method_and_metrics(
         if method in ("gradcam", "hirescam", "layercam", "scorecam"):
             peak = np.unravel_index(int(up.argmax()), up.shape)
             assert classes[peak] == k, (method, peak)
-    src = write_image(tmp_path / "scene.png", photo(img, 2))
+    # Deletion falls faster than insertion rises, over eight scenes (one scene alone was a coin toss: 0.686
+    # vs 0.680 on one machine, the other way round on another).
+    folder = tmp_path / "scenes"
+    folder.mkdir()
+    for i, (im, *_rest) in enumerate(scenes(8, seed=21)):
+        write_image(folder / f"s{i}.png", photo(im, 2))
     out = tmp_path / "out"
     r = invoke(
-        "gradcam", str(src), "--model", SEGMENTER, "--weights", str(weights), "--input-size", "64",
+        "gradcam", str(folder), "--model", SEGMENTER, "--weights", str(weights), "--input-size", "64",
         "--metrics", "--out", str(out), "--json",
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    [m] = records(out)[0]["maps"]
-    assert m["metrics"]["deletion_auc"] < m["metrics"]["insertion_auc"]
+    got = [rec["maps"][0]["metrics"] for rec in records(out)]
+    deletion = float(np.mean([m["deletion_auc"] for m in got]))
+    insertion = float(np.mean([m["insertion_auc"] for m in got]))
+    assert deletion + 0.05 < insertion  # measured: 0.596 vs 0.754 (two threads), and so with one
 
 
 # Every cheap method (``all``), and the perturbation ones that run on a segmenter.

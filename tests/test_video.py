@@ -359,7 +359,7 @@ def test_clip_items_say_why_a_video_cannot_be_read(tmp_path: Path) -> None:
     (empty := tmp_path / "frames").mkdir()
     items = list(clip_items([Item("bad.webm", tmp_path / "bad.webm"), Item("frames", empty)], p))
     assert [i.path for i in items] == [None, None]
-    assert "cannot open as a video" in str(items[0].error) and "no image files" in str(items[1].error)
+    assert "damaged or truncated" in str(items[0].error) and "no image files" in str(items[1].error)
     with pytest.raises(InputError, match="no such file"):
         probe(tmp_path / "missing.mp4")
 
