@@ -267,6 +267,11 @@ def test_a_variable_frame_rate_video_keeps_its_own_times(tmp_path: Path) -> None
     assert list(clip.indices) == [0, 2, 4, 6, 8, 10]
     assert [round(f[0, 0, 0] / 20) for f in frames] == [0, 2, 4, 6, 8, 10]  # the frames the indices name
     assert times == pytest.approx([times_ms[i] / 1000 for i in clip.indices], abs=0.02)
+    # Sampled by frame index: this clip spans a second where its rate says a third; its record says so.
+    from hookviz.jobs.video import _uneven
+
+    assert info.fps is not None
+    assert "the file's frame rate varies" in _uneven(list(clip.indices), times, info.fps / 2)["sampling"]
 
 
 def test_clip_sampling_follows_the_weights_and_the_options() -> None:
