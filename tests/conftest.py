@@ -7,7 +7,7 @@ import os
 os.environ.setdefault("MPLBACKEND", "Agg")
 # No test reaches the network: the Hugging Face hub (timm, transformers) answers from the cache or fails.
 os.environ["HF_HUB_OFFLINE"] = "1"
-# A developer's running `hookviz serve` must not take the tests' subprocesses (tests/test_serve.py starts its own).
+# A developer's running `hookviz serve` must not take the tests' subprocesses (test_serve.py starts its own).
 os.environ["HOOKVIZ_SERVER"] = "none"
 # Under pytest-xdist (make test: two workers on two cores) each worker keeps to one core.
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -11,8 +11,9 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,8 +60,9 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _run_everything(tmp_path: Path) -> dict[str, bytes]:
-    """Every command on one photo: ``{command/file name: content}``, times, paths and path hashes masked."""
+def _run_everything(tmp_path: Path, run: Callable[..., Any] = invoke) -> dict[str, bytes]:
+    """Every command on one photo: ``{command/file name: content}``, times, paths and path hashes masked;
+    ``run(*args)`` runs one command (in process by default) and returns its exit code, stdout and stderr."""
     rng = np.random.default_rng(7)
     photo = write_image(tmp_path / "photo.png", rng.integers(0, 256, (40, 52, 3), dtype=np.uint8))
     labels = tmp_path / "labels.txt"
@@ -72,7 +74,7 @@ def _run_everything(tmp_path: Path) -> dict[str, bytes]:
         extra = ["--out", str(out), "-q"] if "{photo}" in args else []
         if name in ("gradcam", "evaluate", "sanity"):
             extra += ["--labels", str(labels)]
-        r = invoke(*filled, *extra)
+        r = run(*filled, *extra)
         assert r.exit_code == 0, (name, r.stderr)
         got[f"{name}/stdout"] = _mask(r.stdout, tmp_path).encode()
         if out.is_dir():
@@ -93,6 +95,11 @@ def test_every_command_writes_what_it_wrote_before(
         for name, data in got.items():
             (GOLDEN / name).parent.mkdir(parents=True, exist_ok=True)
             (GOLDEN / name).write_bytes(data)
+    assert_golden(got)
+
+
+def assert_golden(got: dict[str, bytes]) -> None:
+    """``got`` (from :func:`_run_everything`) reads as the stored golden files."""
     stored = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in sorted(GOLDEN.rglob("*")) if p.is_file()}
     assert sorted(got) == sorted(stored), "the set of output files changed"
     problems = [f"{name}: {why}" for name in got if (why := compare_file(name, stored[name], got[name]))]

@@ -13,14 +13,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from hookviz.serve.client import ask
 from tests.conftest import ROOT, write_image
-from tests.golden_compare import compare_file
-from tests.test_golden_runs import COMMANDS, GOLDEN, LABELS, _mask
+from tests.test_golden_runs import COMMANDS, _run_everything, assert_golden
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets only")
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
@@ -83,32 +83,13 @@ def test_the_socket_is_private(server: Path) -> None:
 def test_every_command_through_the_server_writes_what_it_writes_here(server: Path, tmp_path: Path) -> None:
     """The golden run (tests/test_golden_runs.py, in process) repeated through the server: the same files,
     text and exit codes, compared as the golden test compares them."""
-    rng = np.random.default_rng(7)
-    photo = write_image(tmp_path / "photo.png", rng.integers(0, 256, (40, 52, 3), dtype=np.uint8))
-    labels = tmp_path / "labels.txt"
-    labels.write_text(LABELS)
-    problems = []
-    for name, args in COMMANDS.items():
-        out = tmp_path / name
-        filled = [a.replace("{photo}", str(photo)) for a in args]
-        extra = ["--out", str(out), "-q"] if "{photo}" in args else []
-        if name in ("gradcam", "evaluate", "sanity"):
-            extra += ["--labels", str(labels)]
-        r = hookviz(server, *filled, *extra)
-        assert r.returncode == 0, (name, r.stderr)
+
+    def served(*args: str) -> SimpleNamespace:
+        r = hookviz(server, *args)
         assert "went away" not in r.stderr
-        got = {f"{name}/stdout": _mask(r.stdout, tmp_path).encode()}
-        for p in sorted(out.iterdir()) if out.is_dir() else []:
-            data = p.read_bytes()
-            if p.suffix in (".jsonl", ".json", ".csv", ".html", ".txt"):
-                data = _mask(data.decode(), tmp_path).encode()
-            got[f"{name}/{_mask(p.name, tmp_path)}"] = data
-        stored = {str(p.relative_to(GOLDEN)) for p in (GOLDEN / name).rglob("*") if p.is_file()}
-        assert set(got) == stored, name
-        problems += [
-            f"{k}: {why}" for k, v in got.items() if (why := compare_file(k, (GOLDEN / k).read_bytes(), v))
-        ]
-    assert not problems, "\n".join(problems)
+        return SimpleNamespace(exit_code=r.returncode, stdout=r.stdout, stderr=r.stderr)
+
+    assert_golden(_run_everything(tmp_path, served))
     status = ask(server, {"op": "status"})
     assert status is not None and status["served"] >= len(COMMANDS)
 

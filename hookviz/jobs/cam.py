@@ -14,6 +14,7 @@ from hookviz.errors import UsageError
 from hookviz.images import Box, encode_png
 from hookviz.jobs.common import (
     FUSED,
+    Notes,
     _check_finite,
     _finite_stat,
     _full_map,
@@ -62,7 +63,7 @@ class CamBatch:
 
 
 @dataclass(kw_only=True)
-class CamJob:
+class CamJob(Notes):
     """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
 
     ``targets`` is ``None`` (top-1), ``"topK"``, or a list of class indices shared by every image.
@@ -96,19 +97,6 @@ class CamJob:
     auto_layer: dict[str, Any] | None = None
     #: Segmentation: explain a class's pixels (``class``) or every pixel (``all``).
     region: str = "class"
-    #: Notes for the user found while computing (each said once); :meth:`take_notes` hands them over.
-    notes: list[str] = field(default_factory=list)
-    _noted: set[str] = field(default_factory=set, repr=False)
-
-    def take_notes(self) -> list[str]:
-        """The notes found since the last call (signed activations, a network with no rectifier)."""
-        taken, self.notes = self.notes, []
-        return taken
-
-    def _note_once(self, key: str, text: str) -> None:
-        if key not in self._noted:
-            self._noted.add(key)
-            self.notes.append(text)
 
     def _check_assumptions(self, ex: Any) -> None:
         from hookviz.methods import get

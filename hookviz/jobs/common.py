@@ -5,12 +5,31 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from hookviz.images import Box
 from hookviz.models import LoadedModel
+
+
+@dataclass(kw_only=True)
+class Notes:
+    """Notes for the user a job finds while it runs (each said once); the runner takes them after a record."""
+
+    notes: list[str] = field(default_factory=list)
+    _noted: set[str] = field(default_factory=set, repr=False)
+
+    def take_notes(self) -> list[str]:
+        """The notes found since the last call."""
+        taken, self.notes = self.notes, []
+        return taken
+
+    def _note_once(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
 
 
 def _weights_note(loaded: LoadedModel) -> str:

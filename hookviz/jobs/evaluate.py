@@ -11,7 +11,7 @@ import numpy as np
 
 from hookviz.errors import UsageError
 from hookviz.images import Box
-from hookviz.jobs.common import _check_finite, model_settings, parse_methods
+from hookviz.jobs.common import Notes, _check_finite, model_settings, parse_methods
 from hookviz.methods import MethodOptions
 from hookviz.models import LoadedModel
 
@@ -95,7 +95,7 @@ class MetricSettings:
 
 
 @dataclass(kw_only=True)
-class EvaluateJob:
+class EvaluateJob(Notes):
     """The metrics of every method x layer per image with the ``random`` and ``center`` chance baselines;
     no pictures, only records. With annotations (:mod:`hookviz.annotation`) each image is explained for its
     annotated classes, the first (the largest object's) for every family, each for the localisation."""
@@ -113,10 +113,7 @@ class EvaluateJob:
     annotations: Any = None  # hookviz.annotation.Annotations
     seed: int = 0
     kind: str = "evaluate"
-    #: Notes for the user (annotations left out or resized, how masks were read), each said once.
-    notes: list[str] = field(default_factory=list)
     _pending: Any = field(default=None, init=False, repr=False)
-    _noted: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.methods = parse_methods(self.methods)
@@ -165,16 +162,6 @@ class EvaluateJob:
             "randomisation": 1,
         }
         return {f: cost[f] for f in self.metrics if f in cost}
-
-    def take_notes(self) -> list[str]:
-        """The notes found since the last call."""
-        taken, self.notes = self.notes, []
-        return taken
-
-    def _note_once(self, key: str, text: str) -> None:
-        if key not in self._noted:
-            self._noted.add(key)
-            self.notes.append(text)
 
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Before a batch: each image's annotated objects, as ``(label, mask)`` in the input's frame, the
