@@ -219,7 +219,9 @@ class EvaluateJob(Notes):
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
         copies = (self.chunk or 64) * est.per_image // 4  # a perturbed copy holds no gradient and no map
-        return Estimate(est.per_image * (1 + self.metric_settings.robust_samples), est.fixed + copies)
+        # Robustness explains each noisy copy of the batch in turn, keeping the first explanation meanwhile.
+        twice = 2 if "robustness" in self.metrics else 1
+        return Estimate(est.per_image * twice, est.fixed + copies)
 
     def compute(self, x: Any) -> Any:
         from hookviz.jobs.evaluate_compute import compute
