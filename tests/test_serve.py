@@ -211,3 +211,36 @@ def test_a_server_that_dies_mid_request_falls_back_once(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_client_imports_neither_torch_nor_typer(server: Path, photos: Path, tmp_path: Path) -> None:
+    args = ["gradcam", str(photos / "p0.png"), *TINY, "-q", "--out", str(tmp_path)]
+    code = (
+        "import sys; from hookviz.serve.client import run_on_server; "
+        f"c = run_on_server({args!r}); print(c, 'torch' in sys.modules, 'typer' in sys.modules)"
+    )
+    run = [sys.executable, "-c", code]
+    r = subprocess.run(run, cwd=ROOT, env=_env(server), capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["0", "False", "False"], r.stderr
+
+
+def test_warm_models_are_kept_under_the_budget_least_recently_used_first(tmp_path: Path) -> None:
+    from hookviz.cli import loading
+    from hookviz.cli.loading import ModelOptions
+    from hookviz.serve.server import Server
+
+    small, big = (ModelOptions(model=n, weights="none", device="cpu") for n in ("resnet18", "resnet34"))
+    user = ModelOptions(model="tests.conftest:TinyCNN", weights="none", device="cpu")
+    srv = Server(tmp_path / "s.sock", max_memory=100 * 2**20)  # resnet18 45 MB, resnet34 87 MB
+    try:
+        srv._keep_warm(small)
+        assert [k[0].model for k in srv.warm] == ["resnet18"] and loading.warm_key(small) in loading.WARM
+        srv._keep_warm(big)  # 132 MB together: the least recently used goes
+        assert [k[0].model for k in srv.warm] == ["resnet34"] and loading.warm_key(small) not in loading.WARM
+        srv._keep_warm(user)  # the user's own code: loaded afresh by every call, never kept
+        assert [k[0].model for k in srv.warm] == ["resnet34"] and loading.warm_key(user) is None
+        # A child finds the warm model: the very object, no second load.
+        assert loading._load(big, quiet=True) is srv.warm[loading.warm_key(big)][0]
+    finally:
+        loading.WARM.clear()
+        loading.USED.clear()
