@@ -167,7 +167,9 @@ def test_robustness_randomisation_and_road_figures_do_not_change_with_the_batch_
         for method, figures in got[0][name].items():
             for fig, v in figures.items():
                 w = got[1][name][method][fig]
-                assert v == pytest.approx(w, rel=1e-4, abs=1e-6), (name, method, fig, v, w)
+                # Batched convolutions sum in another order: RIS, a ratio, moved 3e-4 relative under
+                # ATEN_CPU_CAPABILITY=default; noise drawn per batch moved the figures by far more.
+                assert v == pytest.approx(w, rel=5e-3, abs=1e-5), (name, method, fig, v, w)
 
 
 # --- two runs, one folder ---------------------------------------------------------------------------------

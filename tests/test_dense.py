@@ -180,8 +180,11 @@ def test_segmentation_every_method_and_metrics(
         assert torch.isfinite(cam).all() and cam.shape[:2] == (1, 1), method
         up = F.interpolate(cam.float(), size=x.shape[2:], mode="bilinear")[0, 0]
         if method in ("gradcam", "hirescam", "layercam", "scorecam"):
-            peak = np.unravel_index(int(up.argmax()), up.shape)
-            assert classes[peak] == k, (method, peak)
+            # The class's own pixels light up (the peak alone fell on a neighbouring shape for Score-CAM with
+            # another CPU's kernels). Measured inside / outside: Grad-CAM 27-34x, LayerCAM 38x, HiResCAM 52x,
+            # Score-CAM 1.9-2.0x, with AVX2 and ATEN_CPU_CAPABILITY=default kernels, one and two threads.
+            inside, outside = float(up[classes == k].mean()), float(up[classes != k].mean())
+            assert inside > (1.5 if method == "scorecam" else 5.0) * outside, (method, inside, outside)
     # Deletion falls faster than insertion rises, over eight scenes (one scene alone was a coin toss: 0.686
     # vs 0.680 on one machine, the other way round on another).
     folder = tmp_path / "scenes"

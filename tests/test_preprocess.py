@@ -114,8 +114,12 @@ def test_hugging_face_image_processors(cls: str, kwargs: dict[str, object]) -> N
         x, _ = built.preprocess(rgb)
         expected = proc(Image.fromarray(rgb), return_tensors="pt")["pixel_values"][0].numpy()
         assert x.shape == expected.shape
-        # transformers 5 resizes with torch's antialiased kernel, not PIL's: within 1e-4 on average.
-        assert float(np.abs(x - expected).mean()) <= 1e-4, photo.name
+        # transformers 5 resizes with torch's antialiased kernel, not PIL's. Every value within two 8-bit
+        # levels of the processor's (the kernels' last bits round some pixels the other way: 1 % of a level on
+        # average here, 12 % under ATEN_CPU_CAPABILITY=default), and few of them off at all.
+        level = 1 / 255 / min(float(v) for v in getattr(proc, "image_std", None) or [1.0])
+        diff = np.abs(x - expected)
+        assert float(diff.max()) <= 2.01 * level and float(diff.mean()) <= 0.25 * level, photo.name
 
 
 def test_a_size_the_model_cannot_take_is_one_exit_3_line(tmp_path: Path) -> None:
