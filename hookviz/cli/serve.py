@@ -51,12 +51,13 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Keep torch imported and models warm: every hookviz command then runs in a fork of this process.
+    """Keep torch imported and models warm: every command runs in a fork of this.
 
-    Listens on a Unix socket in a folder only you can open (mode 0700, socket 0600), never on the network.
-    While it runs, `hookviz gradcam cat.jpg` in a shell loop costs a fork instead of a Python start and
-    torch's import. --no-server (or HOOKVIZ_SERVER=none) runs a command here instead.
-    """  # fmt: skip
+    Listens on a Unix socket in a folder only you can open (0700, socket 0600),
+    never on the network. While it runs, each `hookviz gradcam cat.jpg` of a
+    shell loop costs a fork instead of Python's start and torch's import.
+    --no-server (or HOOKVIZ_SERVER=none) runs a command here instead.
+    """
     path = socket_path or server_socket() or socket_dir() / "server.sock"
     if stop or status:
         answer = ask(path, {"op": "stop" if stop else "status"})
