@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hookviz.outputs import process_alive
+
 #: ``.manifest.<job>.rank<R>.<pid>.jsonl`` (``.manifest.rank<R>.<pid>.jsonl`` before parts named their job).
 PART = re.compile(r"^\.manifest\.(?:([\w-]+)\.)?rank(\d+)\.(\d+)\.jsonl$")
 PROGRESS = ".hookviz-progress.rank{}"
@@ -122,7 +124,6 @@ def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None =
     number of lines merged. Each line is appended with one ``write``, as every manifest line is.
     """
     from hookviz.files import open_append
-    from hookviz.outputs import process_alive
 
     parts = []
     for p in root.iterdir():

@@ -10,6 +10,7 @@ they were found: the embedding is read by a hook that lives for one forward call
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -170,8 +171,6 @@ def similar_to(
 def _replace(
     loaded: LoadedModel, model: nn.Module, categories: tuple[str, ...], labels_id: str
 ) -> LoadedModel:
-    import dataclasses
-
     return dataclasses.replace(loaded, model=model, categories=categories, labels_id=labels_id)
 
 
@@ -255,8 +254,6 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
     wrapper = ImageText(model, source.forward, texts.detach(), scale, bias)
     # A JSON list: a prompt holding a newline is not two prompts (and gets another settings key).
     digest = hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest()[:12]
-    import dataclasses
-
     replaced = _replace(loaded, wrapper, tuple(prompts), f"prompts:{digest}")
     return dataclasses.replace(replaced, notes=replaced.notes + notes)
 

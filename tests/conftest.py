@@ -251,6 +251,17 @@ def hook_counts(model: nn.Module) -> int:
     return modules + tensors
 
 
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    """Four 40 x 40 noise photos in ``tmp_path/in``."""
+    d = tmp_path / "in"
+    d.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        write_image(d / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    return d
+
+
 def write_image(path: Path, rgb: np.ndarray) -> Path:
     from PIL import Image
 

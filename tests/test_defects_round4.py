@@ -27,14 +27,10 @@ LABELS = "square\ndisc\ncross\n"
 
 
 @pytest.fixture
-def photos(tmp_path: Path) -> Path:
-    d = tmp_path / "in"
-    d.mkdir()
-    rng = np.random.default_rng(3)
-    for i in range(4):
-        write_image(d / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
-    (tmp_path / "labels.txt").write_text(LABELS)
-    return d
+def photos(photos: Path) -> Path:
+    """The four noise photos (conftest), and the shapes' class names beside them."""
+    (photos.parent / "labels.txt").write_text(LABELS)
+    return photos
 
 
 # --- boxes --------------------------------------------------------------------------------------------------

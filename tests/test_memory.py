@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torchvision
 
-from hookviz.memory import Estimate, explain_estimate, parse_size
+from hookviz.memory import Estimate, parse_size
+from hookviz.methods.footprint import explain_estimate
 from tests.conftest import invoke, records, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]

@@ -62,16 +62,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             proc.stderr.close()
 
 
-@pytest.fixture
-def photos(tmp_path: Path) -> Path:
-    d = tmp_path / "in"
-    d.mkdir()
-    rng = np.random.default_rng(9)
-    for i in range(4):
-        write_image(d / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
-    return d
-
-
 def test_the_socket_is_private(server: Path) -> None:
     assert stat.S_IMODE(server.parent.stat().st_mode) == 0o700
     assert stat.S_ISSOCK(server.stat().st_mode) and stat.S_IMODE(server.stat().st_mode) == 0o600
@@ -227,11 +217,12 @@ def test_the_client_imports_neither_torch_nor_typer(server: Path, photos: Path, 
 def test_warm_models_are_kept_under_the_budget_least_recently_used_first(tmp_path: Path) -> None:
     from hookviz.cli import loading
     from hookviz.cli.loading import ModelOptions
+    from hookviz.cli.serve import CliHost
     from hookviz.serve.server import Server
 
     small, big = (ModelOptions(model=n, weights="none", device="cpu") for n in ("resnet18", "resnet34"))
     user = ModelOptions(model="tests.conftest:TinyCNN", weights="none", device="cpu")
-    srv = Server(tmp_path / "s.sock", max_memory=100 * 2**20)  # resnet18 45 MB, resnet34 87 MB
+    srv = Server(tmp_path / "s.sock", CliHost(), max_memory=100 * 2**20)  # resnet18 45 MB, resnet34 87 MB
     try:
         srv._keep_warm(small)
         assert [k[0].model for k in srv.warm] == ["resnet18"] and loading.warm_key(small) in loading.WARM
@@ -240,7 +231,31 @@ def test_warm_models_are_kept_under_the_budget_least_recently_used_first(tmp_pat
         srv._keep_warm(user)  # the user's own code: loaded afresh by every call, never kept
         assert [k[0].model for k in srv.warm] == ["resnet34"] and loading.warm_key(user) is None
         # A child finds the warm model: the very object, no second load.
-        assert loading._load(big, quiet=True) is srv.warm[loading.warm_key(big)][0]
+        assert loading._load(big, quiet=True) is loading.WARM[loading.warm_key(big)]
     finally:
         loading.WARM.clear()
         loading.USED.clear()
+
+
+def test_serve_detach_status_and_stop_from_the_command_line(tmp_path: Path) -> None:
+    sock = tmp_path / "private" / "server.sock"
+
+    def serve(*flags: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock), *flags]
+        return subprocess.run(cmd, cwd=ROOT, env=_env(sock), capture_output=True, text=True, timeout=300)
+
+    started = serve("--detach")
+    assert started.returncode == 0 and "listening on" in started.stderr, started.stderr
+    try:
+        again = serve("--detach")
+        assert again.returncode == 0 and "already running" in again.stderr
+        assert json.loads(serve("--status").stdout)["socket"] == str(sock)
+    finally:
+        stopped = serve("--stop")
+    assert stopped.returncode == 0 and "stopping" in stopped.stdout
+    deadline = time.monotonic() + 30
+    while sock.exists():  # the socket goes with the server
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    gone = serve("--status")
+    assert gone.returncode == 1 and "no server" in gone.stderr

@@ -25,6 +25,7 @@ from typer.core import TyperCommand
 
 from hookviz import __version__
 from hookviz.errors import HookvizError
+from hookviz.memory import parse_size
 from hookviz.options import Resize
 
 app = typer.Typer(
@@ -176,8 +177,6 @@ def memory_size(text: str | None) -> int | None:
     """``--max-memory`` in bytes (None: the default budget)."""
     if text is None:
         return None
-    from hookviz.memory import parse_size
-
     try:
         return parse_size(text)
     except ValueError as exc:

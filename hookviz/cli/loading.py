@@ -3,12 +3,15 @@ warm models of ``hookviz serve`` (a forked child finds the model its parent load
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from hookviz.errors import UsageError
 
 if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
     from hookviz.models import LoadedModel
@@ -102,10 +105,6 @@ def with_sampling(
     loaded: LoadedModel, clip_len: int | None, frame_stride: int | None, clips: str | None
 ) -> LoadedModel:
     """``loaded`` with the user's clip sampling (a UsageError for a model that takes photos)."""
-    import dataclasses
-
-    from hookviz.errors import UsageError
-
     given = [
         o for o, v in (("--clip-len", clip_len), ("--frame-stride", frame_stride), ("--clips", clips)) if v
     ]

@@ -3,18 +3,76 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.app import EXIT_SETUP, _fail, memory_size
+from hookviz.cli.app import EXIT_SETUP, _fail, app, memory_size
+from hookviz.cli.loading import USED, WARM, load_options, warm_key
 from hookviz.serve.client import ask
 from hookviz.serve.paths import private_dir, server_socket, socket_dir
+from hookviz.serve.server import Server
+
+#: Modules a command would import, imported once by the server (its children inherit them).
+PRELOAD = (
+    "torch", "torchvision", "cv2", "numpy", "PIL.Image", "matplotlib", "scipy.stats", "hookviz.attribution",
+    "hookviz.pipeline", "hookviz.render", "hookviz.jobs", "hookviz.jobs.build", "hookviz.features",
+    "hookviz.summary", "hookviz.report", "hookviz.evaluation", "hookviz.sources",
+    "hookviz.sources.torchvision", "hookviz.models",
+)  # fmt: skip
+
+
+class CliHost:
+    """hookviz's command line as the server's host: its commands run in the children, the models they load
+    kept warm in the server (:data:`hookviz.cli.WARM`, which a forked child inherits)."""
+
+    def __init__(self) -> None:
+        self.command: Any = None
+
+    def prepare(self) -> None:
+        for name in PRELOAD:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        self.command = typer.main.get_command(app)  # built once: typer builds it anew on every app() call
+
+    def run(self, argv: list[str]) -> int:
+        try:
+            self.command.main(args=argv, prog_name="hookviz")
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return 0
+
+    def used(self) -> list[Any]:
+        return list(USED)
+
+    def warm(self, used: Any) -> tuple[Any, int] | None:
+        key = warm_key(used)
+        if key is None:  # the user's own code: loaded afresh by every call
+            return None
+        loaded = WARM.get(key)
+        if loaded is None:
+            from hookviz.models import probe  # torch: loaded by the server, not for --help
+
+            loaded = load_options(used, quiet=True)
+            with contextlib.suppress(Exception):  # the layer probe's traced pass, cached with the model
+                probe(loaded)
+            WARM[key] = loaded
+        model = loaded.model
+        return key, sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+    def drop(self, key: Any) -> None:
+        WARM.pop(key, None)
+
+    def describe(self, key: Any) -> str:
+        options = key[0]
+        return str(options.model) + (f" ({options.weights})" if options.weights else "")
 
 
 def serve(
@@ -80,11 +138,9 @@ def serve(
     if detach:
         _detach(path, idle_timeout, budget)
         return
-    from hookviz.serve.server import Server
-
     typer.echo(f"hookviz: serving on {path} (Ctrl-C stops it)", err=True)
     with contextlib.suppress(KeyboardInterrupt):
-        Server(path, idle_timeout=idle_timeout, max_memory=budget, log=sys.stderr).serve()  # type: ignore[arg-type]
+        Server(path, CliHost(), idle_timeout=idle_timeout, max_memory=budget, log=sys.stderr).serve()  # type: ignore[arg-type]
 
 
 def _detach(path: Path, idle_timeout: float, budget: int) -> None:
@@ -102,10 +158,8 @@ def _detach(path: Path, idle_timeout: float, budget: int) -> None:
         os.dup2(fd, 2)
         code = 0
         try:
-            from hookviz.serve.server import Server
-
             with open(log, "a", encoding="utf-8") as f:
-                Server(path, idle_timeout=idle_timeout, max_memory=budget, log=f).serve()
+                Server(path, CliHost(), idle_timeout=idle_timeout, max_memory=budget, log=f).serve()
         except BaseException:
             code = 1
         os._exit(code)

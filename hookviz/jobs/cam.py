@@ -23,8 +23,10 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
+from hookviz.memory import Estimate
 from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
+from hookviz.methods.footprint import explain_estimate
 from hookviz.models import LoadedModel
 from hookviz.options import Colormap, Fuse, Normalize, Region
 from hookviz.taps import slug
@@ -204,15 +206,13 @@ class CamJob(Notes):
         return [*names, sheet] if sheet else names
 
     # -- compute --------------------------------------------------------------------------
-    def memory(self, shape: tuple[int, ...]) -> Any:
+    def memory(self, shape: tuple[int, ...]) -> Estimate:
         """What a batch of inputs of ``shape`` holds (:class:`hookviz.memory.Estimate`); the pipeline
         splits a batch that would pass ``--max-memory``."""
-        from hookviz.memory import explain_estimate
-
         k = len(self._target_suffixes())
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
-        return est if not self.aug_smooth else type(est)(est.per_image * 2, est.fixed)
+        return est if not self.aug_smooth else Estimate(est.per_image * 2, est.fixed)
 
     def compute(self, x: Any) -> CamBatch:
         from hookviz import cams

@@ -9,11 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.errors import UsageError
+from hookviz.annotation import input_mask, resolve
+from hookviz.errors import InputError, UsageError
 from hookviz.images import Box
 from hookviz.jobs.common import Notes, _check_finite, model_settings, parse_methods
+from hookviz.memory import Estimate
 from hookviz.methods import MethodOptions
-from hookviz.models import LoadedModel
+from hookviz.methods.footprint import explain_estimate
+from hookviz.models import LoadedModel, num_classes
 
 #: ``--metric`` families, in the order their columns appear.
 FAMILIES = ("faithfulness", "road", "flipping", "localisation", "complexity", "robustness", "randomisation")
@@ -114,13 +117,13 @@ class EvaluateJob(Notes):
     seed: int = 0
     kind: str = "evaluate"
     _pending: Any = field(default=None, init=False, repr=False)
+    _classes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.methods = parse_methods(self.methods)
         if self.annotations is not None:  # every class resolved before the first image, not midway
-            from hookviz.models import num_classes
-
-            self.annotations.check(self.loaded.categories, num_classes(self.loaded))
+            self._classes = num_classes(self.loaded)  # once: without class names it costs a forward pass
+            self.annotations.check(self.loaded.categories, self._classes)
             self.notes.extend(self.annotations.warnings)
         if self.loaded.video is not None and (bad := [f for f in self.metrics if f in PIXEL_FAMILIES]):
             raise UsageError(
@@ -180,9 +183,6 @@ class EvaluateJob(Notes):
     def _objects(
         self, item: Any, rgb: np.ndarray, box: Box, size: tuple[int, int]
     ) -> list[tuple[int | None, np.ndarray]] | None:
-        from hookviz.annotation import input_mask, resolve
-        from hookviz.models import num_classes
-
         regions = self.annotations.regions(item.path or item.name)
         if regions is None:  # this image fails alone (render says why); the others go on
             return None
@@ -198,7 +198,7 @@ class EvaluateJob(Notes):
                     )
                 self._note_once("resize", f"masks of another size than their photo are resized (nearest), "
                                 f"e.g. {item.name}'s {mw}x{mh} to {w}x{h}")  # fmt: skip
-            k = resolve(r.label, self.loaded.categories, num_classes(self.loaded))
+            k = resolve(r.label, self.loaded.categories, self._classes)
             merged[k] = merged.get(k, np.zeros((h, w), bool)) | r.draw(h, w)
         masks = {k: input_mask(m, box, size) for k, m in merged.items()}
         lost = [k for k, m in masks.items() if not m.any() and merged[k].any()]
@@ -210,11 +210,9 @@ class EvaluateJob(Notes):
             )
         return sorted(((k, m) for k, m in masks.items() if m.any()), key=lambda kv: -int(kv[1].sum()))
 
-    def memory(self, shape: tuple[int, ...]) -> Any:
+    def memory(self, shape: tuple[int, ...]) -> Estimate:
         """What a batch of inputs of ``shape`` holds: the explanation, and the perturbed copies its families
         run (a chunk at a time, whatever the batch)."""
-        from hookviz.memory import Estimate, explain_estimate
-
         k = 1 if not isinstance(self.targets, list) else len(self.targets)
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
@@ -234,8 +232,6 @@ class EvaluateJob(Notes):
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         ex, rows, objects, passes = result
         if objects is not None and (objects[index] is None or isinstance(objects[index], str)):
-            from hookviz.errors import InputError
-
             if isinstance(objects[index], str):
                 raise InputError(f"annotation refused: {objects[index]}")
             raise InputError(f"not in the annotations ({self.annotations.source}): no object to localise")

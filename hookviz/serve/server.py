@@ -29,19 +29,36 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hookviz.serve.paths import private_dir
 
 #: What a client's environment may not change in a child: the server's own state.
 _KEEP = ("HOOKVIZ_SERVER",)
-#: Modules a command would import, imported once here (the children inherit them).
-PRELOAD = (
-    "torch", "torchvision", "cv2", "numpy", "PIL.Image", "matplotlib", "scipy.stats", "hookviz.cli",
-    "hookviz.attribution", "hookviz.pipeline", "hookviz.render", "hookviz.jobs", "hookviz.jobs.build",
-    "hookviz.features", "hookviz.summary", "hookviz.report", "hookviz.evaluation", "hookviz.sources",
-    "hookviz.sources.torchvision", "hookviz.models",
-)  # fmt: skip
+
+
+class Host(Protocol):
+    """What the server serves: the command line it runs in its children and the models it keeps warm for them
+    (:class:`hookviz.cli.serve.CliHost`). The server itself knows sockets, forks and a memory budget only."""
+
+    def prepare(self) -> None:
+        """In the server, before it listens: import what a command would, build what every child reuses."""
+
+    def run(self, argv: list[str]) -> int:
+        """In a child: run ``hookviz argv`` and return its exit code."""
+
+    def used(self) -> list[Any]:
+        """In a child, after :meth:`run`: what it loaded (picklable), for :meth:`warm`."""
+
+    def warm(self, used: Any) -> tuple[Any, int] | None:
+        """In the server: load what a child used (unless kept already) and keep it for the next children; its
+        key and bytes (None: not to be kept)."""
+
+    def drop(self, key: Any) -> None:
+        """In the server: forget a model kept warm."""
+
+    def describe(self, key: Any) -> str:
+        """A kept model, as the log and ``--status`` name it."""
 
 
 @dataclass
@@ -56,6 +73,7 @@ class Server:
     """A server listening at ``path`` (a Unix socket in a folder only the user can open)."""
 
     path: Path
+    host: Host
     #: Seconds without a request after which the server exits (0: never).
     idle_timeout: float = 900.0
     #: Bytes of warm models kept (parameters and buffers); the least recently used go first.
@@ -64,11 +82,11 @@ class Server:
     max_children: int = max(2, os.cpu_count() or 2)
     log: io.TextIOBase | None = None
     children: dict[int, _Child] = field(default_factory=dict)
-    warm: OrderedDict[Any, tuple[Any, int]] = field(default_factory=OrderedDict)
+    #: The models kept warm, least recently used first: key -> bytes.
+    warm: OrderedDict[Any, int] = field(default_factory=OrderedDict)
     served: int = 0
     _stopping: bool = False
     _threads: int = 1
-    _command: Any = None
     _started: float = field(default_factory=time.time)
     _own_fds: list[int] = field(default_factory=list)
 
@@ -76,21 +94,11 @@ class Server:
 
     def serve(self) -> None:
         """Listen until stopped or idle; the socket is removed on the way out."""
-        import importlib
-
         import torch
 
         self._threads = torch.get_num_threads()
         torch.set_num_threads(1)  # see the module's notes: the children get the real count
-        for name in PRELOAD:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
-        os.environ.setdefault("MPLBACKEND", "Agg")
-        import typer
-
-        from hookviz.cli import app
-
-        self._command = typer.main.get_command(app)  # built once: typer builds it anew on every app() call
+        self.host.prepare()
         private_dir(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a socket left by a server that died (a live one answered our check)
@@ -202,8 +210,8 @@ class Server:
             "uptime_s": round(time.time() - self._started, 1),
             "served": self.served,
             "running": len(self.children),
-            "models": [_describe(k) for k in self.warm],
-            "warm_bytes": sum(size for _, size in self.warm.values()),
+            "models": [self.host.describe(k) for k in self.warm],
+            "warm_bytes": sum(self.warm.values()),
             "max_memory": self.max_memory,
             "idle_timeout_s": self.idle_timeout,
         }
@@ -216,7 +224,7 @@ class Server:
                 c.report for c in self.children.values()
             ]
             close = [report_r, conn.fileno(), *self._own_fds, *others]
-            _child(self._command, request, fds, report_w, self._threads, close)
+            _child(self.host, request, fds, report_w, self._threads, close)
         os.close(report_w)
         os.set_blocking(report_r, False)  # read once the child has exited; a grandchild may hold it open
         self.served += 1
@@ -262,36 +270,27 @@ class Server:
 
     # -- warm models ----------------------------------------------------------------------------------------
 
-    def _keep_warm(self, options: Any) -> None:
-        """Load the model a child used, so that the next children inherit it (once; the least recently used
-        dropped past ``max_memory``)."""
-        from hookviz.cli import loading as runner
-
-        key = runner.warm_key(options)
-        if key is None:
-            return
-        if key in self.warm:
-            self.warm.move_to_end(key)
-            return
+    def _keep_warm(self, used: Any) -> None:
+        """Keep what a child used warm for the next children (the least recently used dropped past
+        ``max_memory``)."""
         try:
-            loaded = runner.load_options(options, quiet=True)
+            kept = self.host.warm(used)
         except Exception as exc:  # a model that failed in the child fails here too: nothing to keep
-            self._say(f"not kept warm: {_describe(key)}: {exc}")
+            self._say(f"not kept warm: {exc}")
             return
-        size = sum(
-            t.numel() * t.element_size() for t in (*loaded.model.parameters(), *loaded.model.buffers())
-        )
-        self.warm[key] = (loaded, size)
-        runner.WARM[key] = loaded
-        with contextlib.suppress(Exception):  # the layer probe's traced pass, cached with the model
-            from hookviz.models import probe
-
-            probe(loaded)
-        while sum(s for _, s in self.warm.values()) > self.max_memory and len(self.warm) > 1:
+        if kept is None:
+            return
+        key, size = kept
+        new = key not in self.warm
+        self.warm[key] = size
+        self.warm.move_to_end(key)
+        if not new:
+            return
+        while sum(self.warm.values()) > self.max_memory and len(self.warm) > 1:
             old, _ = self.warm.popitem(last=False)
-            runner.WARM.pop(old, None)
-            self._say(f"dropped {_describe(old)} (over the memory budget)")
-        self._say(f"keeping {_describe(key)} warm ({size / 2**20:.0f} MB)")
+            self.host.drop(old)
+            self._say(f"dropped {self.host.describe(old)} (over the memory budget)")
+        self._say(f"keeping {self.host.describe(key)} warm ({size / 2**20:.0f} MB)")
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -305,10 +304,6 @@ def _same_user(conn: socket.socket) -> bool:
     creds = conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
     _, uid, _ = struct.unpack("3i", creds)
     return bool(uid == os.getuid())
-
-
-def _describe(key: Any) -> str:
-    return str(key[0].model) + (f" ({key[0].weights})" if key[0].weights else "")
 
 
 def _read_report(fd: int) -> list[Any]:
@@ -336,7 +331,7 @@ def _die_with_parent() -> None:
 
 
 def _child(
-    command: Any, request: dict[str, Any], fds: list[int], report: int, threads: int, close: list[int]
+    host: Host, request: dict[str, Any], fds: list[int], report: int, threads: int, close: list[int]
 ) -> None:
     """Run one request in this forked child and exit with its code."""
     code = 70
@@ -369,17 +364,12 @@ def _child(
         want = env.get("OMP_NUM_THREADS", "")
         torch.set_num_threads(int(want) if want.isdigit() and int(want) > 0 else threads)
         sys.argv = ["hookviz", *request["argv"]]
-        from hookviz.cli import loading as runner
-
         try:
-            command.main(args=list(request["argv"]), prog_name="hookviz")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = host.run(list(request["argv"]))
         except KeyboardInterrupt:
             code = 130
         with contextlib.suppress(Exception):
-            os.write(report, pickle.dumps(list(runner.USED)))
+            os.write(report, pickle.dumps(host.used()))
     except BaseException as exc:  # the child must not return into the server's loop
         with contextlib.suppress(Exception):
             os.write(2, f"hookviz: error: internal error in the server's child: {exc!r}\n".encode())
