@@ -10,6 +10,8 @@ TORCH_PIN := torch==2.9.1 torchvision==0.24.1
 else
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 endif
+# OpenCV draws the captions: 5.1 wraps them differently from 5.0, and the golden runs hold 5.0's.
+CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
 
 .PHONY: help install browser demo test test-fast check lint bench clean
@@ -22,7 +24,7 @@ install: $(STAMP)  ## create .venv and install hookviz with its test tools
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q $(TORCH_PIN) $(CV_PIN)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
