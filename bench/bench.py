@@ -47,9 +47,9 @@ def medians(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
 
 
 def compute_bench(rounds: int, batch: int) -> list[tuple[str, float, float]]:
-    from hookviz.attribution import explain, grad_cam
-    from hookviz.cams import GRADIENT_METHODS
-    from hookviz.hooks import capture
+    from hookviz.core.hooks import capture
+    from hookviz.engine.explain import explain, grad_cam
+    from hookviz.methods.cams import GRADIENT_METHODS
 
     warnings.filterwarnings("ignore")
     from pytorch_grad_cam import GradCAM as PgcGradCAM
@@ -252,7 +252,7 @@ def png_bench(rounds: int) -> list[tuple[str, float, float]]:
     import numpy as np
 
     from hookviz import render
-    from hookviz.images import Box, load_rgb
+    from hookviz.io.images import Box, load_rgb
 
     rgb = load_rgb(sorted(SAMPLES.glob("*.jpg"))[1])
     cam = np.random.default_rng(0).random((7, 7)).astype(np.float32)

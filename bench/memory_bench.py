@@ -75,7 +75,7 @@ def fullgrad_rows(rounds: int) -> list[tuple[str, float, float]]:
     import torch
     import torchvision
 
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
 
     torch.manual_seed(0)
     model = torchvision.models.efficientnet_b0(weights=None).eval()

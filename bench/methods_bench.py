@@ -48,7 +48,7 @@ def rows(rounds: int, batch: int, size: int, only: set[str] | None = None) -> li
     from captum.attr import InputXGradient, IntegratedGradients, NoiseTunnel, Occlusion, Saliency
     from pytorch_grad_cam.utils.model_targets import ClassifierOutputReST, ClassifierOutputTarget
 
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
     from hookviz.methods import MethodOptions
 
     torch.manual_seed(0)

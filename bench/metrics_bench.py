@@ -37,7 +37,7 @@ def rows(rounds: int, batch: int, size: int) -> list[tuple[str, float, float]]:
     import quantus
     from quantus.functions.perturb_func import noisy_linear_imputation as q_nli
 
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
     from hookviz.evaluation import localisation as loc
     from hookviz.evaluation import perturbation as pert
     from hookviz.evaluation import random_logit, randomised_models, spearman

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torchvision
 
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
 
 
 def main() -> None:

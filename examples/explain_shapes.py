@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from train_with_hooks import make_batch, make_model
 
 from hookviz import render
-from hookviz.attribution import explain
-from hookviz.cams import METHODS
-from hookviz.images import Box, encode_png
+from hookviz.engine.explain import explain
+from hookviz.io.images import Box, encode_png
+from hookviz.methods.cams import METHODS
 
 NAMES = ("square", "disc", "cross")
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hookviz.gradients import GlobalNormClipper, gradient_flow
-from hookviz.regularize import attach_dropblock
-from hookviz.shapes import shapes_batch
+from hookviz.io.shapes import shapes_batch
+from hookviz.training.gradients import GlobalNormClipper, gradient_flow
+from hookviz.training.regularize import attach_dropblock
 
 
 def make_batch(n: int, rng: np.random.Generator, size: int = 48) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,32 +14,32 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "capture": "hookviz.hooks",
-    "preserved": "hookviz.hooks",
-    "resolve_layers": "hookviz.layers",
-    "trace_shapes": "hookviz.hooks",
-    "grad_cam": "hookviz.attribution",
-    "explain": "hookviz.attribution",
-    "CamResult": "hookviz.attribution",
-    "Explanation": "hookviz.attribution",
-    "explain_detections": "hookviz.detection",
+    "capture": "hookviz.core.hooks",
+    "preserved": "hookviz.core.hooks",
+    "resolve_layers": "hookviz.core.layers",
+    "trace_shapes": "hookviz.core.hooks",
+    "grad_cam": "hookviz.engine.explain",
+    "explain": "hookviz.engine.explain",
+    "CamResult": "hookviz.engine.explain",
+    "Explanation": "hookviz.engine.explain",
+    "explain_detections": "hookviz.engine.detection",
     "explain_videos": "hookviz.jobs.video",
     "evaluate": "hookviz.jobs.evaluate",
-    "DetectionExplanation": "hookviz.detection",
+    "DetectionExplanation": "hookviz.engine.detection",
     "summarize": "hookviz.summary",
     "ModelSummary": "hookviz.summary",
-    "attach_dropblock": "hookviz.regularize",
-    "attach_dropout2d": "hookviz.regularize",
-    "drop_block": "hookviz.regularize",
-    "gradient_flow": "hookviz.gradients",
-    "clip_grad_values": "hookviz.gradients",
-    "GlobalNormClipper": "hookviz.gradients",
-    "feature_maps": "hookviz.features",
-    "FeatureMap": "hookviz.features",
-    "load_model": "hookviz.models",
-    "LoadedModel": "hookviz.models",
-    "load_rgb": "hookviz.images",
-    "Preprocess": "hookviz.images",
+    "attach_dropblock": "hookviz.training.regularize",
+    "attach_dropout2d": "hookviz.training.regularize",
+    "drop_block": "hookviz.training.regularize",
+    "gradient_flow": "hookviz.training.gradients",
+    "clip_grad_values": "hookviz.training.gradients",
+    "GlobalNormClipper": "hookviz.training.gradients",
+    "feature_maps": "hookviz.engine.features",
+    "FeatureMap": "hookviz.engine.features",
+    "load_model": "hookviz.models.loaded",
+    "LoadedModel": "hookviz.models.loaded",
+    "load_rgb": "hookviz.io.images",
+    "Preprocess": "hookviz.io.images",
     "HookvizError": "hookviz.errors",
     "Method": "hookviz.methods",
     "MethodOptions": "hookviz.methods",
@@ -49,21 +49,21 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load on first use
-    from hookviz.attribution import CamResult, Explanation, explain, grad_cam
-    from hookviz.detection import DetectionExplanation, explain_detections
+    from hookviz.core.hooks import capture, preserved, trace_shapes
+    from hookviz.core.layers import resolve_layers
+    from hookviz.engine.detection import DetectionExplanation, explain_detections
+    from hookviz.engine.explain import CamResult, Explanation, explain, grad_cam
+    from hookviz.engine.features import FeatureMap, feature_maps
     from hookviz.errors import HookvizError
-    from hookviz.features import FeatureMap, feature_maps
-    from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
-    from hookviz.hooks import capture, preserved, trace_shapes
-    from hookviz.images import Preprocess, load_rgb
+    from hookviz.io.images import Preprocess, load_rgb
     from hookviz.jobs.evaluate import evaluate
     from hookviz.jobs.video import explain_videos
-    from hookviz.layers import resolve_layers
     from hookviz.methods import Method, MethodOptions, register_method
-    from hookviz.models import LoadedModel, load_model
+    from hookviz.models.loaded import LoadedModel, load_model
     from hookviz.options import Normalize, Stage
-    from hookviz.regularize import attach_dropblock, attach_dropout2d, drop_block
     from hookviz.summary import ModelSummary, summarize
+    from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
+    from hookviz.training.regularize import attach_dropblock, attach_dropout2d, drop_block
 
 __all__ = [
     "CamResult",

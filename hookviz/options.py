@@ -49,7 +49,7 @@ class Stage(Choice):
 
 
 class Resize(Choice):
-    """How a photo becomes a model input (see :class:`hookviz.images.Preprocess`)."""
+    """How a photo becomes a model input (see :class:`hookviz.io.images.Preprocess`)."""
 
     crop = "crop"
     squash = "squash"

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hookviz.shapes import SHAPES, shape_mask  # noqa: E402
+from hookviz.io.shapes import SHAPES, shape_mask  # noqa: E402
 
 SIZE = 64
 WORDS = ["[PAD]", "[UNK]", "[SOS]", "[EOS]", "a", "an", "the", "photo", "picture", "of", *SHAPES]

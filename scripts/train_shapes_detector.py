@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.shapes_detector import make_detector  # noqa: E402
-from hookviz.shapes import shapes_scene  # noqa: E402
+from hookviz.io.shapes import shapes_scene  # noqa: E402
 
 
 def scenes(n: int, rng: np.random.Generator) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.shapes_vit import SIZE, make_vit  # noqa: E402
-from hookviz.shapes import shapes_batch  # noqa: E402
+from hookviz.io.shapes import shapes_batch  # noqa: E402
 
 
 def main() -> None:

@@ -22,9 +22,9 @@ import pytest
 import torch
 from torch import nn
 
-from hookviz.images import Preprocess
-from hookviz.models import LoadedModel
-from hookviz.shapes import SHAPES, draw_shape, shapes_batch
+from hookviz.io.images import Preprocess
+from hookviz.io.shapes import SHAPES, draw_shape, shapes_batch
+from hookviz.models.loaded import LoadedModel
 
 __all__ = ["SHAPES", "draw_shape", "shapes_batch"]  # re-exported for the tests
 
@@ -146,7 +146,7 @@ def _training_key(model: nn.Module, steps: int, seed: int, shift: float) -> str:
     import hashlib
     import inspect
 
-    import hookviz.shapes
+    import hookviz.io.shapes
 
     try:
         code = inspect.getsource(type(model))
@@ -157,7 +157,7 @@ def _training_key(model: nn.Module, steps: int, seed: int, shift: float) -> str:
         code,
         repr(model),
         inspect.getsource(train_on_shapes),
-        inspect.getsource(hookviz.shapes),
+        inspect.getsource(hookviz.io.shapes),
         settings,
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
@@ -305,7 +305,7 @@ def built_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import torchvision
 
-    from hookviz.hooks import _TRACES
+    from hookviz.core.hooks import _TRACES
 
     build = torchvision.models.get_model
     last: dict[str, Any] = {}

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
 from hookviz.methods import MethodOptions
 from tests.conftest import invoke, write_image
 
@@ -208,7 +208,7 @@ def test_attention_maps_peak_on_the_shape_of_a_trained_vit() -> None:
     """The ViT of scripts/train_shapes_vit.py (99.8 % held out): each map's peak patch holds part of the
     shape far more often than a model-blind map's (a random patch: 11 %; the centre patch: 25 %).
     Measured on these 60 images: rollout 100 %, chefer 97 %, legrad 53 %."""
-    from hookviz.shapes import shapes_batch
+    from hookviz.io.shapes import shapes_batch
 
     model = _trained_vit()
     x, y, masks = shapes_batch(60, np.random.default_rng(2024), 64)
@@ -231,7 +231,7 @@ def test_attention_maps_peak_on_the_shape_of_a_trained_vit() -> None:
 
 
 def test_the_cli_explains_a_vit_with_every_attention_method(tmp_path: Path) -> None:
-    from hookviz.shapes import draw_shape
+    from hookviz.io.shapes import draw_shape
 
     img, _ = draw_shape(1, 64, np.random.default_rng(3))
     photo = write_image(tmp_path / "disc.png", (img * 255).round().astype(np.uint8))
@@ -256,7 +256,7 @@ def test_the_cli_explains_a_vit_with_every_attention_method(tmp_path: Path) -> N
 
 
 def test_evaluate_and_sanity_take_the_attention_methods(tmp_path: Path) -> None:
-    from hookviz.shapes import draw_shape
+    from hookviz.io.shapes import draw_shape
 
     photos = []
     for k in range(3):

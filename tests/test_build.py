@@ -10,7 +10,7 @@ import torch
 from hookviz.errors import UsageError
 from hookviz.jobs import CamJob, DetectionJob
 from hookviz.jobs.build import CamSettings, auto_line, make_cam_job
-from hookviz.models import load_model
+from hookviz.models.loaded import load_model
 
 
 def test_settings_are_keyword_only_and_frozen() -> None:

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torchvision
 
-from hookviz import cams
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
+from hookviz.methods import cams
 from tests.conftest import TinyCNN, Trained, hook_counts, shapes_batch
 
 B, K, H, W = 2, 3, 4, 5
@@ -207,8 +207,8 @@ def test_vit_and_swin_maps_on_the_patch_grid() -> None:
 
 
 def test_every_gradient_method_localises_on_the_trained_model(trained: Trained) -> None:
-    from hookviz.hooks import trace_shapes
-    from hookviz.layers import default_cam_layer
+    from hookviz.core.hooks import trace_shapes
+    from hookviz.core.layers import default_cam_layer
     from tests.test_localisation import _peak_hits
 
     x, y, masks = shapes_batch(200, np.random.default_rng(5))

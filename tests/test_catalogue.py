@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hookviz import methods as registry
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
 from hookviz.methods import MethodOptions
 from tests.conftest import TinyCNN, Trained, hook_counts, invoke, records, shapes_batch, write_image
 from tests.test_localisation import _peak_hits
@@ -244,8 +244,8 @@ def test_drise_peaks_in_each_detected_box_and_runs_from_the_cli(tmp_path: Path) 
     CLI a class-agnostic method (FEM) gives one map per photo next to D-RISE's one per box."""
     import cv2
 
-    from hookviz.detection import explain_detections
-    from hookviz.models import load_model
+    from hookviz.engine.detection import explain_detections
+    from hookviz.models.loaded import load_model
     from tests.test_dense import DETECTOR, FIXTURE, NAMES, photo, scenes
 
     det = load_model(DETECTOR, str(FIXTURE), labels=NAMES)

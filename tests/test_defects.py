@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
 from tests.conftest import ROOT, TinyCNN, hook_counts, invoke, records, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
@@ -111,7 +111,7 @@ def test_non_finite_numbers_are_strict_json_and_a_nan_prediction_is_an_error(tmp
     assert recs["bright.png"]["status"] == "error" and "not finite" in str(recs["bright.png"]["error"])
     for line in (out / "manifest.jsonl").read_text().splitlines():
         _strict(line)
-    from hookviz.pipeline import to_json
+    from hookviz.run.pipeline import to_json
 
     assert to_json({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
 
@@ -149,7 +149,7 @@ def test_report_skips_wrong_typed_records_with_a_warning(tmp_path: Path) -> None
 
 
 def test_two_jobs_in_one_folder_merge_only_their_own_parts(tmp_path: Path) -> None:
-    from hookviz.distributed import merge_parts
+    from hookviz.run.distributed import merge_parts
 
     mine = tmp_path / f".manifest.jobA.rank1.{os.getpid()}.jsonl"
     theirs = tmp_path / f".manifest.jobB.rank0.{os.getpid()}.jsonl"
@@ -205,7 +205,7 @@ def test_layer_auto_is_one_choice_per_torchrun_job(tmp_path: Path) -> None:
 
 
 def test_folder_symlinks_are_followed_without_loops(tmp_path: Path) -> None:
-    from hookviz.pipeline import expand_inputs
+    from hookviz.run.pipeline import expand_inputs
 
     real = tmp_path / "real"
     (real / "sub").mkdir(parents=True)
@@ -253,7 +253,7 @@ def test_save_raw_added_to_a_finished_run_writes_only_the_arrays(photos: Path, t
 
 def test_labels_duplicates_keras_json_imagenet_and_class_n(tmp_path: Path) -> None:
     from hookviz.errors import TargetError
-    from hookviz.models import find_class, load_model, parse_target, parse_targets, read_labels
+    from hookviz.models.loaded import find_class, load_model, parse_target, parse_targets, read_labels
 
     with pytest.raises(TargetError, match="classes 1, 3 all have this name"):
         find_class("crane", ["a", "crane", "b", "crane"])
@@ -279,7 +279,7 @@ def test_a_wrapper_prefix_on_every_key_is_stripped(tmp_path: Path) -> None:
     for prefix in ("model.", "net.", "model.module."):
         path = tmp_path / f"{prefix.strip('.')}.ckpt"
         torch.save({"state_dict": {prefix + k: v for k, v in net.state_dict().items()}}, path)
-        from hookviz.models import load_model
+        from hookviz.models.loaded import load_model
 
         lm = load_model("tests.shapes_net:make", str(path), input_size=48)
         for k, v in net.state_dict().items():
@@ -341,7 +341,7 @@ def test_planted_links_never_redirect_a_write(photos: Path, tmp_path: Path) -> N
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
-    from hookviz.files import atomic_write
+    from hookviz.io.files import atomic_write
 
     # The old predictable temp names, planted for this process: mkstemp never opens them.
     target = out / "x.png"
@@ -394,8 +394,8 @@ def test_one_option_string_serves_every_command() -> None:
 
 def test_timm_levit_defaults_to_its_token_map() -> None:
     timm = pytest.importorskip("timm")
-    from hookviz.hooks import trace_shapes
-    from hookviz.layers import default_cam_layer
+    from hookviz.core.hooks import trace_shapes
+    from hookviz.core.layers import default_cam_layer
 
     model = timm.create_model("levit_128s", pretrained=False).eval()
     layer = default_cam_layer(model, trace_shapes(model, torch.zeros(1, 3, 224, 224)))

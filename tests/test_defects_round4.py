@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hookviz import annotation as ann
 from hookviz.errors import OutputError, UsageError
-from hookviz.files import append_line
-from hookviz.pipeline import Output
+from hookviz.io import annotation as ann
+from hookviz.io.files import append_line
+from hookviz.run.pipeline import Output
 from tests.conftest import ROOT, invoke, records, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
@@ -187,8 +187,8 @@ def test_two_identical_runs_into_one_folder_at_once_report_no_failure(photos: Pa
 
 def test_finish_records_skipped_when_another_run_completed_the_set(tmp_path: Path) -> None:
     """The race itself, forced: the final name appears between the render and the rename."""
-    from hookviz import pipeline
-    from hookviz.inputs import Item
+    from hookviz.io.inputs import Item
+    from hookviz.run import pipeline
 
     photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
 
@@ -208,7 +208,7 @@ def test_finish_records_skipped_when_another_run_completed_the_set(tmp_path: Pat
             (out.root / f"{prefix}.out.bin").write_bytes(b"theirs")  # the other run wins the race
             return [(f"{prefix}.out.bin", b"mine")], {}
 
-    from hookviz.images import Preprocess
+    from hookviz.io.images import Preprocess
 
     out = Output(tmp_path / "o")
     out.prepare()
@@ -229,7 +229,7 @@ def test_a_newline_inside_one_prompt_or_label_is_not_two() -> None:
     joined = hashlib.sha256("\n".join(["a cat\na dog"]).encode()).hexdigest()
     two = hashlib.sha256("\n".join(["a cat", "a dog"]).encode()).hexdigest()
     assert joined == two  # what the old key did
-    from hookviz.models import load_model
+    from hookviz.models.loaded import load_model
 
     one = load_model("tests.conftest:TinyCNN", "none", labels=["a\nb", "c", "d"])
     other = load_model("tests.conftest:TinyCNN", "none", labels=["a", "b\nc", "d"])
@@ -313,7 +313,7 @@ def test_a_truncated_mp4_is_called_damaged(tmp_path: Path) -> None:
     import cv2
 
     from hookviz.errors import InputError
-    from hookviz.video import probe
+    from hookviz.io.video import probe
 
     path = tmp_path / "v.mp4"
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), 10, (32, 32))
@@ -337,7 +337,7 @@ def test_a_clip_of_a_variable_rate_file_says_its_span_differs() -> None:
 
 
 def test_prompts_past_the_tokenizer_limit_are_said() -> None:
-    from hookviz.targets import _truncated
+    from hookviz.models.scores import _truncated
 
     class Tok:
         model_max_length = 5

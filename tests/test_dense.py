@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from hookviz import methods as registry
-from hookviz.attribution import explain
-from hookviz.detection import explain_detections
+from hookviz.engine.detection import explain_detections
+from hookviz.engine.explain import explain
+from hookviz.io.shapes import shapes_scene
 from hookviz.methods import MethodOptions
-from hookviz.models import list_models, load_model
-from hookviz.shapes import shapes_scene
+from hookviz.models.loaded import list_models, load_model
 from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
 from tests.shapes_net import make_segmenter
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hookviz.distributed import Dist, from_env, merge_parts, shard
-from hookviz.images import decode_png
-from hookviz.pipeline import Item
+from hookviz.io.images import decode_png
+from hookviz.run.distributed import Dist, from_env, merge_parts, shard
+from hookviz.run.pipeline import Item
 from tests.conftest import ROOT, ball_video, write_image
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

@@ -16,9 +16,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hookviz import evaluation as ev
-from hookviz.attribution import explain
 from hookviz.cli import app
-from hookviz.shapes import SHAPES, draw_shape, shapes_batch
+from hookviz.engine.explain import explain
+from hookviz.io.shapes import SHAPES, draw_shape, shapes_batch
 from tests.conftest import TinyCNN, hook_counts, train_on_shapes, write_image
 
 
@@ -222,7 +222,7 @@ def test_guided_backprop_equals_relus_clamped_by_hand() -> None:
 
     import torchvision
 
-    from hookviz.guided import guided_backprop
+    from hookviz.methods.guided import guided_backprop
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=5).eval()  # in-place module ReLUs, reused in each block

@@ -15,14 +15,14 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from hookviz import annotation as ann
-from hookviz.attribution import explain
 from hookviz.cli import app
+from hookviz.engine.explain import explain
 from hookviz.errors import UsageError
 from hookviz.evaluation import cascade, random_logit, spearman
+from hookviz.io import annotation as ann
+from hookviz.io.shapes import SHAPES, draw_shape
 from hookviz.jobs.sanity import _edges
 from hookviz.report import build_report
-from hookviz.shapes import SHAPES, draw_shape
 from tests.conftest import Trained, write_image
 
 N = 30

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torchvision
 
-from hookviz.features import feature_maps, rank_channels
+from hookviz.engine.features import feature_maps, rank_channels
 from hookviz.render import colormap_lut, feature_grid, normalize, tile_positions
 from tests.conftest import hook_counts
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torchvision
 
-from hookviz import cams
-from hookviz.attribution import grad_cam
+from hookviz.engine.explain import grad_cam
 from hookviz.errors import LayerError, TargetError
+from hookviz.methods import cams
 from tests.conftest import TinyCNN, hook_counts
 
 

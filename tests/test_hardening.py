@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from hookviz import cams
-from hookviz.attribution import explain, grad_cam
-from hookviz.features import feature_maps
-from hookviz.gradients import gradient_flow
-from hookviz.hooks import trace_shapes
-from hookviz.images import Preprocess, load_rgb
+from hookviz.core.hooks import trace_shapes
+from hookviz.engine.explain import explain, grad_cam
+from hookviz.engine.features import feature_maps
+from hookviz.io.images import Preprocess, load_rgb
+from hookviz.methods import cams
 from hookviz.render import overlay
 from hookviz.summary import summarize
+from hookviz.training.gradients import gradient_flow
 from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, invoke, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
@@ -378,7 +378,7 @@ def test_cam_math_never_crashes_and_renders_finite(
     maps.append(cams.eigen_cam(a))
     maps.append(cams.score_cam(a, torch.randn(b, k, generator=g)))
     rgb = np.zeros((10, 12, 3), np.uint8)
-    from hookviz.images import Box
+    from hookviz.io.images import Box
 
     for m in maps:
         assert m.shape == (b, h, w)

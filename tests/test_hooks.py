@@ -9,9 +9,9 @@ import torch
 import torchvision
 from torch import nn
 
+from hookviz.core.hooks import capture, preserved, trace_shapes
+from hookviz.core.layers import resolve_layers
 from hookviz.errors import LayerError
-from hookviz.hooks import capture, preserved, trace_shapes
-from hookviz.layers import resolve_layers
 from tests.conftest import TinyCNN, hook_counts
 
 
@@ -190,7 +190,7 @@ def test_trace_shapes_reports_output_shapes_and_calls() -> None:
 
 def test_public_api_is_importable_lazily() -> None:
     import hookviz
-    import hookviz.attribution  # submodules loaded first must not shadow the exports
+    import hookviz.engine.explain  # submodules loaded first must not shadow the exports
 
     for name in hookviz.__all__:
         assert callable(getattr(hookviz, name)), name

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from hookviz.errors import InputError
-from hookviz.images import Box, Preprocess, decode_png, encode_png, load_rgb
+from hookviz.io.images import Box, Preprocess, decode_png, encode_png, load_rgb
 from tests.conftest import SAMPLES
 
 

@@ -18,17 +18,17 @@ from torch import nn
 from typer.testing import CliRunner
 
 import hookviz
-from hookviz import cams
-from hookviz.attribution import explain, grad_cam
 from hookviz.cli import EXIT_INTERNAL, app
+from hookviz.core.hooks import capture
+from hookviz.engine.explain import explain, grad_cam
 from hookviz.errors import UsageError
-from hookviz.gradients import GlobalNormClipper, default_grad_layers, gradient_flow
-from hookviz.hooks import capture
-from hookviz.images import Box, Preprocess, decode_png
+from hookviz.io.images import Box, Preprocess, decode_png
+from hookviz.methods import cams
 from hookviz.options import Normalize
-from hookviz.regularize import attach_dropblock
 from hookviz.render import overlay
 from hookviz.summary import summarize
+from hookviz.training.gradients import GlobalNormClipper, default_grad_layers, gradient_flow
+from hookviz.training.regularize import attach_dropblock
 from tests.conftest import TinyCNN, hook_counts, tiny_loaded, write_image
 
 
@@ -229,12 +229,12 @@ def test_choices_fail_the_same_way_in_library_and_cli() -> None:
 
 
 def test_an_internal_error_has_its_own_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import hookviz.models
+    import hookviz.models.loaded
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(hookviz.models, "load_model", broken)
+    monkeypatch.setattr(hookviz.models.loaded, "load_model", broken)
     photo = write_image(tmp_path / "p.png", np.zeros((8, 8, 3), np.uint8))
     r = CliRunner().invoke(app, ["gradcam", str(photo), "--weights", "none", "--out", str(tmp_path / "o")])
     assert r.exit_code == EXIT_INTERNAL == 70

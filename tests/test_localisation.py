@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hookviz.attribution import grad_cam
-from hookviz.images import Preprocess
+from hookviz.engine.explain import grad_cam
+from hookviz.io.images import Preprocess
 from hookviz.render import upsample
 from tests.conftest import Trained, draw_shape, shapes_batch
 

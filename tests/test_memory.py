@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torchvision
 
-from hookviz.memory import Estimate, parse_size
+from hookviz.core.memory import Estimate, parse_size
 from hookviz.methods.footprint import explain_estimate
 from tests.conftest import invoke, records, write_image
 

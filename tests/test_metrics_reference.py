@@ -17,7 +17,7 @@ import quantus
 import torch
 from torch import nn
 
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
 from hookviz.evaluation import localisation as loc
 from hookviz.evaluation import perturbation as pert
 from hookviz.evaluation import random_logit, randomised_models, spearman

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torchvision
 
+from hookviz.core.layers import default_cam_layer
 from hookviz.errors import DeviceError, ModelNotFoundError, TargetError, UsageError, WeightsError
-from hookviz.layers import default_cam_layer
-from hookviz.models import load_model, parse_target, probe, resolve_device
+from hookviz.models.loaded import load_model, parse_target, probe, resolve_device
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hookviz.pipeline import Output, expand_inputs, output_stem
+from hookviz.run.pipeline import Output, expand_inputs, output_stem
 from tests.conftest import write_image
 
 
@@ -86,7 +86,7 @@ def test_stage_timings_account_for_every_stage(tmp_path: Path, monkeypatch: pyte
     records still come in input order although each batch renders while the next one computes."""
     import json
 
-    from hookviz import timing
+    from hookviz.io import timing
     from tests.conftest import invoke, records
 
     target = tmp_path / "stages.json"

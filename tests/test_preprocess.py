@@ -12,8 +12,8 @@ import torch
 import torchvision
 from PIL import Image
 
-from hookviz.images import Preprocess, load_rgb
-from hookviz.sources import Built
+from hookviz.io.images import Preprocess, load_rgb
+from hookviz.models.sources import Built
 from tests.conftest import SAMPLES
 
 PHOTOS = sorted(SAMPLES.glob("*.jpg"))
@@ -31,7 +31,7 @@ PHOTOS = sorted(SAMPLES.glob("*.jpg"))
     ids=str,
 )
 def test_torchvision_weights_transform_reproduced_exactly(weights: object) -> None:
-    from hookviz.sources.torchvision import preprocess_of
+    from hookviz.models.torchvision import preprocess_of
 
     transform = weights.transforms()  # type: ignore[attr-defined]
     ours = preprocess_of(transform)
@@ -52,7 +52,7 @@ def test_same_top1_as_torchvision_transform_on_a_trained_network() -> None:
     """A network whose decision hangs on small pixel differences (trained on nothing, so its top-1 is as
     fragile as can be) gives the same class on our input as on torchvision's, for every sample photo."""
     weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
-    from hookviz.sources.torchvision import preprocess_of
+    from hookviz.models.torchvision import preprocess_of
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
@@ -72,7 +72,7 @@ TIMM_MODELS = ["test_resnet", "vit_little_patch16_reg4_gap_256", "test_vit?img_s
 @pytest.mark.parametrize("spec", TIMM_MODELS)
 def test_timm_data_config_of_the_model_as_built(spec: str) -> None:
     timm = pytest.importorskip("timm")
-    from hookviz.models import load_model
+    from hookviz.models.loaded import load_model
 
     lm = load_model(f"timm:{spec}", "none")
     name, _, query = spec.partition("?")
@@ -102,7 +102,7 @@ PROCESSORS = [
 @pytest.mark.parametrize(("cls", "kwargs"), PROCESSORS, ids=[f"{c}{k}" for c, k in PROCESSORS])
 def test_hugging_face_image_processors(cls: str, kwargs: dict[str, object]) -> None:
     transformers = pytest.importorskip("transformers")
-    from hookviz.sources.hf import _preprocessing
+    from hookviz.models.hf import _preprocessing
 
     proc = getattr(transformers, cls)(**kwargs)
     with tempfile.TemporaryDirectory() as where:

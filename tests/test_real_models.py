@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hookviz import cams
-from hookviz.attribution import explain
-from hookviz.guided import guided_backprop, guided_backprop_counted
-from hookviz.hooks import capture, trace_shapes
-from hookviz.layers import default_cam_layer
+from hookviz.core.hooks import capture, trace_shapes
+from hookviz.core.layers import default_cam_layer
+from hookviz.engine.explain import explain
+from hookviz.methods import cams
+from hookviz.methods.guided import guided_backprop, guided_backprop_counted
 from tests.conftest import hook_counts, invoke, records, shapes_batch, train_on_shapes, write_image
 from tests.test_localisation import _peak_hits
 
@@ -188,7 +188,7 @@ def test_signed_tensor_is_said(
 
 
 def _box() -> object:
-    from hookviz.images import Box
+    from hookviz.io.images import Box
 
     return Box(0, 0, 48, 48)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from hookviz.attribution import explain
+from hookviz.engine.explain import explain
 from hookviz.methods import MethodOptions
 from tests.conftest import Trained, shapes_batch
 

@@ -49,8 +49,8 @@ def test_a_method_registered_outside_the_package_runs_everywhere(toy: str, tmp_p
     data = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
     assert toy in {p["method"] for p in data[0]["pictures"]}
     # Its map is its formula, computed independently.
-    from hookviz.attribution import explain
-    from hookviz.models import load_model
+    from hookviz.engine.explain import explain
+    from hookviz.models.loaded import load_model
 
     lm = load_model("resnet18", "none", input_size=64)
     x = torch.rand(2, 3, 64, 64)
@@ -78,7 +78,7 @@ def test_registration_is_checked() -> None:
 
 def test_the_plan_comes_from_what_methods_need() -> None:
     """Eigen-CAM alone needs no gradient: no backward pass runs; Guided Grad-CAM brings Grad-CAM's maps."""
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
     from tests.conftest import TinyCNN
 
     model = TinyCNN().eval()

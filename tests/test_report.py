@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hookviz.cli import app
-from hookviz.images import decode_png
+from hookviz.io.images import decode_png
 from hookviz.report import build_report, latest_records
 from tests.conftest import ball_video, write_image
 

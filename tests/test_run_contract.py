@@ -17,10 +17,10 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from hookviz import methods as registry
-from hookviz.attribution import explain
 from hookviz.cli import app
-from hookviz.images import decode_png
-from hookviz.models import _imagenet_categories, find_class
+from hookviz.engine.explain import explain
+from hookviz.io.images import decode_png
+from hookviz.models.loaded import _imagenet_categories, find_class
 from tests.conftest import ROOT, invoke, records, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
@@ -182,7 +182,7 @@ def test_scale_options_that_cannot_work_are_usage_errors(
 
 _NOISY = """
 import os, sys, warnings
-import hookviz.models as models
+import hookviz.models.loaded as models
 real = models.load_model
 def noisy(*a, **k):
     print('Downloading: "https://example.invalid/w.pth" to /tmp/x')

@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 
 from hookviz import methods as registry
-from hookviz.attribution import explain
-from hookviz.layers import default_cam_layer
-from hookviz.models import load_model, probe
-from hookviz.shapes import SHAPES, draw_shape
+from hookviz.core.layers import default_cam_layer
+from hookviz.engine.explain import explain
+from hookviz.io.shapes import SHAPES, draw_shape
+from hookviz.models.loaded import load_model, probe
 from tests.conftest import ROOT, hook_counts, invoke, records, train_on_shapes, write_image
 from tests.shapes_net import ShapesNet
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hookviz.shapes import draw_shape, shape_mask
+from hookviz.io.shapes import draw_shape, shape_mask
 from tests.conftest import invoke, records, train_on_shapes, write_image
 from tests.shapes_net import ShapesNet
 
@@ -86,8 +86,8 @@ def test_similarity_to_a_reference_lights_up_the_shape_it_shows(
 
 
 def test_similarity_wrapper_keeps_names_and_leaves_the_model_as_found(shapes: dict) -> None:
-    from hookviz.models import load_model
-    from hookviz.targets import similar_to
+    from hookviz.models.loaded import load_model
+    from hookviz.models.scores import similar_to
 
     d: Path = shapes["dir"]  # type: ignore[assignment]
     loaded = load_model("tests.shapes_net:make", str(d / "net.safetensors"), input_size=48, resize="shorter",
@@ -172,9 +172,9 @@ def test_each_prompt_lights_up_the_shape_it_names() -> None:
     last block's input gets 25 and LeGrad 19 on this model: in the README, not asserted."""
     import torch.nn.functional as F
 
-    from hookviz.attribution import explain
-    from hookviz.models import load_model
-    from hookviz.targets import with_prompts
+    from hookviz.engine.explain import explain
+    from hookviz.models.loaded import load_model
+    from hookviz.models.scores import with_prompts
 
     loaded = with_prompts(load_model(f"hf:{CLIP}"), ["a square", "a disc", "a cross"])
     rng = np.random.default_rng(3)
@@ -216,8 +216,8 @@ def test_prompts_file_top_k_and_refusals(pairs: dict, tmp_path: Path) -> None:
 
 
 def test_similarity_on_an_image_text_model_uses_its_image_embedding(pairs: dict, tmp_path: Path) -> None:
-    from hookviz.models import load_model
-    from hookviz.targets import similar_to
+    from hookviz.models.loaded import load_model
+    from hookviz.models.scores import similar_to
 
     scenes = sorted(pairs["dir"].iterdir())  # type: ignore[union-attr]
     loaded = load_model(f"hf:{CLIP}")

@@ -17,8 +17,8 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hookviz.cli import app
-from hookviz.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
-from hookviz.regularize import attach_dropblock, attach_dropout2d, drop_block, seed_rate
+from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
+from hookviz.training.regularize import attach_dropblock, attach_dropout2d, drop_block, seed_rate
 from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, picture
 
 

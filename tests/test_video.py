@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from hookviz.errors import InputError
-from hookviz.inputs import Item, clip_items
-from hookviz.video import VideoPreprocess, plan_clips, probe, read_clip
+from hookviz.io.inputs import Item, clip_items
+from hookviz.io.video import VideoPreprocess, plan_clips, probe, read_clip
 from tests.conftest import ball_video, invoke, records
 from tests.video_net import CLASSES, FRAMES, SIDE, ShapesVideoNet, moving_shape, normalised, trained
 
@@ -46,7 +46,7 @@ def test_the_trained_net_tells_the_shapes_apart(video_net: tuple[ShapesVideoNet,
 def test_the_map_peak_follows_the_moving_shape(video_net: tuple[ShapesVideoNet, Path], method: str) -> None:
     """In at least 90 % of the frames (measured: 100 %), the map's peak, upsampled in time and space, lies
     on the shape (its box, 1 px of margin: 14x14 of 32x32, chance 19 %)."""
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
 
     rng = np.random.default_rng(5)
     made = [moving_shape(rng, i % 2) for i in range(30)]
@@ -70,7 +70,7 @@ def test_the_map_mass_falls_in_the_frames_that_show_the_shape(
 ) -> None:
     """A shape shown in some frames only: Grad-CAM's mass over time lies in those frames (measured 0.86,
     0.91 and 0.71 of it, where an even spread would give 0.5, 0.5 and 0.375)."""
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
 
     rng = np.random.default_rng(11)
     x = torch.from_numpy(
@@ -277,8 +277,8 @@ def test_a_variable_frame_rate_video_keeps_its_own_times(tmp_path: Path) -> None
 def test_clip_sampling_follows_the_weights_and_the_options() -> None:
     """r3d_18's weights: 16 frames at 15 fps, 5 clips evenly spaced from the first to the last; one clip: the
     middle one; --clips all: back to back; a video shorter than a clip: one clip of repeated frames."""
-    from hookviz.models import load_model
-    from hookviz.video import VideoInfo
+    from hookviz.io.video import VideoInfo
+    from hookviz.models.loaded import load_model
 
     p = load_model("r3d_18", "none").video
     assert p is not None and (p.clip_len, p.frame_rate, p.clips, p.resize, p.crop) == (
@@ -307,7 +307,7 @@ def test_the_clip_preprocessing_equals_torchvision_s_transform(name: str) -> Non
     squashed 256x256), and the crop's box on the frame."""
     import torchvision
 
-    from hookviz.sources.torchvision import video_preprocess
+    from hookviz.models.torchvision import video_preprocess
 
     weights = torchvision.models.get_model_weights(name).DEFAULT
     frames = np.random.default_rng(0).integers(0, 256, (4, 240, 320, 3), dtype=np.uint8)
@@ -388,7 +388,7 @@ def test_grad_cam_over_time_equals_its_formula(kind: str) -> None:
     """Grad-CAM and HiResCAM on a 5-D layer equal the papers' formulas computed here from hooks, time step
     by time step: weights = gradients averaged over T x H x W, map = ReLU(sum_k w_k A^k) (HiResCAM:
     element-wise)."""
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
 
     torch.manual_seed(0)
     model = (ShapesVideoNet() if kind == "ncthw" else _ChannelsLast()).eval()

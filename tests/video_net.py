@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hookviz.video import KINETICS_MEAN, KINETICS_STD
+from hookviz.io.video import KINETICS_MEAN, KINETICS_STD
 
 CLASSES = ("square", "cross", "nothing")
 SIDE = 32
@@ -70,7 +70,7 @@ def moving_shape(
 
 
 def normalised(video: np.ndarray) -> np.ndarray:
-    """What :class:`hookviz.video.VideoPreprocess` makes of frames already at the input size:
+    """What :class:`hookviz.io.video.VideoPreprocess` makes of frames already at the input size:
     ``(3, T, H, W)`` float32 with Kinetics' mean and std."""
     mean, std = np.asarray(KINETICS_MEAN, np.float32), np.asarray(KINETICS_STD, np.float32)
     return ((video.astype(np.float32) / 255 - mean) / std).transpose(3, 0, 1, 2)

@@ -24,8 +24,8 @@ import typer
 from typer.core import TyperCommand
 
 from hookviz import __version__
+from hookviz.core.memory import parse_size
 from hookviz.errors import HookvizError
-from hookviz.memory import parse_size
 from hookviz.options import Resize
 
 app = typer.Typer(

@@ -65,7 +65,7 @@ from hookviz.options import Colormap, Fuse, Normalize, Region
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
-    from hookviz.models import LoadedModel
+    from hookviz.models.loaded import LoadedModel
 
 
 def gradcam(
@@ -270,7 +270,7 @@ def gradcam(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz import targets
+            from hookviz.models import scores as targets
 
             loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
             from hookviz.jobs.build import CamSettings, auto_line, expensive, make_cam_job

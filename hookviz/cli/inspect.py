@@ -47,7 +47,7 @@ from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
-    from hookviz.models import LoadedModel
+    from hookviz.models.loaded import LoadedModel
 
 
 def featuremaps(
@@ -131,9 +131,9 @@ def featuremaps(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+            from hookviz.core.layers import map_layers
             from hookviz.jobs import FeatureMapJob
-            from hookviz.layers import map_layers
-            from hookviz.models import probe
+            from hookviz.models.loaded import probe
 
             names = map_layers(loaded.model, layers, probe(loaded), loaded.name)
             return FeatureMapJob(
@@ -165,8 +165,8 @@ def layers(
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
     with _guard(debug):
-        from hookviz.layers import default_cam_layer
-        from hookviz.models import load_model, probe
+        from hookviz.core.layers import default_cam_layer
+        from hookviz.models.loaded import load_model, probe
 
         loaded = with_sampling(
             load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle), clip_len, None, None
@@ -256,7 +256,7 @@ def summary(
         if plot.suffix.lower() != ".png":
             _fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
     with _guard(debug):
-        from hookviz.models import load_model
+        from hookviz.models.loaded import load_model
         from hookviz.summary import summarize
 
         loaded = with_sampling(load_model(model, weights, trust_pickle=trust_pickle), clip_len, None, None)
@@ -279,8 +279,8 @@ def summary(
         text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
         typer.echo(text.rstrip("\n"))
         if plot is not None:
-            from hookviz.files import atomic_write
-            from hookviz.images import encode_png
+            from hookviz.io.files import atomic_write
+            from hookviz.io.images import encode_png
             from hookviz.render import summary_plot
 
             atomic_write(plot, encode_png(summary_plot(result)))  # never half a PNG
@@ -294,7 +294,7 @@ def models(
     ] = None,
 ) -> None:
     """List torchvision's models with their task (timm:NAME, hf:DIR, file.py:FN and FILE.pt work too)."""
-    from hookviz.models import list_models
+    from hookviz.models.loaded import list_models
 
     if task is not None:
         for name in list_models(str(task)):

@@ -14,7 +14,7 @@ import typer
 from hookviz.errors import UsageError
 
 if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
-    from hookviz.models import LoadedModel
+    from hookviz.models.loaded import LoadedModel
 
 __all__ = ["USED", "WARM", "ModelOptions", "load_options", "warm_key", "with_sampling"]
 
@@ -75,7 +75,7 @@ def warm_key(m: ModelOptions) -> Any:
 
 def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
     """The model ``m`` asks for, loaded (no warm copy consulted)."""
-    from hookviz.models import load_model, resolve_device
+    from hookviz.models.loaded import load_model, resolve_device
 
     loaded = load_model(
         m.model,

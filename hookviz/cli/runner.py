@@ -25,10 +25,10 @@ from hookviz.errors import HookvizError
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
     from torch import Tensor
 
-    from hookviz.distributed import Dist
-    from hookviz.inputs import Item
+    from hookviz.io.inputs import Item
     from hookviz.jobs import Job
-    from hookviz.models import LoadedModel
+    from hookviz.models.loaded import LoadedModel
+    from hookviz.run.distributed import Dist
 
 #: Builds a command's job once the model is loaded (the reporter gives it the first images, and rank 0's
 #: choices under torchrun).
@@ -114,7 +114,7 @@ class _Reporter:
     def add(self, rec: dict[str, Any]) -> None:
         if "video" in rec:  # a whole video's prediction, after its clips
             if self.as_json:
-                from hookviz.pipeline import to_json
+                from hookviz.run.pipeline import to_json
 
                 self.say(to_json(rec))
             elif not self.quiet and self.lines:
@@ -130,7 +130,7 @@ class _Reporter:
         else:
             self.ok += 1
         if self.as_json:
-            from hookviz.pipeline import to_json
+            from hookviz.run.pipeline import to_json
 
             self.say(to_json(rec))
         elif not self.quiet and self.lines and rec["status"] != "error":
@@ -155,7 +155,7 @@ def _warn(text: str) -> None:
 
 def _named(d: dict[str, Any]) -> str:
     """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
-    from hookviz.models import class_label  # loaded already: records come after the model
+    from hookviz.models.loaded import class_label  # loaded already: records come after the model
 
     return class_label(d.get("name"), d.get("index"))
 
@@ -199,7 +199,7 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
     Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
     manifest parts (and prints the records with ``--json``), and each exits with the worst code.
     """
-    from hookviz import distributed
+    from hookviz.run import distributed
 
     if r.overwrite and r.skip_existing:
         raise typer.BadParameter(
@@ -239,7 +239,7 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
         code = EXIT_INTERNAL
     worst = distributed.finish(dist, code)  # every rank is done writing here
     if dist.rank == 0 and r.out.is_dir():
-        from hookviz import pipeline
+        from hookviz.run import pipeline
 
         before = (r.out / pipeline.MANIFEST).read_bytes() if (r.out / pipeline.MANIFEST).exists() else b""
         distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=False, job=dist.job)
@@ -263,7 +263,7 @@ def _first_images(items: list[Item], loaded: LoadedModel, n: int, max_pixels: in
     import torch
 
     from hookviz.errors import InputError
-    from hookviz.images import load_rgb
+    from hookviz.io.images import load_rgb
 
     xs: list[Any] = []
     for item in items:
@@ -283,7 +283,7 @@ def _first_images(items: list[Item], loaded: LoadedModel, n: int, max_pixels: in
 
 def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None) -> None:
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
-    from hookviz import distributed, pipeline
+    from hookviz.run import distributed, pipeline
 
     lead = dist is None or dist.rank == 0
     real_out = r.out.resolve()
@@ -310,7 +310,7 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
         )
         items = distributed.shard(everything, dist)  # by file: a video's clips stay on one rank
         if video is not None:
-            from hookviz.inputs import clip_items
+            from hookviz.io.inputs import clip_items
 
             items = list(clip_items(items, video, r.max_pixels))
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
@@ -333,7 +333,7 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
                     err=True,
                 )
             if not quiet and not loaded.categories and loaded.task == "classification":
-                from hookviz.sources.weights import classifier_out
+                from hookviz.models.weights import classifier_out
 
                 if classifier_out(loaded.model) == 1000:
                     typer.echo(
@@ -409,7 +409,7 @@ def _refuse_task(loaded: LoadedModel, command: str, refused: tuple[str, ...]) ->
 def _run_then(job_factory: JobFactory, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
     """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
     some inputs failed; the run's exit code stands."""
-    from hookviz import distributed
+    from hookviz.run import distributed
 
     failed: typer.Exit | None = None
     try:

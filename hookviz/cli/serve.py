@@ -21,11 +21,26 @@ from hookviz.serve.server import Server
 
 #: Modules a command would import, imported once by the server (its children inherit them).
 PRELOAD = (
-    "torch", "torchvision", "cv2", "numpy", "PIL.Image", "matplotlib", "scipy.stats", "hookviz.attribution",
-    "hookviz.pipeline", "hookviz.render", "hookviz.jobs", "hookviz.jobs.build", "hookviz.features",
-    "hookviz.summary", "hookviz.report", "hookviz.evaluation", "hookviz.sources",
-    "hookviz.sources.torchvision", "hookviz.models",
-)  # fmt: skip
+    "torch",
+    "torchvision",
+    "cv2",
+    "numpy",
+    "PIL.Image",
+    "matplotlib",
+    "scipy.stats",
+    "hookviz.engine.explain",
+    "hookviz.run.pipeline",
+    "hookviz.render",
+    "hookviz.jobs",
+    "hookviz.jobs.build",
+    "hookviz.engine.features",
+    "hookviz.summary",
+    "hookviz.report",
+    "hookviz.evaluation",
+    "hookviz.models.sources",
+    "hookviz.models.torchvision",
+    "hookviz.models.loaded",
+)
 
 
 class CliHost:
@@ -58,7 +73,7 @@ class CliHost:
             return None
         loaded = WARM.get(key)
         if loaded is None:
-            from hookviz.models import probe  # torch: loaded by the server, not for --help
+            from hookviz.models.loaded import probe  # torch: loaded by the server, not for --help
 
             loaded = load_options(used, quiet=True)
             with contextlib.suppress(Exception):  # the layer probe's traced pass, cached with the model

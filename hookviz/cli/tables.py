@@ -79,10 +79,10 @@ def _table(rows: list[dict[str, Any]], families: list[str], label: bool = False)
 def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
     annotations) and OUT/evaluation.json."""
-    from hookviz import pipeline
-    from hookviz.files import atomic_write
+    from hookviz.io.files import atomic_write
     from hookviz.jobs.evaluate import summarise_by_class, summarise_evaluation
     from hookviz.report import latest_records
+    from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())
     lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()

@@ -37,7 +37,7 @@ from hookviz.cli.runner import RunOptions, _refuse_task, _Reporter, _run_job
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
-    from hookviz.models import LoadedModel
+    from hookviz.models.loaded import LoadedModel
 
 
 def gradflow(
@@ -119,9 +119,9 @@ def gradflow(
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
             _refuse_task(loaded, "gradflow", ("segmentation", "detection"))
+            from hookviz.core.layers import resolve_layers
             from hookviz.jobs import GradFlowJob
-            from hookviz.layers import resolve_layers
-            from hookviz.models import num_classes, parse_target
+            from hookviz.models.loaded import num_classes, parse_target
 
             n = num_classes(loaded)
             names = resolve_layers(loaded.model, layers, model_name=loaded.name) if layers else None
@@ -210,9 +210,9 @@ def dropblock(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+            from hookviz.core.layers import default_cam_layer, is_pattern, output_layers
             from hookviz.jobs import DropBlockJob
-            from hookviz.layers import default_cam_layer, is_pattern, output_layers
-            from hookviz.models import probe
+            from hookviz.models.loaded import probe
 
             calls = probe(loaded)
             chosen = layer or default_cam_layer(loaded.model, calls)

@@ -66,7 +66,7 @@ METRICS = "Metrics"
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
-    from hookviz.models import LoadedModel
+    from hookviz.models.loaded import LoadedModel
 
 
 def evaluate(
@@ -256,14 +256,14 @@ def evaluate(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz import targets
+            from hookviz.models import scores as targets
 
             loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
             _refuse_task(loaded, "evaluate", ("detection",))
+            from hookviz.core.layers import cam_layer, default_cam_layer
             from hookviz.jobs import EvaluateJob
             from hookviz.jobs.build import method_options
-            from hookviz.layers import cam_layer, default_cam_layer
-            from hookviz.models import num_classes, parse_targets, probe
+            from hookviz.models.loaded import num_classes, parse_targets, probe
 
             calls = probe(loaded)
             chosen = (
@@ -280,7 +280,7 @@ def evaluate(
                 seed, samples, noise, ig_steps, baseline, window, stride, rise_masks, cells, masked_batch,
                 head_fusion=head_fusion, discard=discard_ratio,
             )  # fmt: skip
-            from hookviz.annotation import load as load_annotations
+            from hookviz.io.annotation import load as load_annotations
             from hookviz.jobs.evaluate import MetricSettings, parse_metrics
 
             annotated = boxes is not None or mask_dir is not None
@@ -436,14 +436,14 @@ def sanity(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz import targets
+            from hookviz.models import scores as targets
 
             loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
             _refuse_task(loaded, "sanity", ("detection",))
+            from hookviz.core.layers import cam_layer, default_cam_layer
             from hookviz.jobs import SanityJob
             from hookviz.jobs.build import method_options
-            from hookviz.layers import cam_layer, default_cam_layer
-            from hookviz.models import probe
+            from hookviz.models.loaded import probe
 
             calls = probe(loaded)
             name = (
@@ -467,10 +467,10 @@ def sanity(
 
 
 def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
-    from hookviz import pipeline
-    from hookviz.files import atomic_write
+    from hookviz.io.files import atomic_write
     from hookviz.jobs import summarise_sanity
     from hookviz.report import latest_records
+    from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())
     lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()

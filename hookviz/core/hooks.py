@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.taps import FunctionTaps, PoolSite, PoolTracer, depth_tracker, parse
 from hookviz.errors import LayerError, close_matches
-from hookviz.taps import FunctionTaps, PoolSite, PoolTracer, depth_tracker, parse
 
 _LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -221,8 +221,8 @@ class capture:
     Args:
         model: the network; nothing about it is changed once the context closes.
         layers: module names whose input (forward-pre hook) and/or output (forward hook) are stored; a
-            CAM tensor name (:mod:`hookviz.taps`: ``avgpool:input``, ``adaptive_avg_pool2d:input``) stores
-            that tensor in ``outputs`` under its name.
+            CAM tensor name (:mod:`hookviz.core.taps`: ``avgpool:input``, ``adaptive_avg_pool2d:input``)
+            stores that tensor in ``outputs`` under its name.
         inputs: store each layer's first positional input.
         outputs: store each layer's output.
         grad_layers: module names (or CAM tensor names) whose tensor becomes a gradient *tap*: the gradient
@@ -410,14 +410,14 @@ class ModuleCall:
 
 class Trace(list[ModuleCall]):
     """What :func:`trace_shapes` saw: every module's :class:`ModuleCall` (a list), and ``pool``, where the
-    head's global pooling takes its input (:class:`hookviz.taps.PoolSite`), None without one."""
+    head's global pooling takes its input (:class:`hookviz.core.taps.PoolSite`), None without one."""
 
     pool: PoolSite | None = None
 
 
 def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
     """Run ``x`` through ``model`` (eval mode, no grad) and report every module's input and output shape, in
-    call order, and where the head's global pooling takes its input (``.pool``, see :mod:`hookviz.taps`).
+    call order, and where the head's global pooling takes its input (``.pool``, see :mod:`hookviz.core.taps`).
 
     Modules that never run are listed last with ``calls == 0``.
     """

@@ -1,7 +1,7 @@
 """Layer rules, in one place: names and globs, which layers run (and how often), which have a spatial map,
 how token layouts become maps, and the default CAM layer. Used by the CLI and the library alike.
 
-Rules are decided from shapes traced in one forward pass (:func:`hookviz.hooks.trace_shapes`), not from
+Rules are decided from shapes traced in one forward pass (:func:`hookviz.core.hooks.trace_shapes`), not from
 class names, wherever a shape can tell.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 
 from torch import Tensor, nn
 
-from hookviz import taps
+from hookviz.core import taps
+from hookviz.core.hooks import ModuleCall
+from hookviz.core.layout import Layout, layout_of
 from hookviz.errors import LayerError, UsageError, close_matches
-from hookviz.hooks import ModuleCall
-from hookviz.layout import Layout, layout_of
 
 
 def is_pattern(text: str) -> bool:
@@ -160,7 +160,7 @@ def tensor_of(
     model: nn.Module, name: str, calls: Sequence[ModuleCall], model_name: str = "the model"
 ) -> ModuleCall:
     """The traced call behind CAM tensor ``name`` (a module's output, ``NAME:input``, or a functional
-    pooling's input, see :mod:`hookviz.taps`), its ``output_shape`` being that tensor's shape.
+    pooling's input, see :mod:`hookviz.core.taps`), its ``output_shape`` being that tensor's shape.
 
     Raises:
         LayerError: no such module, or no such functional pooling in the traced pass.
@@ -341,7 +341,7 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
 
     Before all these shape rules: a classifier whose head pools globally (a pooling module, or
     ``F.adaptive_avg_pool2d`` / ``mean`` over H and W in its code) takes the tensor entering that pooling,
-    the one the CAM papers mean (``calls.pool``, traced by :func:`hookviz.hooks.trace_shapes`): named by
+    the one the CAM papers mean (``calls.pool``, traced by :func:`hookviz.core.hooks.trace_shapes`): named by
     the module that made it where one did (resnet18 ``layer4``), else ``NAME:input``.
 
     Raises:

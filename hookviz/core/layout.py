@@ -1,5 +1,5 @@
 """How a layer's output holds its map (channels first or last, tokens, time), decided from shapes, and the
-map as ``(B, C, H, W)`` for any architecture. :mod:`hookviz.layers` builds its rules on these."""
+map as ``(B, C, H, W)`` for any architecture. :mod:`hookviz.core.layers` builds its rules on these."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from hookviz import taps
+from hookviz.core import taps
+from hookviz.core.hooks import ModuleCall
 from hookviz.errors import LayerError
-from hookviz.hooks import ModuleCall
 
 
 @dataclass(frozen=True)

@@ -95,8 +95,8 @@ def _pixel_counts(labels: Tensor, classes: int) -> Tensor:
 def read(output: Tensor, region: str = "class", background: int | None = 0, kind: str = "softmax") -> Readout:
     """Scores of a classifier's ``(B, C)`` or a segmentation model's ``(B, C, H, W)`` output.
 
-    ``kind="identity"``: the scores are what records report (a cosine similarity, :mod:`hookviz.targets`),
-    not logits to take the softmax of.
+    ``kind="identity"``: the scores are what records report (a cosine similarity,
+    :mod:`hookviz.models.scores`), not logits to take the softmax of.
 
     For segmentation, the predicted class is the most frequent one other than ``background`` (the
     likeliest by mean probability when no pixel has another class); ``None`` counts every class.

@@ -15,7 +15,7 @@ module's output instead can hand them a BatchNorm's signed output (an EfficientN
 tensor in one traced forward pass; it is named by the module that produced it where one did (resnet's
 ``layer4``), so existing names stay. File names use :func:`slug` (no colons).
 
-This module depends on torch alone: :mod:`hookviz.hooks` builds on it.
+This module depends on torch alone: :mod:`hookviz.core.hooks` builds on it.
 """
 
 from __future__ import annotations
@@ -152,8 +152,8 @@ def _same(a: tuple[Tensor, int] | None, b: tuple[Tensor, int]) -> bool:
 
 
 class PoolTracer:
-    """Used by :func:`hookviz.hooks.trace_shapes` during its one forward pass: tracks the running modules,
-    their first inputs and outputs, and every global pooling, then names the head's pooling input."""
+    """Used by :func:`hookviz.core.hooks.trace_shapes` during its one forward pass: tracks the running
+    modules, their first inputs and outputs, and every global pooling, then names the head's pooling input."""
 
     def __init__(self) -> None:
         self.stack: list[str] = []
@@ -231,7 +231,7 @@ def depth_tracker(model: nn.Module, owners: Sequence[str], hooks: Any) -> Callab
     """``running(owner)``: whether ``owner``'s forward is running and none of its children's is.
 
     Registers forward-pre and forward hooks on each owner and its direct children into ``hooks`` (a
-    :class:`~hookviz.hooks.HookGroup`)."""
+    :class:`~hookviz.core.hooks.HookGroup`)."""
     modules = dict(model.named_modules())
     active: dict[str, int] = {}
 

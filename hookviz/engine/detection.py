@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.core.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
+from hookviz.core.layers import single_call
 from hookviz.errors import LayerError, UsageError
-from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
-from hookviz.layers import single_call
 from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
 

@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.errors import TargetError, UsageError
-from hookviz.hooks import (
+from hookviz.core.hooks import (
     autograd_enabled,
     capture,
     logits_of,
@@ -22,14 +21,15 @@ from hookviz.hooks import (
     traced,
     unwrap_compiled,
 )
-from hookviz.layers import single_call
-from hookviz.layout import Layout, layout_of, to_spatial, unfold_time
+from hookviz.core.layers import single_call
+from hookviz.core.layout import Layout, layout_of, to_spatial, unfold_time
+from hookviz.core.readout import Readout, Scorer, ranking, read
+from hookviz.core.taps import negative_mass
+from hookviz.errors import TargetError, UsageError
 from hookviz.methods import MethodOptions
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.perturb import channels_last
 from hookviz.methods.pixel import BiasTerms
-from hookviz.readout import Readout, Scorer, ranking, read
-from hookviz.taps import negative_mass
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
 
@@ -48,14 +48,14 @@ class Explanation:
         probs: ``(B, num_classes)`` softmax; ``predicted``/``predicted_score``: top-1 class and probability.
         grads_computed: number of backward passes run (one per target, each reusing the single graph).
         labels: for a segmentation model, ``(B, H, W)`` the predicted class of each pixel (its
-            ``probs`` are then pixel shares, see :mod:`hookviz.readout`); ``region`` what a score sums.
+            ``probs`` are then pixel shares, see :mod:`hookviz.core.readout`); ``region`` what a score sums.
         negative_mass: per layer, ``(B,)`` the share of each image's CAM-tensor mass (sum of absolute
             values) that is below zero: ~0.5 for a BatchNorm's output, 0 after a ReLU, a few % after SiLU
-            (some formulas assume none: :data:`hookviz.cams.ASSUMES_NONNEGATIVE`).
+            (some formulas assume none: :data:`hookviz.methods.cams.ASSUMES_NONNEGATIVE`).
         guided: with Guided Backprop, how many activations of each kind were guided (``{"relu": 17}``).
         channels: per layer, the CAM tensor's channels.
         score_kind: ``softmax`` (``probs`` are a softmax) or ``identity`` (they are the scores themselves: a
-            similarity, see :mod:`hookviz.targets`).
+            similarity, see :mod:`hookviz.models.scores`).
     """
 
     layers: tuple[str, ...]
@@ -90,7 +90,7 @@ class CamResult:
 
 def score_kind(model: nn.Module) -> str:
     """How a model's scores become what records report: ``softmax``, or ``identity`` for a similarity
-    (:class:`hookviz.targets.Similarity` says so)."""
+    (:class:`hookviz.models.scores.Similarity` says so)."""
     return str(getattr(type(model), "score_kind", "softmax"))
 
 
@@ -305,7 +305,7 @@ def _explain(
 
     def input_saliency() -> Tensor:  # once per pass, for every layer
         if "guided" not in shared:
-            from hookviz.guided import guided_backprop_counted
+            from hookviz.methods.guided import guided_backprop_counted
 
             shared["guided"] = guided_backprop_counted(model, x, t, lambda output: readout(output).scores)
         return shared["guided"][0]  # (B, T, H, W) at the input's resolution

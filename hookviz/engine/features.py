@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.hooks import capture, logits_of, preserved
 from hookviz.errors import LayerError
-from hookviz.hooks import capture, logits_of, preserved
 from hookviz.options import Stage
 
 

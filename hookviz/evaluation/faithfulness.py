@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.hooks import logits_of, preserved
-from hookviz.readout import Scorer, scorer
+from hookviz.core.hooks import logits_of, preserved
+from hookviz.core.readout import Scorer, scorer
 
 #: Fractions of pixels changed at each step of the deletion and insertion curves (0 .. 1 inclusive).
 STEPS = 16
@@ -118,7 +118,7 @@ def faithfulness(
         chunk: perturbed images a forward pass (:func:`chunk_size`).
         baseline: what deleted pixels become (default zeros: the data set's mean colour after normalisation).
         scorer: how an output becomes class probabilities (a segmentation's, from
-            :meth:`hookviz.readout.Readout.scorer`); default the softmax of a classifier's logits.
+            :meth:`hookviz.core.readout.Readout.scorer`); default the softmax of a classifier's logits.
     """
     b = x.shape[0]
     size = tuple(int(s) for s in x.shape[2:])
@@ -199,7 +199,7 @@ def rank_layers(
     """Mean insertion AUC minus deletion AUC of ``method``'s maps at each layer, over the images ``x``
     (``--layer auto`` takes the best). A layer that cannot be explained (it runs twice, no spatial map)
     scores ``-inf``."""
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
     from hookviz.errors import LayerError
 
     scores: dict[str, float] = {}
@@ -230,9 +230,9 @@ def choose_layer(
     activation mass is materially negative on ``x`` (a BatchNorm's output) are passed over when a
     non-negative one exists; the record lists them under ``signed`` with their negative mass.
     """
-    from hookviz.hooks import capture
+    from hookviz.core.hooks import capture
+    from hookviz.core.taps import MATERIAL_NEGATIVE, negative_mass
     from hookviz.methods import get
-    from hookviz.taps import MATERIAL_NEGATIVE, negative_mass
 
     method = next((m for m in methods if m not in ("all", "eigencam", "scorecam")), "gradcam")
     scores = rank_layers(model, x, candidates, method)

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.hooks import logits_of, preserved
+from hookviz.core.readout import Scorer
 from hookviz.evaluation.faithfulness import _probabilities, chunk_size, image_generators, upsample
-from hookviz.hooks import logits_of, preserved
-from hookviz.readout import Scorer
 
 #: ROAD's fractions of pixels removed, in %: pytorch-grad-cam's ROADCombined uses these nine.
 ROAD_PERCENTAGES = (10, 20, 30, 40, 50, 60, 70, 80, 90)

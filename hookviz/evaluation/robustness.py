@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hookviz.hooks import logits_of, preserved
-from hookviz.readout import Scorer
+from hookviz.core.hooks import logits_of, preserved
+from hookviz.core.readout import Scorer
 
 
 @dataclass(frozen=True)

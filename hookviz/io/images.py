@@ -241,7 +241,7 @@ def encode_png(rgb: np.ndarray, *, mosaic: bool = False) -> bytes:
     """
     import cv2
 
-    from hookviz import timing
+    from hookviz.io import timing
 
     with timing.stage("encode"):
         row_filter = cv2.IMWRITE_PNG_FILTER_NONE if mosaic else cv2.IMWRITE_PNG_FILTER_SUB

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TextIO
 
 from hookviz.errors import InputError
-from hookviz.images import DEFAULT_MAX_PIXELS, image_suffixes, quote
-from hookviz.video import VIDEO_SUFFIXES, Clip, VideoInfo, VideoPreprocess, frame_files, plan_clips, probe
+from hookviz.io.images import DEFAULT_MAX_PIXELS, image_suffixes, quote
+from hookviz.io.video import VIDEO_SUFFIXES, Clip, VideoInfo, VideoPreprocess, frame_files, plan_clips, probe
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Item:
     name: str
     path: Path | None
     error: str | None = None
-    #: One clip of a video (:mod:`hookviz.video`): which frames, and what the file holds.
+    #: One clip of a video (:mod:`hookviz.io.video`): which frames, and what the file holds.
     clip: Clip | None = None
     info: VideoInfo | None = None
 
@@ -154,7 +154,7 @@ def expand_inputs(
 def clip_items(
     items: Iterable[Item], p: VideoPreprocess, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> Iterator[Item]:
-    """Each video's clips as inputs (:func:`hookviz.video.plan_clips`), in order; a video that cannot be
+    """Each video's clips as inputs (:func:`hookviz.io.video.plan_clips`), in order; a video that cannot be
     opened (or a photo given to a video model) is one ``Item`` with its error, and the others go on."""
     for item in items:
         if item.error is not None or item.path is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hookviz.errors import OutputError
-from hookviz.files import TEMP, append_line, atomic_write, open_append
+from hookviz.io.files import TEMP, append_line, atomic_write, open_append
 
 MANIFEST = "manifest.jsonl"
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hookviz.errors import InputError, UsageError
-from hookviz.images import DEFAULT_MAX_PIXELS, Box, _box, image_suffixes, load_rgb, quote
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, _box, image_suffixes, load_rgb, quote
 
 #: Containers read as videos (animated GIFs too, for a video model).
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".avi", ".mov", ".mkv", ".webm", ".gif", ".mpg", ".mpeg", ".wmv"})

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
-from hookviz.hooks import ModuleCall
 from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
 from hookviz.methods import MethodOptions
-from hookviz.models import LoadedModel
+from hookviz.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -67,7 +67,7 @@ def method_options(loaded: LoadedModel, options: MethodOptions, compare: str | N
     Raises:
         TargetError: an unknown class in ``compare``.
     """
-    from hookviz.models import num_classes, parse_target
+    from hookviz.models.loaded import num_classes, parse_target
 
     pre = loaded.preprocess
     floor = options.input_floor or tuple((0.0 - m) / s for m, s in zip(pre.mean, pre.std, strict=True))
@@ -101,7 +101,7 @@ def make_cam_job(
     """The ``gradcam`` job for ``loaded``'s task, with its layers chosen and the notes to print.
 
     Args:
-        calls: the model's traced shapes (:func:`hookviz.models.probe`), if already at hand.
+        calls: the model's traced shapes (:func:`hookviz.models.loaded.probe`), if already at hand.
         first_images: ``first_images(n)``: the first ``n`` readable inputs as one batch (``--layer auto``).
         agree: under torchrun, rank 0's value on every rank (one ``--layer auto`` choice per job).
 
@@ -109,8 +109,8 @@ def make_cam_job(
         UsageError: options that do not apply to the task, ``--layer auto`` without a readable image.
         LayerError, TargetError: a bad layer or target.
     """
-    from hookviz.layers import cam_layer, channels, default_cam_layer, default_reason
-    from hookviz.models import num_classes, parse_targets, probe
+    from hookviz.core.layers import cam_layer, channels, default_cam_layer, default_reason
+    from hookviz.models.loaded import num_classes, parse_targets, probe
 
     calls = calls if calls is not None else probe(loaded)
     targets = parse_targets(settings.target, loaded, num_classes(loaded))
@@ -125,7 +125,7 @@ def make_cam_job(
             )
     attention = [name for name in parse(settings.methods) if get(name).family == "attention"]
     if attention:
-        from hookviz.layers import token_blocks
+        from hookviz.core.layers import token_blocks
         from hookviz.methods.attention import APPLY
 
         if not token_blocks(loaded.model, calls):
@@ -138,8 +138,8 @@ def make_cam_job(
     if settings.layers == ("auto",):
         if first_images is None or (x := first_images(settings.probe_images)) is None:
             raise UsageError("--layer auto needs at least one readable image among the inputs")
+        from hookviz.core.layers import candidate_layers
         from hookviz.evaluation import choose_layer
-        from hookviz.layers import candidate_layers
 
         auto = choose_layer(loaded.model, x, candidate_layers(loaded.model, calls), list(settings.methods))
         if agree is not None:
@@ -246,7 +246,7 @@ def _detection(
     loaded: LoadedModel, s: CamSettings, calls: list[ModuleCall], targets: str | list[int] | None
 ) -> BuiltJob:
     """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
-    from hookviz.layers import cam_layer, default_cam_layer
+    from hookviz.core.layers import cam_layer, default_cam_layer
 
     refused = {
         "--fuse": s.fuse is not None,

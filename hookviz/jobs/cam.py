@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from hookviz.core.memory import Estimate
+from hookviz.core.taps import slug
 from hookviz.errors import UsageError
-from hookviz.images import Box, encode_png
+from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
     FUSED,
     Notes,
@@ -23,13 +25,11 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
-from hookviz.memory import Estimate
 from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
-from hookviz.models import LoadedModel
+from hookviz.models.loaded import LoadedModel
 from hookviz.options import Colormap, Fuse, Normalize, Region
-from hookviz.taps import slug
 
 
 def _region_note(region: str | None, asked: str | None) -> str:
@@ -101,8 +101,8 @@ class CamJob(Notes):
     region: str = "class"
 
     def _check_assumptions(self, ex: Any) -> None:
+        from hookviz.core.taps import MATERIAL_NEGATIVE
         from hookviz.methods import get
-        from hookviz.taps import MATERIAL_NEGATIVE
 
         reasons = {m: get(m).assumes_nonnegative for m in self.methods if get(m).assumes_nonnegative}
         risky = list(reasons)
@@ -207,7 +207,7 @@ class CamJob(Notes):
 
     # -- compute --------------------------------------------------------------------------
     def memory(self, shape: tuple[int, ...]) -> Estimate:
-        """What a batch of inputs of ``shape`` holds (:class:`hookviz.memory.Estimate`); the pipeline
+        """What a batch of inputs of ``shape`` holds (:class:`hookviz.core.memory.Estimate`); the pipeline
         splits a batch that would pass ``--max-memory``."""
         k = len(self._target_suffixes())
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
@@ -215,8 +215,8 @@ class CamJob(Notes):
         return est if not self.aug_smooth else Estimate(est.per_image * 2, est.fixed)
 
     def compute(self, x: Any) -> CamBatch:
-        from hookviz import cams
-        from hookviz.attribution import explain
+        from hookviz.engine.explain import explain
+        from hookviz.methods import cams
 
         ex = explain(
             self.loaded.model,
@@ -244,8 +244,8 @@ class CamJob(Notes):
         }
         metrics = None
         if self.metrics:
+            from hookviz.core.readout import scorer
             from hookviz.evaluation import faithfulness
-            from hookviz.readout import scorer
 
             score = scorer(ex.labels, ex.region, ex.score_kind)
             metrics = {
@@ -427,8 +427,8 @@ class CamJob(Notes):
     @staticmethod
     def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
         """``negative_mass`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
+        from hookviz.core.taps import MATERIAL_NEGATIVE
         from hookviz.methods import REGISTRY
-        from hookviz.taps import MATERIAL_NEGATIVE
 
         if layer not in ex.negative_mass:
             return {}

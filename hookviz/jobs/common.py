@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hookviz.images import Box
-from hookviz.models import LoadedModel
+from hookviz.io.images import Box
+from hookviz.models.loaded import LoadedModel
 
 
 @dataclass(kw_only=True)
@@ -69,7 +69,7 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
     """The top class of row ``index`` of a classifier's output (None when the output is not ``(B, C)``)."""
     import torch
 
-    from hookviz.attribution import ranking
+    from hookviz.engine.explain import ranking
 
     if logits is None or logits.dim() != 2:
         return None

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from hookviz.core.taps import slug
 from hookviz.errors import UsageError
-from hookviz.images import Box, encode_png
+from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
     _finite_stat,
     _full_map,
@@ -20,9 +21,8 @@ from hookviz.jobs.common import (
 )
 from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
-from hookviz.models import LoadedModel
+from hookviz.models.loaded import LoadedModel
 from hookviz.options import Colormap
-from hookviz.taps import slug
 
 
 def _per_photo(method: str) -> bool:
@@ -60,7 +60,7 @@ class DetectionJob:
     kind: str = "gradcam"
 
     def __post_init__(self) -> None:
-        from hookviz.detection import detection_methods
+        from hookviz.engine.detection import detection_methods
 
         self.colormap = Colormap.parse(self.colormap, "--colormap").value
         self.methods = parse_methods(self.methods)
@@ -100,7 +100,7 @@ class DetectionJob:
         return [*names, f"{stem}.detections.png"]
 
     def compute(self, x: Any) -> Any:
-        from hookviz.detection import explain_detections
+        from hookviz.engine.detection import explain_detections
 
         return explain_detections(
             self.loaded.model,

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.annotation import input_mask, resolve
+from hookviz.core.memory import Estimate
 from hookviz.errors import InputError, UsageError
-from hookviz.images import Box
+from hookviz.io.annotation import input_mask, resolve
+from hookviz.io.images import Box
 from hookviz.jobs.common import Notes, _check_finite, model_settings, parse_methods
-from hookviz.memory import Estimate
 from hookviz.methods import MethodOptions
 from hookviz.methods.footprint import explain_estimate
-from hookviz.models import LoadedModel, num_classes
+from hookviz.models.loaded import LoadedModel, num_classes
 
 #: ``--metric`` families, in the order their columns appear.
 FAMILIES = ("faithfulness", "road", "flipping", "localisation", "complexity", "robustness", "randomisation")
@@ -100,7 +100,7 @@ class MetricSettings:
 @dataclass(kw_only=True)
 class EvaluateJob(Notes):
     """The metrics of every method x layer per image with the ``random`` and ``center`` chance baselines;
-    no pictures, only records. With annotations (:mod:`hookviz.annotation`) each image is explained for its
+    no pictures, only records. With annotations (:mod:`hookviz.io.annotation`) each image is explained for its
     annotated classes, the first (the largest object's) for every family, each for the localisation."""
 
     loaded: LoadedModel
@@ -113,7 +113,7 @@ class EvaluateJob(Notes):
     chunk: int | None = None  # perturbed images a pass: 64 on a GPU, 8 on the CPU
     metrics: Sequence[str] = ("faithfulness",)
     metric_settings: MetricSettings = field(default_factory=MetricSettings)
-    annotations: Any = None  # hookviz.annotation.Annotations
+    annotations: Any = None  # hookviz.io.annotation.Annotations
     seed: int = 0
     kind: str = "evaluate"
     _pending: Any = field(default=None, init=False, repr=False)

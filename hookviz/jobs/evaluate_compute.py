@@ -23,7 +23,7 @@ def _targets(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
     object's first; a binary mask's object is the ``--target`` class; short rows padded with their first)."""
     if objects is None:
         return job.targets
-    from hookviz.attribution import explain
+    from hookviz.engine.explain import explain
 
     default: list[int] = []
     if any(not objs or any(k is None for k, _ in objs) for objs in objects):
@@ -61,12 +61,12 @@ def _similarity(a: Tensor, b: Tensor) -> float:
 
 def compute(job: EvaluateJob, x: Tensor, given: Given) -> Any:
     from hookviz import evaluation
-    from hookviz.attribution import explain
+    from hookviz.core.readout import scorer
+    from hookviz.engine.explain import explain
     from hookviz.evaluation import localisation as loc
     from hookviz.evaluation import perturbation as pert
     from hookviz.evaluation.robustness import robustness, uniform_noise
-    from hookviz.models import num_classes
-    from hookviz.readout import scorer
+    from hookviz.models.loaded import num_classes
 
     refused = [o if isinstance(o, str) else None for o in given] if given is not None else None
     # An image whose annotation was refused is explained as one without any (its record says why).

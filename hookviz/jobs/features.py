@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.images import Box, encode_png
+from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import _weights_note, model_settings, predicted
-from hookviz.models import LoadedModel
+from hookviz.models.loaded import LoadedModel
 from hookviz.options import Colormap, Stage
 
 
@@ -46,7 +46,7 @@ class FeatureMapJob:
         return [f"{stem}.featuremap.{layer}.{s}.png" for layer in self.layers for s in self._stages()]
 
     def compute(self, x: Any) -> Any:
-        from hookviz.features import capture_features
+        from hookviz.engine.features import capture_features
 
         return capture_features(self.loaded.model, x, self.layers, self.stage)
 
@@ -54,7 +54,7 @@ class FeatureMapJob:
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         from hookviz import render
-        from hookviz.features import rank_channels
+        from hookviz.engine.features import rank_channels
 
         files = []
         shown = []

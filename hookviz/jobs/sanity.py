@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.images import Box, encode_png
+from hookviz.core.taps import slug
+from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import _weights_note, model_settings, parse_methods
 from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
-from hookviz.models import LoadedModel
-from hookviz.taps import slug
+from hookviz.models.loaded import LoadedModel
 
 
 @dataclass(kw_only=True)
@@ -60,7 +60,7 @@ class SanityJob:
         import torch
 
         from hookviz import evaluation
-        from hookviz.attribution import explain
+        from hookviz.engine.explain import explain
 
         with torch.no_grad():
             target = explain(self.loaded.model, x, [self.layer], ["eigencam"]).predicted

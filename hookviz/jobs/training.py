@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.images import Box, encode_png
+from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import _weights_note, model_settings, predicted
-from hookviz.models import LoadedModel
+from hookviz.models.loaded import LoadedModel
 
 
 @dataclass(kw_only=True)
@@ -40,9 +40,9 @@ class GradFlowJob:
         import torch
         import torch.nn.functional as F
 
-        from hookviz.attribution import ranking
-        from hookviz.gradients import gradient_flow
-        from hookviz.hooks import logits_of
+        from hookviz.core.hooks import logits_of
+        from hookviz.engine.explain import ranking
+        from hookviz.training.gradients import gradient_flow
 
         seen: list[Any] = []
 
@@ -126,8 +126,8 @@ class DropBlockJob:
     def compute(self, x: Any) -> Any:
         import torch
 
-        from hookviz.features import capture_features
-        from hookviz.regularize import drop_block
+        from hookviz.engine.features import capture_features
+        from hookviz.training.regularize import drop_block
 
         features = capture_features(self.loaded.model, x, [self.layer])
         (fm,) = [m for m in features.maps if m.call == 1]
@@ -141,7 +141,7 @@ class DropBlockJob:
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         from hookviz import render
-        from hookviz.features import rank_channels
+        from hookviz.engine.features import rank_channels
 
         before, after, keep = (t[index] for t in result[:3])
         channels = rank_channels(before, self.max_channels)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hookviz.errors import UsageError
-from hookviz.images import Box, encode_png
+from hookviz.io.images import Box, encode_png
 from hookviz.jobs.cam import CamBatch, CamJob
 from hookviz.jobs.common import _check_finite, _full_map, _npy, _weights_note
 from hookviz.methods import title as method_title
@@ -55,7 +55,8 @@ def in_time(cam: np.ndarray, frames: int) -> np.ndarray:
 
 @dataclass(kw_only=True)
 class VideoCamJob(CamJob):
-    """:class:`CamJob` for a video model: its ``render`` takes a clip (:class:`hookviz.video.ClipFrames`)."""
+    """:class:`CamJob` for a video model: its ``render`` takes a clip
+    (:class:`hookviz.io.video.ClipFrames`)."""
 
     kind: str = "gradcam"
     #: Each clip's class probabilities by output prefix, for the whole video's prediction.
@@ -86,7 +87,7 @@ class VideoCamJob(CamJob):
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         from hookviz import render
-        from hookviz.video import encode_webm
+        from hookviz.io.video import encode_webm
 
         clip = rgb  # a ClipFrames
         frames: np.ndarray = clip.frames
@@ -249,9 +250,9 @@ def explain_videos(
         >>> records = explain_videos(loaded, "videos/", "out/")
         >>> [r["video"]["name"] for r in records if "video" in r]
     """
-    from hookviz.inputs import clip_items, expand_inputs
+    from hookviz.io.inputs import clip_items, expand_inputs
     from hookviz.jobs.build import CamSettings, make_cam_job
-    from hookviz.pipeline import Output, run, with_video_summaries
+    from hookviz.run.pipeline import Output, run, with_video_summaries
 
     if loaded.video is None:
         raise UsageError(f"{loaded.name} takes photos, not videos; explain photos with hookviz.explain")

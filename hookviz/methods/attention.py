@@ -1,8 +1,9 @@
 """Attention-based maps of a vision transformer: attention rollout, Chefer et al.'s relevance and LeGrad.
 
 All three read the attention probabilities ``A^l`` ``(B, H, N, N)`` of every encoder block, captured in one
-forward pass of their own (:class:`hookviz.attention.AttentionProbe`: fused kernels are computed explicitly
-within it), and give a map over the patch grid (the prefix tokens, class / distillation / register, dropped).
+forward pass of their own (:class:`hookviz.core.attention_probe.AttentionProbe`: fused kernels are
+computed explicitly within it), and give a map over the patch grid (the prefix tokens, class /
+distillation / register, dropped).
 A map is the relevance of each patch token to the tokens the head reads: the class token for a model pooled
 by it, the mean over the patch tokens for a model pooled by their average; which ones is read from the
 gradient of the output with respect to the last attention (rows that reach the output), not assumed.
@@ -16,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hookviz.core.hooks import first_tensor
 from hookviz.errors import LayerError
-from hookviz.hooks import first_tensor
 from hookviz.methods.compute import LayerPass
 
 #: The methods of this module (the attention pass computes what the requested ones need).
@@ -51,8 +52,8 @@ def _layout(p: LayerPass) -> tuple[int, tuple[int, int]]:
 
 
 def _blocks(p: LayerPass) -> list[str]:
-    from hookviz.attribution import traced
-    from hookviz.layers import token_blocks
+    from hookviz.core.layers import token_blocks
+    from hookviz.engine.explain import traced
 
     return token_blocks(p.model, traced(p.model, tuple(p.x.shape[1:]), p.x.device))
 
@@ -77,8 +78,8 @@ def attention_pass(p: LayerPass) -> AttentionPass:
 
 
 def _attention_pass(p: LayerPass) -> AttentionPass:
-    from hookviz.attention import AttentionProbe
-    from hookviz.hooks import HookGroup
+    from hookviz.core.attention_probe import AttentionProbe
+    from hookviz.core.hooks import HookGroup
 
     prefix, grid = _layout(p)
     n = prefix + grid[0] * grid[1]

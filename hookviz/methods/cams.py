@@ -112,7 +112,7 @@ def score_cam(activations: Tensor, channel_scores: Tensor, *, relu: bool = True)
     """Score-CAM's combination step (Wang et al., CVPRW 2020, eq. 6-8).
 
     ``channel_scores[b, k]`` is the target's score (a classifier's logit) when the input is masked by the
-    upsampled, min-max normalised ``A^k`` (see ``hookviz.attribution``). ``alpha = softmax_k(scores)``
+    upsampled, min-max normalised ``A^k`` (see ``hookviz.engine.explain``). ``alpha = softmax_k(scores)``
     (the softmax cancels the baseline term of eq. 6) and ``L = ReLU(sum_k alpha_k A^k)``.
     """
     if channel_scores.shape != activations.shape[:2]:

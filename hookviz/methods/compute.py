@@ -1,6 +1,6 @@
 # ruff: noqa: RUF002
 """The built-in methods' functions over one layer of an explain pass (the math itself is in
-:mod:`hookviz.cams`): each takes a :class:`LayerPass` and returns maps ``(B, T, h, w)``."""
+:mod:`hookviz.methods.cams`): each takes a :class:`LayerPass` and returns maps ``(B, T, h, w)``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz import cams
-from hookviz.methods import MethodOptions
+from hookviz.methods import MethodOptions, cams
 
 
 @dataclass

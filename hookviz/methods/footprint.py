@@ -2,7 +2,7 @@
 of one input, cached): the activations autograd records and their gradients, each target layer's gradients per
 class, input gradients, the maps of every method x layer x class at feature and input resolution; and what
 does not grow with the batch (the masked and perturbed passes run ``--masked-batch`` rows at a time). The
-pipeline splits a batch whose estimate passes ``--max-memory`` (:mod:`hookviz.memory`)."""
+pipeline splits a batch whose estimate passes ``--max-memory`` (:mod:`hookviz.core.memory`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hookviz.hooks import traced
-from hookviz.memory import Estimate
+from hookviz.core.hooks import traced
+from hookviz.core.memory import Estimate
 from hookviz.methods import registry
 
 _FLOAT = 4
@@ -30,8 +30,8 @@ def explain_estimate(
     targets: int,
     options: Any = None,
 ) -> Estimate:
-    """What :func:`hookviz.attribution.explain` holds for ``methods`` at ``layers`` with ``targets`` classes
-    an image, on inputs of ``input_shape`` (one image's, without the batch axis); ``options`` are the
+    """What :func:`hookviz.engine.explain.explain` holds for ``methods`` at ``layers`` with ``targets``
+    classes an image, on inputs of ``input_shape`` (one image's, without the batch axis); ``options`` are the
     methods' settings (:class:`hookviz.methods.MethodOptions`: the rows of their own passes)."""
     options = options or registry.MethodOptions()
     calls = traced(model, tuple(input_shape), device)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from hookviz.hooks import logits_of, preserved
+from hookviz.core.hooks import logits_of, preserved
 
 _RELUS = {F.relu, F.relu_, torch.relu, torch.relu_, Tensor.relu, Tensor.relu_}
 _LEAKY = {F.leaky_relu, F.leaky_relu_}

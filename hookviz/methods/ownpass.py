@@ -17,8 +17,8 @@ from hookviz.methods.compute import LayerPass, _relu
 def tapped(p: LayerPass, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
     """A forward pass of ``x`` recorded from the layer on: ``(tap, scores)``, the layer's raw tensor (a leaf
     that gradients reach) and the ``(N, C)`` class scores."""
-    from hookviz.hooks import capture
-    from hookviz.layers import single_call
+    from hookviz.core.hooks import capture
+    from hookviz.core.layers import single_call
 
     with capture(p.model, grad_layers=[p.layer]) as cap, torch.enable_grad():
         with torch.no_grad():  # recording starts at the tap
@@ -27,7 +27,7 @@ def tapped(p: LayerPass, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
 
 
 def spatial(p: LayerPass, t: Tensor) -> Tensor:
-    from hookviz.layout import to_spatial
+    from hookviz.core.layout import to_spatial
 
     return to_spatial(t, p.layout)
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hookviz.core.hooks import capture, logits_of
 from hookviz.errors import UsageError
-from hookviz.hooks import capture, logits_of
 from hookviz.methods.compute import LayerPass, _relu
 
 
@@ -253,5 +253,5 @@ def rise(p: LayerPass) -> Tensor:
 
 
 def drise(p: LayerPass) -> Tensor:
-    """D-RISE explains a detector's boxes (:func:`hookviz.detection.drise`); a classifier has none."""
+    """D-RISE explains a detector's boxes (:func:`hookviz.engine.detection.drise`); a classifier has none."""
     raise UsageError("--method drise explains a detector's boxes; for a classifier use rise")

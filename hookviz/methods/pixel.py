@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.hooks import HookGroup
+from hookviz.core.hooks import HookGroup
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.ownpass import noisy_copies
 from hookviz.methods.perturb import channels_last

@@ -12,15 +12,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hookviz.core.hooks import ModuleCall, logits_of, probe_input, traced
 from hookviz.errors import (
     DeviceError,
     TargetError,
     UsageError,
     close_matches,
 )
-from hookviz.hooks import ModuleCall, logits_of, probe_input, traced
-from hookviz.images import Preprocess
-from hookviz.video import VideoPreprocess
+from hookviz.io.images import Preprocess
+from hookviz.io.video import VideoPreprocess
 
 WEIGHTS_NONE = "none"
 WEIGHTS_DEFAULT = "DEFAULT"
@@ -29,7 +29,7 @@ WEIGHTS_DEFAULT = "DEFAULT"
 def list_models(task: str | None = "classification") -> list[str]:
     """Names of torchvision's models for ``task`` (``classification``, ``segmentation``, ``detection``;
     ``None`` for all)."""
-    from hookviz.sources.torchvision import list_models as names
+    from hookviz.models.torchvision import list_models as names
 
     return names(task)
 
@@ -126,7 +126,7 @@ class LoadedModel:
 
 
 def _imagenet_categories() -> tuple[str, ...]:
-    from hookviz.sources.torchvision import _imagenet_categories as names
+    from hookviz.models.torchvision import _imagenet_categories as names
 
     return names()
 
@@ -172,14 +172,14 @@ def load_model(
             that returns no module.
         WeightsError: pretrained weights cannot be downloaded, or the file cannot be loaded safely.
     """
-    from hookviz.sources import Options, build
-    from hookviz.sources.weights import classifier_out
+    from hookviz.models.sources import Options, build
+    from hookviz.models.weights import classifier_out
 
     built = build(name, weights, Options(weights_key, trust_pickle, progress))
     task = built.task if built.task != "classification" else task_of(built.model)
     categories, labels_id = built.categories, ""
     if labels is not None:
-        from hookviz.sources.torchvision import dense_classes
+        from hookviz.models.torchvision import dense_classes
 
         # The CLI hands a Path: ``--labels imagenet`` is the word unless a file of that name exists.
         if (
@@ -209,7 +209,7 @@ def load_model(
     if video is not None:  # the image preprocessing names the clip's frame size and normalisation
         base = Preprocess(crop_size=video.crop, resize_size=max(video.resize), mean=video.mean, std=video.std)
     elif task != built.task:  # a detector or segmenter from the user's code: its task's transform
-        from hookviz.sources.torchvision import task_preprocess
+        from hookviz.models.torchvision import task_preprocess
 
         base = task_preprocess(task)
     crop, rsz = base.crop_size, base.resize_size
@@ -302,10 +302,10 @@ def num_classes(loaded: LoadedModel) -> int:
     if loaded.categories:
         return len(loaded.categories)
     if loaded.task == "detection":
-        from hookviz.sources.torchvision import dense_classes
+        from hookviz.models.torchvision import dense_classes
 
         return dense_classes(loaded.model) or 1
-    from hookviz.hooks import preserved
+    from hookviz.core.hooks import preserved
 
     with torch.no_grad(), preserved(loaded.model):
         loaded.model.eval()

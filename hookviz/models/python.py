@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from hookviz.errors import SetupError, UsageError, WeightsError
-from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
-from hookviz.sources.weights import (
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
+from hookviz.models.weights import (
     apply_state_dict,
     file_digest,
     is_torchscript,

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.core.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
 from hookviz.errors import LayerError, UsageError
-from hookviz.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
-from hookviz.models import LoadedModel
+from hookviz.models.loaded import LoadedModel
 
 
 class _Facade(nn.Module):
@@ -59,7 +59,7 @@ class Similarity(_Facade):
     """``(B, 1)``: the cosine similarity of each photo's embedding (``embedding(x)`` ``(B, D)``) to the
     reference's (:attr:`reference`, set by :func:`similar_to`)."""
 
-    #: What the records report for a score (see :func:`hookviz.readout.read`): the cosine itself.
+    #: What the records report for a score (see :func:`hookviz.core.readout.read`): the cosine itself.
     score_kind = "identity"
     reference: Tensor
 
@@ -127,8 +127,8 @@ def similar_to(
         UsageError: a detector or segmentation model, an unreadable reference, a model without a head found.
         LayerError: an unknown embedding layer.
     """
-    from hookviz.images import load_rgb
-    from hookviz.models import num_classes, probe
+    from hookviz.io.images import load_rgb
+    from hookviz.models.loaded import num_classes, probe
 
     if loaded.task != "classification":
         raise UsageError(f"--similar-to explains classifiers and image-text models; {loaded.name} is a "

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from hookviz.errors import SetupError
-from hookviz.images import Preprocess
-from hookviz.video import VideoPreprocess
+from hookviz.io.images import Preprocess
+from hookviz.io.video import VideoPreprocess
 
 WEIGHTS_NONE = "none"
 WEIGHTS_DEFAULT = "DEFAULT"
@@ -51,7 +51,7 @@ class Built:
     categories: tuple[str, ...] = ()
     #: How photos become inputs for it (ImageNet's 224 crop unless the source knows better).
     preprocess: Preprocess = field(default_factory=Preprocess)
-    #: ``classification``, ``segmentation`` or ``detection`` (see :func:`hookviz.models.task_of`).
+    #: ``classification``, ``segmentation`` or ``detection`` (see :func:`hookviz.models.loaded.task_of`).
     task: str = "classification"
     #: How videos become clips, for a video model (its weights' Kinetics transform).
     video: VideoPreprocess | None = None
@@ -96,11 +96,11 @@ def build(spec: str, weights: str, options: Options) -> Built:
     """
     kind = source_of(spec)
     if kind == "timm":
-        from hookviz.sources import timm as source
+        from hookviz.models import timm as source
     elif kind == "hf":
-        from hookviz.sources import hf as source  # type: ignore[no-redef]
+        from hookviz.models import hf as source  # type: ignore[no-redef]
     elif kind in ("python", "pickle"):
-        from hookviz.sources import python as source  # type: ignore[no-redef]
+        from hookviz.models import python as source  # type: ignore[no-redef]
     else:
-        from hookviz.sources import torchvision as source  # type: ignore[no-redef]
+        from hookviz.models import torchvision as source  # type: ignore[no-redef]
     return source.build(spec, weights, options)

@@ -13,9 +13,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
-from hookviz.images import Preprocess
-from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
-from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
+from hookviz.io.images import Preprocess
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
+from hookviz.models.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
 
 
 def _timm() -> Any:
@@ -94,7 +94,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
     crop = int(data["input_size"][-1])
     categories: tuple[str, ...] = ()
     if classifier_out(model) == 1000:
-        from hookviz.sources.torchvision import _imagenet_categories
+        from hookviz.models.torchvision import _imagenet_categories
 
         categories = _imagenet_categories()
     args = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))

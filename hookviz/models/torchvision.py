@@ -15,11 +15,11 @@ from typing import Any
 from torch import nn
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
-from hookviz.images import Preprocess
+from hookviz.io.images import Preprocess
+from hookviz.io.video import VideoPreprocess
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
+from hookviz.models.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
 from hookviz.options import Task
-from hookviz.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
-from hookviz.sources.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
-from hookviz.video import VideoPreprocess
 
 _IMAGENET_CLASSES = 1000
 

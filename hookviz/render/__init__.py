@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hookviz.images import Box
+from hookviz.io.images import Box
 from hookviz.options import Colormap
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hookviz.errors import OutputError, UsageError
-from hookviz.files import atomic_write
+from hookviz.io.files import atomic_write
 
 MANIFEST = "manifest.jsonl"
 REPORT = "index.html"
@@ -205,7 +205,7 @@ def build_report(
             if warn is not None:
                 warn(f"{manifest}: record for {str(rec.get('input'))[:80]!r} left out ({type(exc).__name__})")
     records = latest_records(lines)
-    from hookviz.pipeline import finite  # NaN is not JSON: JSON.parse would blank the page
+    from hookviz.run.pipeline import finite  # NaN is not JSON: JSON.parse would blank the page
 
     env = Environment(loader=PackageLoader("hookviz", "report"), autoescape=select_autoescape(["html"]))
     page = env.get_template("template.html").render(

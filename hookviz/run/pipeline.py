@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hookviz import timing
+from hookviz.core.memory import default_budget, human
 from hookviz.errors import HookvizError, UsageError
-from hookviz.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb, quote
-from hookviz.inputs import Item, _real, expand_inputs
-from hookviz.memory import default_budget, human
-from hookviz.outputs import MANIFEST, Output, finite, to_json
+from hookviz.io import timing
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb, quote
+from hookviz.io.inputs import Item, _real, expand_inputs
+from hookviz.io.outputs import MANIFEST, Output, finite, to_json
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
+    from hookviz.io.video import VideoPreprocess
     from hookviz.jobs.common import Job
-    from hookviz.video import VideoPreprocess
 
 __all__ = ["MANIFEST", "Item", "Output", "expand_inputs", "finite", "output_stem", "run", "to_json"]
 
@@ -73,7 +73,7 @@ def _describe(exc: BaseException) -> str:
 def _load(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
     assert item.path is not None
     if item.clip is not None:  # a video's clip: its frames (a ClipFrames) instead of a photo
-        from hookviz.video import ClipFrames, read_clip
+        from hookviz.io.video import ClipFrames, read_clip
 
         with timing.stage("decode"):
             frames, times = read_clip(item.path, item.clip, item.info, max_pixels)
@@ -173,7 +173,7 @@ def run(
                 continue
             prefix = output_prefix(item.path, model, key)
             if item.clip is not None:
-                from hookviz.video import clip_suffix
+                from hookviz.io.video import clip_suffix
 
                 prefix += clip_suffix(item.clip)
             chunk.append((item, prefix))

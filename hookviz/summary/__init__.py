@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.hooks import HookGroup, preserved, probe_input, unwrap_compiled
 from hookviz.errors import UsageError
-from hookviz.hooks import HookGroup, preserved, probe_input, unwrap_compiled
 from hookviz.summary.counting import _Counter, op_macs
 from hookviz.summary.data import ModelSummary, Row
 

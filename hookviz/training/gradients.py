@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
+from hookviz.core.layers import resolve_layers
 from hookviz.errors import UsageError
-from hookviz.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
-from hookviz.layers import resolve_layers
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.hooks import HookGroup, probe_input, trace_shapes
-from hookviz.layers import is_pattern, output_layers, resolve_layers
+from hookviz.core.hooks import HookGroup, probe_input, trace_shapes
+from hookviz.core.layers import is_pattern, output_layers, resolve_layers
 
 
 @functools.lru_cache(maxsize=256)
