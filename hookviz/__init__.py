@@ -23,7 +23,7 @@ _EXPORTS = {
     "CamResult": "hookviz.engine.explain",
     "Explanation": "hookviz.engine.explain",
     "explain_detections": "hookviz.engine.detection",
-    "explain_videos": "hookviz.jobs.video",
+    "explain_videos": "hookviz.run.runner",
     "evaluate": "hookviz.jobs.evaluate",
     "DetectionExplanation": "hookviz.engine.detection",
     "summarize": "hookviz.summary",
@@ -36,7 +36,7 @@ _EXPORTS = {
     "GlobalNormClipper": "hookviz.training.gradients",
     "feature_maps": "hookviz.engine.features",
     "FeatureMap": "hookviz.engine.features",
-    "load_model": "hookviz.models.loaded",
+    "load_model": "hookviz.tasks",
     "LoadedModel": "hookviz.models.loaded",
     "load_rgb": "hookviz.io.images",
     "Preprocess": "hookviz.io.images",
@@ -57,11 +57,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.errors import HookvizError
     from hookviz.io.images import Preprocess, load_rgb
     from hookviz.jobs.evaluate import evaluate
-    from hookviz.jobs.video import explain_videos
     from hookviz.methods import Method, MethodOptions, register_method
-    from hookviz.models.loaded import LoadedModel, load_model
+    from hookviz.models.loaded import LoadedModel
     from hookviz.options import Normalize, Stage
+    from hookviz.run.runner import explain_videos
     from hookviz.summary import ModelSummary, summarize
+    from hookviz.tasks import load_model
     from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
     from hookviz.training.regularize import attach_dropblock, attach_dropout2d, drop_block
 

@@ -9,8 +9,8 @@ import torch
 
 from hookviz.errors import UsageError
 from hookviz.jobs import CamJob, DetectionJob
-from hookviz.jobs.build import CamSettings, auto_line, make_cam_job
-from hookviz.models.loaded import load_model
+from hookviz.jobs.build import CamSettings, auto_line
+from hookviz.tasks import load_model, make_cam_job
 
 
 def test_settings_are_keyword_only_and_frozen() -> None:

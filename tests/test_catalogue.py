@@ -245,7 +245,7 @@ def test_drise_peaks_in_each_detected_box_and_runs_from_the_cli(tmp_path: Path) 
     import cv2
 
     from hookviz.engine.detection import explain_detections
-    from hookviz.models.loaded import load_model
+    from hookviz.tasks import load_model
     from tests.test_dense import DETECTOR, FIXTURE, NAMES, photo, scenes
 
     det = load_model(DETECTOR, str(FIXTURE), labels=NAMES)

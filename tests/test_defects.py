@@ -253,7 +253,8 @@ def test_save_raw_added_to_a_finished_run_writes_only_the_arrays(photos: Path, t
 
 def test_labels_duplicates_keras_json_imagenet_and_class_n(tmp_path: Path) -> None:
     from hookviz.errors import TargetError
-    from hookviz.models.loaded import find_class, load_model, parse_target, parse_targets, read_labels
+    from hookviz.models.classes import find_class, parse_target, parse_targets, read_labels
+    from hookviz.tasks import load_model
 
     with pytest.raises(TargetError, match="classes 1, 3 all have this name"):
         find_class("crane", ["a", "crane", "b", "crane"])
@@ -279,7 +280,7 @@ def test_a_wrapper_prefix_on_every_key_is_stripped(tmp_path: Path) -> None:
     for prefix in ("model.", "net.", "model.module."):
         path = tmp_path / f"{prefix.strip('.')}.ckpt"
         torch.save({"state_dict": {prefix + k: v for k, v in net.state_dict().items()}}, path)
-        from hookviz.models.loaded import load_model
+        from hookviz.tasks import load_model
 
         lm = load_model("tests.shapes_net:make", str(path), input_size=48)
         for k, v in net.state_dict().items():

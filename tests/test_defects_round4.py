@@ -192,7 +192,9 @@ def test_finish_records_skipped_when_another_run_completed_the_set(tmp_path: Pat
 
     photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
 
-    class Job:
+    from hookviz.jobs.common import BaseJob
+
+    class Job(BaseJob):
         kind = "toy"
 
         def settings(self) -> dict[str, Any]:
@@ -229,7 +231,7 @@ def test_a_newline_inside_one_prompt_or_label_is_not_two() -> None:
     joined = hashlib.sha256("\n".join(["a cat\na dog"]).encode()).hexdigest()
     two = hashlib.sha256("\n".join(["a cat", "a dog"]).encode()).hexdigest()
     assert joined == two  # what the old key did
-    from hookviz.models.loaded import load_model
+    from hookviz.tasks import load_model
 
     one = load_model("tests.conftest:TinyCNN", "none", labels=["a\nb", "c", "d"])
     other = load_model("tests.conftest:TinyCNN", "none", labels=["a", "b\nc", "d"])

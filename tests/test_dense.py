@@ -22,7 +22,8 @@ from hookviz.engine.detection import explain_detections
 from hookviz.engine.explain import explain
 from hookviz.io.shapes import shapes_scene
 from hookviz.methods import MethodOptions
-from hookviz.models.loaded import list_models, load_model
+from hookviz.models.torchvision import list_models
+from hookviz.tasks import load_model
 from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
 from tests.shapes_net import make_segmenter
 
@@ -219,7 +220,7 @@ def test_torchvision_detector_from_a_weights_file(tmp_path: Path) -> None:
     path = tmp_path / "det.pth"
     torch.save(model.state_dict(), path)
     loaded = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", str(path))
-    assert loaded.task == "detection" and loaded.categories == () and loaded.pretrained
+    assert loaded.task_name == "detection" and loaded.categories == () and loaded.pretrained
     assert loaded.model.roi_heads.box_predictor.cls_score.out_features == 5
     assert loaded.preprocess.resize == "model" and loaded.weights_id.startswith("sha256:")
 
@@ -245,7 +246,7 @@ def test_detector_boxes_and_maps_land_on_the_objects(detector: object) -> None:
     the right shapes, and each box's HiResCAM and LayerCAM peak inside that box (Grad-CAM's channel
     weights average the box's gradient over the whole map, so its peak often lands on another shape)."""
     model = detector.model  # type: ignore[attr-defined]
-    assert detector.task == "detection"  # type: ignore[attr-defined]
+    assert detector.task_name == "detection"  # type: ignore[attr-defined]
     methods = ["hirescam", "layercam", "gradcam", "eigencam"]
     found = wanted = right = explained = 0
     inside = dict.fromkeys(methods[:3], 0)

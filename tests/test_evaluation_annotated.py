@@ -229,7 +229,7 @@ def test_random_logit_and_independent_randomisation_separate_grad_cam_from_the_e
 
 
 def test_metric_families_parse_and_the_cost_is_said_first(data: dict[str, Any], tmp_path: Path) -> None:
-    from hookviz.jobs.evaluate import FAMILIES, parse_metrics
+    from hookviz.evaluation.families import FAMILIES, parse_metrics
 
     assert parse_metrics(None) == ("faithfulness",)
     assert parse_metrics(None, annotated=True) == ("faithfulness", "localisation")

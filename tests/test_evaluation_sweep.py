@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hookviz.cli import app
-from hookviz.jobs.evaluate import FIGURES
+from hookviz.evaluation.families import FIGURES
 from tests.conftest import write_image
 
 

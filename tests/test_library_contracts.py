@@ -229,12 +229,12 @@ def test_choices_fail_the_same_way_in_library_and_cli() -> None:
 
 
 def test_an_internal_error_has_its_own_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import hookviz.models.loaded
+    import hookviz.tasks
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(hookviz.models.loaded, "load_model", broken)
+    monkeypatch.setattr(hookviz.tasks, "load_model", broken)
     photo = write_image(tmp_path / "p.png", np.zeros((8, 8, 3), np.uint8))
     r = CliRunner().invoke(app, ["gradcam", str(photo), "--weights", "none", "--out", str(tmp_path / "o")])
     assert r.exit_code == EXIT_INTERNAL == 70

@@ -12,7 +12,9 @@ import torchvision
 
 from hookviz.core.layers import default_cam_layer
 from hookviz.errors import DeviceError, ModelNotFoundError, TargetError, UsageError, WeightsError
-from hookviz.models.loaded import load_model, parse_target, probe, resolve_device
+from hookviz.models.classes import parse_target
+from hookviz.models.loaded import probe, resolve_device
+from hookviz.tasks import load_model
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -72,7 +72,7 @@ TIMM_MODELS = ["test_resnet", "vit_little_patch16_reg4_gap_256", "test_vit?img_s
 @pytest.mark.parametrize("spec", TIMM_MODELS)
 def test_timm_data_config_of_the_model_as_built(spec: str) -> None:
     timm = pytest.importorskip("timm")
-    from hookviz.models.loaded import load_model
+    from hookviz.tasks import load_model
 
     lm = load_model(f"timm:{spec}", "none")
     name, _, query = spec.partition("?")

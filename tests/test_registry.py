@@ -50,7 +50,7 @@ def test_a_method_registered_outside_the_package_runs_everywhere(toy: str, tmp_p
     assert toy in {p["method"] for p in data[0]["pictures"]}
     # Its map is its formula, computed independently.
     from hookviz.engine.explain import explain
-    from hookviz.models.loaded import load_model
+    from hookviz.tasks import load_model
 
     lm = load_model("resnet18", "none", input_size=64)
     x = torch.rand(2, 3, 64, 64)

@@ -20,7 +20,8 @@ from hookviz import methods as registry
 from hookviz.cli import app
 from hookviz.engine.explain import explain
 from hookviz.io.images import decode_png
-from hookviz.models.loaded import _imagenet_categories, find_class
+from hookviz.models.classes import find_class
+from hookviz.models.torchvision import imagenet_categories
 from tests.conftest import ROOT, invoke, records, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
@@ -182,7 +183,7 @@ def test_scale_options_that_cannot_work_are_usage_errors(
 
 _NOISY = """
 import os, sys, warnings
-import hookviz.models.loaded as models
+import hookviz.tasks as models
 real = models.load_model
 def noisy(*a, **k):
     print('Downloading: "https://example.invalid/w.pth" to /tmp/x')
@@ -243,7 +244,7 @@ def test_a_closed_stdout_pipe_ends_the_run_quietly(photos: Path, tmp_path: Path)
 
 
 def test_class_names_exact_first_then_case_then_unique_partial() -> None:
-    names = _imagenet_categories()
+    names = imagenet_categories()
     assert find_class("cardigan", names) == 474 and find_class("Cardigan", names) == 264
     assert find_class("TABBY", names) == 281 and find_class("persian", names) == 283
     ambiguous = r"'CARDIGAN' is ambiguous: it matches 'Cardigan' \(264\), 'cardigan'"
@@ -435,7 +436,7 @@ def test_records_carry_the_box_and_the_predicted_class(photos: Path, tmp_path: P
     assert (
         isinstance(pred, dict)
         and 0 <= pred["index"] < 1000
-        and pred["name"] == _imagenet_categories()[pred["index"]]
+        and pred["name"] == imagenet_categories()[pred["index"]]
     )
 
 

@@ -18,7 +18,8 @@ from hookviz import methods as registry
 from hookviz.core.layers import default_cam_layer
 from hookviz.engine.explain import explain
 from hookviz.io.shapes import SHAPES, draw_shape
-from hookviz.models.loaded import load_model, probe
+from hookviz.models.loaded import probe
+from hookviz.tasks import load_model
 from tests.conftest import ROOT, hook_counts, invoke, records, train_on_shapes, write_image
 from tests.shapes_net import ShapesNet
 

@@ -86,8 +86,8 @@ def test_similarity_to_a_reference_lights_up_the_shape_it_shows(
 
 
 def test_similarity_wrapper_keeps_names_and_leaves_the_model_as_found(shapes: dict) -> None:
-    from hookviz.models.loaded import load_model
     from hookviz.models.scores import similar_to
+    from hookviz.tasks import load_model
 
     d: Path = shapes["dir"]  # type: ignore[assignment]
     loaded = load_model("tests.shapes_net:make", str(d / "net.safetensors"), input_size=48, resize="shorter",
@@ -173,8 +173,8 @@ def test_each_prompt_lights_up_the_shape_it_names() -> None:
     import torch.nn.functional as F
 
     from hookviz.engine.explain import explain
-    from hookviz.models.loaded import load_model
     from hookviz.models.scores import with_prompts
+    from hookviz.tasks import load_model
 
     loaded = with_prompts(load_model(f"hf:{CLIP}"), ["a square", "a disc", "a cross"])
     rng = np.random.default_rng(3)
@@ -216,8 +216,8 @@ def test_prompts_file_top_k_and_refusals(pairs: dict, tmp_path: Path) -> None:
 
 
 def test_similarity_on_an_image_text_model_uses_its_image_embedding(pairs: dict, tmp_path: Path) -> None:
-    from hookviz.models.loaded import load_model
     from hookviz.models.scores import similar_to
+    from hookviz.tasks import load_model
 
     scenes = sorted(pairs["dir"].iterdir())  # type: ignore[union-attr]
     loaded = load_model(f"hf:{CLIP}")

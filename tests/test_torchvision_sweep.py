@@ -12,7 +12,7 @@ import torchvision
 from typer.testing import CliRunner
 
 from hookviz.cli import app
-from hookviz.models.loaded import list_models
+from hookviz.models.torchvision import list_models
 from tests.conftest import write_image
 
 MAX_PARAMS = 200_000_000

@@ -278,7 +278,7 @@ def test_clip_sampling_follows_the_weights_and_the_options() -> None:
     """r3d_18's weights: 16 frames at 15 fps, 5 clips evenly spaced from the first to the last; one clip: the
     middle one; --clips all: back to back; a video shorter than a clip: one clip of repeated frames."""
     from hookviz.io.video import VideoInfo
-    from hookviz.models.loaded import load_model
+    from hookviz.tasks import load_model
 
     p = load_model("r3d_18", "none").video
     assert p is not None and (p.clip_len, p.frame_rate, p.clips, p.resize, p.crop) == (

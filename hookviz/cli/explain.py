@@ -270,10 +270,10 @@ def gradcam(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz.models import scores as targets
+            from hookviz.jobs.build import CamSettings, auto_line, expensive
+            from hookviz.tasks import make_cam_job, with_options
 
-            loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
-            from hookviz.jobs.build import CamSettings, auto_line, expensive, make_cam_job
+            loaded = with_options(loaded, prompt, prompts_file, similar_to, embedding)
 
             settings = CamSettings(
                 layers=tuple(layers or ()), methods=tuple(methods or ()), target=target, alpha=alpha,

@@ -166,7 +166,8 @@ def layers(
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
     with _guard(debug):
         from hookviz.core.layers import default_cam_layer
-        from hookviz.models.loaded import load_model, probe
+        from hookviz.models.loaded import probe
+        from hookviz.tasks import load_model
 
         loaded = with_sampling(
             load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle), clip_len, None, None
@@ -256,8 +257,8 @@ def summary(
         if plot.suffix.lower() != ".png":
             _fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
     with _guard(debug):
-        from hookviz.models.loaded import load_model
         from hookviz.summary import summarize
+        from hookviz.tasks import load_model
 
         loaded = with_sampling(load_model(model, weights, trust_pickle=trust_pickle), clip_len, None, None)
         if size is None:
@@ -294,7 +295,7 @@ def models(
     ] = None,
 ) -> None:
     """List torchvision's models with their task (timm:NAME, hf:DIR, file.py:FN and FILE.pt work too)."""
-    from hookviz.models.loaded import list_models
+    from hookviz.models.torchvision import list_models
 
     if task is not None:
         for name in list_models(str(task)):

@@ -75,7 +75,8 @@ def warm_key(m: ModelOptions) -> Any:
 
 def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
     """The model ``m`` asks for, loaded (no warm copy consulted)."""
-    from hookviz.models.loaded import load_model, resolve_device
+    from hookviz.models.loaded import resolve_device
+    from hookviz.tasks import load_model
 
     loaded = load_model(
         m.model,

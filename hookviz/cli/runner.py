@@ -25,7 +25,6 @@ from hookviz.errors import HookvizError
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
     from torch import Tensor
 
-    from hookviz.io.inputs import Item
     from hookviz.jobs import Job
     from hookviz.models.loaded import LoadedModel
     from hookviz.run.distributed import Dist
@@ -155,12 +154,14 @@ def _warn(text: str) -> None:
 
 def _named(d: dict[str, Any]) -> str:
     """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
-    from hookviz.models.loaded import class_label  # loaded already: records come after the model
+    from hookviz.models.classes import class_label  # loaded already: records come after the model
 
     return class_label(d.get("name"), d.get("index"))
 
 
 def _describe(rec: dict[str, Any]) -> str:
+    from hookviz import tasks  # loaded already: records come after the model
+
     parts = [f"{rec['input']}:"]
     clip = rec.get("clip")
     if clip:
@@ -168,14 +169,9 @@ def _describe(rec: dict[str, Any]) -> str:
         if clip.get("seconds"):
             span += f", {clip['seconds'][0]:.2f}-{clip['seconds'][1]:.2f}s"
         parts = [f"{rec['input']} clip {clip['number']}/{clip['of']} ({span}):"]
-    if rec.get("task") == "detection":
-        found = rec.get("detections") or []
-        if not found:
-            threshold = rec.get("settings", {}).get("score_threshold")
-            parts.append(f"nothing detected with score >= {threshold} (lower --score-threshold to see more);")
-        else:
-            shown = ", ".join(f"{d['name']} {d['score']:.2f}" for d in found[:5])
-            parts.append(f"{len(found)} detection(s): {shown}{' ...' if len(found) > 5 else ''};")
+    told = tasks.describe(rec)
+    if told is not None:  # the task's account (a detector's boxes) replaces the prediction
+        parts += told
         rec = {**rec, "predicted": None}
     p, t = rec.get("predicted"), rec.get("target")
 
@@ -258,32 +254,10 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
         raise typer.Exit(worst)
 
 
-def _first_images(items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> Tensor | None:
-    import numpy as np
-    import torch
-
-    from hookviz.errors import InputError
-    from hookviz.io.images import load_rgb
-
-    xs: list[Any] = []
-    for item in items:
-        if item.path is None:
-            continue
-        try:
-            x, _ = loaded.preprocess(load_rgb(item.path, max_pixels=max_pixels))
-        except InputError:
-            continue
-        if xs and x.shape != xs[0].shape:  # one batch: photos of the first one's input size
-            continue
-        xs.append(x)
-        if len(xs) == n:
-            break
-    return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
-
-
 def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None) -> None:
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
-    from hookviz.run import distributed, pipeline
+    from hookviz import tasks
+    from hookviz.run import distributed, pipeline, runner
 
     lead = dist is None or dist.rank == 0
     real_out = r.out.resolve()
@@ -300,31 +274,24 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
     with _stdout_reserved() as stdout:
         loaded = _load(m, quiet)
-        video = loaded.video
-        everything = pipeline.expand_inputs(
-            r.inputs,
-            sys.stdin if "-" in r.inputs else None,
-            exclude=r.out,
-            null=r.null,
-            video=video is not None,
+        everything = runner.find_inputs(
+            loaded, r.inputs, stdin=sys.stdin if "-" in r.inputs else None, exclude=r.out, null=r.null
         )
-        items = distributed.shard(everything, dist)  # by file: a video's clips stay on one rank
-        if video is not None:
-            from hookviz.io.inputs import clip_items
-
-            items = list(clip_items(items, video, r.max_pixels))
+        # By file: a video's clips stay on one rank.
+        items = runner.clips_of(loaded, distributed.shard(everything, dist), r.max_pixels)
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
         reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
         reporter.lines = r.lines
         reporter.lead = lead
         # The first images of the whole input list, not of this rank's shard: every rank sees the same.
-        reporter.first_images = lambda n: _first_images(everything, loaded, n, r.max_pixels)
+        reporter.first_images = lambda n: runner.first_images(everything, loaded, n, r.max_pixels)
         if dist is not None:
             reporter.agree = distributed.agree
         try:
             job = job_factory(loaded, reporter)
+            tasks.refuse(loaded, job.kind)
             if not quiet:  # how the command set the model up (prompts cut to the tokenizer's limit)
-                for text in getattr(getattr(job, "loaded", None), "notes", ()):
+                for text in job.loaded.notes:
                     typer.echo(f"hookviz: note: {text}", err=True)
             if not loaded.pretrained and not quiet:
                 typer.echo(
@@ -332,34 +299,19 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
                     "maps show mechanics only",
                     err=True,
                 )
-            if not quiet and not loaded.categories and loaded.task == "classification":
-                from hookviz.models.weights import classifier_out
-
-                if classifier_out(loaded.model) == 1000:
-                    typer.echo(
-                        f"hookviz: note: {loaded.name}'s head has 1000 classes and no names; if they are "
-                        "ImageNet's, --labels imagenet names them",
-                        err=True,
-                    )
+            for text in tasks.hints(loaded) if not quiet else ():
+                typer.echo(f"hookviz: note: {text}", err=True)
             if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
                 distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
             output.prepare()
             if dist is not None:
                 reporter.count_from = lambda: distributed.global_progress(r.out, dist)
-            reporter.start(len(everything) if video is None else len(items))
-            base = {
-                "command": job.kind,
-                "model": loaded.name,
-                "weights": loaded.weights,
-                "pretrained": loaded.pretrained,
-            }
-            records = pipeline.run(
-                items,
+            reporter.start(len(everything) if loaded.video is None else len(items))
+            records = runner.run_job(
                 job,
-                preprocess=video or loaded.preprocess,
-                output=output,
-                device=loaded.device,
-                base=base,
+                loaded,
+                items,
+                output,
                 batch_size=r.batch_size,
                 workers=r.workers,
                 skip_existing=r.skip_existing,
@@ -367,11 +319,8 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
                 max_memory=r.max_memory,
                 note=None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True),
             )
-            if video is not None:
-                records = pipeline.with_video_summaries(records, job, output, loaded)
-            take_notes = getattr(job, "take_notes", None)
             for done, rec in enumerate(records, start=1):
-                for text in take_notes() if take_notes is not None else ():
+                for text in job.take_notes():
                     if not quiet:
                         reporter.say(f"hookviz: note: {text}", err=True)
                 reporter.add(rec)
@@ -391,19 +340,6 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
             err=True,
         )
         raise typer.Exit(EXIT_INPUTS_FAILED)
-
-
-def _refuse_task(loaded: LoadedModel, command: str, refused: tuple[str, ...]) -> None:
-    """One line for a command that does not apply to a segmentation model or a detector."""
-    from hookviz.errors import UsageError
-
-    if loaded.task in refused:
-        a = "a detector" if loaded.task == "detection" else "a segmentation model"
-        works = "classifiers" if "segmentation" in refused else "classifiers and segmentation models"
-        raise UsageError(
-            f"`hookviz {command}` works on {works}, and {loaded.name} is {a}; "
-            "`hookviz gradcam` explains it (and `featuremaps`, `dropblock`, `layers`, `summary` work on it)"
-        )
 
 
 def _run_then(job_factory: JobFactory, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:

@@ -34,7 +34,7 @@ def _announce(job: Any) -> None:
 def _columns(rows: list[dict[str, Any]], lead: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
     """CSV columns (each figure, then its interval: ``_ci95`` for a mean's half-width, ``_ci95_low`` /
     ``_ci95_high`` for a proportion's Wilson interval) and the rows flattened to them."""
-    from hookviz.jobs.evaluate import FIGURES, summary_name
+    from hookviz.evaluation.families import FIGURES, summary_name
 
     columns = list(lead)
     names = [(summary_name(f), spec[3]) for f, spec in FIGURES.items()]
@@ -60,7 +60,7 @@ def _csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
 
 
 def _table(rows: list[dict[str, Any]], families: list[str], label: bool = False) -> list[str]:
-    from hookviz.jobs.evaluate import tables
+    from hookviz.evaluation.summary import tables
 
     out = []
     for t in tables(rows, families):
@@ -79,8 +79,8 @@ def _table(rows: list[dict[str, Any]], families: list[str], label: bool = False)
 def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
     annotations) and OUT/evaluation.json."""
+    from hookviz.evaluation.summary import summarise_by_class, summarise_evaluation
     from hookviz.io.files import atomic_write
-    from hookviz.jobs.evaluate import summarise_by_class, summarise_evaluation
     from hookviz.report import latest_records
     from hookviz.run import pipeline
 

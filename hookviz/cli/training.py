@@ -33,7 +33,7 @@ from hookviz.cli.app import (
     memory_size,
 )
 from hookviz.cli.loading import ModelOptions, _rgb
-from hookviz.cli.runner import RunOptions, _refuse_task, _Reporter, _run_job
+from hookviz.cli.runner import RunOptions, _Reporter, _run_job
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
@@ -118,10 +118,13 @@ def gradflow(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            _refuse_task(loaded, "gradflow", ("segmentation", "detection"))
+            from hookviz import tasks
+
+            tasks.refuse(loaded, "gradflow")
             from hookviz.core.layers import resolve_layers
             from hookviz.jobs import GradFlowJob
-            from hookviz.models.loaded import num_classes, parse_target
+            from hookviz.models.classes import parse_target
+            from hookviz.models.loaded import num_classes
 
             n = num_classes(loaded)
             names = resolve_layers(loaded.model, layers, model_name=loaded.name) if layers else None

@@ -59,7 +59,7 @@ from hookviz.cli.app import (
     memory_size,
 )
 from hookviz.cli.loading import ModelOptions, _rgb
-from hookviz.cli.runner import RunOptions, _refuse_task, _Reporter, _run_then
+from hookviz.cli.runner import RunOptions, _Reporter, _run_then
 from hookviz.cli.tables import _announce, _write_evaluation
 
 METRICS = "Metrics"
@@ -256,14 +256,15 @@ def evaluate(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz.models import scores as targets
+            from hookviz import tasks
 
-            loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
-            _refuse_task(loaded, "evaluate", ("detection",))
+            loaded = tasks.with_options(loaded, prompt, prompts_file, similar_to, embedding)
+            tasks.refuse(loaded, "evaluate")
             from hookviz.core.layers import cam_layer, default_cam_layer
             from hookviz.jobs import EvaluateJob
             from hookviz.jobs.build import method_options
-            from hookviz.models.loaded import num_classes, parse_targets, probe
+            from hookviz.models.classes import parse_targets
+            from hookviz.models.loaded import num_classes, probe
 
             calls = probe(loaded)
             chosen = (
@@ -280,8 +281,8 @@ def evaluate(
                 seed, samples, noise, ig_steps, baseline, window, stride, rise_masks, cells, masked_batch,
                 head_fusion=head_fusion, discard=discard_ratio,
             )  # fmt: skip
+            from hookviz.evaluation.families import MetricSettings, parse_metrics
             from hookviz.io.annotation import load as load_annotations
-            from hookviz.jobs.evaluate import MetricSettings, parse_metrics
 
             annotated = boxes is not None or mask_dir is not None
             found = load_annotations(boxes, mask_dir, mask_kind) if annotated else None
@@ -436,10 +437,10 @@ def sanity(
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz.models import scores as targets
+            from hookviz import tasks
 
-            loaded = targets.from_options(loaded, prompt, prompts_file, similar_to, embedding)
-            _refuse_task(loaded, "sanity", ("detection",))
+            loaded = tasks.with_options(loaded, prompt, prompts_file, similar_to, embedding)
+            tasks.refuse(loaded, "sanity")
             from hookviz.core.layers import cam_layer, default_cam_layer
             from hookviz.jobs import SanityJob
             from hookviz.jobs.build import method_options

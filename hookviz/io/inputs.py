@@ -10,11 +10,24 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+import numpy as np
 
 from hookviz.errors import InputError
-from hookviz.io.images import DEFAULT_MAX_PIXELS, image_suffixes, quote
-from hookviz.io.video import VIDEO_SUFFIXES, Clip, VideoInfo, VideoPreprocess, frame_files, plan_clips, probe
+from hookviz.io import timing
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, image_suffixes, load_rgb, quote
+from hookviz.io.video import (
+    VIDEO_SUFFIXES,
+    Clip,
+    ClipFrames,
+    VideoInfo,
+    VideoPreprocess,
+    frame_files,
+    plan_clips,
+    probe,
+    read_clip,
+)
 
 
 @dataclass(frozen=True)
@@ -177,3 +190,22 @@ def clip_items(
             continue
         for clip in plan_clips(info, p):
             yield Item(item.name, path, clip=clip, info=info)
+
+
+def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
+    """One input as ``(what is drawn on, the model's input, where the model saw it)``: a photo, or a
+    video's clip (its frames, a :class:`~hookviz.io.video.ClipFrames`)."""
+    assert item.path is not None
+    if item.clip is not None:  # a video's clip: its frames (a ClipFrames) instead of a photo
+        with timing.stage("decode"):
+            frames, times = read_clip(item.path, item.clip, item.info, max_pixels)
+        with timing.stage("preprocess"):
+            x, box = preprocess(frames)
+        fps = (item.info.fps if item.info is not None and item.info.fps else 0.0) or 0.0
+        rate = fps / preprocess.step(fps or None) if fps else 8.0
+        return ClipFrames(frames, times, item.clip, rate), x, box
+    with timing.stage("decode"):
+        rgb = load_rgb(item.path, max_pixels=max_pixels)
+    with timing.stage("preprocess"):
+        x, box = preprocess(rgb)
+    return rgb, x, box

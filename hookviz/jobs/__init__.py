@@ -6,7 +6,7 @@ from __future__ import annotations
 from hookviz.jobs.cam import CamBatch, CamJob
 from hookviz.jobs.common import FUSED, Job, model_settings, parse_methods, predicted
 from hookviz.jobs.detection import DetectionJob
-from hookviz.jobs.evaluate import EvaluateJob, summarise_evaluation
+from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.features import FeatureMapJob
 from hookviz.jobs.sanity import SanityJob, summarise_sanity
 from hookviz.jobs.training import DropBlockJob, GradFlowJob
@@ -25,6 +25,5 @@ __all__ = [
     "model_settings",
     "parse_methods",
     "predicted",
-    "summarise_evaluation",
     "summarise_sanity",
 ]

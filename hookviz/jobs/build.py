@@ -14,11 +14,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hookviz.core.hooks import ModuleCall
+from hookviz.core.layers import (
+    cam_layer,
+    candidate_layers,
+    channels,
+    default_cam_layer,
+    default_reason,
+    token_blocks,
+)
 from hookviz.errors import UsageError
+from hookviz.evaluation import choose_layer
 from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
-from hookviz.methods import MethodOptions
-from hookviz.models.loaded import LoadedModel
+from hookviz.methods import MethodOptions, get, parse, passes
+from hookviz.methods.attention import APPLY
+from hookviz.models.classes import parse_target
+from hookviz.models.loaded import LoadedModel, num_classes
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -67,8 +78,6 @@ def method_options(loaded: LoadedModel, options: MethodOptions, compare: str | N
     Raises:
         TargetError: an unknown class in ``compare``.
     """
-    from hookviz.models.loaded import num_classes, parse_target
-
     pre = loaded.preprocess
     floor = options.input_floor or tuple((0.0 - m) / s for m, s in zip(pre.mean, pre.std, strict=True))
     chosen = options.compare
@@ -90,57 +99,47 @@ class BuiltJob:
     auto: dict[str, Any] | None = None
 
 
-def make_cam_job(
+def classifier_job(
     loaded: LoadedModel,
     settings: CamSettings,
+    calls: list[ModuleCall],
+    targets: str | list[int] | None,
     *,
-    calls: list[ModuleCall] | None = None,
     first_images: Callable[[int], Tensor | None] | None = None,
     agree: Callable[[Any], Any] | None = None,
+    job_class: type[CamJob] = CamJob,
+    dense: bool = False,
 ) -> BuiltJob:
-    """The ``gradcam`` job for ``loaded``'s task, with its layers chosen and the notes to print.
+    """The ``gradcam`` job of a model scoring classes (a classifier; ``dense``: a segmenter, whose records
+    say which pixels a class's score sums), its layers chosen, and the notes to print.
 
     Args:
-        calls: the model's traced shapes (:func:`hookviz.models.loaded.probe`), if already at hand.
+        calls: the model's traced shapes (:func:`hookviz.models.loaded.probe`).
+        targets: as :func:`hookviz.models.classes.parse_targets` gives them.
         first_images: ``first_images(n)``: the first ``n`` readable inputs as one batch (``--layer auto``).
         agree: under torchrun, rank 0's value on every rank (one ``--layer auto`` choice per job).
+        job_class: :class:`CamJob`, or a subclass (a video model's).
 
     Raises:
-        UsageError: options that do not apply to the task, ``--layer auto`` without a readable image.
-        LayerError, TargetError: a bad layer or target.
+        UsageError: options that do not apply, ``--layer auto`` without a readable image.
+        LayerError: a bad layer.
     """
-    from hookviz.core.layers import cam_layer, channels, default_cam_layer, default_reason
-    from hookviz.models.loaded import num_classes, parse_targets, probe
-
-    calls = calls if calls is not None else probe(loaded)
-    targets = parse_targets(settings.target, loaded, num_classes(loaded))
-    if loaded.task == "detection":
-        return _detection(loaded, settings, calls, targets)
-    from hookviz.methods import get, parse
-
     for name in parse(settings.methods):
         if get(name).detection_only:
             raise UsageError(
-                f"--method {name} explains a detector's boxes; for a {loaded.task} model use rise"
+                f"--method {name} explains a detector's boxes; for a {loaded.task_name} model use rise"
             )
     attention = [name for name in parse(settings.methods) if get(name).family == "attention"]
-    if attention:
-        from hookviz.core.layers import token_blocks
-        from hookviz.methods.attention import APPLY
-
-        if not token_blocks(loaded.model, calls):
-            raise UsageError(
-                f"--method {attention[0]}: {loaded.name} has no transformer encoder blocks; {APPLY}; "
-                "use gradcam or another CAM"
-            )
+    if attention and not token_blocks(loaded.model, calls):
+        raise UsageError(
+            f"--method {attention[0]}: {loaded.name} has no transformer encoder blocks; {APPLY}; "
+            "use gradcam or another CAM"
+        )
     notes: list[str] = []
     auto = None
     if settings.layers == ("auto",):
         if first_images is None or (x := first_images(settings.probe_images)) is None:
             raise UsageError("--layer auto needs at least one readable image among the inputs")
-        from hookviz.core.layers import candidate_layers
-        from hookviz.evaluation import choose_layer
-
         auto = choose_layer(loaded.model, x, candidate_layers(loaded.model, calls), list(settings.methods))
         if agree is not None:
             auto = agree(auto)
@@ -157,9 +156,7 @@ def make_cam_job(
         ]
     s = settings
     options = method_options(loaded, dataclasses.replace(s.options, batch=s.scorecam_batch), s.compare)
-    from hookviz.jobs.video import VideoCamJob
-
-    job = (VideoCamJob if loaded.task == "video" else CamJob)(
+    job = job_class(
         loaded=loaded,
         layers=chosen,
         methods=list(s.methods or ("gradcam",)),
@@ -178,6 +175,7 @@ def make_cam_job(
         eigen_smooth=s.eigen_smooth,
         aug_smooth=s.aug_smooth,
         region=s.region,
+        dense=dense,
     )
     job.auto_layer = auto
     per_layer = {name: channels(loaded.model, name, calls) for name in chosen}
@@ -198,8 +196,6 @@ def _input_hw(calls: Sequence[ModuleCall]) -> tuple[int, int]:
 def expensive(names: Sequence[str], options: MethodOptions | None = None) -> list[str]:
     """The methods among ``names`` that run more than :data:`EXPENSIVE` extra passes per image (at 512
     channels, 224 pixels)."""
-    from hookviz.methods import passes
-
     return [n for n in names if passes(n, 512, 1, options)[0] > EXPENSIVE]
 
 
@@ -212,8 +208,6 @@ def cost_notes(
 ) -> list[str]:
     """What each expensive method costs per image, from the registry: its extra forward and backward passes
     for these layers (their channels), targets, settings and input size."""
-    from hookviz.methods import get, passes
-
     notes = []
     for name in names:
         spec = get(name)
@@ -242,12 +236,10 @@ def auto_line(auto: dict[str, Any]) -> str:
     )
 
 
-def _detection(
+def detection_job(
     loaded: LoadedModel, s: CamSettings, calls: list[ModuleCall], targets: str | list[int] | None
 ) -> BuiltJob:
     """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
-    from hookviz.core.layers import cam_layer, default_cam_layer
-
     refused = {
         "--fuse": s.fuse is not None,
         "--metrics": s.metrics,
@@ -296,4 +288,4 @@ def _detection(
     return BuiltJob(job=job, notes=tuple(notes))
 
 
-__all__ = ["BuiltJob", "CamSettings", "auto_line", "cost_notes", "make_cam_job"]
+__all__ = ["BuiltJob", "CamSettings", "auto_line", "classifier_job", "cost_notes", "detection_job"]

@@ -16,7 +16,7 @@ from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
     FUSED,
-    Notes,
+    BaseJob,
     _check_finite,
     _finite_stat,
     _full_map,
@@ -65,7 +65,7 @@ class CamBatch:
 
 
 @dataclass(kw_only=True)
-class CamJob(Notes):
+class CamJob(BaseJob):
     """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
 
     ``targets`` is ``None`` (top-1), ``"topK"``, or a list of class indices shared by every image.
@@ -99,6 +99,8 @@ class CamJob(Notes):
     auto_layer: dict[str, Any] | None = None
     #: Segmentation: explain a class's pixels (``class``) or every pixel (``all``).
     region: str = "class"
+    #: A segmenter's job: a class's score sums its pixels (``region``), and the settings say which.
+    dense: bool = False
 
     def _check_assumptions(self, ex: Any) -> None:
         from hookviz.core.taps import MATERIAL_NEGATIVE
@@ -163,7 +165,7 @@ class CamJob(Notes):
             "metrics": self.metrics,
             "eigen_smooth": self.eigen_smooth,
             "aug_smooth": self.aug_smooth,
-            **({"region": self.region} if self.loaded.task == "segmentation" else {}),
+            **({"region": self.region} if self.dense else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 

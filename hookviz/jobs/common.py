@@ -10,13 +10,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hookviz.core.memory import Estimate
 from hookviz.io.images import Box
 from hookviz.models.loaded import LoadedModel
 
 
 @dataclass(kw_only=True)
-class Notes:
-    """Notes for the user a job finds while it runs (each said once); the runner takes them after a record."""
+class BaseJob:
+    """What every job shares beyond its own work: notes for the user it finds while it runs (each said once;
+    the runner takes them after a record), and, unless it says otherwise, no memory estimate (its batches
+    are not split) and no use for where each photo's annotated objects are."""
 
     notes: list[str] = field(default_factory=list)
     _noted: set[str] = field(default_factory=set, repr=False)
@@ -30,6 +33,14 @@ class Notes:
         if key not in self._noted:
             self._noted.add(key)
             self.notes.append(text)
+
+    def memory(self, shape: tuple[int, ...]) -> Estimate | None:
+        """What a batch of ``shape`` holds (None: not estimated, the batch runs whole)."""
+        return None
+
+    def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
+        """Told, before ``compute``, which inputs (item, photo, box) a batch of input ``size`` holds."""
+        return None
 
 
 def _weights_note(loaded: LoadedModel) -> str:
@@ -119,9 +130,23 @@ def _npy(array: np.ndarray) -> bytes:
 
 
 class Job(Protocol):
-    """A computation over batches, as the pipeline runs it (one module per job in this package)."""
+    """A computation over batches, as the pipeline runs it (one module per job in this package;
+    :class:`BaseJob` gives the members most jobs leave as they are)."""
 
     kind: str
+    loaded: LoadedModel
+
+    def take_notes(self) -> list[str]:
+        """BaseJob for the user found since the last call."""
+        ...
+
+    def memory(self, shape: tuple[int, ...]) -> Estimate | None:
+        """What a batch of ``shape`` holds, to split it under ``--max-memory`` (None: not estimated)."""
+        ...
+
+    def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
+        """Which inputs (item, photo, box) the next batch of input ``size`` holds (``evaluate``'s objects)."""
+        ...
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the outputs' pixels (model, weights, method, layer, target, look)."""

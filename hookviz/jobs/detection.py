@@ -12,6 +12,7 @@ from hookviz.core.taps import slug
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
+    BaseJob,
     _finite_stat,
     _full_map,
     _npy,
@@ -34,7 +35,7 @@ def _per_photo(method: str) -> bool:
 
 
 @dataclass(kw_only=True)
-class DetectionJob:
+class DetectionJob(BaseJob):
     """For each photo: one overlay per detected box (gradient methods) or per photo (Eigen-CAM), the box
     drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written
     last, so its presence means the photo is complete).

@@ -11,94 +11,17 @@ import numpy as np
 
 from hookviz.core.memory import Estimate
 from hookviz.errors import InputError, UsageError
+from hookviz.evaluation.families import FIGURES, PIXEL_FAMILIES, MetricSettings, parse_metrics
 from hookviz.io.annotation import input_mask, resolve
 from hookviz.io.images import Box
-from hookviz.jobs.common import Notes, _check_finite, model_settings, parse_methods
+from hookviz.jobs.common import BaseJob, _check_finite, model_settings, parse_methods
 from hookviz.methods import MethodOptions
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel, num_classes
 
-#: ``--metric`` families, in the order their columns appear.
-FAMILIES = ("faithfulness", "road", "flipping", "localisation", "complexity", "robustness", "randomisation")
-#: Each figure: its family, what it is called in a table, whether lower or higher is better, and whether it
-#: is a proportion (a Wilson interval) or a mean (Student's t).
-FIGURES: dict[str, tuple[str, str, str, bool]] = {
-    "deletion_auc": ("faithfulness", "deletion AUC", "↓", False),
-    "insertion_auc": ("faithfulness", "insertion AUC", "↑", False),
-    "average_drop": ("faithfulness", "avg drop %", "↓", False),
-    "increase": ("faithfulness", "increase %", "↑", True),
-    "road_morf": ("road", "ROAD MoRF", "↓", False),
-    "road_lerf": ("road", "ROAD LeRF", "↑", False),
-    "road": ("road", "ROAD LeRF-MoRF", "↑", False),
-    "pixel_flipping_auc": ("flipping", "pixel flipping AUC", "↓", False),
-    "region_aopc": ("flipping", "region AOPC", "↑", False),
-    "pointing_game": ("localisation", "pointing %", "↑", True),
-    "energy_pointing_game": ("localisation", "energy pointing", "↑", False),
-    "relevance_mass": ("localisation", "relevance mass", "↑", False),
-    "relevance_rank": ("localisation", "relevance rank", "↑", False),
-    "top_k_intersection": ("localisation", "top-k", "↑", False),
-    "sparseness": ("complexity", "sparseness", "↑", False),
-    "complexity": ("complexity", "complexity", "↓", False),
-    "max_sensitivity": ("robustness", "max sensitivity", "↓", False),
-    "avg_sensitivity": ("robustness", "avg sensitivity", "↓", False),
-    "relative_input_stability": ("robustness", "RIS", "↓", False),
-    "relative_output_stability": ("robustness", "ROS", "↓", False),
-    "random_logit": ("randomisation", "random-logit SSIM", "↓", False),
-}
-#: A figure's name in the summary where it differs from the per-image one (a per-image yes/no there).
-SUMMARY_NAMES = {"increase": "increase_in_confidence"}
-
-
-def summary_name(figure: str) -> str:
-    return SUMMARY_NAMES.get(figure, figure)
-
-
-#: Families that perturb an image's pixels, or need its annotations: not for a video model's clips.
-PIXEL_FAMILIES = ("road", "flipping", "localisation")
-
-
-def parse_metrics(spec: Sequence[str] | None, annotated: bool = False) -> tuple[str, ...]:
-    """``--metric`` values (repeatable, comma-separated; ``all``) as families in table order. Default: the
-    faithfulness set, with ``localisation`` too when annotations are given."""
-    asked = [p.strip().lower() for s in spec or () for p in s.split(",") if p.strip()]
-    if not asked:
-        return ("faithfulness", "localisation") if annotated else ("faithfulness",)
-    if "all" in asked:
-        return tuple(f for f in FAMILIES if f != "localisation" or annotated)
-    aliases = {"localization": "localisation", "randomization": "randomisation", "pixel-flipping": "flipping"}
-    unknown = [a for a in asked if aliases.get(a, a) not in FAMILIES]
-    if unknown:
-        raise UsageError(f"--metric {unknown[0]!r}: one of {', '.join(FAMILIES)}, or all")
-    chosen = {aliases.get(a, a) for a in asked}
-    if "localisation" in chosen and not annotated:
-        raise UsageError("--metric localisation needs where the objects are: --boxes FILE|DIR or --masks DIR")
-    return tuple(f for f in FAMILIES if f in chosen)
-
-
-@dataclass(frozen=True)
-class MetricSettings:
-    """The settings of the metrics that take any (recorded with every evaluation)."""
-
-    tolerance: float = 15.0  # pointing game, pixels of the input
-    top_k: int = 1000  # top-k intersection
-    radius: float = 0.2  # robustness: uniform noise in [-radius, radius] of the model's input
-    robust_samples: int = 10
-    patch: int = 8  # region perturbation
-    regions: int = 100
-    road_noise: float = 0.01
-
-    def record(self, families: Sequence[str]) -> dict[str, Any]:
-        used: dict[str, dict[str, Any]] = {
-            "localisation": {"tolerance": self.tolerance, "top_k": self.top_k},
-            "robustness": {"radius": self.radius, "samples": self.robust_samples},
-            "flipping": {"patch": self.patch, "regions": self.regions},
-            "road": {"percentages": [10, 20, 30, 40, 50, 60, 70, 80, 90], "noise": self.road_noise},
-        }
-        return {k: v for f in families for k, v in used.get(f, {}).items()}
-
 
 @dataclass(kw_only=True)
-class EvaluateJob(Notes):
+class EvaluateJob(BaseJob):
     """The metrics of every method x layer per image with the ``random`` and ``center`` chance baselines;
     no pictures, only records. With annotations (:mod:`hookviz.io.annotation`) each image is explained for its
     annotated classes, the first (the largest object's) for every family, each for the localisation."""
@@ -273,94 +196,6 @@ def _value(name: str, v: Any) -> Any:
     if name == "increase":
         return bool(f > 0)
     return None if math.isnan(f) else round(f, 6)
-
-
-def tables(rows: Sequence[dict[str, Any]], families: Sequence[str]) -> list[dict[str, Any]]:
-    """The summary as tables, one a family: ``{"family", "count" (images or objects), "columns" (each
-    figure's name and its better direction), "rows" [{"method", "layer", "name", "n", "cells"}]}``, each
-    cell the figure and its interval as text (``0.372 ±0.041``, a proportion ``100.0 [89, 100]``)."""
-    out = []
-    for family in families:
-        figs = [(summary_name(f), spec) for f, spec in FIGURES.items() if spec[0] == family]
-        figs = [(f, spec) for f, spec in figs if any(f in r for r in rows)]
-        if not figs:
-            continue
-        count = "objects" if family == "localisation" else "images"
-        body = [
-            {
-                "method": r["method"],
-                "layer": r["layer"],
-                "name": str(r.get("name", "")),
-                "n": int(r.get(count, 0)),
-                "cells": [_cell(r, f, spec[3]) for f, spec in figs],
-            }
-            for r in rows
-            if any(f in r for f, _ in figs)
-        ]
-        columns = [f"{spec[1]} {spec[2]}" for _, spec in figs]
-        out.append({"family": family, "count": count, "columns": columns, "rows": body})
-    return out
-
-
-def _cell(row: dict[str, Any], fig: str, proportion: bool) -> str:
-    if row.get(fig) is None:
-        return "-"
-    if proportion:
-        low, high = row[f"{fig}_ci95"]
-        return f"{row[fig]:.1f} [{low:.0f}, {high:.0f}]"
-    half = row.get(f"{fig}_ci95")
-    if half is None or half != half:  # one value: no interval
-        return f"{row[fig]:.3f} (n/a)"
-    return f"{row[fig]:.3f} ±{half:.3f}"
-
-
-def summarise_evaluation(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per method@layer (and per chance baseline): each figure's mean and 95 % interval over the
-    images (localisation: over the annotated objects)."""
-    return _summarise(records, by_class=False)
-
-
-def summarise_by_class(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The localisation figures per method@layer and annotated class."""
-    return _summarise(records, by_class=True)
-
-
-def _summarise(records: Sequence[dict[str, Any]], by_class: bool) -> list[dict[str, Any]]:
-    from hookviz.evaluation import mean_ci, wilson
-
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    names: dict[tuple[str, ...], str] = {}
-    for rec in records:
-        if not by_class:
-            for name, figures in rec.get("metrics", {}).items():
-                groups.setdefault((name,), []).append(figures)
-        for obj in rec.get("objects", []):
-            for name, figures in obj.get("metrics", {}).items():
-                key: tuple[str, ...] = (name, str(obj["class"]["index"])) if by_class else (name,)
-                names[key] = obj["class"]["name"]
-                groups.setdefault(key, []).append(figures)
-    rows = []
-    for key, values in groups.items():
-        method, _, layer = key[0].partition("@")
-        row: dict[str, Any] = {"method": method, "layer": layer or "-"}
-        if by_class:
-            row |= {"class": int(key[1]), "name": names[key]}
-        for fig, (family, _, _, proportion) in FIGURES.items():
-            got = [v[fig] for v in values if v.get(fig) is not None]
-            if not got:
-                continue
-            row.setdefault("objects" if family == "localisation" else "images", len(got))
-            out = summary_name(fig)
-            if proportion:  # the Wilson interval stays inside 0..100 % for small n (a t interval does not)
-                hits = sum(bool(g) for g in got)
-                low, high = wilson(hits, len(got))
-                row[out] = round(100.0 * hits / len(got), 2)
-                row[f"{out}_ci95"] = [round(100.0 * low, 2), round(100.0 * high, 2)]
-            else:
-                mean, half = mean_ci([float(g) for g in got])
-                row[out], row[f"{out}_ci95"] = round(mean, 4), round(half, 4)
-        rows.append(row)
-    return rows
 
 
 def evaluate(

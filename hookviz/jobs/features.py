@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import _weights_note, model_settings, predicted
+from hookviz.jobs.common import BaseJob, _weights_note, model_settings, predicted
 from hookviz.models.loaded import LoadedModel
 from hookviz.options import Colormap, Stage
 
 
 @dataclass(kw_only=True)
-class FeatureMapJob:
+class FeatureMapJob(BaseJob):
     """One channel mosaic per image, layer, stage and call."""
 
     loaded: LoadedModel

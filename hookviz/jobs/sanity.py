@@ -10,14 +10,14 @@ import numpy as np
 
 from hookviz.core.taps import slug
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import _weights_note, model_settings, parse_methods
+from hookviz.jobs.common import BaseJob, _weights_note, model_settings, parse_methods
 from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
 
 
 @dataclass(kw_only=True)
-class SanityJob:
+class SanityJob(BaseJob):
     """The model-parameter randomisation test per image: each method's map after each randomisation step
     (block by block from the head down, on a copy; ``order="independent"``: each block alone), its Spearman
     correlation and SSIM with the original map, and a strip of the maps (at most eight steps shown, every

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import _weights_note, model_settings, predicted
+from hookviz.jobs.common import BaseJob, _weights_note, model_settings, predicted
 from hookviz.models.loaded import LoadedModel
 
 
 @dataclass(kw_only=True)
-class GradFlowJob:
+class GradFlowJob(BaseJob):
     """Per image: one backward from the target score (or cross-entropy against a label); plot + JSON."""
 
     loaded: LoadedModel
@@ -96,7 +96,7 @@ class GradFlowJob:
 
 
 @dataclass(kw_only=True)
-class DropBlockJob:
+class DropBlockJob(BaseJob):
     """Per image: the layer's feature maps before DropBlock, the keep mask, and after (one PNG)."""
 
     loaded: LoadedModel

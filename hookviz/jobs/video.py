@@ -12,7 +12,6 @@ and the map's share of its mass in each frame (``time_mass``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -220,55 +219,3 @@ def video_summary(
     if len(explained) == 1 and (t := explained.pop()) is not None:  # one class explained in every clip
         summary["target"] = {"index": t, "name": loaded.class_name(t), "score": round(float(mean[t]), 6)}
     return summary
-
-
-def explain_videos(
-    loaded: Any,
-    inputs: str | Path | list[str | Path],
-    out: str | Path,
-    settings: Any = None,
-    *,
-    overwrite: bool = False,
-    batch_size: int = 4,
-) -> list[dict[str, Any]]:
-    """The ``hookviz gradcam`` of a video model, from Python: each clip's overlay videos, contact sheet (and
-    raw maps) written under ``out``, and the records (each clip's, then each video's whole prediction), also
-    appended to ``out/manifest.jsonl``.
-
-    Args:
-        loaded: a video model (:func:`hookviz.load_model`; its ``video`` says how clips are sampled: change it
-            with ``dataclasses.replace(loaded, video=loaded.video.sampled(clip_len=8, clips="all"))``).
-        inputs: video files, folders of videos, folders of frames.
-        settings: a :class:`hookviz.jobs.build.CamSettings` (layers, methods, target, colours, ``save_raw``);
-            default: Grad-CAM at the default layer, the top class.
-
-    Raises:
-        UsageError: not a video model, or settings that do not apply to one.
-
-    Example:
-        >>> loaded = load_model("r3d_18")
-        >>> records = explain_videos(loaded, "videos/", "out/")
-        >>> [r["video"]["name"] for r in records if "video" in r]
-    """
-    from hookviz.io.inputs import clip_items, expand_inputs
-    from hookviz.jobs.build import CamSettings, make_cam_job
-    from hookviz.run.pipeline import Output, run, with_video_summaries
-
-    if loaded.video is None:
-        raise UsageError(f"{loaded.name} takes photos, not videos; explain photos with hookviz.explain")
-    names = [str(p) for p in (inputs if isinstance(inputs, list) else [inputs])]
-    output = Output(Path(out), overwrite=overwrite)
-    built = make_cam_job(loaded, settings or CamSettings())
-    items = list(clip_items(expand_inputs(names, exclude=Path(out), video=True), loaded.video))
-    output.prepare()
-    base = {
-        "command": "gradcam",
-        "model": loaded.name,
-        "weights": loaded.weights,
-        "pretrained": loaded.pretrained,
-    }
-    records = run(
-        items, built.job, preprocess=loaded.video, output=output, device=loaded.device, base=base,
-        batch_size=batch_size,
-    )  # fmt: skip
-    return list(with_video_summaries(records, built.job, output, loaded))

@@ -124,15 +124,13 @@ def similar_to(
     embedding, or the output of ``embedding`` (a layer name), averaged over positions or tokens.
 
     Raises:
-        UsageError: a detector or segmentation model, an unreadable reference, a model without a head found.
+        UsageError: an unreadable reference, a model without a head found (a detector's or segmenter's
+            task refuses it first: :func:`hookviz.tasks.api.with_options`).
         LayerError: an unknown embedding layer.
     """
     from hookviz.io.images import load_rgb
     from hookviz.models.loaded import num_classes, probe
 
-    if loaded.task != "classification":
-        raise UsageError(f"--similar-to explains classifiers and image-text models; {loaded.name} is a "
-                         f"{loaded.task} model")  # fmt: skip
     path = Path(reference)
     try:
         rgb = load_rgb(path) if max_pixels is None else load_rgb(path, max_pixels)

@@ -94,9 +94,9 @@ def build(spec: str, weights: str, options: Options) -> Built:
     crop = int(data["input_size"][-1])
     categories: tuple[str, ...] = ()
     if classifier_out(model) == 1000:
-        from hookviz.models.torchvision import _imagenet_categories
+        from hookviz.models.torchvision import imagenet_categories
 
-        categories = _imagenet_categories()
+        categories = imagenet_categories()
     args = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
     return Built(
         model,

@@ -68,7 +68,7 @@ def _weights_enum(name: str) -> Any:
         return None
 
 
-def _imagenet_categories() -> tuple[str, ...]:
+def imagenet_categories() -> tuple[str, ...]:
     enum = _weights_enum("resnet18")
     return tuple(enum.DEFAULT.meta["categories"]) if enum is not None else ()
 
@@ -96,7 +96,7 @@ def build(name: str, weights: str, options: Options) -> Built:
         kwargs["init_weights"] = weights == WEIGHTS_NONE
     if weights.lower() == WEIGHTS_NONE:
         model = seeded(lambda: torchvision.models.get_model(name, weights=None, **kwargs))
-        categories = tuple(enum.DEFAULT.meta["categories"]) if clips else _imagenet_categories()
+        categories = tuple(enum.DEFAULT.meta["categories"]) if clips else imagenet_categories()
         return Built(model, name, "none (random init)", False, "none", categories, **clips)
     if enum is not None and (weights.upper() == WEIGHTS_DEFAULT or weights in enum.__members__):
         chosen = enum.DEFAULT if weights.upper() == WEIGHTS_DEFAULT else enum[weights]
@@ -119,7 +119,7 @@ def build(name: str, weights: str, options: Options) -> Built:
         kinetics = tuple(enum.DEFAULT.meta["categories"])
         categories = kinetics if classifier_out(model) == len(kinetics) else ()
     else:
-        categories = _imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
+        categories = imagenet_categories() if classifier_out(model) == _IMAGENET_CLASSES else ()
     return Built(model, name, str(path), True, _file_id(path, options), categories, **clips)
 
 

@@ -155,7 +155,8 @@ def _runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _evaluation(out: Path, warn: Callable[[str], None] | None) -> dict[str, Any] | None:
     """``evaluation.json`` of the folder as tables for the page (None when no evaluation ran)."""
-    from hookviz.jobs.evaluate import FAMILIES, tables
+    from hookviz.evaluation.families import FAMILIES
+    from hookviz.evaluation.summary import tables
 
     path = out / "evaluation.json"
     if not path.is_file():

@@ -21,8 +21,8 @@ import numpy as np
 from hookviz.core.memory import default_budget, human
 from hookviz.errors import HookvizError, UsageError
 from hookviz.io import timing
-from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_rgb, quote
-from hookviz.io.inputs import Item, _real, expand_inputs
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
+from hookviz.io.inputs import Item, _real, expand_inputs, read_input
 from hookviz.io.outputs import MANIFEST, Output, finite, to_json
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
@@ -61,6 +61,9 @@ def output_prefix(path: Path, model: str, key: str) -> str:
 _RUN_FIELDS = ("input", "status", "error", "note", "time")
 
 
+#: Reads one input: ``read(item, preprocess, max_pixels)`` -> (what is drawn on, input array, box).
+Reader = Callable[[Item, Any, int], tuple[Any, np.ndarray, Box]]
+
 #: Records one input of a computed batch, once its render is done.
 _Finisher = Callable[[], dict[str, Any]]
 
@@ -68,25 +71,6 @@ _Finisher = Callable[[], dict[str, Any]]
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _load(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
-    assert item.path is not None
-    if item.clip is not None:  # a video's clip: its frames (a ClipFrames) instead of a photo
-        from hookviz.io.video import ClipFrames, read_clip
-
-        with timing.stage("decode"):
-            frames, times = read_clip(item.path, item.clip, item.info, max_pixels)
-        with timing.stage("preprocess"):
-            x, box = preprocess(frames)
-        fps = (item.info.fps if item.info is not None and item.info.fps else 0.0) or 0.0
-        rate = fps / preprocess.step(fps or None) if fps else 8.0
-        return ClipFrames(frames, times, item.clip, rate), x, box
-    with timing.stage("decode"):
-        rgb = load_rgb(item.path, max_pixels=max_pixels)
-    with timing.stage("preprocess"):
-        x, box = preprocess(rgb)
-    return rgb, x, box
 
 
 def _render(job: Job, result: Any, index: int, rgb: np.ndarray, box: Box, prefix: str) -> Any:
@@ -108,6 +92,7 @@ def run(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_memory: int | None = None,
     note: Callable[[str], None] | None = None,
+    read: Reader = read_input,
 ) -> Iterator[dict[str, Any]]:
     """Stream ``items`` through ``job`` in batches and yield one manifest record per input.
 
@@ -121,7 +106,7 @@ def run(
     size form one model batch (photos whose aspect is kept form several). One bad input gives an
     ``error`` record and the rest go on. A job that estimates its memory (``memory(shape)``) has a batch
     split so that the estimate stays under ``max_memory`` bytes (default: half of what is available), and
-    ``note`` is told once.
+    ``note`` is told once. ``read`` reads one input (a task's :meth:`~hookviz.tasks.Task.read`).
 
     Raises:
         HookvizError: a problem that would fail every input (a bad layer, target or device).
@@ -143,10 +128,9 @@ def run(
 
     def split(members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
         """``members`` in batches whose estimated memory stays under the budget."""
-        estimate = getattr(job, "memory", None)
-        if estimate is None or len(members) == 1:
+        est = job.memory((len(members), *shape)) if len(members) > 1 else None
+        if est is None:
             return [members]
-        est = estimate((len(members), *shape))
         n = est.fitting(budget, len(members))
         if n < len(members) and note is not None and shape not in said_split:
             said_split.add(shape)
@@ -219,7 +203,7 @@ def run(
             if note == "skipped":
                 started.append((item, prefix, None, note))
             else:
-                started.append((item, prefix, pool.submit(_load, item, preprocess, max_pixels), note))
+                started.append((item, prefix, pool.submit(read, item, preprocess, max_pixels), note))
         return started
 
     def skipped(item: Item, prefix: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -309,9 +293,11 @@ def run(
             batch = torch.from_numpy(np.stack([xs[i] for i in members]))
             # Pinned host memory lets the copy to the GPU overlap with work already queued.
             batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
-            annotate = getattr(job, "annotate", None)  # evaluate's objects: where each photo's are
-            if annotate is not None:
-                annotate([(ready[i][0], ready[i][2], ready[i][3]) for i in members], tuple(batch.shape[-2:]))
+            # evaluate's objects: where each photo's are
+            job.annotate(
+                [(ready[i][0], ready[i][2], ready[i][3]) for i in members],
+                (int(batch.shape[-2]), int(batch.shape[-1])),
+            )
             try:
                 with timing.stage("compute"):
                     result = job.compute(batch)
@@ -362,49 +348,3 @@ def run(
         cv2.setNumThreads(cv2_threads)
         output.close()
         timing.dump(done[0])
-
-
-def with_video_summaries(
-    records: Iterable[dict[str, Any]], job: Any, output: Output, loaded: Any
-) -> Iterator[dict[str, Any]]:
-    """``records`` of a video model's clips, each video's followed by one record of the whole video's
-    prediction (the mean of its clips' class probabilities; clips computed in this run), also appended to
-    the manifest. A video whose clips were all skipped or failed gets none."""
-    from hookviz.jobs.video import video_summary
-
-    probs: dict[str, Any] = getattr(job, "clip_probs", {})
-    current: str | None = None
-    done: list[dict[str, Any]] = []
-
-    def summary() -> dict[str, Any] | None:
-        got = [(r, probs.pop(r["prefix"])) for r in done if r.get("prefix") in probs and r["status"] == "ok"]
-        if not got:
-            return None
-        entry: dict[str, Any] = {
-            "input": current,
-            "status": "ok",
-            "error": None,
-            "command": done[0].get("command"),
-            "model": done[0].get("model"),
-            "key": done[0].get("key"),
-            "video": video_summary(str(current), [r for r, _ in got], [p for _, p in got], loaded),
-            "outputs": [],
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        output.record(entry)
-        return entry
-
-    try:
-        for rec in records:
-            if rec["input"] != current and done:
-                if (found := summary()) is not None:
-                    yield found
-                done = []
-            current = rec["input"]
-            if rec.get("clip") is not None:
-                done.append(rec)
-            yield rec
-        if done and (entry := summary()) is not None:
-            yield entry
-    finally:
-        output.close()
