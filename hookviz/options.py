@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from hookviz.errors import UsageError
+
 
 class Choice(str, Enum):
     """A string choice: compares equal to its value and prints as it."""
@@ -18,7 +20,6 @@ class Choice(str, Enum):
     @classmethod
     def parse(cls, value: str | Choice, option: str) -> Choice:
         """``cls(value)``, or a :class:`~hookviz.errors.UsageError` naming the option and the choices."""
-        from hookviz.errors import UsageError
 
         try:
             return cls(value)

@@ -1,11 +1,44 @@
-"""The package's shape: no import cycle, no module over about 500 lines, and the layers import downwards."""
+"""The package's shape, read from its own source: every module belongs to a layer, a module imports only from
+its layer and the layers below, no import cycle, an import inside a function only where it loads a heavy
+package the importing module does not (``hookviz --help`` stays fast), modules of about 500 lines at most and
+functions that read in one breath."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hookviz"
+
+#: The layers, lowest first: a module imports only from its own layer and those before it.
+LAYERS = [
+    "foundation",  # errors, options
+    "core",  # hooks, taps, layout, layers, readout, the attention probe, memory estimates
+    "io",  # files, images, videos, inputs, annotations, outputs, timing, synthetic shapes
+    "summary",  # shapes, parameters, FLOPs of every layer
+    "render",  # arrays to pictures
+    "models",  # sources, loading, class names, scores
+    "methods",  # the registry and every formula
+    "engine",  # the explain pass, the detection pass, feature capture
+    "evaluation",  # the metric families, their tables
+    "training",  # gradient flow, clipping, DropBlock
+    "jobs",  # adapters from a command's settings to the pipeline
+    "tasks",  # the task registry
+    "run",  # the pipeline, torchrun, the runner
+    "report",  # the HTML page
+    "serve",  # the warm server
+    "cli",  # the command line
+    "entry",  # the package's public API, ``python -m hookviz``, the served client
+]
+RANK = {name: i for i, name in enumerate(LAYERS)}
+FOUNDATION = {"hookviz.errors", "hookviz.options"}
+ENTRY = {"hookviz", "hookviz.__main__", "hookviz.serve.client"}
+#: Third-party packages slow to import: a function may import a hookviz module that loads one of these.
+HEAVY = {
+    "torch", "torchvision", "cv2", "matplotlib", "transformers", "timm", "scipy", "PIL", "numpy",
+    "safetensors", "huggingface_hub", "typer", "rich",
+}  # fmt: skip
 
 
 def _module(path: Path) -> str:
@@ -13,25 +46,86 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    """hookviz modules imported when ``path`` is imported (not inside functions or TYPE_CHECKING)."""
-    found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+MODULES = {_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _layer(module: str) -> str:
+    if module in ENTRY:
+        return "entry"
+    if module in FOUNDATION:
+        return "foundation"
+    part = module.split(".")[1]
+    assert part in RANK, f"{module} belongs to no layer: put it in one of {', '.join(LAYERS)}"
+    return part
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+@functools.cache
+def _imports(module: str) -> tuple[tuple[str, bool, int], ...]:
+    """``(imported, at the top, line)`` for every import of ``module`` (TYPE_CHECKING blocks left out):
+    hookviz modules by name (``from hookviz.x import y`` imports ``hookviz.x.y`` when that is a module),
+    third-party packages by their top name."""
+    tree = ast.parse(MODULES[module].read_text())
+    found: list[tuple[str, bool, int]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        if _type_checking(node):
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES]
+            for name in subs or [node.module]:
+                found.append((name, top, node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, top, node.lineno) for a in node.names)
+        inner = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, True)
+    return tuple(found)
+
+
+def _own(name: str) -> str | None:
+    """The hookviz module ``name`` loads (``hookviz.x.y`` of a function, its module), or None."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@functools.cache
+def _loads(module: str, _seen: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The heavy packages importing ``module`` loads (its top-level imports, followed, and its packages')."""
+    if module in _seen:
+        return frozenset()
+    _seen = _seen | {module}
+    heavy: set[str] = set()
+    parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
+    for name, top, _ in _imports(module):
+        if not top:
             continue
-        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
-            if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("hookviz"):
-                found.add(sub.module)
-                found.update(f"{sub.module}.{a.name}" for a in sub.names)
-            elif isinstance(sub, ast.Import):
-                found.update(a.name for a in sub.names if a.name.startswith("hookviz"))
-    return found
+        if name.split(".")[0] in HEAVY:
+            heavy.add(name.split(".")[0])
+        elif (own := _own(name)) is not None and own != module:
+            heavy |= _loads(own, _seen)
+    for parent in parents:
+        if parent in MODULES and parent != module:
+            heavy |= _loads(parent, _seen)
+    return frozenset(heavy)
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in MODULES:
+        _layer(module)
 
 
 def test_no_import_cycle() -> None:
-    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {m: {d for d in _top_level_imports(p) if d in modules and d != m} for m, p in modules.items()}
+    graph = {
+        m: {own for name, top, _ in _imports(m) if top and (own := _own(name)) is not None and own != m}
+        for m in MODULES
+    }
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -52,25 +146,35 @@ def test_no_import_cycle() -> None:
             visit(m)
 
 
+def test_the_layers_import_downwards() -> None:
+    """Every import of a hookviz module, at the top or inside a function, goes to the importer's layer or one
+    below it."""
+    wrong = []
+    for module in MODULES:
+        mine = RANK[_layer(module)]
+        for name, _, line in _imports(module):
+            own = _own(name) if name.startswith("hookviz") else None
+            if own is not None and RANK[_layer(own)] > mine:
+                wrong.append(f"{module}:{line} ({_layer(module)}) imports {own} ({_layer(own)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_an_import_inside_a_function_only_defers_a_heavy_package() -> None:
+    """hookviz's own imports sit at the top of the file; one inside a function must load a heavy package that
+    the importing module does not (the command line loads torch only when a command runs)."""
+    hidden = []
+    for module in MODULES:
+        for name, top, line in _imports(module):
+            own = _own(name) if name.startswith("hookviz") else None
+            if own is None or top:
+                continue
+            if not _loads(own) - _loads(module):
+                hidden.append(
+                    f"{module}:{line} imports {own} inside a function and loads nothing heavy by it"
+                )
+    assert not hidden, "\n".join(hidden)
+
+
 def test_no_module_over_about_500_lines() -> None:
     sizes = {p.relative_to(PACKAGE.parent): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert max(sizes.values()) <= 520, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
-
-
-def test_the_layers_import_downwards() -> None:
-    """sources → models → methods → jobs → pipeline → render/report → cli: no lower layer imports a higher one
-    when it is imported (lazy imports inside functions excluded)."""
-    order = ["sources", "models", "methods", "jobs", "pipeline", "report", "cli"]
-    rank = {name: i for i, name in enumerate(order)}
-
-    def layer(module: str) -> str | None:
-        part = module.split(".")[1] if "." in module else None
-        return part if part in rank else None
-
-    for path in PACKAGE.rglob("*.py"):
-        mine = layer(_module(path))
-        if mine is None:
-            continue
-        for dep in _top_level_imports(path):
-            theirs = layer(dep)
-            assert theirs is None or rank[theirs] <= rank[mine], f"{_module(path)} imports {dep}"

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hookviz.serve.client import ask
+from hookviz.serve.wire import ask
 from tests.conftest import ROOT, write_image
 from tests.test_golden_runs import COMMANDS, _run_everything, assert_golden
 

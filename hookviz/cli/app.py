@@ -23,9 +23,10 @@ from typing import IO, Annotated, Any, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from hookviz import __version__
+from hookviz import __version__, methods
 from hookviz.core.memory import parse_size
 from hookviz.errors import HookvizError
+from hookviz.methods import MethodOptions
 from hookviz.options import Resize
 
 app = typer.Typer(
@@ -223,7 +224,6 @@ ClipsOpt = Annotated[
 
 
 def _method_names() -> list[str]:
-    from hookviz import methods
 
     return [*methods.names(), methods.ALL, *methods.SELECTORS]
 
@@ -380,7 +380,6 @@ def _method_options(
     discard: float = 0.0,
 ) -> Any:
     """The method settings as given on the command line (checked: a bad one is a usage error)."""
-    from hookviz.methods import MethodOptions
 
     return MethodOptions(
         seed=seed, samples=samples, noise=noise, steps=steps, baseline=baseline.strip().lower(),

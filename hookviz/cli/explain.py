@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -56,11 +57,9 @@ from hookviz.cli.app import (
     Window,
     Workers,
     _guard,
-    _method_options,
-    memory_size,
 )
-from hookviz.cli.loading import ModelOptions, _rgb
-from hookviz.cli.runner import RunOptions, _Reporter, _run_job
+from hookviz.cli.groups import method_options, model_options, prompts, run_options
+from hookviz.cli.runner import _Reporter, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
 if TYPE_CHECKING:
@@ -237,71 +236,42 @@ def gradcam(
 
     Segmentation models explain a class's pixels (outlined); detectors explain each box they find.
     """
-    m = ModelOptions(
-        model=model,
-        weights=weights,
-        device=device,
-        input_size=input_size,
-        resize=resize,
-        labels=labels,
-        weights_key=weights_key,
-        mean=_rgb(mean, "--mean"),
-        std=_rgb(std, "--std"),
-        trust_pickle=trust_pickle,
-        clip_len=clip_len,
-        frame_stride=frame_stride,
-        clips=clips,
-    )
-    r = RunOptions(
-        inputs=inputs,
-        out=out,
-        batch_size=batch_size,
-        workers=workers,
-        overwrite=overwrite,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=memory_size(max_memory),
-        null=null,
-        quiet=quiet,
-        as_json=as_json,
-        debug=debug,
-        report=report,
-    )
+    p = locals()
+    m, r = model_options(p), run_options(p)
     with _guard(debug):
+        _run_job(partial(_cam_job, p), m, r)
 
-        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz.jobs.build import CamSettings, auto_line, expensive
-            from hookviz.tasks import make_cam_job, with_options
 
-            loaded = with_options(loaded, prompt, prompts_file, similar_to, embedding)
+def _cam_job(p: dict[str, Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+    """The ``gradcam`` job the options ``p`` ask for, its notes said (under torchrun, by rank 0 only)."""
+    from hookviz.jobs.build import CamSettings, auto_line, expensive
+    from hookviz.tasks import make_cam_job
 
-            settings = CamSettings(
-                layers=tuple(layers or ()), methods=tuple(methods or ()), target=target, alpha=alpha,
-                colormap=str(colormap), relu=not no_relu, save_raw=save_raw, normalize=str(normalize),
-                vmax=vmax, fuse=str(fuse) if fuse is not None else None, sheet=sheet,
-                scorecam_batch=masked_batch, metrics=metrics, eigen_smooth=eigen_smooth,
-                aug_smooth=aug_smooth, region=str(region), probe_images=probe_images,
-                score_threshold=score_threshold, max_boxes=max_boxes, compare=compare,
-                options=_method_options(
-                    seed, samples, noise, ig_steps, baseline, window, stride, masks, cells,
-                    head_fusion=head_fusion, discard=discard_ratio,
-                ),
-            )  # fmt: skip
-            built = make_cam_job(
-                loaded,
-                settings,
-                first_images=reporter.first_images if reporter is not None else None,
-                agree=reporter.agree if reporter is not None else None,
-            )
-            if built.auto is not None and (reporter is None or reporter.lead):  # a result: said even with -q
-                typer.echo(f"hookviz: {auto_line(built.auto)}", err=True)
-            # Under torchrun only rank 0 talks (its reporter is the one that is not quiet).
-            if not (quiet or (reporter is not None and reporter.quiet)):
-                for note in built.notes:
-                    typer.echo(f"hookviz: {note}", err=True)
-            slow = expensive(built.job.methods, getattr(built.job, "options", None))
-            if reporter is not None and slow:  # a progress bar over the slow methods' passes
-                built.job.progress = reporter.inner("extra passes of " + ", ".join(slow))
-            return built.job
-
-        _run_job(make, m, r)
+    loaded = prompts(p).apply(loaded)
+    fuse = p["fuse"]
+    settings = CamSettings(
+        layers=tuple(p["layers"] or ()), methods=tuple(p["methods"] or ()), target=p["target"],
+        alpha=p["alpha"], colormap=str(p["colormap"]), relu=not p["no_relu"], save_raw=p["save_raw"],
+        normalize=str(p["normalize"]), vmax=p["vmax"], fuse=str(fuse) if fuse is not None else None,
+        sheet=p["sheet"], scorecam_batch=p["masked_batch"], metrics=p["metrics"],
+        eigen_smooth=p["eigen_smooth"], aug_smooth=p["aug_smooth"], region=str(p["region"]),
+        probe_images=p["probe_images"],
+        score_threshold=p["score_threshold"], max_boxes=p["max_boxes"], compare=p["compare"],
+        options=method_options(p),
+    )  # fmt: skip
+    built = make_cam_job(
+        loaded,
+        settings,
+        first_images=reporter.first_images if reporter is not None else None,
+        agree=reporter.agree if reporter is not None else None,
+    )
+    if built.auto is not None and (reporter is None or reporter.lead):  # a result: said even with -q
+        typer.echo(f"hookviz: {auto_line(built.auto)}", err=True)
+    # Under torchrun only rank 0 talks (its reporter is the one that is not quiet).
+    if not (p["quiet"] or (reporter is not None and reporter.quiet)):
+        for note in built.notes:
+            typer.echo(f"hookviz: {note}", err=True)
+    slow = expensive(built.job.methods, getattr(built.job, "options", None))
+    if reporter is not None and slow:  # a progress bar over the slow methods' passes
+        built.job.progress = reporter.inner("extra passes of " + ", ".join(slow))
+    return built.job

@@ -39,10 +39,11 @@ from hookviz.cli.app import (
     Workers,
     _fail,
     _guard,
-    memory_size,
 )
-from hookviz.cli.loading import ModelOptions, _rgb, with_sampling
-from hookviz.cli.runner import RunOptions, _Reporter, _run_job
+from hookviz.cli.groups import model_options, run_options
+from hookviz.cli.loading import with_sampling
+from hookviz.cli.runner import _Reporter, _run_job
+from hookviz.io.files import atomic_write
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
 if TYPE_CHECKING:
@@ -98,36 +99,8 @@ def featuremaps(
     debug: Debug = False,
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
-    m = ModelOptions(
-        model=model,
-        weights=weights,
-        device=device,
-        input_size=input_size,
-        resize=resize,
-        labels=labels,
-        weights_key=weights_key,
-        mean=_rgb(mean, "--mean"),
-        std=_rgb(std, "--std"),
-        trust_pickle=trust_pickle,
-        clip_len=clip_len,
-        frame_stride=frame_stride,
-        clips=clips,
-    )
-    r = RunOptions(
-        inputs=inputs,
-        out=out,
-        batch_size=batch_size,
-        workers=workers,
-        overwrite=overwrite,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=memory_size(max_memory),
-        null=null,
-        quiet=quiet,
-        as_json=as_json,
-        debug=debug,
-        report=report,
-    )
+    p = locals()
+    m, r = model_options(p), run_options(p)
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
@@ -280,7 +253,6 @@ def summary(
         text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
         typer.echo(text.rstrip("\n"))
         if plot is not None:
-            from hookviz.io.files import atomic_write
             from hookviz.io.images import encode_png
             from hookviz.render import summary_plot
 

@@ -9,6 +9,7 @@ import typer
 
 from hookviz.cli.app import Debug, _guard
 from hookviz.cli.runner import _warn
+from hookviz.report import build_report
 
 
 def report(
@@ -18,6 +19,4 @@ def report(
 ) -> None:
     """Write OUT/index.html: one static page to browse, filter and sort a run's maps (opens from file://)."""
     with _guard(debug):
-        from hookviz.report import build_report
-
         typer.echo(str(build_report(out, title=title, warn=_warn)))

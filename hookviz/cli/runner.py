@@ -21,6 +21,9 @@ from hookviz.cli.app import (
 )
 from hookviz.cli.loading import ModelOptions, _load
 from hookviz.errors import HookvizError
+from hookviz.models.classes import class_label
+from hookviz.report import build_report
+from hookviz.run import distributed
 
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
     from torch import Tensor
@@ -154,7 +157,6 @@ def _warn(text: str) -> None:
 
 def _named(d: dict[str, Any]) -> str:
     """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
-    from hookviz.models.classes import class_label  # loaded already: records come after the model
 
     return class_label(d.get("name"), d.get("index"))
 
@@ -195,7 +197,6 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
     Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
     manifest parts (and prints the records with ``--json``), and each exits with the worst code.
     """
-    from hookviz.run import distributed
 
     if r.overwrite and r.skip_existing:
         raise typer.BadParameter(
@@ -245,8 +246,6 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
             sys.stdout.write(added)
             sys.stdout.flush()
         if r.report:
-            from hookviz.report import build_report
-
             typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
     # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
     # which could cut rank 0's merge short. torchrun exits with rank 0's code.
@@ -257,7 +256,7 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
 def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None) -> None:
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
     from hookviz import tasks
-    from hookviz.run import distributed, pipeline, runner
+    from hookviz.run import pipeline, runner
 
     lead = dist is None or dist.rank == 0
     real_out = r.out.resolve()
@@ -329,8 +328,6 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
         finally:
             reporter.close()
     if r.report and dist is None:
-        from hookviz.report import build_report
-
         typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
     if reporter.failed:
         where = f"rank {dist.rank}: " if dist is not None else ""
@@ -345,7 +342,6 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
 def _run_then(job_factory: JobFactory, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
     """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
     some inputs failed; the run's exit code stands."""
-    from hookviz.run import distributed
 
     failed: typer.Exit | None = None
     try:

@@ -15,9 +15,9 @@ import typer
 
 from hookviz.cli.app import EXIT_SETUP, _fail, app, memory_size
 from hookviz.cli.loading import USED, WARM, load_options, warm_key
-from hookviz.serve.client import ask
 from hookviz.serve.paths import private_dir, server_socket, socket_dir
 from hookviz.serve.server import Server
+from hookviz.serve.wire import ask
 
 #: Modules a command would import, imported once by the server (its children inherit them).
 PRELOAD = (
@@ -37,7 +37,7 @@ PRELOAD = (
     "hookviz.summary",
     "hookviz.report",
     "hookviz.evaluation",
-    "hookviz.models.sources",
+    "hookviz.models.build",
     "hookviz.models.torchvision",
     "hookviz.models.loaded",
 )

@@ -11,6 +11,9 @@ from typing import Any
 
 import typer
 
+from hookviz.io.files import atomic_write
+from hookviz.report import latest_records
+
 
 def _announce(job: Any) -> None:
     """One line on stderr before the run: what each family costs in forward passes per image."""
@@ -80,8 +83,6 @@ def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
     annotations) and OUT/evaluation.json."""
     from hookviz.evaluation.summary import summarise_by_class, summarise_evaluation
-    from hookviz.io.files import atomic_write
-    from hookviz.report import latest_records
     from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())

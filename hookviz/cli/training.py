@@ -30,10 +30,10 @@ from hookviz.cli.app import (
     Weights,
     WeightsKey,
     _guard,
-    memory_size,
 )
-from hookviz.cli.loading import ModelOptions, _rgb
-from hookviz.cli.runner import RunOptions, _Reporter, _run_job
+from hookviz.cli.groups import model_options, run_options
+from hookviz.cli.runner import _Reporter, _run_job
+from hookviz.models.classes import parse_target
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
@@ -89,32 +89,8 @@ def gradflow(
     debug: Debug = False,
 ) -> None:
     """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
-    m = ModelOptions(
-        model=model,
-        weights=weights,
-        device=device,
-        input_size=input_size,
-        resize=resize,
-        labels=labels,
-        weights_key=weights_key,
-        mean=_rgb(mean, "--mean"),
-        std=_rgb(std, "--std"),
-        trust_pickle=trust_pickle,
-    )
-    r = RunOptions(
-        inputs=inputs,
-        out=out,
-        batch_size=8,
-        workers=2,
-        overwrite=overwrite,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=memory_size(max_memory),
-        null=null,
-        quiet=quiet,
-        as_json=as_json,
-        debug=debug,
-    )
+    p = locals()
+    m, r = model_options(p), run_options(p, batch_size=8, workers=2)
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
@@ -123,7 +99,6 @@ def gradflow(
             tasks.refuse(loaded, "gradflow")
             from hookviz.core.layers import resolve_layers
             from hookviz.jobs import GradFlowJob
-            from hookviz.models.classes import parse_target
             from hookviz.models.loaded import num_classes
 
             n = num_classes(loaded)
@@ -184,32 +159,8 @@ def dropblock(
     debug: Debug = False,
 ) -> None:
     """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
-    m = ModelOptions(
-        model=model,
-        weights=weights,
-        device=device,
-        input_size=input_size,
-        resize=resize,
-        labels=labels,
-        weights_key=weights_key,
-        mean=_rgb(mean, "--mean"),
-        std=_rgb(std, "--std"),
-        trust_pickle=trust_pickle,
-    )
-    r = RunOptions(
-        inputs=inputs,
-        out=out,
-        batch_size=8,
-        workers=2,
-        overwrite=overwrite,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=memory_size(max_memory),
-        null=null,
-        quiet=quiet,
-        as_json=as_json,
-        debug=debug,
-    )
+    p = locals()
+    m, r = model_options(p), run_options(p, batch_size=8, workers=2)
     with _guard(debug):
 
         def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -55,12 +56,12 @@ from hookviz.cli.app import (
     Window,
     Workers,
     _guard,
-    _method_options,
-    memory_size,
 )
-from hookviz.cli.loading import ModelOptions, _rgb
-from hookviz.cli.runner import RunOptions, _Reporter, _run_then
+from hookviz.cli.groups import method_options, model_options, prompts, run_options
+from hookviz.cli.runner import _Reporter, _run_then
 from hookviz.cli.tables import _announce, _write_evaluation
+from hookviz.io.files import atomic_write
+from hookviz.report import latest_records
 
 METRICS = "Metrics"
 
@@ -222,91 +223,41 @@ def evaluate(
         if rise_masks < 1:
             raise typer.BadParameter("RISE's masks: at least 1", param_hint="--rise-masks")
         typer.echo("hookviz: note: --masks N is deprecated for RISE's masks; say --rise-masks N", err=True)
-    m = ModelOptions(
-        model=model,
-        weights=weights,
-        device=device,
-        input_size=input_size,
-        resize=resize,
-        labels=labels,
-        weights_key=weights_key,
-        mean=_rgb(mean, "--mean"),
-        std=_rgb(std, "--std"),
-        trust_pickle=trust_pickle,
-        clip_len=clip_len,
-        frame_stride=frame_stride,
-        clips=clips,
-    )
-    r = RunOptions(
-        inputs=inputs,
-        out=out,
-        batch_size=batch_size,
-        workers=workers,
-        overwrite=overwrite,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=memory_size(max_memory),
-        null=null,
-        quiet=quiet,
-        lines=False,
-        as_json=as_json,
-        debug=debug,
-    )
+    p = locals()
+    m, r = model_options(p), run_options(p, lines=False)
     made: list[Any] = []
     with _guard(debug):
+        summarise = lambda: _write_evaluation(made[0], out, quiet, as_json) if made else None  # noqa: E731
+        _run_then(partial(_evaluate_job, p, mask_dir, made), m, r, summarise)
 
-        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz import tasks
 
-            loaded = tasks.with_options(loaded, prompt, prompts_file, similar_to, embedding)
-            tasks.refuse(loaded, "evaluate")
-            from hookviz.core.layers import cam_layer, default_cam_layer
-            from hookviz.jobs import EvaluateJob
-            from hookviz.jobs.build import method_options
-            from hookviz.models.classes import parse_targets
-            from hookviz.models.loaded import num_classes, probe
+def _evaluate_job(
+    p: dict[str, Any], mask_dir: Path | None, made: list[Any], loaded: LoadedModel, reporter: _Reporter | None
+) -> Job:
+    """The ``evaluate`` job the options ``p`` ask for (kept in ``made`` for the summary)."""
+    from hookviz import tasks
+    from hookviz.evaluation.families import MetricSettings, parse_metrics
+    from hookviz.io.annotation import load as load_annotations
+    from hookviz.jobs.build import evaluate_job
 
-            calls = probe(loaded)
-            chosen = (
-                [cam_layer(loaded.model, n, calls, loaded.name) for n in dict.fromkeys(layers)]
-                if layers
-                else [default_cam_layer(loaded.model, calls)]
-            )
-            t = parse_targets(target, loaded, num_classes(loaded))
-            if isinstance(t, str):
-                raise typer.BadParameter(
-                    "evaluate explains one class per image: top1 or a class", param_hint="--target"
-                )
-            options = _method_options(
-                seed, samples, noise, ig_steps, baseline, window, stride, rise_masks, cells, masked_batch,
-                head_fusion=head_fusion, discard=discard_ratio,
-            )  # fmt: skip
-            from hookviz.evaluation.families import MetricSettings, parse_metrics
-            from hookviz.io.annotation import load as load_annotations
-
-            annotated = boxes is not None or mask_dir is not None
-            found = load_annotations(boxes, mask_dir, mask_kind) if annotated else None
-            job = EvaluateJob(
-                loaded=loaded,
-                layers=chosen,
-                methods=[str(x) for x in (methods or ["gradcam"])],
-                targets=t,
-                steps=steps,
-                options=method_options(loaded, options, compare),
-                metrics=parse_metrics(metric, annotated=found is not None),
-                metric_settings=MetricSettings(
-                    tolerance=tolerance, top_k=top_k, radius=radius, robust_samples=robust_samples,
-                    patch=patch_size, regions=regions,
-                ),
-                annotations=found,
-                seed=seed,
-            )  # fmt: skip
-            if not quiet:
-                _announce(job)
-            made.append(job)
-            return job
-
-        _run_then(make, m, r, lambda: _write_evaluation(made[0], out, quiet, as_json) if made else None)
+    loaded = prompts(p).apply(loaded)
+    tasks.refuse(loaded, "evaluate")
+    annotated = p["boxes"] is not None or mask_dir is not None
+    found = load_annotations(p["boxes"], mask_dir, p["mask_kind"]) if annotated else None
+    job = evaluate_job(
+        loaded, layers=p["layers"], methods=p["methods"], target=p["target"], options=method_options(p),
+        compare=p["compare"], steps=p["steps"],
+        metrics=parse_metrics(p["metric"], annotated=found is not None),
+        metric_settings=MetricSettings(
+            tolerance=p["tolerance"], top_k=p["top_k"], radius=p["radius"],
+            robust_samples=p["robust_samples"], patch=p["patch_size"], regions=p["regions"],
+        ),
+        annotations=found, seed=p["seed"],
+    )  # fmt: skip
+    if not p["quiet"]:
+        _announce(job)
+    made.append(job)
+    return job
 
 
 def sanity(
@@ -404,73 +355,36 @@ def sanity(
         raise typer.BadParameter(
             f"{granularity!r}: one of {', '.join(GRANULARITIES)}", param_hint="--granularity"
         )
-    m = ModelOptions(
-        model=model,
-        weights=weights,
-        device=device,
-        input_size=input_size,
-        resize=resize,
-        labels=labels,
-        weights_key=weights_key,
-        mean=_rgb(mean, "--mean"),
-        std=_rgb(std, "--std"),
-        trust_pickle=trust_pickle,
-        clip_len=clip_len,
-        frame_stride=frame_stride,
-        clips=clips,
-    )
-    r = RunOptions(
-        inputs=inputs,
-        out=out,
-        batch_size=batch_size,
-        workers=2,
-        overwrite=overwrite,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=memory_size(max_memory),
-        null=null,
-        quiet=quiet,
-        as_json=as_json,
-        debug=debug,
-    )
+    p = locals()
+    m, r = model_options(p), run_options(p, workers=2)
     made: list[Any] = []
     with _guard(debug):
+        _run_then(
+            partial(_sanity_job, p, made),
+            m,
+            r,
+            lambda: _write_sanity(made[0], out, as_json) if made else None,
+        )
 
-        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz import tasks
 
-            loaded = tasks.with_options(loaded, prompt, prompts_file, similar_to, embedding)
-            tasks.refuse(loaded, "sanity")
-            from hookviz.core.layers import cam_layer, default_cam_layer
-            from hookviz.jobs import SanityJob
-            from hookviz.jobs.build import method_options
-            from hookviz.models.loaded import probe
+def _sanity_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+    """The ``sanity`` job the options ``p`` ask for (kept in ``made`` for the summary)."""
+    from hookviz import tasks
+    from hookviz.jobs.build import sanity_job
 
-            calls = probe(loaded)
-            name = (
-                cam_layer(loaded.model, layer, calls, loaded.name)
-                if layer
-                else default_cam_layer(loaded.model, calls)
-            )
-            options = _method_options(
-                seed, samples, noise, ig_steps, baseline, window, stride, masks, cells, masked_batch,
-                head_fusion=head_fusion, discard=discard_ratio,
-            )  # fmt: skip
-            job = SanityJob(
-                loaded=loaded, layer=name, methods=[str(x) for x in (methods or ["gradcam"])], seed=seed,
-                options=method_options(loaded, options, compare), order=order, granularity=granularity,
-                smooth=smooth, noise=smooth_noise,
-            )  # fmt: skip
-            made.append(job)
-            return job
-
-        _run_then(make, m, r, lambda: _write_sanity(made[0], out, as_json) if made else None)
+    loaded = prompts(p).apply(loaded)
+    tasks.refuse(loaded, "sanity")
+    job = sanity_job(
+        loaded, layer=p["layer"], methods=p["methods"], options=method_options(p), compare=p["compare"],
+        seed=p["seed"], order=p["order"], granularity=p["granularity"], smooth=p["smooth"],
+        noise=p["smooth_noise"],
+    )  # fmt: skip
+    made.append(job)
+    return job
 
 
 def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
-    from hookviz.io.files import atomic_write
     from hookviz.jobs import summarise_sanity
-    from hookviz.report import latest_records
     from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())

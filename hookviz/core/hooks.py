@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.core.taps import FunctionTaps, PoolSite, PoolTracer, depth_tracker, parse
-from hookviz.errors import LayerError, close_matches
+from hookviz.errors import LayerError, UsageError, close_matches
 
 _LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -124,7 +124,6 @@ def autograd_enabled(x: Tensor) -> Iterator[Tensor]:
     Raises:
         UsageError: the model's tensors are inference tensors.
     """
-    from hookviz.errors import UsageError
 
     try:
         with torch.inference_mode(False), torch.enable_grad():

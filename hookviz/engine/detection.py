@@ -32,15 +32,15 @@ from torch import Tensor, nn
 from hookviz.core.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
 from hookviz.core.layers import single_call
 from hookviz.errors import LayerError, UsageError
-from hookviz.methods import MethodOptions
+from hookviz.methods import REGISTRY, MethodOptions
 from hookviz.methods.compute import LayerPass
+from hookviz.methods.perturb import random_masks
 
 
 #: What a detector's maps can be made with: the gradient methods and Eigen-CAM.
 def detection_methods() -> list[str]:
     """The registered methods that work per detected box (``detection=True``: gradient-weighted ones from the
     box's score gradient, and Eigen-CAM once per photo)."""
-    from hookviz.methods import REGISTRY
 
     return [m.name for m in REGISTRY.values() if m.detection]
 
@@ -192,8 +192,6 @@ def drise(
     distribution). The detector's own score cut-off is lowered to 0 meanwhile, so weak matches count."""
     from torchvision.ops import box_iou
 
-    from hookviz.methods.perturb import random_masks
-
     h, w = int(image.shape[-2]), int(image.shape[-1])
     masks = random_masks(options.masks, options.cells, (h, w), options.seed).to(image.device)
     weights = torch.zeros(len(boxes), options.masks)
@@ -224,7 +222,6 @@ def _explain_one(
     relu: bool,
     eigen_smooth: bool,
 ) -> DetectionExplanation:
-    from hookviz.methods import REGISTRY
 
     gradient_methods = [m for m in methods if REGISTRY[m].family == "gradient-weighted"]
     activation_methods = [m for m in methods if REGISTRY[m].family == "activation-only"]

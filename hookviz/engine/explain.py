@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz import methods as registry
 from hookviz.core.hooks import (
     autograd_enabled,
     capture,
@@ -27,8 +28,9 @@ from hookviz.core.readout import Readout, Scorer, ranking, read
 from hookviz.core.taps import negative_mass
 from hookviz.errors import TargetError, UsageError
 from hookviz.methods import MethodOptions
+from hookviz.methods._utils import channels_last
 from hookviz.methods.compute import LayerPass
-from hookviz.methods.perturb import channels_last
+from hookviz.methods.guided import guided_backprop_counted
 from hookviz.methods.pixel import BiasTerms
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
@@ -222,7 +224,6 @@ def _explain(
     eigen_smooth: bool,
     readout: Callable[[Any], Readout],
 ) -> Explanation:
-    from hookviz import methods as registry
 
     layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
     # The plan: the requested methods and those they use, and what the pass must give them.
@@ -305,8 +306,6 @@ def _explain(
 
     def input_saliency() -> Tensor:  # once per pass, for every layer
         if "guided" not in shared:
-            from hookviz.methods.guided import guided_backprop_counted
-
             shared["guided"] = guided_backprop_counted(model, x, t, lambda output: readout(output).scores)
         return shared["guided"][0]  # (B, T, H, W) at the input's resolution
 

@@ -24,8 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hookviz.core.hooks import logits_of, preserved
+from hookviz.core.hooks import capture, logits_of, preserved
 from hookviz.core.readout import Scorer, scorer
+from hookviz.core.taps import MATERIAL_NEGATIVE, negative_mass
+from hookviz.engine.explain import explain
+from hookviz.errors import LayerError
+from hookviz.methods import get
 
 #: Fractions of pixels changed at each step of the deletion and insertion curves (0 .. 1 inclusive).
 STEPS = 16
@@ -199,8 +203,6 @@ def rank_layers(
     """Mean insertion AUC minus deletion AUC of ``method``'s maps at each layer, over the images ``x``
     (``--layer auto`` takes the best). A layer that cannot be explained (it runs twice, no spatial map)
     scores ``-inf``."""
-    from hookviz.engine.explain import explain
-    from hookviz.errors import LayerError
 
     scores: dict[str, float] = {}
     for layer in layers:
@@ -230,9 +232,6 @@ def choose_layer(
     activation mass is materially negative on ``x`` (a BatchNorm's output) are passed over when a
     non-negative one exists; the record lists them under ``signed`` with their negative mass.
     """
-    from hookviz.core.hooks import capture
-    from hookviz.core.taps import MATERIAL_NEGATIVE, negative_mass
-    from hookviz.methods import get
 
     method = next((m for m in methods if m not in ("all", "eigencam", "scorecam")), "gradcam")
     scores = rank_layers(model, x, candidates, method)

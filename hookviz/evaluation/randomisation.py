@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hookviz.evaluation.stats import ssim
+
 #: The step names' order: from the head down (cascading, as Adebayo et al.), or each alone.
 ORDERS = ("cascading", "independent")
 GRANULARITIES = ("block", "layer")
@@ -202,7 +204,6 @@ def random_logit(
     maps where they are at hand (not explained again).
     Returns ``{"classes": off classes, "similarity": (B,) tensor}``; similarity defaults to SSIM.
     """
-    from hookviz.evaluation.stats import ssim
 
     off = off_classes(targets, classes, seed)
     a, o = explain_class(targets) if maps is None else maps, explain_class(off)

@@ -26,10 +26,12 @@ from hookviz.errors import UsageError
 from hookviz.evaluation import choose_layer
 from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
+from hookviz.jobs.evaluate import EvaluateJob
+from hookviz.jobs.sanity import SanityJob
 from hookviz.methods import MethodOptions, get, parse, passes
 from hookviz.methods.attention import APPLY
-from hookviz.models.classes import parse_target
-from hookviz.models.loaded import LoadedModel, num_classes
+from hookviz.models.classes import parse_target, parse_targets
+from hookviz.models.loaded import LoadedModel, num_classes, probe
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -288,4 +290,60 @@ def detection_job(
     return BuiltJob(job=job, notes=tuple(notes))
 
 
-__all__ = ["BuiltJob", "CamSettings", "auto_line", "classifier_job", "cost_notes", "detection_job"]
+def chosen_layers(loaded: LoadedModel, names: Sequence[str] | None, calls: list[ModuleCall]) -> list[str]:
+    """The layers ``names`` (``--layer``, repeatable; checked), or the default CAM layer."""
+    if not names:
+        return [default_cam_layer(loaded.model, calls)]
+    return [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(names)]
+
+
+def evaluate_job(
+    loaded: LoadedModel,
+    *,
+    layers: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    target: str = "top1",
+    options: MethodOptions | None = None,
+    compare: str | None = None,
+    **fields: Any,
+) -> EvaluateJob:
+    """The ``evaluate`` job: ``layers`` (default: the CAM default), one class per image (``target``: top1 or
+    a class), ``fields`` as :class:`EvaluateJob` takes them (steps, metrics, annotations, seed...).
+
+    Raises:
+        UsageError: a ``topK`` target; LayerError, TargetError: a bad layer or class.
+    """
+    calls = probe(loaded)
+    chosen = chosen_layers(loaded, layers, calls)
+    targets = parse_targets(target, loaded, num_classes(loaded))
+    if isinstance(targets, str):
+        raise UsageError(f"--target {target}: evaluate explains one class per image: top1 or a class")
+    return EvaluateJob(
+        loaded=loaded,
+        layers=chosen,
+        methods=[str(m) for m in (methods or ["gradcam"])],
+        targets=targets,
+        options=method_options(loaded, options or MethodOptions(), compare),
+        **fields,
+    )
+
+
+def sanity_job(
+    loaded: LoadedModel,
+    *,
+    layer: str | None = None,
+    methods: Sequence[str] | None = None,
+    options: MethodOptions | None = None,
+    compare: str | None = None,
+    **fields: Any,
+) -> SanityJob:
+    """The ``sanity`` job at ``layer`` (default: the CAM default), ``fields`` as :class:`SanityJob` takes them
+    (seed, order, granularity, smooth, noise)."""
+    name = chosen_layers(loaded, [layer] if layer else None, probe(loaded))[0]
+    return SanityJob(
+        loaded=loaded,
+        layer=name,
+        methods=[str(m) for m in (methods or ["gradcam"])],
+        options=method_options(loaded, options or MethodOptions(), compare),
+        **fields,
+    )

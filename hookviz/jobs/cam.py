@@ -10,9 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from hookviz import render
 from hookviz.core.memory import Estimate
-from hookviz.core.taps import slug
+from hookviz.core.readout import scorer
+from hookviz.core.taps import MATERIAL_NEGATIVE, slug
+from hookviz.engine.explain import explain
 from hookviz.errors import UsageError
+from hookviz.evaluation import faithfulness
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
     FUSED,
@@ -25,7 +29,7 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
-from hookviz.methods import MethodOptions
+from hookviz.methods import REGISTRY, MethodOptions, cams, get, passes
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel
@@ -44,7 +48,6 @@ def _region_note(region: str | None, asked: str | None) -> str:
 
 
 def method_family(name: str) -> str:
-    from hookviz.methods import REGISTRY
 
     spec = REGISTRY.get(name)
     return spec.family if spec is not None else ""
@@ -103,8 +106,6 @@ class CamJob(BaseJob):
     dense: bool = False
 
     def _check_assumptions(self, ex: Any) -> None:
-        from hookviz.core.taps import MATERIAL_NEGATIVE
-        from hookviz.methods import get
 
         reasons = {m: get(m).assumes_nonnegative for m in self.methods if get(m).assumes_nonnegative}
         risky = list(reasons)
@@ -217,8 +218,6 @@ class CamJob(BaseJob):
         return est if not self.aug_smooth else Estimate(est.per_image * 2, est.fixed)
 
     def compute(self, x: Any) -> CamBatch:
-        from hookviz.engine.explain import explain
-        from hookviz.methods import cams
 
         ex = explain(
             self.loaded.model,
@@ -246,9 +245,6 @@ class CamJob(BaseJob):
         }
         metrics = None
         if self.metrics:
-            from hookviz.core.readout import scorer
-            from hookviz.evaluation import faithfulness
-
             score = scorer(ex.labels, ex.region, ex.score_kind)
             metrics = {
                 key: [
@@ -264,7 +260,6 @@ class CamJob(BaseJob):
 
     # -- render ---------------------------------------------------------------------------
     def _unit(self, cam: np.ndarray, scale: tuple[float, float] | None, method: str = "") -> np.ndarray:
-        from hookviz import render
 
         if scale is None:
             if method_family(method) == "input-gradient":
@@ -281,7 +276,6 @@ class CamJob(BaseJob):
     def render(
         self, result: CamBatch, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        from hookviz import render
 
         lm, ex = self.loaded, result.explanation
         dense = ex.labels is not None
@@ -420,7 +414,6 @@ class CamJob(BaseJob):
 
     def _cost_fields(self, method: str, layer: str, targets: int, result: CamBatch) -> dict[str, Any]:
         """The passes per image a method ran beyond the shared one (none: no field)."""
-        from hookviz.methods import passes
 
         k = result.channels.get(layer if layer != FUSED else self.layers[0], 0)
         fwd, bwd = passes(method, k, targets, self.options, result.size)
@@ -429,8 +422,6 @@ class CamJob(BaseJob):
     @staticmethod
     def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
         """``negative_mass`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
-        from hookviz.core.taps import MATERIAL_NEGATIVE
-        from hookviz.methods import REGISTRY
 
         if layer not in ex.negative_mass:
             return {}

@@ -10,7 +10,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hookviz import methods as registry
+from hookviz import render
 from hookviz.core.memory import Estimate
+from hookviz.engine.explain import ranking
+from hookviz.errors import InputError
 from hookviz.io.images import Box
 from hookviz.models.loaded import LoadedModel
 
@@ -71,7 +75,6 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
 
 def parse_methods(methods: Sequence[str]) -> list[str]:
     """Method names validated (a typo is a :class:`UsageError`), ``all`` expanded, duplicates dropped."""
-    from hookviz import methods as registry
 
     return registry.parse(methods)
 
@@ -79,8 +82,6 @@ def parse_methods(methods: Sequence[str]) -> list[str]:
 def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | None:
     """The top class of row ``index`` of a classifier's output (None when the output is not ``(B, C)``)."""
     import torch
-
-    from hookviz.engine.explain import ranking
 
     if logits is None or logits.dim() != 2:
         return None
@@ -95,7 +96,6 @@ FUSED = "fused"
 
 def _full_map(cam: np.ndarray, rgb: np.ndarray, box: Box) -> np.ndarray:
     """``cam`` upsampled onto the photo's pixels where the model saw them, NaN elsewhere (float32)."""
-    from hookviz import render
 
     full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
     full[box.y0 : box.y1, box.x0 : box.x1] = render.upsample(cam, box)
@@ -108,7 +108,6 @@ def _check_finite(ex: Any, index: int) -> None:
     Raises:
         InputError: NaN or infinite probabilities (a diverged model, an fp16 overflow).
     """
-    from hookviz.errors import InputError
 
     probs = ex.probs[index]
     if not bool(probs.isfinite().all()):

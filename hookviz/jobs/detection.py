@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from hookviz import render
 from hookviz.core.taps import slug
+from hookviz.engine.detection import detection_methods, explain_detections
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
@@ -20,7 +22,7 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
-from hookviz.methods import MethodOptions
+from hookviz.methods import REGISTRY, MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
 from hookviz.options import Colormap
@@ -28,7 +30,6 @@ from hookviz.options import Colormap
 
 def _per_photo(method: str) -> bool:
     """A class-agnostic method (Eigen-CAM, KPCA-CAM, FEM) makes one map per photo, not one per box."""
-    from hookviz.methods import REGISTRY
 
     spec = REGISTRY.get(method)
     return spec is not None and not spec.class_specific
@@ -61,7 +62,6 @@ class DetectionJob(BaseJob):
     kind: str = "gradcam"
 
     def __post_init__(self) -> None:
-        from hookviz.engine.detection import detection_methods
 
         self.colormap = Colormap.parse(self.colormap, "--colormap").value
         self.methods = parse_methods(self.methods)
@@ -101,7 +101,6 @@ class DetectionJob(BaseJob):
         return [*names, f"{stem}.detections.png"]
 
     def compute(self, x: Any) -> Any:
-        from hookviz.engine.detection import explain_detections
 
         return explain_detections(
             self.loaded.model,
@@ -123,7 +122,6 @@ class DetectionJob(BaseJob):
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        from hookviz import render
 
         lm, ex = self.loaded, result[index]
         if (rgb.shape[0], rgb.shape[1]) != ex.image_size:

@@ -15,6 +15,7 @@ from hookviz.evaluation.families import FIGURES, PIXEL_FAMILIES, MetricSettings,
 from hookviz.io.annotation import input_mask, resolve
 from hookviz.io.images import Box
 from hookviz.jobs.common import BaseJob, _check_finite, model_settings, parse_methods
+from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel, num_classes
@@ -145,7 +146,6 @@ class EvaluateJob(BaseJob):
         return Estimate(est.per_image * twice, est.fixed + copies)
 
     def compute(self, x: Any) -> Any:
-        from hookviz.jobs.evaluate_compute import compute
 
         objects, self._pending = self._pending, None
         return compute(self, x, objects)
@@ -220,7 +220,6 @@ def evaluate(
     ``{"figures": {map name: {figure: (B,) tensor}}, "objects": per image [(class, pixels, {map name:
     {figure: value}})] or None, "forward_passes": int, "explanation": the Explanation}``.
     """
-    from hookviz.jobs.evaluate_compute import compute
 
     job = EvaluateJob(
         loaded=loaded,

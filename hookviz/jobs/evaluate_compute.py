@@ -10,6 +10,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hookviz import evaluation
+from hookviz.core.readout import scorer
+from hookviz.engine.explain import explain
+from hookviz.evaluation import localisation as loc
+from hookviz.evaluation import perturbation as pert
+from hookviz.evaluation import ssim
+from hookviz.evaluation.robustness import robustness, uniform_noise
+from hookviz.models.loaded import num_classes
+
 if TYPE_CHECKING:
     from hookviz.jobs.evaluate import EvaluateJob
 
@@ -23,7 +32,6 @@ def _targets(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
     object's first; a binary mask's object is the ``--target`` class; short rows padded with their first)."""
     if objects is None:
         return job.targets
-    from hookviz.engine.explain import explain
 
     default: list[int] = []
     if any(not objs or any(k is None for k, _ in objs) for objs in objects):
@@ -39,7 +47,6 @@ def _targets(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
 
 
 def _baselines(x: Tensor, maps: Tensor) -> dict[str, Tensor]:
-    from hookviz import evaluation
 
     b, *dims = maps.shape
     steps, h, w = dims if len(dims) == 3 else (1, *dims)  # a video model's maps have time steps
@@ -52,7 +59,6 @@ def _baselines(x: Tensor, maps: Tensor) -> dict[str, Tensor]:
 
 def _similarity(a: Tensor, b: Tensor) -> float:
     """SSIM of two maps; a video model's per time step, averaged."""
-    from hookviz.evaluation import ssim
 
     if a.dim() == 3:
         return float(np.mean([ssim(a[k], b[k]) for k in range(a.shape[0])]))
@@ -60,13 +66,6 @@ def _similarity(a: Tensor, b: Tensor) -> float:
 
 
 def compute(job: EvaluateJob, x: Tensor, given: Given) -> Any:
-    from hookviz import evaluation
-    from hookviz.core.readout import scorer
-    from hookviz.engine.explain import explain
-    from hookviz.evaluation import localisation as loc
-    from hookviz.evaluation import perturbation as pert
-    from hookviz.evaluation.robustness import robustness, uniform_noise
-    from hookviz.models.loaded import num_classes
 
     refused = [o if isinstance(o, str) else None for o in given] if given is not None else None
     # An image whose annotation was refused is explained as one without any (its record says why).
@@ -155,8 +154,6 @@ def _localise(
     job: EvaluateJob, ex: Any, named: dict[str, Tensor], objects: Objects, size: tuple[int, ...], x: Tensor
 ) -> list[Any]:
     """Per image and annotated object: the five localisation figures of each map for the object's class."""
-    from hookviz import evaluation
-    from hookviz.evaluation import localisation as loc
 
     s = job.metric_settings
     out: list[Any] = []

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hookviz import render
+from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, _weights_note, model_settings, predicted
 from hookviz.models.loaded import LoadedModel
@@ -46,15 +48,12 @@ class FeatureMapJob(BaseJob):
         return [f"{stem}.featuremap.{layer}.{s}.png" for layer in self.layers for s in self._stages()]
 
     def compute(self, x: Any) -> Any:
-        from hookviz.engine.features import capture_features
 
         return capture_features(self.loaded.model, x, self.layers, self.stage)
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        from hookviz import render
-        from hookviz.engine.features import rank_channels
 
         files = []
         shown = []

@@ -8,7 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from hookviz import evaluation, render
 from hookviz.core.taps import slug
+from hookviz.engine.explain import explain
+from hookviz.evaluation import mean_ci, spearman, ssim
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, _weights_note, model_settings, parse_methods
 from hookviz.methods import MethodOptions
@@ -59,9 +62,6 @@ class SanityJob(BaseJob):
     def compute(self, x: Any) -> Any:
         import torch
 
-        from hookviz import evaluation
-        from hookviz.engine.explain import explain
-
         with torch.no_grad():
             target = explain(self.loaded.model, x, [self.layer], ["eigencam"]).predicted
         edges = _edges(x)
@@ -86,8 +86,6 @@ class SanityJob(BaseJob):
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        from hookviz import render
-        from hookviz.evaluation import spearman, ssim
 
         steps, target = result
         original = steps[0][1]
@@ -166,7 +164,6 @@ def _edges(x: Any) -> Any:
 def summarise_sanity(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean Spearman and SSIM over the images, with their 95 % intervals, for each step and method, in the
     test's order."""
-    from hookviz.evaluation import mean_ci
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for rec in records:

@@ -9,9 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from hookviz import render
+from hookviz.core.hooks import logits_of
+from hookviz.engine.explain import ranking
+from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, _weights_note, model_settings, predicted
 from hookviz.models.loaded import LoadedModel
+from hookviz.training.gradients import gradient_flow
+from hookviz.training.regularize import drop_block
 
 
 @dataclass(kw_only=True)
@@ -40,10 +46,6 @@ class GradFlowJob(BaseJob):
         import torch
         import torch.nn.functional as F
 
-        from hookviz.core.hooks import logits_of
-        from hookviz.engine.explain import ranking
-        from hookviz.training.gradients import gradient_flow
-
         seen: list[Any] = []
 
         def loss(output: Any) -> Any:
@@ -61,8 +63,6 @@ class GradFlowJob(BaseJob):
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         import json
-
-        from hookviz import render
 
         flows, logits = result
         flow = flows[index]
@@ -126,9 +126,6 @@ class DropBlockJob(BaseJob):
     def compute(self, x: Any) -> Any:
         import torch
 
-        from hookviz.engine.features import capture_features
-        from hookviz.training.regularize import drop_block
-
         features = capture_features(self.loaded.model, x, [self.layer])
         (fm,) = [m for m in features.maps if m.call == 1]
         gen = torch.Generator().manual_seed(self.seed)
@@ -140,8 +137,6 @@ class DropBlockJob(BaseJob):
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        from hookviz import render
-        from hookviz.engine.features import rank_channels
 
         before, after, keep = (t[index] for t in result[:3])
         channels = rank_channels(before, self.max_channels)

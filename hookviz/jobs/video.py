@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from hookviz import render
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
+from hookviz.io.video import encode_webm
 from hookviz.jobs.cam import CamBatch, CamJob
 from hookviz.jobs.common import _check_finite, _full_map, _npy, _weights_note
+from hookviz.methods import REGISTRY
 from hookviz.methods import title as method_title
 
 #: Frames of a clip shown on its contact sheet.
@@ -29,7 +32,6 @@ SHEET_FRAMES = 8
 def video_methods() -> list[str]:
     """The methods that apply to 5-D activations: those computed from a layer's activations and gradients
     alone, at the layer's resolution (the others mask or differentiate the input's pixels)."""
-    from hookviz.methods import REGISTRY
 
     return [
         name
@@ -85,8 +87,6 @@ class VideoCamJob(CamJob):
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        from hookviz import render
-        from hookviz.io.video import encode_webm
 
         clip = rgb  # a ClipFrames
         frames: np.ndarray = clip.frames

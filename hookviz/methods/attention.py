@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookviz.core.hooks import first_tensor
+from hookviz.core.attention_probe import AttentionProbe
+from hookviz.core.hooks import HookGroup, first_tensor, traced
+from hookviz.core.layers import token_blocks
 from hookviz.errors import LayerError
 from hookviz.methods.compute import LayerPass
 
@@ -52,8 +54,6 @@ def _layout(p: LayerPass) -> tuple[int, tuple[int, int]]:
 
 
 def _blocks(p: LayerPass) -> list[str]:
-    from hookviz.core.layers import token_blocks
-    from hookviz.engine.explain import traced
 
     return token_blocks(p.model, traced(p.model, tuple(p.x.shape[1:]), p.x.device))
 
@@ -78,8 +78,6 @@ def attention_pass(p: LayerPass) -> AttentionPass:
 
 
 def _attention_pass(p: LayerPass) -> AttentionPass:
-    from hookviz.core.attention_probe import AttentionProbe
-    from hookviz.core.hooks import HookGroup
 
     prefix, grid = _layout(p)
     n = prefix + grid[0] * grid[1]

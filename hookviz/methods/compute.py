@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.errors import UsageError
 from hookviz.methods import MethodOptions, cams
 
 
@@ -199,7 +200,6 @@ def cam(p: LayerPass) -> Tensor:
     pooling. Under such a head the gradient of the class score at ``A`` is ``W_ck / hw`` at every position, so
     the weights are read from the gradient, exactly, whatever code builds the head; a gradient that varies
     over positions means another head, and the method is refused."""
-    from hookviz.errors import UsageError
 
     def one(g: Tensor) -> Tensor:
         flat = g.flatten(2)

@@ -10,6 +10,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from hookviz.core.hooks import capture
+from hookviz.core.layers import single_call
+from hookviz.core.layout import to_spatial
+from hookviz.methods.catalogue import NOISE, SAMPLES
 from hookviz.methods.compute import LayerPass, _relu
 
 
@@ -17,8 +21,6 @@ from hookviz.methods.compute import LayerPass, _relu
 def tapped(p: LayerPass, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
     """A forward pass of ``x`` recorded from the layer on: ``(tap, scores)``, the layer's raw tensor (a leaf
     that gradients reach) and the ``(N, C)`` class scores."""
-    from hookviz.core.hooks import capture
-    from hookviz.core.layers import single_call
 
     with capture(p.model, grad_layers=[p.layer]) as cap, torch.enable_grad():
         with torch.no_grad():  # recording starts at the tap
@@ -27,7 +29,6 @@ def tapped(p: LayerPass, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
 
 
 def spatial(p: LayerPass, t: Tensor) -> Tensor:
-    from hookviz.core.layout import to_spatial
 
     return to_spatial(t, p.layout)
 
@@ -119,7 +120,6 @@ def smoothgradcampp(p: LayerPass) -> Tensor:
     averaged over ``--samples`` noisy copies of the input (σ ``--noise``); the map weighs the clean input's
     activations. (torchcam keeps the last copy's gradient and activations instead of the averages: equal as
     the noise goes to 0, tests/test_references.py.)"""
-    from hookviz.methods.catalogue import NOISE, SAMPLES
 
     n = p.options.samples or SAMPLES["smoothgradcampp"]
     sigma = p.options.noise if p.options.noise is not None else NOISE["smoothgradcampp"]

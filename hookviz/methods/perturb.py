@@ -18,6 +18,8 @@ from torch import Tensor
 
 from hookviz.core.hooks import capture, logits_of
 from hookviz.errors import UsageError
+from hookviz.methods._utils import baseline, channels_last
+from hookviz.methods.catalogue import NOISE, SAMPLES
 from hookviz.methods.compute import LayerPass, _relu
 
 
@@ -31,12 +33,6 @@ class _Substitute(capture):
 
     def _make_tap(self, name: str, t: Tensor, *, view: bool) -> Tensor:
         return self.fn(t)
-
-
-def channels_last(x: Tensor) -> Tensor:
-    """A batch of changed inputs in the layout the CPU's convolutions run fastest on (channels last: 1.1-1.3x
-    for resnet18 on this project's machine; the values are the same)."""
-    return x.contiguous(memory_format=torch.channels_last) if x.device.type == "cpu" and x.dim() == 4 else x
 
 
 def _base_scores(p: LayerPass) -> Tensor:
@@ -133,7 +129,6 @@ def sscam(p: LayerPass) -> Tensor:
     """SS-CAM (torchcam's): Score-CAM's masks plus Gaussian noise (σ ``--noise``, 2 by default) drawn at the
     input's resolution, ``--samples`` of them (35); each channel's weight is the softmax of its mean score
     gain over the copies."""
-    from hookviz.methods.catalogue import NOISE, SAMPLES
 
     n = p.options.samples or SAMPLES["sscam"]
     sigma = p.options.noise if p.options.noise is not None else NOISE["sscam"]
@@ -157,7 +152,6 @@ def sscam(p: LayerPass) -> Tensor:
 def iscam(p: LayerPass) -> Tensor:
     """IS-CAM (torchcam's): Score-CAM's masks scaled by ``c_i = Σ_{j≤i} j/N`` for ``i = 1..N`` (``--samples``,
     10), each channel's weight the softmax of its mean score gain over the steps."""
-    from hookviz.methods.catalogue import SAMPLES
 
     n = p.options.samples or SAMPLES["iscam"]
     up = _normalised_masks(p)
@@ -178,7 +172,6 @@ def iscam(p: LayerPass) -> Tensor:
 def _fill(p: LayerPass) -> Tensor:
     """``(B, C, H, W)`` what a removed pixel becomes: ``--baseline`` black, the data mean (0 after
     normalisation) or the image blurred."""
-    from hookviz.methods.pixel import baseline
 
     return p.once("baseline", lambda: baseline(p))
 

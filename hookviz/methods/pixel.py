@@ -9,17 +9,16 @@ evidence for the class, as a CAM's ReLU keeps it), or all of it with ``--no-relu
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.core.hooks import HookGroup
+from hookviz.methods._utils import baseline, channels_last
+from hookviz.methods.catalogue import NOISE, SAMPLES
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.ownpass import noisy_copies
-from hookviz.methods.perturb import channels_last
 
 
 def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
@@ -66,7 +65,6 @@ def inputxgradient(p: LayerPass) -> Tensor:
 def _smooth(p: LayerPass) -> tuple[list[Tensor], list[Tensor]]:
     """Per target, the mean and mean square of the input gradient over ``--samples`` noisy copies of each
     image (σ = ``--noise`` × the image's value range)."""
-    from hookviz.methods.catalogue import NOISE, SAMPLES
 
     def compute() -> tuple[list[Tensor], list[Tensor]]:
         n = p.options.samples or SAMPLES["smoothgrad"]
@@ -94,26 +92,6 @@ def smoothgradsq(p: LayerPass) -> Tensor:
 def vargrad(p: LayerPass) -> Tensor:
     means, squares = _smooth(p)
     return _reduce(p, [s - m.pow(2) for m, s in zip(means, squares, strict=True)], "absmax")
-
-
-def baseline(p: LayerPass) -> Tensor:
-    """The ``--baseline`` image ``(B, C, H, W)``: ``black`` (the input tensor of a black pixel, from the
-    model's normalisation), ``mean`` (the data mean: zeros after normalisation) or ``blur`` (the image under
-    a Gaussian blur of σ = 1/20 of its longer side)."""
-    kind = p.options.baseline
-    if kind == "mean":
-        return torch.zeros_like(p.x)
-    if kind == "blur":
-        from torchvision.transforms.functional import gaussian_blur
-
-        sigma = max(p.size) / 20
-        k = 2 * math.ceil(3 * sigma) + 1
-        k = min(k, 2 * (min(p.size) // 2) - 1)
-        return gaussian_blur(p.x, [k, k], [sigma, sigma])
-    floor = p.options.input_floor
-    if floor is None:
-        return torch.zeros_like(p.x)
-    return torch.as_tensor(floor, dtype=p.x.dtype, device=p.x.device)[None, :, None, None].expand_as(p.x)
 
 
 def integratedgradients(p: LayerPass) -> Tensor:

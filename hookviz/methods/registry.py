@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hookviz.errors import UsageError, close_matches
+
 #: What a method can need from the explain pass: the layer's tensor, its gradient per target, the input's
 #: gradient per target (the shared pass then records from the input), Score-CAM's masked passes, attention,
 #: FullGrad's bias terms (a hook at every biased layer during the shared backward passes), or passes of its
@@ -63,7 +65,6 @@ class MethodOptions:
     discard: float = 0.0
 
     def __post_init__(self) -> None:
-        from hookviz.errors import UsageError
 
         if self.baseline not in BASELINES:
             raise UsageError(f"--baseline {self.baseline}: one of {', '.join(BASELINES)}")
@@ -206,8 +207,6 @@ def get(name: str) -> Method:
         UsageError: no such method (the registered ones are listed).
     """
     if name not in REGISTRY:
-        from hookviz.errors import UsageError, close_matches
-
         raise UsageError(
             f"unknown method {name!r}{close_matches(name, list(REGISTRY))}; choose from "
             f"{', '.join(REGISTRY)}, all or a family ({', '.join(SELECTORS)})"

@@ -15,6 +15,7 @@ from typing import Any
 
 from hookviz.errors import UsageError, WeightsError
 from hookviz.io.images import Preprocess
+from hookviz.models.scores import ImageTextSource
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.models.weights import apply_state_dict, file_digest, load_state_dict_file
 
@@ -86,8 +87,6 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         key = f"[{options.weights_key}]" if options.weights_key else ""
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
     if image_text:
-        from hookviz.models.scores import ImageTextSource
-
         model = ImageTextSource(model, _tokenizer(transformers, where), str(config.model_type))
     built = Built(model, name, label, pretrained, weights_id, () if image_text else _categories(config))
     _preprocessing(built, where, config)

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from hookviz.core.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
 from hookviz.errors import LayerError, UsageError
-from hookviz.models.loaded import LoadedModel
+from hookviz.io.images import load_rgb
+from hookviz.models.loaded import LoadedModel, num_classes, probe
 
 
 class _Facade(nn.Module):
@@ -128,8 +129,6 @@ def similar_to(
             task refuses it first: :func:`hookviz.tasks.api.with_options`).
         LayerError: an unknown embedding layer.
     """
-    from hookviz.io.images import load_rgb
-    from hookviz.models.loaded import num_classes, probe
 
     path = Path(reference)
     try:

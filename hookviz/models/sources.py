@@ -84,23 +84,3 @@ def source_of(spec: str) -> str:
     if Path(spec).suffix.lower() in (".pt", ".pth", ".pkl", ".bin", ".ckpt") or Path(spec).is_file():
         return "pickle"
     return "torchvision"
-
-
-def build(spec: str, weights: str, options: Options) -> Built:
-    """The model ``spec`` names, with ``weights``: ``DEFAULT``, ``none``, a weights name, or a file.
-
-    Raises:
-        ModelNotFoundError, UsageError: the spec or weights name nothing buildable.
-        SetupError: a missing optional dependency, a refused pickle, a factory that returns no module.
-        WeightsError: weights that cannot be fetched or do not fit.
-    """
-    kind = source_of(spec)
-    if kind == "timm":
-        from hookviz.models import timm as source
-    elif kind == "hf":
-        from hookviz.models import hf as source  # type: ignore[no-redef]
-    elif kind in ("python", "pickle"):
-        from hookviz.models import python as source  # type: ignore[no-redef]
-    else:
-        from hookviz.models import torchvision as source  # type: ignore[no-redef]
-    return source.build(spec, weights, options)

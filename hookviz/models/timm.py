@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
 from hookviz.io.images import Preprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
+from hookviz.models.torchvision import imagenet_categories
 from hookviz.models.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
 
 
@@ -94,8 +95,6 @@ def build(spec: str, weights: str, options: Options) -> Built:
     crop = int(data["input_size"][-1])
     categories: tuple[str, ...] = ()
     if classifier_out(model) == 1000:
-        from hookviz.models.torchvision import imagenet_categories
-
         categories = imagenet_categories()
     args = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
     return Built(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hookviz.io.files import atomic_write, open_append
 from hookviz.io.outputs import process_alive
 
 #: ``.manifest.<job>.rank<R>.<pid>.jsonl`` (``.manifest.rank<R>.<pid>.jsonl`` before parts named their job).
@@ -123,7 +124,6 @@ def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None =
     ``only_dead``: merge only parts whose process is gone (left by a killed run, of any job). Returns the
     number of lines merged. Each line is appended with one ``write``, as every manifest line is.
     """
-    from hookviz.io.files import open_append
 
     parts = []
     for p in root.iterdir():
@@ -150,7 +150,6 @@ def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None =
 
 def write_progress(root: Path, dist: Dist, done: int) -> None:
     """Record how many inputs this rank has finished (rank 0 adds them up for the one progress bar)."""
-    from hookviz.io.files import atomic_write
 
     atomic_write(root / PROGRESS.format(dist.rank), str(done))
 

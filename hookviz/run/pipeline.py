@@ -16,7 +16,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import cv2
 import numpy as np
+import torch
 
 from hookviz.core.memory import default_budget, human
 from hookviz.errors import HookvizError, UsageError
@@ -24,6 +26,7 @@ from hookviz.io import timing
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
 from hookviz.io.inputs import Item, _real, expand_inputs, read_input
 from hookviz.io.outputs import MANIFEST, Output, finite, to_json
+from hookviz.io.video import clip_suffix
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
     from hookviz.io.video import VideoPreprocess
@@ -111,228 +114,93 @@ def run(
     Raises:
         HookvizError: a problem that would fail every input (a bad layer, target or device).
     """
-    import torch
-
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if skip_existing and output.overwrite:
         raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
-    settings = job.settings()
-    key = settings_key(settings)
-    base = {**base, "key": key, "settings": settings}
-    model = str(settings.get("model", "model"))
-    cuda = getattr(device, "type", str(device)) == "cuda"
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
     budget = max_memory if max_memory is not None else default_budget(device)
-    said_split: set[tuple[int, ...]] = set()
-
-    def split(members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
-        """``members`` in batches whose estimated memory stays under the budget."""
-        est = job.memory((len(members), *shape)) if len(members) > 1 else None
-        if est is None:
-            return [members]
-        n = est.fitting(budget, len(members))
-        if n < len(members) and note is not None and shape not in said_split:
-            said_split.add(shape)
-            note(
-                f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
-                f"--max-memory {human(budget)}: running {n} at a time"
-            )
-        return [members[i : i + n] for i in range(0, len(members), n)]
-
-    def record(item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
-        entry = {"input": item.name, "status": status, "error": error, **base, **fields}
-        entry.setdefault("outputs", [])
-        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        output.record(entry)
-        return entry
-
-    def batches() -> Iterator[list[tuple[Item, str]]]:
-        # An input that cannot be read stays in its place among the others, so records keep input order.
-        chunk: list[tuple[Item, str]] = []
-        readable = 0
-        for item in items:
-            if item.error is not None or item.path is None:
-                chunk.append((item, ""))
-                continue
-            prefix = output_prefix(item.path, model, key)
-            if item.clip is not None:
-                from hookviz.io.video import clip_suffix
-
-                prefix += clip_suffix(item.clip)
-            chunk.append((item, prefix))
-            readable += 1
-            if readable == batch_size:
-                yield chunk
-                chunk, readable = [], 0
-        if chunk:
-            yield chunk
-
-    # (item, prefix, decoding future, note): note is an error, "skipped", "fill" (outputs exist, no
-    # earlier record: compute the results for the record but write nothing), or "add" (only raw arrays
-    # are missing: write those, keep the rest).
-    Started = tuple[Item, str, Future[Any] | None, str | None]
-
-    def start(chunk: list[tuple[Item, str]]) -> list[Started]:
-        started: list[Started] = []
-        for item, prefix in chunk:
-            if item.error is not None:
-                started.append((item, prefix, None, item.error))
-                continue
-            planned = [output.path(n) for n in job.planned(prefix)]
-            existing = [p for p in planned if p.exists()]
-            note = None
-            if existing and not output.overwrite:
-                missing = [p for p in planned if p not in existing]
-                if len(existing) == len(planned):
-                    note = "skipped" if prefix in output.previous else "fill"
-                elif all(p.name.endswith(".npy") for p in missing) and not skip_existing:
-                    note = "add"  # --save-raw added to a finished run: write the arrays, keep the pictures
-                elif not skip_existing:
-                    started.append(
-                        (
-                            item,
-                            prefix,
-                            None,
-                            f"{quote(item.name)}: {len(existing)} of {len(planned)} outputs exist from an "
-                            f"earlier run with these settings ({existing[0].name}); pass --skip-existing "
-                            "to complete them, or --overwrite to redo them",
-                        )
-                    )
-                    continue
-            if note == "skipped":
-                started.append((item, prefix, None, note))
-            else:
-                started.append((item, prefix, pool.submit(read, item, preprocess, max_pixels), note))
-        return started
-
-    def skipped(item: Item, prefix: str, fields: dict[str, Any]) -> dict[str, Any]:
-        kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in base}
-        kept["prefix"] = prefix
-        kept["outputs"] = [str(output.path(n)) for n in job.planned(prefix)]
-        return record(item, "skipped", note="outputs exist for these settings", **kept)
-
-    import cv2
-
+    state = _Run(
+        job, output, device, base, skip_existing, budget, note, (read, preprocess, max_pixels), workers
+    )
     # Decoding and rendering run in the pool's threads, one image each; OpenCV's own thread pool on top
     # of them (and of torch's) would oversubscribe the cores. (Neutral on 2 cores, within noise: 1.10x vs
     # 1.13x the floor with OpenCV's 2 threads; it matters where OpenCV would start one thread per core.)
     cv2_threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
-    done = [0]
-
-    def finish(item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
-        """Wait for one input's render, write its files, and record it."""
-        fields: dict[str, Any] = {}
-        try:
-            files, fields = fut.result()
-            fields["box"] = [box.x0, box.y0, box.x1, box.y1]
-            if note == "fill":
-                return skipped(item, prefix, fields)
-            # Resuming, an input is redone only when its outputs are incomplete (a killed run):
-            # replacing the partial set is the point.
-            with timing.stage("write"):
-                if note == "add":
-                    written = [
-                        str(output.path(name))
-                        if output.path(name).exists()
-                        else str(output.write(name, data))
-                        for name, data in files
-                    ]
-                else:
-                    written = [str(output.write(name, data, replace=skip_existing)) for name, data in files]
-        except HookvizError as exc:
-            return record(item, "error", f"{quote(item.name)}: {exc}")
-        except FileExistsError as exc:
-            if all(output.path(n).exists() for n in job.planned(prefix)):
-                # Another run with these settings finished this input meanwhile (two runs into one --out):
-                # the set is complete, so it is skipped here, not failed.
-                kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in base}
-                kept |= {"prefix": prefix, "outputs": [str(output.path(n)) for n in job.planned(prefix)]}
-                return record(item, "skipped", note="outputs written by another run meanwhile", **kept)
-            return record(
-                item, "error", f"{quote(item.name)}: output exists: {exc} (pass --overwrite to replace it)"
-            )
-        except OSError as exc:
-            return record(item, "error", f"{quote(item.name)}: cannot write output ({exc.strerror or exc})")
-        except Exception as exc:  # a rendering bug on one image must not stop the others
-            return record(item, "error", f"{quote(item.name)}: cannot render: {_describe(exc)}")
-        done[0] += 1
-        return record(item, "ok", prefix=prefix, outputs=written, **fields)
-
-    def compute(current: list[Started]) -> list[_Finisher]:
-        """Run the model on one decoded batch now and start rendering it; return, in input order, what
-        records each input once its render is done (so rendering overlaps the next batch's compute)."""
-        finishers: list[_Finisher | int] = []
-        ready: list[tuple[Item, str, np.ndarray, Box, str | None]] = []
-        xs: list[np.ndarray] = []
-        for item, prefix, fut, note in current:
-            if fut is None:
-                if note == "skipped":
-                    finishers.append(partial(skipped, item, prefix, output.previous[prefix]))
-                else:
-                    finishers.append(partial(record, item, "error", note))
-                continue
-            try:
-                rgb, x, box = fut.result()
-            except HookvizError as exc:
-                finishers.append(partial(record, item, "error", str(exc)))
-                continue
-            finishers.append(len(ready))
-            ready.append((item, prefix, rgb, box, note))
-            xs.append(x)
-        # Inputs of one size form one batch; photos of other sizes (a segmentation model keeps each
-        # photo's aspect, a detector takes it as it is) form their own.
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, x in enumerate(xs):
-            groups.setdefault(tuple(x.shape), []).append(i)
-        placed: dict[int, tuple[Any, int]] = {}
-        failed: dict[int, str] = {}
-        chunks = [c for shape, m in groups.items() for c in split(m, shape)]
-        for members in chunks:
-            batch = torch.from_numpy(np.stack([xs[i] for i in members]))
-            # Pinned host memory lets the copy to the GPU overlap with work already queued.
-            batch = batch.pin_memory().to(device, non_blocking=True) if cuda else batch.to(device)
-            # evaluate's objects: where each photo's are
-            job.annotate(
-                [(ready[i][0], ready[i][2], ready[i][3]) for i in members],
-                (int(batch.shape[-2]), int(batch.shape[-1])),
-            )
-            try:
-                with timing.stage("compute"):
-                    result = job.compute(batch)
-            except HookvizError:
-                raise  # a bad layer/target fails every batch alike: stop with its message
-            except Exception as exc:  # a model failure on this batch must not stop the others
-                for i in members:
-                    failed[i] = f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
-                continue
-            placed.update({i: (result, j) for j, i in enumerate(members)})
-        out: list[_Finisher] = []
-        for slot in finishers:
-            if not isinstance(slot, int):
-                out.append(slot)
-                continue
-            item, prefix, rgb, box, note = ready[slot]
-            if slot in failed:
-                out.append(partial(record, item, "error", failed[slot]))
-                continue
-            result, j = placed[slot]
-            fut = pool.submit(_render, job, result, j, rgb, box, prefix)
-            out.append(partial(finish, item, prefix, box, note, fut))
-        return out
-
-    previous: list[_Finisher] = []
     try:
-        it = batches()
-        pending = start(next(it, []))
+        yield from state.records(_batches(items, batch_size, state.model, state.key))
+    finally:
+        state.pool.shutdown(wait=True, cancel_futures=True)
+        cv2.setNumThreads(cv2_threads)
+        output.close()
+        timing.dump(state.done)
+
+
+def _batches(items: Iterable[Item], size: int, model: str, key: str) -> Iterator[list[tuple[Item, str]]]:
+    """``items`` with their output prefixes, ``size`` readable ones at a time; an input that cannot be read
+    stays in its place among the others, so records keep input order."""
+    chunk: list[tuple[Item, str]] = []
+    readable = 0
+    for item in items:
+        if item.error is not None or item.path is None:
+            chunk.append((item, ""))
+            continue
+        prefix = output_prefix(item.path, model, key)
+        if item.clip is not None:
+            prefix += clip_suffix(item.clip)
+        chunk.append((item, prefix))
+        readable += 1
+        if readable == size:
+            yield chunk
+            chunk, readable = [], 0
+    if chunk:
+        yield chunk
+
+
+#: One input on its way: (item, prefix, its decoding, note). The note is an error, "skipped", "fill"
+#: (outputs exist, no earlier record: compute the results for the record but write nothing), or "add"
+#: (only raw arrays are missing: write those, keep the rest).
+_Started = tuple[Item, str, "Future[Any] | None", "str | None"]
+
+
+class _Run:
+    """One run of a job over batches: decoding, computing, rendering and recording, each a step."""
+
+    def __init__(
+        self,
+        job: Job,
+        output: Output,
+        device: Any,
+        base: dict[str, Any],
+        skip_existing: bool,
+        budget: int,
+        note: Callable[[str], None] | None,
+        reading: tuple[Reader, Any, int],
+        workers: int,
+    ) -> None:
+        self.job, self.output, self.device, self.skip_existing = job, output, device, skip_existing
+        self.budget, self.note, self.reading = budget, note, reading
+        settings = job.settings()
+        self.key = settings_key(settings)
+        self.base = {**base, "key": self.key, "settings": settings}
+        self.model = str(settings.get("model", "model"))
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        self.said_split: set[tuple[int, ...]] = set()
+        self.done = 0
+
+    def records(self, batches: Iterator[list[tuple[Item, str]]]) -> Iterator[dict[str, Any]]:
+        """Each input's record, in input order: the next batch decodes and this one renders while the model
+        works."""
+        previous: list[_Finisher] = []
+        pending = self.start(next(batches, []))
         while pending:
             current, pending = pending, []
-            nxt = next(it, None)
+            nxt = next(batches, None)
             if nxt is not None:
-                pending = start(nxt)  # decode the next batch while this one computes
+                pending = self.start(nxt)  # decode the next batch while this one computes
             try:
-                finishers = compute(current)
+                finishers = self.compute(current)
             except HookvizError:
                 for f in previous:  # the batch before is done: record it before stopping
                     yield f()
@@ -343,8 +211,170 @@ def run(
             previous = finishers
         for f in previous:
             yield f()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        cv2.setNumThreads(cv2_threads)
-        output.close()
-        timing.dump(done[0])
+
+    def split(self, members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
+        """``members`` in batches whose estimated memory stays under the budget."""
+        est = self.job.memory((len(members), *shape)) if len(members) > 1 else None
+        if est is None:
+            return [members]
+        n = est.fitting(self.budget, len(members))
+        if n < len(members) and self.note is not None and shape not in self.said_split:
+            self.said_split.add(shape)
+            self.note(
+                f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
+                f"--max-memory {human(self.budget)}: running {n} at a time"
+            )
+        return [members[i : i + n] for i in range(0, len(members), n)]
+
+    def record(self, item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
+        entry = {"input": item.name, "status": status, "error": error, **self.base, **fields}
+        entry.setdefault("outputs", [])
+        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.output.record(entry)
+        return entry
+
+    def start(self, chunk: list[tuple[Item, str]]) -> list[_Started]:
+        """Each input of ``chunk`` with what to do about it; the readable ones start decoding."""
+        started: list[_Started] = []
+        for item, prefix in chunk:
+            note = item.error if item.error is not None else self._existing(item, prefix)
+            if item.error is not None or note not in (None, "fill", "add"):
+                started.append((item, prefix, None, note))
+            else:
+                read, preprocess, max_pixels = self.reading
+                started.append((item, prefix, self.pool.submit(read, item, preprocess, max_pixels), note))
+        return started
+
+    def _existing(self, item: Item, prefix: str) -> str | None:
+        """What the outputs already there make of an input: None (none there, or --overwrite), "skipped",
+        "fill", "add", or an error."""
+        planned = [self.output.path(n) for n in self.job.planned(prefix)]
+        existing = [p for p in planned if p.exists()]
+        if not existing or self.output.overwrite:
+            return None
+        missing = [p for p in planned if p not in existing]
+        if len(existing) == len(planned):
+            return "skipped" if prefix in self.output.previous else "fill"
+        if all(p.name.endswith(".npy") for p in missing) and not self.skip_existing:
+            return "add"  # --save-raw added to a finished run: write the arrays, keep the pictures
+        if self.skip_existing:
+            return None
+        return (
+            f"{quote(item.name)}: {len(existing)} of {len(planned)} outputs exist from an "
+            f"earlier run with these settings ({existing[0].name}); pass --skip-existing "
+            "to complete them, or --overwrite to redo them"
+        )
+
+    def skipped(self, item: Item, prefix: str, fields: dict[str, Any], why: str) -> dict[str, Any]:
+        kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in self.base}
+        kept["prefix"] = prefix
+        kept["outputs"] = [str(self.output.path(n)) for n in self.job.planned(prefix)]
+        return self.record(item, "skipped", note=why, **kept)
+
+    def finish(self, item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
+        """Wait for one input's render, write its files, and record it."""
+        fields: dict[str, Any] = {}
+        try:
+            files, fields = fut.result()
+            fields["box"] = [box.x0, box.y0, box.x1, box.y1]
+            if note == "fill":
+                return self.skipped(item, prefix, fields, "outputs exist for these settings")
+            with timing.stage("write"):
+                written = self._write(files, note)
+        except HookvizError as exc:
+            return self.record(item, "error", f"{quote(item.name)}: {exc}")
+        except FileExistsError as exc:
+            if all(self.output.path(n).exists() for n in self.job.planned(prefix)):
+                # Another run with these settings finished this input meanwhile (two runs into one --out):
+                # the set is complete, so it is skipped here, not failed.
+                return self.skipped(item, prefix, fields, "outputs written by another run meanwhile")
+            return self.record(
+                item, "error", f"{quote(item.name)}: output exists: {exc} (pass --overwrite to replace it)"
+            )
+        except OSError as exc:
+            return self.record(
+                item, "error", f"{quote(item.name)}: cannot write output ({exc.strerror or exc})"
+            )
+        except Exception as exc:  # a rendering bug on one image must not stop the others
+            return self.record(item, "error", f"{quote(item.name)}: cannot render: {_describe(exc)}")
+        self.done += 1
+        return self.record(item, "ok", prefix=prefix, outputs=written, **fields)
+
+    def _write(self, files: list[tuple[str, bytes]], note: str | None) -> list[str]:
+        """Write an input's files; "add" writes only those missing. Resuming, an input is redone only when
+        its outputs are incomplete (a killed run): replacing the partial set is the point."""
+        out = self.output
+        if note == "add":
+            return [
+                str(out.path(n)) if out.path(n).exists() else str(out.write(n, data)) for n, data in files
+            ]
+        return [str(out.write(name, data, replace=self.skip_existing)) for name, data in files]
+
+    def compute(self, current: list[_Started]) -> list[_Finisher]:
+        """Run the model on one decoded batch now and start rendering it; return, in input order, what
+        records each input once its render is done (so rendering overlaps the next batch's compute)."""
+        finishers: list[_Finisher | int] = []
+        ready: list[tuple[Item, str, np.ndarray, Box, str | None]] = []
+        xs: list[np.ndarray] = []
+        for item, prefix, fut, note in current:
+            if fut is None:
+                if note == "skipped":
+                    why = "outputs exist for these settings"
+                    finishers.append(partial(self.skipped, item, prefix, self.output.previous[prefix], why))
+                else:
+                    finishers.append(partial(self.record, item, "error", note))
+                continue
+            try:
+                rgb, x, box = fut.result()
+            except HookvizError as exc:
+                finishers.append(partial(self.record, item, "error", str(exc)))
+                continue
+            finishers.append(len(ready))
+            ready.append((item, prefix, rgb, box, note))
+            xs.append(x)
+        placed, failed = self._run_model(ready, xs)
+        out: list[_Finisher] = []
+        for slot in finishers:
+            if not isinstance(slot, int):
+                out.append(slot)
+                continue
+            item, prefix, rgb, box, note = ready[slot]
+            if slot in failed:
+                out.append(partial(self.record, item, "error", failed[slot]))
+                continue
+            result, j = placed[slot]
+            fut = self.pool.submit(_render, self.job, result, j, rgb, box, prefix)
+            out.append(partial(self.finish, item, prefix, box, note, fut))
+        return out
+
+    def _run_model(
+        self, ready: list[tuple[Item, str, np.ndarray, Box, str | None]], xs: list[np.ndarray]
+    ) -> tuple[dict[int, tuple[Any, int]], dict[int, str]]:
+        """The job's results for the decoded inputs (``result, row`` by input), and the inputs whose batch the
+        model failed on. Inputs of one size form one batch; photos of other sizes (a segmentation model keeps
+        each photo's aspect, a detector takes it as it is) form their own."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, x in enumerate(xs):
+            groups.setdefault(tuple(x.shape), []).append(i)
+        placed: dict[int, tuple[Any, int]] = {}
+        failed: dict[int, str] = {}
+        for members in [c for shape, m in groups.items() for c in self.split(m, shape)]:
+            batch = torch.from_numpy(np.stack([xs[i] for i in members]))
+            # Pinned host memory lets the copy to the GPU overlap with work already queued.
+            batch = (
+                batch.pin_memory().to(self.device, non_blocking=True) if self.cuda else batch.to(self.device)
+            )
+            # evaluate's objects: where each photo's are
+            shown = [(ready[i][0], ready[i][2], ready[i][3]) for i in members]
+            self.job.annotate(shown, (int(batch.shape[-2]), int(batch.shape[-1])))
+            try:
+                with timing.stage("compute"):
+                    result = self.job.compute(batch)
+            except HookvizError:
+                raise  # a bad layer/target fails every batch alike: stop with its message
+            except Exception as exc:  # a model failure on this batch must not stop the others
+                for i in members:
+                    failed[i] = f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
+                continue
+            placed.update({i: (result, j) for j, i in enumerate(members)})
+        return placed, failed

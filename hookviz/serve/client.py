@@ -9,52 +9,16 @@ torch and no typer are imported on this path: the point is to start fast."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 from hookviz.serve.paths import server_socket, trusted
+from hookviz.serve.wire import reply, send
 
 #: The commands never handed to a server: the server's own, and those that need no model.
 LOCAL = ("serve", "--help", "-h", "--version", "--install-completion", "--show-completion")
 EXIT_INTERRUPTED = 130
-
-
-def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = (json.dumps(message) + "\n").encode()
-    if fds:
-        socket.send_fds(sock, [data], list(fds))
-    else:
-        sock.sendall(data)
-
-
-def _reply(sock: socket.socket) -> dict[str, Any] | None:
-    """The server's one-line answer (None: the connection closed first)."""
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(4096)
-        if not chunk:
-            return None
-        buf += chunk
-    answer = json.loads(buf)
-    return answer if isinstance(answer, dict) else None
-
-
-def ask(
-    path: os.PathLike[str] | str, message: dict[str, Any], timeout: float = 10.0
-) -> dict[str, Any] | None:
-    """Send ``message`` to the server at ``path`` and return its answer (None: no server answers there)."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(path))
-            _send(sock, message)
-            return _reply(sock)
-    except (OSError, ValueError):
-        return None
 
 
 def run_on_server(argv: list[str]) -> int | None:
@@ -77,14 +41,14 @@ def run_on_server(argv: list[str]) -> int | None:
         return None
     try:
         request = {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "pid": os.getpid()}
-        _send(sock, request, _std_fds())
+        send(sock, request, _std_fds())
         try:
-            answer = _reply(sock)
+            answer = reply(sock)
         except KeyboardInterrupt:  # cancel this request only; the child stops as a command run here would
             try:
                 sock.sendall(b'{"op": "cancel"}\n')
                 sock.settimeout(10.0)
-                answer = _reply(sock)
+                answer = reply(sock)
             except (OSError, ValueError, KeyboardInterrupt):
                 answer = None
             return int(answer["exit"]) if answer and "exit" in answer else EXIT_INTERRUPTED

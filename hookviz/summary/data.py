@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hookviz.summary.formatting import csv_text, markdown, table
+
 
 @dataclass(frozen=True)
 class Row:
@@ -100,16 +102,13 @@ class ModelSummary:
         return json.dumps(self.to_dict(), indent=2)
 
     def __str__(self) -> str:
-        from hookviz.summary.formatting import table
 
         return table(self)
 
     def to_markdown(self) -> str:
-        from hookviz.summary.formatting import markdown
 
         return markdown(self)
 
     def to_csv(self) -> str:
-        from hookviz.summary.formatting import csv_text
 
         return csv_text(self)

@@ -12,10 +12,11 @@ import torch
 from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
 from hookviz.jobs.build import BuiltJob, CamSettings
+from hookviz.models.build import build
 from hookviz.models.classes import parse_targets
 from hookviz.models.loaded import LoadedModel, num_classes, prepare, probe
 from hookviz.models.scores import from_options
-from hookviz.models.sources import WEIGHTS_DEFAULT, Options, build
+from hookviz.models.sources import WEIGHTS_DEFAULT, Options
 from hookviz.tasks.registry import _TASKS, get_task, plural_list, task_for, task_of
 
 if TYPE_CHECKING:
