@@ -24,6 +24,7 @@ from torch import nn
 
 from hookviz.io.images import Preprocess
 from hookviz.io.shapes import SHAPES, draw_shape, shapes_batch
+from hookviz.methods import cams
 from hookviz.models.loaded import LoadedModel
 
 __all__ = ["SHAPES", "draw_shape", "shapes_batch"]  # re-exported for the tests
@@ -87,6 +88,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def _seed() -> None:
     torch.manual_seed(0)
     np.random.seed(0)
+
+
+#: The gradient-weighted CAMs by name, their formulas in the same order, and the built-in CAMs a sheet shows.
+GRADIENT_METHODS = ("gradcam", "gradcampp", "xgradcam", "layercam", "hirescam")
+GRADIENT_FORMULAS = (cams.grad_cam, cams.grad_cam_pp, cams.xgrad_cam, cams.layer_cam, cams.hires_cam)
+BUILT_IN_CAMS = (*GRADIENT_METHODS, "eigencam", "scorecam", "guidedbackprop", "guidedgradcam")
 
 
 class TinyCNN(nn.Module):

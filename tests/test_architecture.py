@@ -178,3 +178,37 @@ def test_an_import_inside_a_function_only_defers_a_heavy_package() -> None:
 def test_no_module_over_about_500_lines() -> None:
     sizes = {p.relative_to(PACKAGE.parent): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert max(sizes.values()) <= 520, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from a function's first statement after its docstring to its end (its signature and docstring
+    not counted: a command's options are declarations)."""
+    body = node.body
+    if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return int(node.end_lineno or 0) - body[0].lineno + 1
+
+
+def test_functions_read_in_one_breath() -> None:
+    """No function body over 80 lines; a command's over 40 (it hands its options to the library)."""
+    long = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        commands = (
+            {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            if module.startswith("hookviz.cli.")
+            else set()
+        )
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                limit = 40 if node.name in commands and not node.name.startswith("_") else 80
+                if _body_lines(node) > limit:
+                    long.append(f"{module}.{node.name}: {_body_lines(node)} lines (at most {limit})")
+    assert not long, "\n".join(long)
+
+
+def test_the_job_protocol_is_not_probed() -> None:
+    """The pipeline and the runner use the job's members, never ``getattr(job, ...)``."""
+    for module in ("hookviz.run.pipeline", "hookviz.run.runner", "hookviz.cli.runner"):
+        text = MODULES[module].read_text()
+        assert "getattr(job" not in text and "getattr(self.job" not in text, module

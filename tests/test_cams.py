@@ -10,7 +10,7 @@ import torchvision
 
 from hookviz.engine.explain import explain
 from hookviz.methods import cams
-from tests.conftest import TinyCNN, Trained, hook_counts, shapes_batch
+from tests.conftest import BUILT_IN_CAMS, GRADIENT_METHODS, TinyCNN, Trained, hook_counts, shapes_batch
 
 B, K, H, W = 2, 3, 4, 5
 
@@ -141,7 +141,7 @@ def test_scorecam_against_a_direct_masked_forward_loop(dead: bool) -> None:
 def test_one_pass_equals_method_by_method_layer_by_layer_class_by_class() -> None:
     model = torchvision.models.resnet18(weights=None).eval()
     x = torch.randn(2, 3, 64, 64)
-    methods = [*cams.GRADIENT_METHODS, "eigencam"]
+    methods = [*GRADIENT_METHODS, "eigencam"]
     together = explain(model, x, ["layer3", "layer4"], methods, "top3")
     assert together.grads_computed == 3  # one backward per target, shared by both layers and all methods
     for j in range(3):
@@ -177,7 +177,7 @@ def test_nothing_before_the_earliest_layer_records_autograd_history() -> None:
     }
 
 
-@pytest.mark.parametrize("method", cams.METHODS)
+@pytest.mark.parametrize("method", BUILT_IN_CAMS)
 def test_every_method_leaves_the_model_as_found(tiny: TinyCNN, method: str) -> None:
     tiny.features[4].weight.grad = torch.zeros_like(tiny.features[4].weight)
     grads = [p.grad for p in tiny.parameters()]
@@ -214,10 +214,8 @@ def test_every_gradient_method_localises_on_the_trained_model(trained: Trained) 
     x, y, masks = shapes_batch(200, np.random.default_rng(5))
     layer = default_cam_layer(trained.model, trace_shapes(trained.model, x[:1]))
     assert layer == "features"  # the tensor entering the pooling: after the last ReLU
-    ex = explain(trained.model, x, [layer], list(cams.GRADIENT_METHODS), y)
-    rates = {
-        m: float(_peak_hits(ex.maps[(m, layer)][:, 0].numpy(), masks).mean()) for m in cams.GRADIENT_METHODS
-    }
+    ex = explain(trained.model, x, [layer], list(GRADIENT_METHODS), y)
+    rates = {m: float(_peak_hits(ex.maps[(m, layer)][:, 0].numpy(), masks).mean()) for m in GRADIENT_METHODS}
     print("peak-in-shape rate per method:", {m: f"{r:.1%}" for m, r in rates.items()})
     assert all(r >= 0.9 for r in rates.values()), rates
 

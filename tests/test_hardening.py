@@ -27,7 +27,16 @@ from hookviz.methods import cams
 from hookviz.render import overlay
 from hookviz.summary import summarize
 from hookviz.training.gradients import gradient_flow
-from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, invoke, write_image
+from tests.conftest import (
+    BUILT_IN_CAMS,
+    GRADIENT_FORMULAS,
+    ROOT,
+    SAMPLES,
+    TinyCNN,
+    hook_counts,
+    invoke,
+    write_image,
+)
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
 HOOKVIZ = [sys.executable, "-m", "hookviz"]
@@ -191,7 +200,7 @@ def _raising(model: torch.nn.Module, layer: str) -> None:
 @pytest.mark.parametrize(
     "run",
     [
-        lambda m, x: explain(m, x, ["features.4", "features.8"], list(cams.METHODS), "top2"),
+        lambda m, x: explain(m, x, ["features.4", "features.8"], list(BUILT_IN_CAMS), "top2"),
         lambda m, x: grad_cam(m, x, "features.8"),
         lambda m, x: feature_maps(m, x, ["features.0", "features.8"], "both"),
         lambda m, x: summarize(m, (3, 16, 16)),
@@ -374,7 +383,7 @@ def test_cam_math_never_crashes_and_renders_finite(
         a.zero_()
     elif special == "huge":
         a *= 1e30
-    maps = [fn(a, grads) for fn in cams.GRADIENT_METHODS.values()]
+    maps = [fn(a, grads) for fn in GRADIENT_FORMULAS]
     maps.append(cams.eigen_cam(a))
     maps.append(cams.score_cam(a, torch.randn(b, k, generator=g)))
     rgb = np.zeros((10, 12, 3), np.uint8)

@@ -23,13 +23,12 @@ from hookviz.core.hooks import capture
 from hookviz.engine.explain import explain, grad_cam
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, Preprocess, decode_png
-from hookviz.methods import cams
 from hookviz.options import Normalize
 from hookviz.render import overlay
 from hookviz.summary import summarize
 from hookviz.training.gradients import GlobalNormClipper, default_grad_layers, gradient_flow
 from hookviz.training.regularize import attach_dropblock
-from tests.conftest import TinyCNN, hook_counts, tiny_loaded, write_image
+from tests.conftest import BUILT_IN_CAMS, TinyCNN, hook_counts, tiny_loaded, write_image
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +215,7 @@ def test_dropblock_globs_are_checked_at_attach_time(resnet: nn.Module) -> None:
 def test_choices_fail_the_same_way_in_library_and_cli() -> None:
     from hookviz import methods
 
-    assert methods.names()[: len(cams.METHODS)] == list(cams.METHODS)
+    assert methods.names()[: len(BUILT_IN_CAMS)] == list(BUILT_IN_CAMS)
     with pytest.raises(UsageError, match="resize 'sqaush': choose one of crop, squash"):
         Preprocess(resize="sqaush")
     from hookviz.jobs import CamJob

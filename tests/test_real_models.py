@@ -16,9 +16,16 @@ from torch import nn
 from hookviz.core.hooks import capture, trace_shapes
 from hookviz.core.layers import default_cam_layer
 from hookviz.engine.explain import explain
-from hookviz.methods import cams
 from hookviz.methods.guided import guided_backprop, guided_backprop_counted
-from tests.conftest import hook_counts, invoke, records, shapes_batch, train_on_shapes, write_image
+from tests.conftest import (
+    GRADIENT_METHODS,
+    hook_counts,
+    invoke,
+    records,
+    shapes_batch,
+    train_on_shapes,
+    write_image,
+)
 from tests.test_localisation import _peak_hits
 
 
@@ -118,10 +125,8 @@ def test_default_tensor_is_the_pooling_input_and_every_gradient_method_localises
         assert float((model(x).argmax(1) == y).float().mean()) >= 0.95
     layer = default_cam_layer(model, trace_shapes(model, x[:1]))
     assert layer == EXPECTED[name][1]
-    ex = explain(model, x, [layer], list(cams.GRADIENT_METHODS), y)
-    rates = {
-        m: float(_peak_hits(ex.maps[(m, layer)][:, 0].numpy(), masks).mean()) for m in cams.GRADIENT_METHODS
-    }
+    ex = explain(model, x, [layer], list(GRADIENT_METHODS), y)
+    rates = {m: float(_peak_hits(ex.maps[(m, layer)][:, 0].numpy(), masks).mean()) for m in GRADIENT_METHODS}
     print(name, layer, {m: f"{r:.1%}" for m, r in rates.items()})
     assert all(r >= 0.9 for r in rates.values()), rates
     # After ReLU6 / ReLU nothing is below zero; SiLU's negative tail is real mass (said in the records).

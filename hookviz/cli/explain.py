@@ -271,7 +271,7 @@ def _cam_job(p: dict[str, Any], loaded: LoadedModel, reporter: _Reporter | None)
     if not (p["quiet"] or (reporter is not None and reporter.quiet)):
         for note in built.notes:
             typer.echo(f"hookviz: {note}", err=True)
-    slow = expensive(built.job.methods, getattr(built.job, "options", None))
+    slow = expensive(built.job.methods, built.job.options)
     if reporter is not None and slow:  # a progress bar over the slow methods' passes
         built.job.progress = reporter.inner("extra passes of " + ", ".join(slow))
     return built.job

@@ -253,6 +253,16 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
         raise typer.Exit(worst)
 
 
+def _setup_notes(job: Job, loaded: LoadedModel) -> list[str]:
+    """What the user should know about how the model was set up before the records come."""
+    from hookviz import tasks  # loaded already: the model is
+
+    notes = list(job.loaded.notes)  # how the command set the model up (prompts cut to the tokenizer's limit)
+    if not loaded.pretrained:
+        notes.append(f"{loaded.name} has RANDOM weights (--weights none); maps show mechanics only")
+    return notes + tasks.hints(loaded)
+
+
 def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None) -> None:
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
     from hookviz import tasks
@@ -289,17 +299,9 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
         try:
             job = job_factory(loaded, reporter)
             tasks.refuse(loaded, job.kind)
-            if not quiet:  # how the command set the model up (prompts cut to the tokenizer's limit)
-                for text in job.loaded.notes:
+            if not quiet:
+                for text in _setup_notes(job, loaded):
                     typer.echo(f"hookviz: note: {text}", err=True)
-            if not loaded.pretrained and not quiet:
-                typer.echo(
-                    f"hookviz: note: {loaded.name} has RANDOM weights (--weights none); "
-                    "maps show mechanics only",
-                    err=True,
-                )
-            for text in tasks.hints(loaded) if not quiet else ():
-                typer.echo(f"hookviz: note: {text}", err=True)
             if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
                 distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
             output.prepare()

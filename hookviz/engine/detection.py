@@ -46,7 +46,6 @@ def detection_methods() -> list[str]:
 
 
 #: The built-in ones (:func:`detection_methods` has any registered later too).
-DETECTION_METHODS = ("gradcam", "gradcampp", "xgradcam", "layercam", "hirescam", "eigencam")
 
 
 @dataclass(frozen=True)

@@ -224,46 +224,109 @@ def _explain(
     eigen_smooth: bool,
     readout: Callable[[Any], Readout],
 ) -> Explanation:
-
     layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
-    # The plan: the requested methods and those they use, and what the pass must give them.
+    plan = _plan(methods)
+    needs = frozenset().union(*(spec.needs for spec in plan))
+    f = _forward(model, x, layers, targets, needs, readout)
+    shared: dict[str, Any] = {"scores": f.scores.scores.detach()}
+    if f.input_grads is not None:
+        shared["input_gradient"] = f.input_grads
+    if f.bias is not None:
+        shared["fullgrad_bias"] = f.bias.parts
+    advance, total = _progress(plan, layers, f, options, x, progress)
+    maps, negative = _layer_maps(
+        model, x, plan, layers, f, shared, relu, eigen_smooth, options, advance, readout
+    )
+    if progress is not None and total:  # methods sharing their passes counted them once: the bar ends
+        progress(total, total)
+    for spec in plan:  # a method over all the layers: its map after the last one, for each
+        if spec.across_layers:
+            for layer in layers:
+                maps[(spec.name, layer)] = maps[(spec.name, layers[-1])]
+    ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
+    for (m, layer), value in ordered.items():  # a video model's maps get their time axis back
+        if f.layouts[layer].time:
+            ordered[(m, layer)] = unfold_time(value, f.layouts[layer].time)
+    probs, t = f.scores.probs, f.targets
+    top = f.scores.order[:, 0]
+    return Explanation(
+        layers=layers,
+        methods=methods,
+        maps=ordered,
+        targets=t.cpu(),
+        target_scores=probs.gather(1, t).cpu(),
+        probs=probs.cpu(),
+        predicted=top.cpu(),
+        predicted_score=probs.gather(1, top[:, None])[:, 0].cpu(),
+        grads_computed=f.backward_passes,
+        labels=None if f.scores.labels is None else f.scores.labels.to(torch.int16).cpu(),
+        region=f.scores.region,
+        negative_mass=negative,
+        guided=shared["guided"][1] if "guided" in shared else None,
+        channels={la: int(to_spatial(f.raw[la], f.layouts[la]).shape[1]) for la in layers},
+        score_kind=f.scores.kind,
+    )
+
+
+def _plan(methods: Sequence[str]) -> list[Any]:
+    """The requested methods and those they use (first), each once."""
     plan = [registry.get(m) for m in methods]
     for spec in list(plan):
         plan[:0] = [registry.get(u) for u in spec.uses if u not in methods]
-    plan = list({spec.name: spec for spec in plan}.values())
-    needs = frozenset().union(*(spec.needs for spec in plan))
+    return list({spec.name: spec for spec in plan}.values())
+
+
+@dataclass
+class _Forward:
+    """What the shared forward (and backward) pass gives every method."""
+
+    scores: Readout
+    targets: Tensor  # (B, T) class indices
+    raw: dict[str, Tensor]  # each layer's tensor as captured
+    layouts: dict[str, Layout]
+    grads: dict[str, list[Tensor]] | None  # per layer, one gradient per target (layer_gradients)
+    input_grads: list[Tensor] | None  # one per target (input_gradients)
+    bias: BiasTerms | None  # FullGrad's bias terms (bias_gradients)
+    backward_passes: int
+
+
+def _forward(
+    model: nn.Module,
+    x: Tensor,
+    layers: Sequence[str],
+    targets: Targets,
+    needs: frozenset[str],
+    readout: Callable[[Any], Readout],
+) -> _Forward:
+    """One forward pass with the layers captured, and one backward pass per target when a method needs
+    gradients (at the layers, at the input, FullGrad's bias terms)."""
     with_gradients = "layer_gradients" in needs
     # The plain input gradient (Saliency, Input x Gradient) comes from this pass, recorded from the input.
     with_input = "input_gradients" in needs
-    maps: dict[tuple[str, str], Tensor] = {}
     backward_passes = 0
     input_grads: list[Tensor] = []
+    grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
     with preserved(model):
         model.eval()
         # Gradient taps when a method needs layer gradients; else the tensors alone, with no graph.
         hooks = capture(model, grad_layers=layers) if with_gradients else capture(model, layers, outputs=True)
         x_in = x.detach().requires_grad_() if with_input else x
         # FullGrad's bias terms, gathered by the shared backward passes (they reach the input for it).
-        bias = BiasTerms(model) if "bias_gradients" in needs else contextlib.nullcontext()
-        with hooks as cap, bias:
+        bias = BiasTerms(model) if "bias_gradients" in needs else None
+        with hooks as cap, bias if bias is not None else contextlib.nullcontext():
             with torch.enable_grad() if with_input else torch.no_grad():
                 scores = readout(model(x_in))
             logits = scores.scores
             found = cap.captured.taps if with_gradients else cap.captured.outputs
-            raw: dict[str, Tensor] = {}
-            layouts: dict[str, Layout] = {}
-            for layer in layers:
-                raw[layer] = single_call(found, layer)
-                if raw[layer].dim() != 3:  # tokens wait for the patch grid, traced once the hooks are off
-                    layouts[layer] = layout_of(model, layer, raw[layer].shape)
-            order = scores.order
-            t = _targets(targets, logits.detach(), order)
-            grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
+            raw = {layer: single_call(found, layer) for layer in layers}
+            # Tokens wait for the patch grid, traced once the hooks are off.
+            layouts = {la: layout_of(model, la, raw[la].shape) for la in layers if raw[la].dim() != 3}
+            t = _targets(targets, logits.detach(), scores.order)
             if with_gradients or with_input:
                 inputs = [raw[layer] for layer in layers] if with_gradients else []
                 rows = torch.arange(t.shape[0], device=t.device)
                 for j in range(t.shape[1]):
-                    if isinstance(bias, BiasTerms):
+                    if bias is not None:
                         bias.start()
                     score = logits[rows, t[:, j]].sum()
                     got = torch.autograd.grad(score, [*inputs, *([x_in] if with_input else [])],
@@ -277,88 +340,82 @@ def _explain(
             if layer not in layouts:
                 calls = traced(model, tuple(x.shape[1:]), x.device)
                 layouts[layer] = layout_of(model, layer, raw[layer].shape, calls)
-    result_probs = scores.probs
-    scorer = scores.scorer()
-    shared: dict[str, Any] = {"scores": logits.detach()}
-    if with_input:
-        shared["input_gradient"] = input_grads
-    if isinstance(bias, BiasTerms):
-        shared["fullgrad_bias"] = bias.parts
-    # Score-CAM weighs a classifier's channels by the target logit (as pytorch-grad-cam and torchcam do); a
-    # segmentation model's by the class's probability over the pixels it first predicted.
-    channel_scorer: Scorer = scorer if scores.labels is not None else (lambda output, rows: output.float())
-    del logits, cap  # free the recorded graph before any further work
-    # Extra passes, for the progress bar: per layer for a layer's method, once for a pixel map.
+    kept = grads if with_gradients else None
+    return _Forward(scores, t, raw, layouts, kept, input_grads if with_input else None, bias, backward_passes)
+
+
+def _progress(
+    plan: list[Any],
+    layers: Sequence[str],
+    f: _Forward,
+    options: MethodOptions,
+    x: Tensor,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[Callable[[int], None], int]:
+    """``advance(n)`` for the methods' extra passes, and their total: per layer for a layer's method, once
+    for a pixel map."""
     size = (int(x.shape[2]), int(x.shape[3]))
-    masked_total = 0
+    total = 0
     for spec in plan:
         for la in layers if spec.resolution == "layer" else layers[:1]:
-            k = to_spatial(raw[la], layouts[la]).shape[1]
-            masked_total += registry.passes(spec.name, k, t.shape[1], options, size)[0] * x.shape[0]
-    masked_done = [0]
+            k = to_spatial(f.raw[la], f.layouts[la]).shape[1]
+            total += registry.passes(spec.name, k, f.targets.shape[1], options, size)[0] * x.shape[0]
+    done = [0]
 
     def advance(n: int) -> None:
-        masked_done[0] += n
+        done[0] += n
         if progress is not None:
-            progress(min(masked_done[0], masked_total), masked_total)
+            progress(min(done[0], total), total)
 
-    negative: dict[str, Tensor] = {}
+    return advance, total
+
+
+def _layer_maps(
+    model: nn.Module,
+    x: Tensor,
+    plan: list[Any],
+    layers: Sequence[str],
+    f: _Forward,
+    shared: dict[str, Any],
+    relu: bool,
+    eigen_smooth: bool,
+    options: MethodOptions,
+    advance: Callable[[int], None],
+    readout: Callable[[Any], Readout],
+) -> tuple[dict[tuple[str, str], Tensor], dict[str, Tensor]]:
+    """Every method's maps at every layer, and each layer's negative mass."""
+    t, scorer = f.targets, f.scores.scorer()
+    # Score-CAM weighs a classifier's channels by the target logit (as pytorch-grad-cam and torchcam do); a
+    # segmentation model's by the class's probability over the pixels it first predicted.
+    channel_scorer: Scorer = scorer if f.scores.labels is not None else (lambda output, rows: output.float())
 
     def input_saliency() -> Tensor:  # once per pass, for every layer
         if "guided" not in shared:
             shared["guided"] = guided_backprop_counted(model, x, t, lambda output: readout(output).scores)
         return shared["guided"][0]  # (B, T, H, W) at the input's resolution
 
+    maps: dict[tuple[str, str], Tensor] = {}
+    negative: dict[str, Tensor] = {}
     with torch.no_grad():
         for layer in layers:
-            a = to_spatial(raw[layer].detach(), layouts[layer])
+            a = to_spatial(f.raw[layer].detach(), f.layouts[layer])
             negative[layer] = negative_mass(a).cpu()
 
             def masked_scores(a: Tensor = a) -> Tensor:
                 return _score_cam_scores(model, x, a, t, options.batch, advance, channel_scorer)
 
+            grads = [to_spatial(g, f.layouts[layer]) for g in f.grads[layer]] if f.grads is not None else None
             p = LayerPass(
-                model, x, layer, a,
-                [to_spatial(gj, layouts[layer]) for gj in grads[layer]] if with_gradients else None,
-                t, relu, eigen_smooth, masked_scores, input_saliency, options=options, layout=layouts[layer],
-                score_of=lambda output: readout(output).scores, scorer=scorer, advance=advance, shared=shared,
-                methods=frozenset(spec.name for spec in plan),
+                model, x, layer, a, grads, t, relu, eigen_smooth, masked_scores, input_saliency,
+                options=options, layout=f.layouts[layer], score_of=lambda output: readout(output).scores,
+                scorer=scorer, advance=advance, shared=shared, methods=frozenset(spec.name for spec in plan),
             )  # fmt: skip
             with preserved(model):
                 model.eval()
                 for spec in plan:
                     p.maps[spec.name] = spec.compute(p)
                     maps[(spec.name, layer)] = p.maps[spec.name]
-    if progress is not None and masked_total:  # methods sharing their passes counted them once: the bar ends
-        progress(masked_total, masked_total)
-    for spec in plan:  # a method over all the layers: its map after the last one, for each
-        if spec.across_layers:
-            for layer in layers:
-                maps[(spec.name, layer)] = maps[(spec.name, layers[-1])]
-    guided = shared["guided"][1] if "guided" in shared else None
-    ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
-    for (m, layer), value in ordered.items():  # a video model's maps get their time axis back
-        if layouts[layer].time:
-            ordered[(m, layer)] = unfold_time(value, layouts[layer].time)
-    top = order[:, 0]
-    top_score = result_probs.gather(1, top[:, None])[:, 0]
-    return Explanation(
-        layers=layers,
-        methods=methods,
-        maps=ordered,
-        targets=t.cpu(),
-        target_scores=result_probs.gather(1, t).cpu(),
-        probs=result_probs.cpu(),
-        predicted=top.cpu(),
-        predicted_score=top_score.cpu(),
-        grads_computed=backward_passes,
-        labels=None if scores.labels is None else scores.labels.to(torch.int16).cpu(),
-        region=scores.region,
-        negative_mass=negative,
-        guided=guided,
-        channels={la: int(to_spatial(raw[la], layouts[la]).shape[1]) for la in layers},
-        score_kind=scores.kind,
-    )
+    return maps, negative
 
 
 def _score_cam_scores(

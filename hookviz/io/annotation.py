@@ -34,7 +34,6 @@ from hookviz.errors import UsageError
 
 #: A class as annotated: a model class index, a name to look up, or None (a binary mask's one object).
 Label = int | str | None
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
 @dataclass(frozen=True)

@@ -197,13 +197,6 @@ def frame_files(folder: Path) -> list[Path]:
     return sorted(files, key=_natural)
 
 
-def is_video(path: Path) -> bool:
-    """A video file by its suffix, or a folder holding frames."""
-    if path.is_dir():
-        return bool(frame_files(path))
-    return path.suffix.strip().lower() in VIDEO_SUFFIXES
-
-
 #: OpenCV's FFmpeg backend prints a line to the process's stderr when it opens a WebM writer with a
 #: four-character code (WebM has none; the codec is still VP8/VP9): held back while a writer opens.
 _STDERR_LOCK = threading.Lock()

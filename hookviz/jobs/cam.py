@@ -276,16 +276,7 @@ class CamJob(BaseJob):
     def render(
         self, result: CamBatch, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-
-        lm, ex = self.loaded, result.explanation
-        dense = ex.labels is not None
-
-        def scored(score: float) -> str:  # a probability, a segmentation's share of the pixels, a cosine
-            if ex.score_kind == "identity":
-                return f"cos={score:.3f}"
-            return f"{score:.1%} of pixels" if dense else f"p={score:.3f}"
-
-        pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        ex = result.explanation
         _check_finite(ex, index)
         suffixes = self._target_suffixes()
         files: list[tuple[str, bytes]] = []
@@ -293,75 +284,103 @@ class CamJob(BaseJob):
         cells: dict[tuple[str, str, int], np.ndarray] = {}
         for (method, layer), maps in result.maps.items():
             for j, suffix in enumerate(suffixes):
-                cam = maps[index, j]
-                unit = self._unit(cam, result.scales[(method, layer)], method)
-                picture = render.overlay(
-                    rgb, unit, box, alpha=self.alpha, colormap=self.colormap, scaled=True
-                )
-                tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
-                region = None
-                if dense:  # the pixels the model gives the explained class; none: all pixels count
-                    own = (ex.labels[index] == tgt).numpy()
-                    render.outline(picture, own, box)
-                    region = "class" if ex.region == "class" and own.any() else "all"
-                where = "fused " + "+".join(self.layers) if layer == FUSED else layer
-                lines = [
-                    f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
-                    f"predicted: {lm.describe(pred)} {scored(p_score)}",
-                    f"explained: {lm.describe(tgt)} {scored(t_score)}" + _region_note(region, ex.region),
-                ]
-                scale = result.scales[(method, layer)]
-                if scale is not None or not self.relu:
-                    span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
-                    sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
-                    lines.append(f"colour scale {span}, {sign}")
-                faith = None
-                if result.metrics is not None:
-                    f = result.metrics[(method, layer)][j]
-                    faith = {
-                        "deletion_auc": round(float(f.deletion_auc[index]), 6),
-                        "insertion_auc": round(float(f.insertion_auc[index]), 6),
-                    }
-                    lines.append(
-                        f"deletion AUC {faith['deletion_auc']:.3f} (lower is better), "
-                        f"insertion AUC {faith['insertion_auc']:.3f} (higher is better)"
-                    )
                 base = self._name(stem, method, layer, suffix)
-                # A photo of a few pixels is enlarged, so that its caption can be read.
-                captioned = render.caption(render.enlarge_small(picture), lines)
-                files.append((f"{base}.png", encode_png(captioned)))
-                if self.save_raw:
-                    files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
-                    files.append((f"{base}.full.npy", _npy(_full_map(cam, rgb, box))))
-                cell = picture[box.y0 : box.y1, box.x0 : box.x1]
-                if faith is not None:
-                    cell = cell.copy()
-                    note = f"del {faith['deletion_auc']:.2f} ins {faith['insertion_auc']:.2f}"
-                    render.label(
-                        cell, note, 3, max(0, cell.shape[0] - 22), scale=0.45 * max(1, cell.shape[0] / 200)
-                    )
-                cells[(method, layer, j)] = cell
-                records.append(
-                    {
-                        **self._map_record(f"{base}.png", method, layer, tgt, t_score, cam),
-                        "scale": list(scale) if scale else None,
-                        **({"metrics": faith} if faith is not None else {}),
-                        **({"region": region} if region is not None else {}),
-                        **self._sign_fields(ex, method, layer, index),
-                        **self._cost_fields(method, layer, len(suffixes), result),
-                    }
+                mine, cells[(method, layer, j)], record = self._one_map(
+                    result, index, rgb, box, base, method, layer, j, maps[index, j]
                 )
+                files += mine
+                records.append(record)
         if self._want_sheet():
-            rows = []
-            for layer in self._layer_names():
-                for j in range(len(suffixes)):
-                    tgt = int(ex.targets[index, j])
-                    label = f"{layer} | {lm.describe(tgt)} {scored(float(ex.target_scores[index, j]))}"
-                    rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
-            title = f"{lm.name} | predicted {lm.describe(pred)} {scored(p_score)} | " + _weights_note(lm)
-            sheet = render.sheet(rows, [method_title(m) for m in self.methods], title=title)
-            files.append((f"{stem}.sheet.png", encode_png(sheet)))
+            files.append((f"{stem}.sheet.png", encode_png(self._sheet(ex, index, cells))))
         return files, self._fields(ex, index, records)
+
+    def _scored(self, ex: Any, score: float) -> str:
+        """A score as a caption says it: a probability, a segmentation's share of the pixels, a cosine."""
+        if ex.score_kind == "identity":
+            return f"cos={score:.3f}"
+        return f"{score:.1%} of pixels" if ex.labels is not None else f"p={score:.3f}"
+
+    def _one_map(
+        self,
+        result: CamBatch,
+        index: int,
+        rgb: np.ndarray,
+        box: Box,
+        base: str,
+        method: str,
+        layer: str,
+        j: int,
+        cam: np.ndarray,
+    ) -> tuple[list[tuple[str, bytes]], np.ndarray, dict[str, Any]]:
+        """One map of image ``index``: its captioned overlay (and raw arrays), its cell of the sheet, its
+        record."""
+        lm, ex = self.loaded, result.explanation
+        scale = result.scales[(method, layer)]
+        picture = render.overlay(
+            rgb, self._unit(cam, scale, method), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+        )
+        tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
+        pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        region = None
+        if ex.labels is not None:  # the pixels the model gives the explained class; none: all pixels count
+            own = (ex.labels[index] == tgt).numpy()
+            render.outline(picture, own, box)
+            region = "class" if ex.region == "class" and own.any() else "all"
+        where = "fused " + "+".join(self.layers) if layer == FUSED else layer
+        lines = [
+            f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
+            f"predicted: {lm.describe(pred)} {self._scored(ex, p_score)}",
+            f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}" + _region_note(region, ex.region),
+        ]
+        if scale is not None or not self.relu:
+            span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
+            sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
+            lines.append(f"colour scale {span}, {sign}")
+        faith = None
+        if result.metrics is not None:
+            f = result.metrics[(method, layer)][j]
+            faith = {
+                "deletion_auc": round(float(f.deletion_auc[index]), 6),
+                "insertion_auc": round(float(f.insertion_auc[index]), 6),
+            }
+            lines.append(
+                f"deletion AUC {faith['deletion_auc']:.3f} (lower is better), "
+                f"insertion AUC {faith['insertion_auc']:.3f} (higher is better)"
+            )
+        # A photo of a few pixels is enlarged, so that its caption can be read.
+        files = [(f"{base}.png", encode_png(render.caption(render.enlarge_small(picture), lines)))]
+        if self.save_raw:
+            files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
+            files.append((f"{base}.full.npy", _npy(_full_map(cam, rgb, box))))
+        cell = picture[box.y0 : box.y1, box.x0 : box.x1]
+        if faith is not None:
+            cell = cell.copy()
+            note = f"del {faith['deletion_auc']:.2f} ins {faith['insertion_auc']:.2f}"
+            render.label(cell, note, 3, max(0, cell.shape[0] - 22), scale=0.45 * max(1, cell.shape[0] / 200))
+        record = {
+            **self._map_record(f"{base}.png", method, layer, tgt, t_score, cam),
+            "scale": list(scale) if scale else None,
+            **({"metrics": faith} if faith is not None else {}),
+            **({"region": region} if region is not None else {}),
+            **self._sign_fields(ex, method, layer, index),
+            **self._cost_fields(method, layer, len(self._target_suffixes()), result),
+        }
+        return files, cell, record
+
+    def _sheet(self, ex: Any, index: int, cells: dict[tuple[str, str, int], np.ndarray]) -> np.ndarray:
+        """Every map of image ``index`` side by side: a row per layer and class, a column per method."""
+        lm = self.loaded
+        rows = []
+        for layer in self._layer_names():
+            for j in range(len(self._target_suffixes())):
+                tgt = int(ex.targets[index, j])
+                label = f"{layer} | {lm.describe(tgt)} {self._scored(ex, float(ex.target_scores[index, j]))}"
+                rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
+        pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
+        title = f"{lm.name} | predicted {lm.describe(pred)} {self._scored(ex, p_score)} | " + _weights_note(
+            lm
+        )
+        return render.sheet(rows, [method_title(m) for m in self.methods], title=title)
 
     def _fields(self, ex: Any, index: int, records: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
         """An input's record fields: layers, methods, the prediction and the first target, the maps' records

@@ -119,6 +119,54 @@ class DetectionJob(BaseJob):
     def _box_text(self, label: int, score: float) -> str:
         return f"{self.loaded.class_name(label)} {score:.2f}"
 
+    def _one_map(
+        self, ex: Any, rgb: np.ndarray, box: Box, stem: str, method: str, layer: str, i: int, cam: np.ndarray
+    ) -> tuple[str, list[tuple[str, bytes]], dict[str, Any]]:
+        """One map (box ``i``'s, or the whole photo's for a class-agnostic method): its name, its captioned
+        overlay with the boxes drawn (and raw arrays), its record."""
+        lm, n = self.loaded, len(ex.scores)
+        picture = render.overlay(
+            rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+        )
+        if _per_photo(method):
+            for k in range(n):
+                render.draw_box(
+                    picture, ex.boxes[k].tolist(), self._box_text(int(ex.labels[k]), float(ex.scores[k]))
+                )
+            name = f"{stem}.{method}.{slug(layer)}.png"
+            what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
+        else:
+            for k in range(n):
+                if k != i:
+                    render.draw_box(picture, ex.boxes[k].tolist(), "", strong=False)
+            label, score = int(ex.labels[i]), float(ex.scores[i])
+            render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
+            name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
+            what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
+        head = f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}"
+        files = [
+            (name, encode_png(render.caption(render.enlarge_small(picture), [head, f"explained: {what}"])))
+        ]
+        if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
+            files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
+            files.append((name[: -len(".png")] + ".full.npy", _npy(_full_map(cam, rgb, box))))
+        target = {
+            "index": int(ex.labels[i]),
+            "name": lm.class_name(int(ex.labels[i])),
+            "score": round(float(ex.scores[i]), 6),
+        }
+        record = {
+            "file": name,
+            "method": method,
+            "layer": layer,
+            "box": None if _per_photo(method) else i + 1,
+            "target": None if _per_photo(method) else target,
+            "finite": bool(np.isfinite(cam).all()),
+            "min": _finite_stat(np.min, cam),
+            "max": _finite_stat(np.max, cam),
+        }
+        return name, files, record
+
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
@@ -132,52 +180,11 @@ class DetectionJob(BaseJob):
         maps: list[dict[str, Any]] = []
         for (method, layer), stack in ex.maps.items():
             for i in range(stack.shape[0]):
-                cam = stack[i].numpy()
-                picture = render.overlay(
-                    rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
-                )
-                if _per_photo(method):
-                    for k in range(n):
-                        render.draw_box(
-                            picture,
-                            ex.boxes[k].tolist(),
-                            self._box_text(int(ex.labels[k]), float(ex.scores[k])),
-                        )
-                    name = f"{stem}.{method}.{slug(layer)}.png"
-                    what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
-                else:
-                    for k in range(n):
-                        if k != i:
-                            render.draw_box(picture, ex.boxes[k].tolist(), "", strong=False)
-                    label, score = int(ex.labels[i]), float(ex.scores[i])
-                    render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
-                    name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
-                    what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
+                name, mine, record = self._one_map(ex, rgb, box, stem, method, layer, i, stack[i].numpy())
+                files += mine
+                maps.append(record)
+                if not _per_photo(method):
                     outputs[i].append(name)
-                head = f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}"
-                lines = [head, f"explained: {what}"]
-                files.append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
-                if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
-                    files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
-                    files.append((name[: -len(".png")] + ".full.npy", _npy(_full_map(cam, rgb, box))))
-                maps.append(
-                    {
-                        "file": name,
-                        "method": method,
-                        "layer": layer,
-                        "box": None if _per_photo(method) else i + 1,
-                        "target": None
-                        if _per_photo(method)
-                        else {
-                            "index": int(ex.labels[i]),
-                            "name": lm.class_name(int(ex.labels[i])),
-                            "score": round(float(ex.scores[i]), 6),
-                        },
-                        "finite": bool(np.isfinite(cam).all()),
-                        "min": _finite_stat(np.min, cam),
-                        "max": _finite_stat(np.max, cam),
-                    }
-                )
         summary = rgb.copy()
         for k in range(n):
             render.draw_box(

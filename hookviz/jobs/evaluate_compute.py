@@ -101,39 +101,7 @@ def compute(job: EvaluateJob, x: Tensor, given: Given) -> Any:
             up = evaluation.upsample(maps.to(x.device), size).cpu()
             r |= {"sparseness": loc.sparseness(up).float(), "complexity": loc.complexity(up).float()}
     if "robustness" in families:
-        # Each image's noise from its own generator: the figures do not change with --batch-size.
-        gens = evaluation.image_generators(x, job.seed)
-        per_image = [
-            [uniform_noise(x[i], s.radius, g) for _ in range(s.robust_samples)] for i, g in enumerate(gens)
-        ]
-        draws = [torch.stack([copies[k] for copies in per_image]) for k in range(s.robust_samples)]
-        # Each noisy copy explained once, for every method and layer at once.
-        noisy = []
-        for xp in draws:
-            e = explain(model, xp, job.layers, job.methods, ex.targets, options=job.options)
-            noisy.append({key: maps[:, 0].detach() for key, maps in e.maps.items()})
-            passes += x.shape[0]
-
-        def explainer(key: tuple[str, str]) -> Any:
-            return lambda _xp, k: noisy[k][key]
-
-        for (m, layer), maps in ex.maps.items():
-            rb = robustness(
-                model,
-                explainer((m, layer)),
-                x,
-                maps[:, 0],
-                samples=s.robust_samples,
-                perturb=lambda _x, k: draws[k],
-                scorer=score,
-            )
-            rows[f"{m}@{layer}"] |= {
-                "max_sensitivity": rb.max_sensitivity,
-                "avg_sensitivity": rb.avg_sensitivity,
-                "relative_input_stability": rb.relative_input_stability,
-                "relative_output_stability": rb.relative_output_stability,
-            }
-            passes += rb.forward_passes
+        passes += _robustness(job, x, ex, score, rows)
     if "randomisation" in families:
         seeds = evaluation.image_seeds(x, job.seed)
         off = evaluation.off_classes(t.cpu(), num_classes(job.loaded), seeds=seeds).to(x.device)
@@ -148,6 +116,45 @@ def compute(job: EvaluateJob, x: Tensor, given: Given) -> Any:
         found = _localise(job, ex, named, objects, size, x)
         found = [r if r is not None else found[i] for i, r in enumerate(refused or [])]
     return ex, rows, found, passes
+
+
+def _robustness(job: EvaluateJob, x: Tensor, ex: Any, score: Any, rows: dict[str, dict[str, Tensor]]) -> int:
+    """The robustness figures of every map into ``rows``; the forward passes they took."""
+    model, s, passes = job.loaded.model, job.metric_settings, 0
+    # Each image's noise from its own generator: the figures do not change with --batch-size.
+    gens = evaluation.image_generators(x, job.seed)
+    per_image = [
+        [uniform_noise(x[i], s.radius, g) for _ in range(s.robust_samples)] for i, g in enumerate(gens)
+    ]
+    draws = [torch.stack([copies[k] for copies in per_image]) for k in range(s.robust_samples)]
+    # Each noisy copy explained once, for every method and layer at once.
+    noisy = []
+    for xp in draws:
+        e = explain(model, xp, job.layers, job.methods, ex.targets, options=job.options)
+        noisy.append({key: maps[:, 0].detach() for key, maps in e.maps.items()})
+        passes += x.shape[0]
+
+    def explainer(key: tuple[str, str]) -> Any:
+        return lambda _xp, k: noisy[k][key]
+
+    for (m, layer), maps in ex.maps.items():
+        rb = robustness(
+            model,
+            explainer((m, layer)),
+            x,
+            maps[:, 0],
+            samples=s.robust_samples,
+            perturb=lambda _x, k: draws[k],
+            scorer=score,
+        )
+        rows[f"{m}@{layer}"] |= {
+            "max_sensitivity": rb.max_sensitivity,
+            "avg_sensitivity": rb.avg_sensitivity,
+            "relative_input_stability": rb.relative_input_stability,
+            "relative_output_stability": rb.relative_output_stability,
+        }
+        passes += rb.forward_passes
+    return passes
 
 
 def _localise(

@@ -146,19 +146,6 @@ def eigen_smooth(method: str, activations: Tensor, gradients: Tensor, *, relu: b
     return eigen_cam(weighted(method, activations, gradients), relu=relu)
 
 
-#: The gradient-based methods, by CLI name.
-GRADIENT_METHODS = {
-    "gradcam": grad_cam,
-    "gradcampp": grad_cam_pp,
-    "xgradcam": xgrad_cam,
-    "layercam": layer_cam,
-    "hirescam": hires_cam,
-}
-#: The built-in methods, in the order sheets show them (:mod:`hookviz.methods` registers them, with any
-#: method a user adds).
-METHODS = (*GRADIENT_METHODS, "eigencam", "scorecam", "guidedbackprop", "guidedgradcam")
-
-
 def fuse(maps: Sequence[Tensor], size: tuple[int, int], mode: str = "mean", *, relu: bool = True) -> Tensor:
     """One map from several layers' maps ``(B, T, h_i, w_i)``: each upsampled (bilinear) to ``size``,
     put on its own scale (ReLU maps min-max to [0, 1]; signed maps divided by their largest magnitude),

@@ -240,7 +240,7 @@ register_method(
     formula="per box, Σ_i w_i M_i / (N · 0.5), w_i the best IoU × score of its class among the masked "
     "photo's detections (detectors only)",
     in_all=False, options=("seed", "masks", "cells", "batch"), passes=lambda k, t, o, hw: (o.masks, 0),
-    function=f"{_P}:drise", resolution="input",
+    resolution="input",
 )  # fmt: skip
 
 # -- transformers: the attention probabilities of every encoder block, one pass shared by the three -------

@@ -82,23 +82,22 @@ class LayerPass:
         return self.gradients
 
 
-def _gradient_method(name: str) -> Callable[[LayerPass], Tensor]:
+def _gradient_method(name: str, fn: Callable[..., Tensor]) -> Callable[[LayerPass], Tensor]:
     def compute(p: LayerPass) -> Tensor:
         a = p.activations
         if p.eigen_smooth:
             return torch.stack([cams.eigen_smooth(name, a, g, relu=p.relu) for g in p.grads], dim=1)
-        fn = cams.GRADIENT_METHODS[name]
         return torch.stack([fn(a, g, relu=p.relu) for g in p.grads], dim=1)
 
     compute.__name__ = name
     return compute
 
 
-gradcam = _gradient_method("gradcam")
-gradcampp = _gradient_method("gradcampp")
-xgradcam = _gradient_method("xgradcam")
-layercam = _gradient_method("layercam")
-hirescam = _gradient_method("hirescam")
+gradcam = _gradient_method("gradcam", cams.grad_cam)
+gradcampp = _gradient_method("gradcampp", cams.grad_cam_pp)
+xgradcam = _gradient_method("xgradcam", cams.xgrad_cam)
+layercam = _gradient_method("layercam", cams.layer_cam)
+hirescam = _gradient_method("hirescam", cams.hires_cam)
 
 
 def eigencam(p: LayerPass) -> Tensor:

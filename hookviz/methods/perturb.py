@@ -243,8 +243,3 @@ def rise(p: LayerPass) -> Tensor:
         return torch.einsum("btn,nhw->bthw", probs, masks_) / (n * 0.5)
 
     return p.once("rise", compute)
-
-
-def drise(p: LayerPass) -> Tensor:
-    """D-RISE explains a detector's boxes (:func:`hookviz.engine.detection.drise`); a classifier has none."""
-    raise UsageError("--method drise explains a detector's boxes; for a classifier use rise")

@@ -105,7 +105,9 @@ class Method:
     class_specific: bool
     #: What it costs per image, in words for the cost note ("one masked forward pass per channel").
     cost: str
-    function: Callable[..., Any] | str = field(repr=False)
+    #: Its maps of one layer pass, or ``module:function`` naming it; None for a method the detection pass
+    #: computes (D-RISE).
+    function: Callable[..., Any] | str | None = field(repr=False)
     paper: str = ""
     formula: str = ""
     #: Part of ``--method all`` (every cheap method); slow ones are asked for by name.
@@ -130,6 +132,8 @@ class Method:
     def compute(self, p: Any) -> Any:
         """The method's maps ``(B, T, h, w)`` for one layer of a pass."""
         fn = self.function
+        if fn is None:
+            raise UsageError(f"--method {self.name} explains a detector's boxes; for a classifier use rise")
         if isinstance(fn, str):
             module, _, attr = fn.partition(":")
             fn = getattr(importlib.import_module(module), attr)
@@ -181,7 +185,7 @@ def register_method(
     if unknown or resolution not in ("layer", "input"):
         raise ValueError(f"options {sorted(unknown)} / resolution {resolution!r}: not known")
 
-    def add(fn: Callable[..., Any] | str) -> Any:
+    def add(fn: Callable[..., Any] | str | None) -> Any:
         REGISTRY[name] = Method(
             name, title, family, wanted, class_specific, cost, fn, paper, formula, in_all,
             assumes_nonnegative, tuple(uses), detection, passes, resolution, tuple(options), across_layers,
@@ -189,7 +193,7 @@ def register_method(
         )  # fmt: skip
         return fn
 
-    if function is not None:
+    if function is not None or detection_only:  # a detector's method has no layer-pass function
         add(function)
         return lambda fn: fn
     return add

@@ -17,7 +17,7 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS, load_rgb
 from hookviz.io.inputs import Item, clip_items, expand_inputs
 from hookviz.io.outputs import Output
 from hookviz.jobs.build import CamSettings
-from hookviz.jobs.video import video_summary
+from hookviz.jobs.video import VideoCamJob, video_summary
 from hookviz.models.loaded import LoadedModel
 from hookviz.run import pipeline
 from hookviz.tasks import make_cam_job, task_of
@@ -150,7 +150,7 @@ def with_video_summaries(
     """``records`` of a video model's clips, each video's followed by one record of the whole video's
     prediction (the mean of its clips' class probabilities; clips computed in this run), also appended to
     the manifest. A video whose clips were all skipped or failed gets none."""
-    probs: dict[str, Any] = getattr(job, "clip_probs", {})
+    probs: dict[str, Any] = job.clip_probs if isinstance(job, VideoCamJob) else {}
     current: str | None = None
     done: list[dict[str, Any]] = []
 

@@ -95,59 +95,8 @@ def summarize(
     model = unwrap_compiled(model)
     x = probe_input(model, (batch_size, *input_size), device=device, dtype=dtype)
     modules = list(model.named_modules())
-    info: dict[str, dict[str, Any]] = {n: {"calls": 0, "in": [], "out": [], "bytes": 0} for n, _ in modules}
-    counter = _Counter()
-
-    def pre(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            counter.stack.append(name)
-            if info[name]["calls"] == 0:
-                info[name]["in"] = [_shape(t) for t in _tensors(args)]
-
-        return hook
-
-    def post(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if counter.stack and counter.stack[-1] == name:
-                counter.stack.pop()
-            d = info[name]
-            if d["calls"] == 0:
-                d["out"] = [_shape(t) for t in _tensors(output)]
-            d["bytes"] += sum(t.numel() * t.element_size() for t in _tensors(output))
-            d["calls"] += 1
-
-        return hook
-
-    with preserved(model), HookGroup() as hooks:
-        for n, m in modules:
-            hooks.add(m.register_forward_pre_hook(pre(n)))
-            hooks.add(m.register_forward_hook(post(n)))
-        model.eval()
-        with torch.no_grad(), counter:
-            model(x)
-
-    seen: set[int] = set()
-    rows = []
-    for n, m in modules:
-        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
-        seen.update(id(p) for p in own)
-        d = info[n]
-        rows.append(
-            Row(
-                name=n,
-                type=type(m).__name__,
-                depth=n.count(".") + 1 if n else 0,
-                input_shapes=d["in"],
-                output_shapes=d["out"],
-                params=sum(p.numel() for p in own),
-                trainable=sum(p.numel() for p in own if p.requires_grad),
-                macs=counter.inclusive.get(n, 0),
-                macs_self=counter.own.get(n, 0),
-                attention_macs=counter.attention.get(n, 0),
-                output_bytes=d["bytes"],
-                calls=d["calls"],
-            )
-        )
+    info, counter = _run_counted(model, modules, x)
+    rows = _rows(modules, info, counter)
     by_dtype: dict[str, int] = {}
     params = list(model.parameters())
     for p in params:
@@ -186,3 +135,70 @@ def summarize(
         depth=depth,
         notes=notes,
     )
+
+
+def _run_counted(
+    model: nn.Module, modules: list[tuple[str, nn.Module]], x: Tensor
+) -> tuple[dict[str, dict[str, Any]], _Counter]:
+    """One forward pass of ``x`` with every module's first input and output shapes, output bytes and calls
+    recorded, and the MACs counted."""
+    info: dict[str, dict[str, Any]] = {n: {"calls": 0, "in": [], "out": [], "bytes": 0} for n, _ in modules}
+    counter = _Counter()
+
+    def pre(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            counter.stack.append(name)
+            if info[name]["calls"] == 0:
+                info[name]["in"] = [_shape(t) for t in _tensors(args)]
+
+        return hook
+
+    def post(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if counter.stack and counter.stack[-1] == name:
+                counter.stack.pop()
+            d = info[name]
+            if d["calls"] == 0:
+                d["out"] = [_shape(t) for t in _tensors(output)]
+            d["bytes"] += sum(t.numel() * t.element_size() for t in _tensors(output))
+            d["calls"] += 1
+
+        return hook
+
+    with preserved(model), HookGroup() as hooks:
+        for n, m in modules:
+            hooks.add(m.register_forward_pre_hook(pre(n)))
+            hooks.add(m.register_forward_hook(post(n)))
+        model.eval()
+        with torch.no_grad(), counter:
+            model(x)
+    return info, counter
+
+
+def _rows(
+    modules: list[tuple[str, nn.Module]], info: dict[str, dict[str, Any]], counter: _Counter
+) -> list[Row]:
+    """One row per module; a parameter shared by several modules counts in the first one's row."""
+    seen: set[int] = set()
+    rows = []
+    for n, m in modules:
+        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        d = info[n]
+        rows.append(
+            Row(
+                name=n,
+                type=type(m).__name__,
+                depth=n.count(".") + 1 if n else 0,
+                input_shapes=d["in"],
+                output_shapes=d["out"],
+                params=sum(p.numel() for p in own),
+                trainable=sum(p.numel() for p in own if p.requires_grad),
+                macs=counter.inclusive.get(n, 0),
+                macs_self=counter.own.get(n, 0),
+                attention_macs=counter.attention.get(n, 0),
+                output_bytes=d["bytes"],
+                calls=d["calls"],
+            )
+        )
+    return rows
