@@ -384,7 +384,7 @@ def _sanity_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporte
 
 
 def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
-    from hookviz.jobs import summarise_sanity
+    from hookviz.evaluation.summary import summarise_sanity
     from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())

@@ -94,3 +94,20 @@ def _summarise(records: Sequence[dict[str, Any]], by_class: bool) -> list[dict[s
                 row[out], row[f"{out}_ci95"] = round(mean, 4), round(half, 4)
         rows.append(row)
     return rows
+
+
+def summarise_sanity(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean Spearman and SSIM over the images, with their 95 % intervals, for each step and method, in the
+    test's order."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rec in records:
+        for step in rec.get("steps", []):
+            groups.setdefault((step["randomized_up_to"], step["method"]), []).append(step)
+    rows = []
+    for (name, method), v in groups.items():
+        row: dict[str, Any] = {"randomized_up_to": name, "method": method, "images": len(v)}
+        for key in ("spearman", "ssim"):
+            mean, half = mean_ci([s[key] for s in v])
+            row[key], row[f"{key}_ci95"] = round(mean, 4), round(half, 4)
+        rows.append(row)
+    return rows

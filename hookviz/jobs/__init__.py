@@ -8,7 +8,7 @@ from hookviz.jobs.common import FUSED, Job, model_settings, parse_methods, predi
 from hookviz.jobs.detection import DetectionJob
 from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.features import FeatureMapJob
-from hookviz.jobs.sanity import SanityJob, summarise_sanity
+from hookviz.jobs.sanity import SanityJob
 from hookviz.jobs.training import DropBlockJob, GradFlowJob
 
 __all__ = [
@@ -25,5 +25,4 @@ __all__ = [
     "model_settings",
     "parse_methods",
     "predicted",
-    "summarise_sanity",
 ]

@@ -11,7 +11,7 @@ import numpy as np
 from hookviz import evaluation, render
 from hookviz.core.taps import slug
 from hookviz.engine.explain import explain
-from hookviz.evaluation import mean_ci, spearman, ssim
+from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, _weights_note, model_settings, parse_methods
 from hookviz.methods import MethodOptions
@@ -159,21 +159,3 @@ def _edges(x: Any) -> Any:
     gx = F.conv2d(gray, kx[None, None], padding=1)
     gy = F.conv2d(gray, kx.T[None, None], padding=1)
     return torch.sqrt(gx**2 + gy**2)[:, 0].cpu()
-
-
-def summarise_sanity(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean Spearman and SSIM over the images, with their 95 % intervals, for each step and method, in the
-    test's order."""
-
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for rec in records:
-        for step in rec.get("steps", []):
-            groups.setdefault((step["randomized_up_to"], step["method"]), []).append(step)
-    rows = []
-    for (name, method), v in groups.items():
-        row: dict[str, Any] = {"randomized_up_to": name, "method": method, "images": len(v)}
-        for key in ("spearman", "ssim"):
-            mean, half = mean_ci([s[key] for s in v])
-            row[key], row[f"{key}_ci95"] = round(mean, 4), round(half, 4)
-        rows.append(row)
-    return rows

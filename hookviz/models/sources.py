@@ -51,7 +51,7 @@ class Built:
     categories: tuple[str, ...] = ()
     #: How photos become inputs for it (ImageNet's 224 crop unless the source knows better).
     preprocess: Preprocess = field(default_factory=Preprocess)
-    #: ``classification``, ``segmentation`` or ``detection`` (see :func:`hookviz.models.loaded.task_of`).
+    #: The task the source knows its model is of (a registered task's name, :func:`hookviz.tasks.task_for`).
     task: str = "classification"
     #: How videos become clips, for a video model (its weights' Kinetics transform).
     video: VideoPreprocess | None = None
