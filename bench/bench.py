@@ -49,7 +49,8 @@ def medians(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
 def compute_bench(rounds: int, batch: int) -> list[tuple[str, float, float]]:
     from hookviz.core.hooks import capture
     from hookviz.engine.explain import explain, grad_cam
-    from hookviz.methods.cams import GRADIENT_METHODS
+
+    GRADIENT_METHODS = ("gradcam", "gradcampp", "xgradcam", "layercam", "hirescam")
 
     warnings.filterwarnings("ignore")
     from pytorch_grad_cam import GradCAM as PgcGradCAM

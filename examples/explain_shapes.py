@@ -20,7 +20,19 @@ from train_with_hooks import make_batch, make_model
 from hookviz import render
 from hookviz.engine.explain import explain
 from hookviz.io.images import Box, encode_png
-from hookviz.methods.cams import METHODS
+
+#: The CAMs compared, in the order the sheet shows them (any registered method name works).
+METHODS = (
+    "gradcam",
+    "gradcampp",
+    "xgradcam",
+    "layercam",
+    "hirescam",
+    "eigencam",
+    "scorecam",
+    "guidedbackprop",
+    "guidedgradcam",
+)
 
 NAMES = ("square", "disc", "cross")
 
