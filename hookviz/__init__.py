@@ -34,6 +34,7 @@ _EXPORTS = {
     "gradient_flow": "hookviz.training.gradients",
     "clip_grad_values": "hookviz.training.gradients",
     "GlobalNormClipper": "hookviz.training.gradients",
+    "Monitor": "hookviz.training.monitor",
     "feature_maps": "hookviz.engine.features",
     "FeatureMap": "hookviz.engine.features",
     "load_model": "hookviz.tasks",
@@ -64,6 +65,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
     from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
+    from hookviz.training.monitor import Monitor
     from hookviz.training.regularize import attach_dropblock, attach_dropout2d, drop_block
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "Method",
     "MethodOptions",
     "ModelSummary",
+    "Monitor",
     "Normalize",
     "Preprocess",
     "Stage",

@@ -29,11 +29,11 @@ LAYERS = [
     "report",  # the HTML page
     "serve",  # the warm server
     "cli",  # the command line
-    "entry",  # the package's public API, ``python -m hookviz``, the served client
+    "entry",  # the public API (hookviz, hookviz.lightning), ``python -m hookviz``, the served client
 ]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 FOUNDATION = {"hookviz.errors", "hookviz.options"}
-ENTRY = {"hookviz", "hookviz.__main__", "hookviz.serve.client"}
+ENTRY = {"hookviz", "hookviz.__main__", "hookviz.serve.client", "hookviz.lightning"}
 #: Third-party packages slow to import: a function may import a hookviz module that loads one of these.
 HEAVY = {
     "torch", "torchvision", "cv2", "matplotlib", "transformers", "timm", "scipy", "PIL", "numpy",

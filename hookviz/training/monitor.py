@@ -1,0 +1,406 @@
+"""Watching a model train: every N steps the maps of a fixed probe batch, feature-map grids, per-layer
+activation statistics and gradient norms, logged to TensorBoard (or a W&B run); and, every step, the first
+module whose output or gradient turns non-finite.
+
+It never changes training: its own passes run in eval mode on the probe batch with the model's modes,
+buffers, ``requires_grad`` and ``.grad`` restored, under a forked random state (no draw from the training's
+generators); between logging steps only cheap owned hooks run, which read each module's output and gradient
+and write nothing.
+
+Example:
+    >>> monitor = Monitor(model, probe=x_val[:4], every=100, log_dir="runs/exp1")
+    >>> for step, (x, y) in enumerate(loader):
+    ...     loss = F.cross_entropy(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+    ...     monitor.step(step)
+    >>> monitor.close()
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from hookviz.core.hooks import preserved, traced
+from hookviz.core.layers import default_cam_layer
+from hookviz.engine.explain import explain
+from hookviz.engine.features import feature_maps
+from hookviz.errors import UsageError
+from hookviz.io.images import Box
+from hookviz.render import enlarge_small, feature_grid, normalize, overlay
+from hookviz.training.gradients import gradient_flow
+
+#: Activations whose function has a bound: the bound a unit saturates at.
+_BOUNDS: dict[type[nn.Module], float] = {nn.Sigmoid: 1.0, nn.Tanh: 1.0, nn.Hardtanh: 1.0, nn.ReLU6: 6.0}
+#: A unit is saturated within this share of its bound.
+_SATURATED = 0.99
+#: Modules that cannot make a finite value non-finite, forward or backward: the watch skips them (they are
+#: half of a ResNet's calls, and its cost).
+_PASS_THROUGH = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Identity, nn.Flatten,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Nonfinite:
+    """The first module whose output (forward) or gradient (backward) held NaN or inf, and the step."""
+
+    module: str
+    where: str  # "output" or "gradient"
+    step: int
+
+
+class _Sink:
+    """A TensorBoard ``SummaryWriter`` or a W&B run, behind one small interface."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.wandb = hasattr(writer, "log") and not hasattr(writer, "add_scalar")
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if self.wandb:
+            self.writer.log({tag: value}, step=step)
+        else:
+            self.writer.add_scalar(tag, value, step)
+
+    def image(self, tag: str, rgb: np.ndarray, step: int) -> None:
+        if self.wandb:
+            import wandb
+
+            self.writer.log({tag: wandb.Image(rgb)}, step=step)
+        else:
+            self.writer.add_image(tag, rgb, step, dataformats="HWC")
+
+    def histogram(self, tag: str, values: Tensor, step: int) -> None:
+        if self.wandb:
+            import wandb
+
+            counts = np.histogram(values.numpy(), bins=64)
+            self.writer.log({tag: wandb.Histogram(np_histogram=counts)}, step=step)
+        else:
+            self.writer.add_histogram(tag, values, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        if self.wandb:
+            self.writer.log({tag: text}, step=step)
+        else:
+            self.writer.add_text(tag, text, step)
+
+    def flush(self) -> None:
+        if not self.wandb:
+            self.writer.flush()
+
+
+class Monitor:
+    """Logs what a model does to a fixed probe batch while it trains; call :meth:`step` once per step.
+
+    Args:
+        model: the model being trained.
+        probe: a batch of inputs ``(B, C, H, W)``, as the model takes them (a few validation images).
+        layer: the layer whose maps are logged (default: the default CAM layer).
+        methods: registered method names (Grad-CAM by default).
+        labels: the probe's classes: maps explain them and gradient norms are those of the cross-entropy
+            against them; default: the predicted class and its score.
+        features: layers whose feature-map grids are logged (none by default).
+        stats: layers whose activation statistics are logged (default: every leaf module with parameters,
+            and every bounded activation).
+        every: log every this many steps (and at step 0).
+        log_dir, writer: a TensorBoard directory, or a writer: a ``SummaryWriter`` or a W&B run.
+        images: the probe as pictures ``(B, H, W, 3)`` uint8 for the overlays (default: the probe scaled).
+        watch: watch every module's output and gradient for NaN and inf at every step.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        probe: Tensor,
+        *,
+        layer: str | None = None,
+        methods: Sequence[str] = ("gradcam",),
+        labels: Tensor | None = None,
+        features: Sequence[str] = (),
+        stats: Sequence[str] | None = None,
+        every: int = 100,
+        log_dir: str | Path | None = None,
+        writer: Any = None,
+        images: np.ndarray | None = None,
+        watch: bool = True,
+    ) -> None:
+        if every < 1:
+            raise UsageError(f"every={every}: log at least every step (1) or less often")
+        if (log_dir is None) == (writer is None):
+            raise UsageError(
+                "give log_dir (a TensorBoard directory) or writer (a SummaryWriter or a W&B run)"
+            )
+        if writer is None:
+            from torch.utils.tensorboard import (
+                SummaryWriter,  # needs tensorboard: pip install 'hookviz[monitor]'
+            )
+
+            writer = SummaryWriter(str(log_dir))
+            self._owned = True
+        else:
+            self._owned = False
+        self.model, self.probe, self.every = model, probe.detach(), every
+        self.methods, self.labels, self.features = tuple(methods), labels, tuple(features)
+        self.sink = _Sink(writer)
+        with torch.random.fork_rng(devices=_cuda(probe)):
+            calls = traced(model, tuple(probe.shape[1:]), probe.device)
+        self.layer = layer or default_cam_layer(model, calls)
+        modules = dict(model.named_modules())
+        self.stats = list(stats) if stats is not None else [n for n, m in modules.items() if _watched(n, m)]
+        self.images = images
+        #: The first module that turned non-finite (None while every value is finite).
+        self.first_nonfinite: Nonfinite | None = None
+        self._watch = _Watch(model) if watch else None
+
+    # -- the public steps -------------------------------------------------------------------------------
+    def step(self, step: int) -> None:
+        """After a training step: check the step's values, and log every ``every`` steps."""
+        if self._watch is not None and self.first_nonfinite is None:
+            found = self._watch.take()
+            if found is not None:
+                self.first_nonfinite = Nonfinite(found[0], found[1], step)
+                text = f"{found[0]}'s {found[1]} turned non-finite (NaN or inf) at step {step}"
+                warnings.warn(f"hookviz.Monitor: {text}", RuntimeWarning, stacklevel=2)
+                self.sink.text("hookviz/nonfinite", text, step)
+        if step % self.every == 0:
+            self.log(step)
+
+    def log(self, step: int) -> None:
+        """Log the maps, grids, statistics and gradient norms of the probe batch now."""
+        paused = self._watch.paused() if self._watch is not None else _nothing()
+        with torch.random.fork_rng(devices=_cuda(self.probe)), paused:
+            self._maps(step)
+            self._features(step)
+            self._statistics(step)
+            self._gradients(step)
+        self.sink.flush()
+
+    def close(self) -> None:
+        """Remove the hooks; close the writer if this monitor opened it."""
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
+        if self._owned:
+            self.sink.writer.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what is logged ---------------------------------------------------------------------------------
+    def _maps(self, step: int) -> None:
+        ex = explain(self.model, self.probe, [self.layer], self.methods, self.labels)
+        if self.images is None:
+            self.images = _pictures(self.probe)
+        for method in self.methods:
+            maps = ex.maps[(method, self.layer)][:, 0].numpy()
+            for i, cam in enumerate(maps):
+                rgb = self.images[i]
+                box = Box(0, 0, rgb.shape[1], rgb.shape[0])
+                picture = enlarge_small(overlay(rgb, normalize(cam), box), 192)  # small probes enlarged
+                self.sink.image(f"maps/{method}/{self.layer}/{i}", picture, step)
+
+    def _features(self, step: int) -> None:
+        if not self.features:
+            return
+        for fm in feature_maps(self.model, self.probe[:1], list(self.features)):
+            t = fm.tensor[0].float().numpy()
+            grid = feature_grid(t, list(range(min(16, t.shape[0]))), title=f"{fm.layer} at step {step}")
+            self.sink.image(f"features/{fm.layer}", grid, step)
+
+    def _statistics(self, step: int) -> None:
+        modules = dict(self.model.named_modules())
+        for name, out in _outputs(self.model, self.probe, self.stats).items():
+            for key, value in activation_stats(out, _BOUNDS.get(type(modules[name]))).items():
+                if value is not None:
+                    self.sink.scalar(f"activations/{name}/{key}", value, step)
+            self.sink.histogram(f"activations/{name}", out.flatten().float(), step)
+
+    def _gradients(self, step: int) -> None:
+        labels = self.labels
+
+        def loss(logits: Tensor) -> Tensor:
+            if labels is not None:
+                return F.cross_entropy(logits, labels.to(logits.device))
+            return logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+
+        flow = gradient_flow(self.model, self.probe, loss)
+        for s in flow.params:
+            self.sink.scalar(f"gradients/{s.name}/norm", s.norm, step)
+
+
+def activation_stats(out: Tensor, bound: float | None = None) -> dict[str, float | None]:
+    """A layer's output over a batch: mean, standard deviation, the share of exact zeros, the share of dead
+    units (channels zero for every input and position), and, for a bounded activation, the share of values
+    within 1 % of the bound (saturated)."""
+    x = out.detach().float()
+    channels = x.transpose(0, 1).reshape(x.shape[1], -1) if x.dim() > 1 else x[None]
+    return {
+        "mean": float(x.mean()),
+        "std": float(x.std()) if x.numel() > 1 else 0.0,
+        "zeros": float((x == 0).float().mean()),
+        "dead": float((channels == 0).all(dim=1).float().mean()),
+        "saturated": float((x.abs() >= _SATURATED * bound).float().mean()) if bound else None,
+    }
+
+
+class _Watch:
+    """Owned hooks that find the first module to turn non-finite, cheaply enough to run every step (~1 % of a
+    step, in ``bench/monitor_bench.py``; a module that cannot make a finite value non-finite, a ReLU or a
+    pooling, is not watched).
+
+    Forward: the sum of each module's output is noted without a sync (a sum is NaN or inf when a value is);
+    they are read, in call order, only when the model's own output is not finite, so masks of ``-inf`` inside
+    an attention block, which leave the output finite, raise nothing. Backward: the sum of the gradient each
+    module passes back (w.r.t. its input), checked once at the step's end: the first non-finite one in
+    backward order is the module that made it so."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.outputs: list[tuple[str, Tensor]] = []
+        self.result: Any = None
+        self.grads: list[tuple[str, Tensor]] = []
+        self.found: tuple[str, str] | None = None
+        self.on = True
+        self.handles: list[RemovableHandle] = [
+            model.register_forward_pre_hook(self._start),
+            model.register_forward_hook(self._end),
+        ]
+        for name, module in model.named_modules():
+            if name and not list(module.children()) and not isinstance(module, _PASS_THROUGH):
+                self.handles.append(module.register_forward_hook(self._hook(name)))
+
+    def _start(self, module: nn.Module, args: Any) -> None:
+        if self.on:
+            self._check_forward()
+
+    def _end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.on:
+            self.result = output
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if not self.on or not isinstance(output, Tensor) or not output.is_floating_point():
+                return
+            self.outputs.append((name, output.detach().sum(dtype=torch.float32)))
+            first = args[0] if args and isinstance(args[0], Tensor) else None
+            if first is not None and first.requires_grad:
+                first.register_hook(lambda g: self.grads.append((name, g.sum(dtype=torch.float32))))
+
+        return hook
+
+    def _check_forward(self) -> None:
+        """Name the first non-finite output of the last forward, if its result was not finite; forget it."""
+        outputs, result, self.outputs, self.result = self.outputs, self.result, [], None
+        if self.found is not None or result is None or _finite(result):
+            return
+        self.found = next(((n, "output") for n, total in outputs if not bool(total.isfinite())), None)
+
+    def take(self) -> tuple[str, str] | None:
+        """The first non-finite (module, ``output`` or ``gradient``) since the last call."""
+        self._check_forward()
+        grads, self.grads = self.grads, []
+        if self.found is None and grads and not bool(torch.stack([g for _, g in grads]).isfinite().all()):
+            self.found = next((name, "gradient") for name, g in grads if not bool(g.isfinite()))
+        found, self.found = self.found, None
+        return found
+
+    def paused(self) -> Any:
+        watch = self
+
+        class _Paused:
+            def __enter__(self) -> None:
+                watch.on = False
+
+            def __exit__(self, *exc: object) -> None:
+                watch.on = True
+
+        return _Paused()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.outputs, self.result, self.grads = [], None, []
+
+
+def _finite(value: Any) -> bool:
+    """Whether every floating-point tensor in ``value`` (a tensor, or a dict, list or tuple of them) is
+    finite."""
+    if isinstance(value, Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value.detach()).all())
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _watched(name: str, module: nn.Module) -> bool:
+    """A leaf module with parameters, or a bounded activation: the layers whose statistics are logged."""
+    if not name or list(module.children()):
+        return False
+    return any(True for _ in module.parameters(recurse=False)) or type(module) in _BOUNDS
+
+
+def _cuda(x: Tensor) -> list[int]:
+    """The CUDA device whose random state a pass on ``x`` could draw from (none on the CPU)."""
+    return [x.device.index or 0] if x.device.type == "cuda" else []
+
+
+def _outputs(model: nn.Module, x: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
+    """Each named module's first output for ``x`` (eval mode, no grad, the model left as found)."""
+    modules = dict(model.named_modules())
+    got: dict[str, Tensor] = {}
+    handles = []
+
+    def keep(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, Tensor) and name not in got:
+                got[name] = output.detach().cpu()
+
+        return hook
+
+    try:
+        for name in names:
+            handles.append(modules[name].register_forward_hook(keep(name)))
+        with preserved(model), torch.no_grad():
+            model.eval()
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def _pictures(x: Tensor) -> np.ndarray:
+    """A batch of inputs as pictures ``(B, H, W, 3)`` uint8, each scaled to its own range."""
+    out = []
+    for img in x.detach().float().cpu():
+        a = normalize(img.numpy())
+        a = np.repeat(a[:1], 3, axis=0) if a.shape[0] != 3 else a
+        out.append((a.transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    return np.stack(out)

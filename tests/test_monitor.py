@@ -1,0 +1,298 @@
+"""The training monitor: training with it is bit-identical to training without it (a plain loop and
+Lightning), the events read back from TensorBoard hold the maps at steps 0, N, 2N and each layer's figures
+equal a direct computation, and the first module to turn non-finite is named with its step."""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hookviz.errors import UsageError
+from hookviz.io.shapes import shapes_batch
+from hookviz.training.monitor import Monitor, Nonfinite, activation_stats
+from tests.conftest import TinyCNN, hook_counts
+
+pytestmark = [
+    # TensorBoard, Lightning and W&B warn about their own dependencies on import.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+def _probe() -> tuple[torch.Tensor, torch.Tensor]:
+    x, y, _ = shapes_batch(4, np.random.default_rng(9))
+    return x, y
+
+
+def _train(
+    steps: int, monitor: dict[str, Any] | None = None, model: nn.Module | None = None
+) -> tuple[nn.Module, Any]:
+    """A seeded training loop that draws from the global generator every step (input noise, dropout)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TinyCNN(), nn.Dropout(0.2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    rng = np.random.default_rng(0)
+    mon = Monitor(model, *_probe()[:1], **monitor) if monitor is not None else None
+    model.train()
+    for step in range(steps):
+        x, y, _ = shapes_batch(16, rng)
+        loss = F.cross_entropy(model(x + 0.01 * torch.randn_like(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if mon is not None:
+            mon.step(step)
+    if mon is not None:
+        mon.close()
+    return model, mon
+
+
+def _events(folder: Path) -> Any:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found = {p.parent for p in folder.rglob("events.out.tfevents.*")}
+    assert len(found) == 1, found
+    ea = EventAccumulator(str(found.pop()), size_guidance={"images": 0, "scalars": 0, "histograms": 0})
+    ea.Reload()
+    return ea
+
+
+def test_training_with_the_monitor_is_bit_identical(tmp_path: Path) -> None:
+    plain, _ = _train(12)
+    _, y = _probe()
+    watched, mon = _train(12, {"labels": y, "every": 4, "log_dir": tmp_path, "features": ["0.features.4"]})
+    for (name, a), b in zip(plain.state_dict().items(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # parameters and BatchNorm's running statistics alike
+    assert hook_counts(watched) == 0 and mon.first_nonfinite is None
+    ea = _events(tmp_path)
+    images = ea.Tags()["images"]
+    assert "maps/gradcam/0.features/0" in images and "features/0.features.4" in images
+    assert [e.step for e in ea.Images("maps/gradcam/0.features/0")] == [0, 4, 8]
+    scalars = ea.Tags()["scalars"]
+    for layer in ("0.features.0", "0.features.1", "0.fc"):  # conv, BatchNorm, the head
+        assert f"activations/{layer}/mean" in scalars and f"gradients/{layer}.weight/norm" in scalars
+    assert "activations/0.features.0" in ea.Tags()["histograms"]
+
+
+def test_logged_figures_equal_a_direct_computation(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    model = TinyCNN().eval()
+    x, y = _probe()
+    with Monitor(model, x, labels=y, every=1, log_dir=tmp_path) as mon:
+        mon.log(7)
+    ea = _events(tmp_path)
+    outputs: dict[str, torch.Tensor] = {}
+    handle = model.features[0].register_forward_hook(lambda m, a, o: outputs.setdefault("conv", o.detach()))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    conv = outputs["conv"]
+    got = {k: ea.Scalars(f"activations/features.0/{k}")[0].value for k in ("mean", "std", "zeros", "dead")}
+    assert got["mean"] == pytest.approx(float(conv.mean()), rel=1e-5)
+    assert got["std"] == pytest.approx(float(conv.std()), rel=1e-5)
+    dead = float((conv.transpose(0, 1).reshape(conv.shape[1], -1) == 0).all(1).float().mean())
+    assert got["zeros"] == pytest.approx(float((conv == 0).float().mean())) and got["dead"] == pytest.approx(
+        dead
+    )
+    # The gradient norm: of the cross-entropy against the probe's labels, w.r.t. the head's weight.
+    loss = F.cross_entropy(model(x), y)
+    (g,) = torch.autograd.grad(loss, [model.fc.weight])
+    assert ea.Scalars("gradients/fc.weight/norm")[0].value == pytest.approx(float(g.norm()), rel=1e-4)
+    assert model.fc.weight.grad is None  # the monitor's pass left .grad alone
+    # The map: Grad-CAM of the probe's class over the probe, a 48 px picture enlarged 4 times (nearest).
+    (image,) = ea.Images("maps/gradcam/features/0")
+    assert (image.step, image.width, image.height) == (7, 192, 192)
+    from PIL import Image
+
+    from hookviz.engine.explain import explain
+    from hookviz.io.images import Box
+    from hookviz.render import normalize, overlay
+
+    cam = explain(model, x, ["features"], ["gradcam"], y).maps[("gradcam", "features")][0, 0].numpy()
+    photo = (x[0].numpy().transpose(1, 2, 0) * 255).round().astype(np.uint8)  # the probe is in [0, 1]
+    expected = overlay(photo, normalize(cam), Box(0, 0, 48, 48))
+    got = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB"))[::4, ::4]
+    assert np.abs(got.astype(int) - expected.astype(int)).max() <= 2
+
+
+def test_activation_statistics_of_bounded_and_dead_units() -> None:
+    out = torch.zeros(2, 3, 4, 4)
+    out[:, 0] = 0.995  # a saturated tanh channel
+    out[:, 1, 0, 0] = 0.5  # alive at one place
+    stats = activation_stats(out, bound=1.0)
+    assert stats["dead"] == pytest.approx(1 / 3) and stats["saturated"] == pytest.approx(1 / 3)
+    assert stats["zeros"] == pytest.approx(1 - (32 + 2) / 96)
+    assert activation_stats(out)["saturated"] is None  # an unbounded layer has no saturation
+
+
+class _NanForward(nn.Module):
+    """Multiplies by NaN once armed: the module to be named."""
+
+    armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float("nan") if self.armed else x
+
+
+class _NanBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * float("nan")
+
+
+class _NanGradient(nn.Module):
+    """Finite forward; passes NaN back once armed."""
+
+    armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _NanBackward.apply(x) if self.armed else x
+
+
+@pytest.mark.parametrize(("bomb", "where", "at"), [(_NanForward, "output", 5), (_NanGradient, "gradient", 3)])
+def test_the_first_module_to_turn_non_finite_is_named_with_its_step(
+    bomb: type[nn.Module], where: str, at: int, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    model = TinyCNN()
+    model.features.insert(4, bomb())  # after the first conv-bn-relu-pool: what comes after inherits its NaN
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+    said = f"features.4's {where} turned non-finite .* at step {at}"
+    with (
+        pytest.warns(RuntimeWarning, match=said),
+        Monitor(model, _probe()[0], every=100, log_dir=tmp_path) as mon,
+    ):
+        model.train()
+        for step in range(at + 3):
+            model.features[4].armed = step == at
+            x, y, _ = shapes_batch(8, rng)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mon.step(step)
+    assert mon.first_nonfinite == Nonfinite("features.4", where, at)
+    (event,) = _events(tmp_path).Tensors("hookviz/nonfinite/text_summary")
+    assert event.step == at
+
+
+def test_an_attention_mask_of_minus_infinity_raises_nothing(tmp_path: Path) -> None:
+    """-inf inside the model that leaves its output finite (a masked softmax) is not a non-finite output."""
+
+    class MaskDiagonal(nn.Module):  # a leaf whose output holds -inf on purpose
+        def forward(self, s: torch.Tensor) -> torch.Tensor:
+            return s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), float("-inf"))
+
+    model = nn.Sequential(nn.Linear(4, 4), MaskDiagonal(), nn.Softmax(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with Monitor(model, torch.randn(2, 4, 4), layer="0", every=100, log_dir=tmp_path) as mon:
+            for step in range(3):
+                model(torch.randn(5, 4, 4)).pow(2).sum().backward()
+                mon.step(step + 1)
+    assert mon.first_nonfinite is None
+
+
+def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="every=0"):
+        Monitor(TinyCNN(), _probe()[0], every=0, log_dir=tmp_path)
+    with pytest.raises(UsageError, match="give log_dir"):
+        Monitor(TinyCNN(), _probe()[0])
+
+
+@pytest.mark.slow
+def test_lightning_training_with_the_callback_is_bit_identical(tmp_path: Path) -> None:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import hookviz.lightning
+
+    class Lit(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = TinyCNN()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, y = batch
+            return F.cross_entropy(self(x + 0.01 * torch.randn_like(x)), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def fit(callbacks: list[Any], logger: Any, root: Path) -> nn.Module:
+        L.seed_everything(0, verbose=False)
+        x, y, _ = shapes_batch(96, np.random.default_rng(0))
+        model = Lit()
+        trainer = L.Trainer(
+            max_steps=12, logger=logger, callbacks=callbacks, enable_progress_bar=False,
+            enable_model_summary=False, accelerator="cpu", deterministic=True, default_root_dir=root,
+            enable_checkpointing=False,
+        )  # fmt: skip
+        trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True))
+        return model
+
+    px, py = _probe()
+    plain = fit([], False, tmp_path / "plain")
+    callback = hookviz.lightning.Monitor(px, labels=py, every=4)
+    watched = fit([callback], TensorBoardLogger(tmp_path / "tb"), tmp_path / "tb")
+    for (name, a), b in zip(plain.state_dict().items(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    ea = _events(tmp_path / "tb")
+    assert [e.step for e in ea.Images("maps/gradcam/net.features/0")] == [0, 4, 8]
+    assert callback.first_nonfinite is None and hook_counts(watched) == 0
+    # A CSV logger takes no pictures: the monitor writes a TensorBoard folder beside its files.
+    fit([hookviz.lightning.Monitor(px, every=4)], CSVLogger(tmp_path / "csv"), tmp_path / "csv")
+    assert list((tmp_path / "csv").rglob("hookviz/events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_a_wandb_run_in_offline_mode_gets_the_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="hookviz-test", dir=str(tmp_path), mode="offline")
+    x, y = _probe()
+    with Monitor(TinyCNN(), x, labels=y, every=1, writer=run) as mon:
+        mon.step(0)
+        mon.step(1)
+    run.finish()
+    (folder,) = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert list(folder.glob("run-*.wandb")) and os.path.getsize(next(folder.glob("run-*.wandb"))) > 1000
+
+
+@pytest.mark.slow
+def test_the_example_logs_maps_a_user_can_open(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    example = str(ROOT / "examples/monitor_shapes.py")
+    r = subprocess.run(
+        [sys.executable, example, "--steps", "60", "--log-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    ea = _events(tmp_path)
+    assert [e.step for e in ea.Images("maps/gradcam/10/0")] == [0, 50]
+    assert "features/4" in ea.Tags()["images"]
