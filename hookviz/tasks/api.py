@@ -17,7 +17,7 @@ from hookviz.models.classes import parse_targets
 from hookviz.models.loaded import LoadedModel, num_classes, prepare, probe
 from hookviz.models.scores import from_options
 from hookviz.models.sources import WEIGHTS_DEFAULT, Options
-from hookviz.tasks.registry import _TASKS, get_task, plural_list, task_for, task_of
+from hookviz.tasks.registry import _TASKS, ORDER, get_task, plural_list, task_for, task_of
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -113,16 +113,12 @@ def refuse(loaded: LoadedModel, command: str) -> None:
     if command in task.commands:
         return
     works = plural_list([t.plural for t in _TASKS.values() if command in t.commands])
-    others = [f"`{c}`" for c in _ORDER if c in task.commands and c != "gradcam"] + ["`layers`", "`summary`"]
+    others = [f"`{c}`" for c in ORDER if c in task.commands and c != "gradcam"] + ["`layers`", "`summary`"]
     explains = "`hookviz gradcam` explains it (and " if "gradcam" in task.commands else "("
     raise UsageError(
         f"`hookviz {command}` works on {works}, and {loaded.name} is {task.noun}; "
         f"{explains}{', '.join(others)} work on it)"
     )
-
-
-#: The per-image commands in the order a refusal lists them.
-_ORDER = ("gradcam", "featuremaps", "dropblock", "evaluate", "sanity", "gradflow")
 
 
 def describe(record: dict[str, Any]) -> list[str] | None:

@@ -32,8 +32,9 @@ from hookviz.models.weights import classifier_out
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-#: The per-image commands a task can take.
-COMMANDS = frozenset({"gradcam", "featuremaps", "evaluate", "sanity", "gradflow", "dropblock"})
+#: The per-image commands a task can take, in the order a refusal lists them.
+ORDER = ("gradcam", "featuremaps", "dropblock", "evaluate", "sanity", "gradflow")
+COMMANDS = frozenset(ORDER)
 
 
 class Task:
