@@ -25,6 +25,7 @@ from hookviz.io.images import Box, Preprocess
 from hookviz.io.inputs import Item, read_input
 from hookviz.io.video import VideoPreprocess
 from hookviz.jobs.build import BuiltJob, CamSettings, classifier_job
+from hookviz.jobs.cam import CamJob
 from hookviz.models.loaded import LoadedModel, photo_shape
 from hookviz.models.sources import Built
 from hookviz.models.weights import classifier_out
@@ -49,6 +50,10 @@ class Task:
     commands: ClassVar[frozenset[str]] = COMMANDS
     #: Whether text prompts and ``--similar-to`` may replace its classes.
     prompts: ClassVar[bool] = False
+    #: The job of the default :meth:`cam_job` (a subclass of ``CamJob``: a video model's), and whether a
+    #: class's score sums its pixels (a segmenter's: records say which pixels).
+    job_class: ClassVar[type[CamJob]] = CamJob
+    dense: ClassVar[bool] = False
 
     # -- which models, and how they are loaded -------------------------------------------------------------
     def claims(self, model: nn.Module) -> bool:
@@ -94,7 +99,10 @@ class Task:
         agree: Callable[[Any], Any] | None = None,
     ) -> BuiltJob:
         """The ``gradcam`` job for ``loaded``: layers chosen, the notes to print."""
-        return classifier_job(loaded, settings, calls, targets, first_images=first_images, agree=agree)
+        return classifier_job(
+            loaded, settings, calls, targets, first_images=first_images, agree=agree,
+            job_class=self.job_class, dense=self.dense,
+        )  # fmt: skip
 
     def fields(self, loaded: LoadedModel) -> dict[str, Any]:
         """What every record of a run of this task holds besides the job's own fields."""
