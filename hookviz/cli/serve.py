@@ -40,6 +40,8 @@ PRELOAD = (
     "hookviz.models.build",
     "hookviz.models.torchvision",
     "hookviz.models.loaded",
+    "hookviz.tasks",
+    "hookviz.run.runner",
 )
 
 
