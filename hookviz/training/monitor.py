@@ -33,7 +33,7 @@ from hookviz.core.hooks import preserved, traced
 from hookviz.core.layers import default_cam_layer
 from hookviz.engine.explain import explain
 from hookviz.engine.features import feature_maps
-from hookviz.errors import UsageError
+from hookviz.errors import SetupError, UsageError
 from hookviz.io.images import Box
 from hookviz.render import enlarge_small, feature_grid, normalize, overlay
 from hookviz.training.gradients import gradient_flow
@@ -145,10 +145,12 @@ class Monitor:
                 "give log_dir (a TensorBoard directory) or writer (a SummaryWriter or a W&B run)"
             )
         if writer is None:
-            from torch.utils.tensorboard import (
-                SummaryWriter,  # needs tensorboard: pip install 'hookviz[monitor]'
-            )
-
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise SetupError(
+                    "Monitor(log_dir=...) needs tensorboard: pip install 'hookviz[monitor]'"
+                ) from None
             writer = SummaryWriter(str(log_dir))
             self._owned = True
         else:
@@ -176,6 +178,8 @@ class Monitor:
                 text = f"{found[0]}'s {found[1]} turned non-finite (NaN or inf) at step {step}"
                 warnings.warn(f"hookviz.Monitor: {text}", RuntimeWarning, stacklevel=2)
                 self.sink.text("hookviz/nonfinite", text, step)
+                self._watch.remove()  # the first is named: the watch's work is done
+                self._watch = None
         if step % self.every == 0:
             self.log(step)
 
