@@ -186,6 +186,8 @@ def test_the_first_module_to_turn_non_finite_is_named_with_its_step(
             loss.backward()
             opt.step()
             mon.step(step)
+            if step == at:  # named: the watch is removed, nothing accumulates after
+                assert hook_counts(model) == 0
     assert mon.first_nonfinite == Nonfinite("features.4", where, at)
     (event,) = _events(tmp_path).Tensors("hookviz/nonfinite/text_summary")
     assert event.step == at
@@ -206,6 +208,16 @@ def test_an_attention_mask_of_minus_infinity_raises_nothing(tmp_path: Path) -> N
                 model(torch.randn(5, 4, 4)).pow(2).sum().backward()
                 mon.step(step + 1)
     assert mon.first_nonfinite is None
+
+
+def test_without_tensorboard_a_log_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from hookviz.errors import SetupError
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if it were not installed
+    with pytest.raises(SetupError, match=r"needs tensorboard: pip install 'hookviz\[monitor\]'"):
+        Monitor(TinyCNN(), _probe()[0], log_dir=tmp_path)
 
 
 def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
