@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.core.detections import Detects, Found
 from hookviz.core.hooks import HookGroup, autograd_enabled, capture, preserved, unwrap_compiled
 from hookviz.core.layers import single_call
 from hookviz.errors import LayerError, UsageError
@@ -88,22 +89,40 @@ def _score_floor(model: nn.Module, threshold: float) -> Iterator[None]:
             m.score_thresh = value
 
 
-def _canvas(model: nn.Module) -> tuple[HookGroup, dict[str, tuple[int, int]]]:
-    """A hook on the detector's transform reporting the resized photo's size and the padded canvas's."""
-    sizes: dict[str, tuple[int, int]] = {}
-    transform = getattr(model, "transform", None)
-    if transform is None:
-        raise UsageError("the detector has no `transform` module (torchvision's detectors have one)")
+class _Torchvision:
+    """torchvision's detectors: they take a list of photos, resize and pad them in their ``transform``, and
+    return ``boxes``, ``labels`` and ``scores`` in the photos' pixels."""
 
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        images = output[0]
-        h, w = images.image_sizes[0]
-        sizes["resized"] = (int(h), int(w))
-        sizes["padded"] = (int(images.tensors.shape[-2]), int(images.tensors.shape[-1]))
+    def __init__(self, model: nn.Module) -> None:
+        if getattr(model, "transform", None) is None:
+            raise UsageError("the detector has no `transform` module (torchvision's detectors have one)")
+        self.model = model
 
-    group = HookGroup()
-    group.add(transform.register_forward_hook(hook))
-    return group, sizes
+    def detect(self, images: Sequence[Tensor], threshold: float) -> list[Found]:
+        sizes: list[tuple[int, int]] = []
+        padded: list[tuple[int, int]] = []
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            batch = output[0]
+            sizes.extend((int(h), int(w)) for h, w in batch.image_sizes)
+            padded.append((int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1])))
+
+        group = HookGroup()
+        transform: Any = self.model.transform
+        group.add(transform.register_forward_hook(hook))
+        with group, _score_floor(self.model, threshold):
+            outs = self.model(list(images))
+        if len(sizes) != len(outs):
+            raise UsageError("the detector's transform did not report the resized image size")
+        return [
+            Found(out["boxes"], out["labels"], out["scores"], padded[0], (0, 0, *size))
+            for out, size in zip(outs, sizes, strict=True)
+        ]
+
+
+def detector_of(model: nn.Module) -> Detects:
+    """How to run ``model`` as a detector: itself where it implements :class:`Detects`, else torchvision's."""
+    return model if isinstance(model, Detects) else _Torchvision(model)
 
 
 def explain_detections(
@@ -195,16 +214,17 @@ def drise(
     masks = random_masks(options.masks, options.cells, (h, w), options.seed).to(image.device)
     weights = torch.zeros(len(boxes), options.masks)
     target_boxes = boxes.to(image.device)
-    with torch.no_grad(), preserved(model), _score_floor(model, 0.0):
+    detector = detector_of(model)
+    with torch.no_grad(), preserved(model):
         model.eval()
         for start in range(0, options.masks, options.batch):
             chunk = masks[start : start + options.batch]
-            outs = model([image * mk[None] for mk in chunk])
+            outs = detector.detect([image * mk[None] for mk in chunk], 0.0)
             for k, out in enumerate(outs):
-                if len(boxes) and len(out["boxes"]):
-                    iou = box_iou(target_boxes, out["boxes"])  # (targets, found)
-                    same = labels.to(image.device)[:, None] == out["labels"][None]
-                    score = iou * out["scores"][None] * same
+                if len(boxes) and len(out.boxes):
+                    iou = box_iou(target_boxes, out.boxes.to(image.device))  # (targets, found)
+                    same = labels.to(image.device)[:, None] == out.labels.to(image.device)[None]
+                    score = iou * out.scores.to(image.device)[None] * same
                     weights[:, start + k] = score.amax(dim=1).float().cpu()
             advance(len(chunk))
     return torch.einsum("nm,mhw->nhw", weights, masks.float().cpu()) / (options.masks * 0.5)
@@ -225,16 +245,16 @@ def _explain_one(
     gradient_methods = [m for m in methods if REGISTRY[m].family == "gradient-weighted"]
     activation_methods = [m for m in methods if REGISTRY[m].family == "activation-only"]
     passes = 0
-    with autograd_enabled(image[None]) as batch, preserved(model), _score_floor(model, threshold):
+    detector = detector_of(model)
+    with autograd_enabled(image[None]) as batch, preserved(model):
         model.eval()
-        canvas, sizes = _canvas(model)
         # Gradient methods read the activations at their taps; Eigen-CAM alone needs stored outputs.
         hooks = capture(
             model, () if gradient_methods else layers, grad_layers=layers if gradient_methods else ()
         )
-        with canvas, hooks as cap:
+        with hooks as cap:
             with torch.no_grad():
-                out = model([batch[0]])[0]
+                out = detector.detect([batch[0]], threshold)[0]
             found = cap.captured.taps if gradient_methods else cap.captured.outputs
             acts: dict[str, Tensor] = {}
             for layer in layers:
@@ -244,7 +264,7 @@ def _explain_one(
                         f"layer {layer!r} gives shape {tuple(acts[layer].shape)}, not a (1, C, h, w) map; "
                         "pick a convolutional layer of the backbone"
                     )
-            scores, labels, boxes = out["scores"], out["labels"], out["boxes"]
+            scores, labels, boxes = out.scores, out.labels, out.boxes
             keep = scores.detach() >= threshold
             if classes is not None:
                 keep &= torch.isin(labels, torch.as_tensor(list(classes), device=labels.device))
@@ -261,9 +281,7 @@ def _explain_one(
                 passes += 1
                 for layer, g in zip(layers, got_grads, strict=True):
                     grads[layer].append(torch.zeros_like(acts[layer]) if g is None else g)
-    if "resized" not in sizes:
-        raise UsageError("the detector's transform did not report the resized image size")
-    resized, padded = sizes["resized"], sizes["padded"]
+    canvas, region = out.canvas, out.region
     n = len(kept)
     maps: dict[tuple[str, str], Tensor] = {}
     with torch.no_grad():
@@ -280,12 +298,12 @@ def _explain_one(
                     stacked = REGISTRY[m].compute(p)[0]  # (boxes, h, w)
                 else:
                     stacked = a.new_zeros(0, *a.shape[2:])
-                maps[(m, layer)] = _on_photo(stacked, padded, resized)
+                maps[(m, layer)] = _on_photo(stacked, canvas, region)
             for m in activation_methods:  # one map per photo
                 p = LayerPass(
                     model, a, layer, a, None, torch.zeros(1, 1, dtype=torch.long), relu, eigen_smooth
                 )
-                maps[(m, layer)] = _on_photo(REGISTRY[m].compute(p)[:, 0], padded, resized)
+                maps[(m, layer)] = _on_photo(REGISTRY[m].compute(p)[:, 0], canvas, region)
     return DetectionExplanation(
         boxes=boxes.detach()[kept].float().cpu(),
         labels=labels.detach()[kept].cpu(),
@@ -295,14 +313,15 @@ def _explain_one(
         maps={(m, la): v.float().cpu() for (m, la), v in maps.items()},
         found=int(scores.numel()),
         image_size=(int(image.shape[-2]), int(image.shape[-1])),
-        resized=resized,
+        resized=region[2:],
         grads_computed=passes,
     )
 
 
-def _on_photo(maps: Tensor, padded: tuple[int, int], resized: tuple[int, int]) -> Tensor:
-    """Maps over the padded canvas → the resized photo's part of it, at its resolution."""
+def _on_photo(maps: Tensor, canvas: tuple[int, int], region: tuple[int, int, int, int]) -> Tensor:
+    """Maps over the network's input canvas → the photo's part of it, at its resolution there."""
+    top, left, h, w = region
     if maps.shape[0] == 0:
-        return maps.new_zeros(0, *resized)
-    up = F.interpolate(maps[:, None].float(), size=padded, mode="bilinear", align_corners=False)[:, 0]
-    return up[:, : resized[0], : resized[1]]
+        return maps.new_zeros(0, h, w)
+    up = F.interpolate(maps[:, None].float(), size=canvas, mode="bilinear", align_corners=False)[:, 0]
+    return up[:, top : top + h, left : left + w]

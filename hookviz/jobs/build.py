@@ -243,7 +243,6 @@ def detection_job(
 ) -> BuiltJob:
     """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
     refused = {
-        "--fuse": s.fuse is not None,
         "--metrics": s.metrics,
         "--aug-smooth": s.aug_smooth,
         "--normalize": s.normalize != "image",
@@ -256,14 +255,28 @@ def detection_job(
     if s.layers == ("auto",):
         raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
     notes = []
+    fuse, fused_only = s.fuse, False
+    own = tuple(
+        getattr(loaded.model, "default_layers", ())
+    )  # another library's detector says (a YOLO's neck)
     if s.layers:
         chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(s.layers)]
+    elif len(own) > 1:
+        chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in own]
+        fuse, fused_only = fuse or "mean", True
+        what = getattr(loaded.model, "layers_note", "its default layers")
+        notes.append(
+            f"using the {fuse} of the maps at {', '.join(chosen)} ({what}; each scaled to [0, 1] first); "
+            "--layer to see one"
+        )
     else:
-        chosen = [default_cam_layer(loaded.model, calls)]
+        chosen = [own[0] if own else default_cam_layer(loaded.model, calls)]
         notes.append(
             f"using layer {chosen[0]} (the default for {loaded.name}: its backbone's last stage; "
             "--layer to change)"
         )
+    if fuse is not None and len(chosen) < 2:
+        raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
     if not s.methods:
         notes.append(
             "using HiResCAM for a detector (Grad-CAM averages a box's local gradient over the "
@@ -282,6 +295,8 @@ def detection_job(
         save_raw=s.save_raw,
         eigen_smooth=s.eigen_smooth,
         options=dataclasses.replace(s.options, batch=min(s.scorecam_batch, 8)),
+        fuse=fuse,
+        fused_only=fused_only,
     )
     if "drise" in job.methods:
         notes.append(

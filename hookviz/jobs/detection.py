@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from hookviz.engine.detection import detection_methods, explain_detections
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
+    FUSED,
     BaseJob,
     _finite_stat,
     _full_map,
@@ -22,10 +24,10 @@ from hookviz.jobs.common import (
     model_settings,
     parse_methods,
 )
-from hookviz.methods import REGISTRY, MethodOptions
+from hookviz.methods import REGISTRY, MethodOptions, cams
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
-from hookviz.options import Colormap
+from hookviz.options import Colormap, Fuse
 
 
 def _per_photo(method: str) -> bool:
@@ -60,6 +62,10 @@ class DetectionJob(BaseJob):
     #: Called as ``progress(done, total)`` over D-RISE's masked passes.
     progress: Any = None
     kind: str = "gradcam"
+    #: ``mean`` or ``max``: also one map fused from every layer's (each scaled to [0, 1] first, as
+    #: ``gradcam --fuse`` on classifiers); ``fused_only``: only that one (a YOLO's neck by default).
+    fuse: str | None = None
+    fused_only: bool = False
 
     def __post_init__(self) -> None:
 
@@ -75,6 +81,10 @@ class DetectionJob(BaseJob):
             raise UsageError(f"--score-threshold {self.score_threshold}: must be between 0 and 1")
         if self.max_boxes < 1:
             raise UsageError(f"--max-boxes {self.max_boxes}: must be at least 1")
+        if self.fuse is not None:
+            self.fuse = Fuse.parse(self.fuse, "--fuse").value
+            if len(self.layers) < 2:
+                raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -90,18 +100,43 @@ class DetectionJob(BaseJob):
             "colormap": self.colormap,
             "relu": self.relu,
             "eigen_smooth": self.eigen_smooth,
+            **({"fuse": self.fuse, "fused_only": self.fused_only} if self.fuse else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 
     def planned(self, stem: str) -> list[str]:
         """The outputs known before the model runs (the per-box ones depend on what it finds)."""
         names = [
-            f"{stem}.{m}.{slug(layer)}.png" for m in self.methods if _per_photo(m) for layer in self.layers
+            f"{stem}.{m}.{slug(layer)}.png" for m in self.methods if _per_photo(m) for layer in self._shown()
         ]
         return [*names, f"{stem}.detections.png"]
 
-    def compute(self, x: Any) -> Any:
+    def _shown(self) -> list[str]:
+        """The layers whose maps are written: each given one, then the fused map."""
+        if not self.fuse:
+            return list(self.layers)
+        return [FUSED] if self.fused_only else [*self.layers, FUSED]
 
+    def compute(self, x: Any) -> Any:
+        found = self._explain(x)
+        if not self.fuse:
+            return found
+        out = []
+        for ex in found:
+            maps = dict(ex.maps)
+            for m in self.methods:
+                stacks = [ex.maps[(m, layer)] for layer in self.layers]
+                maps[(m, FUSED)] = cams.fuse(
+                    [t[None] for t in stacks], ex.resized, self.fuse, relu=self.relu
+                )[0]
+            out.append(
+                dataclasses.replace(
+                    ex, maps={(m, la): maps[(m, la)] for m in self.methods for la in self._shown()}
+                )
+            )
+        return out
+
+    def _explain(self, x: Any) -> Any:
         return explain_detections(
             self.loaded.model,
             x,
@@ -143,7 +178,8 @@ class DetectionJob(BaseJob):
             render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
             name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
             what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
-        head = f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}"
+        where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
+        head = f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}"
         files = [
             (name, encode_png(render.caption(render.enlarge_small(picture), [head, f"explained: {what}"])))
         ]

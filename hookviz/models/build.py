@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hookviz.models import hf, python, timm, torchvision
+from hookviz.models import hf, python, timm, torchvision, ultralytics
 from hookviz.models.sources import Built, Options, source_of
 
 #: Each source's builder: ``build(spec, weights, options)``.
@@ -13,6 +13,7 @@ SOURCES: dict[str, Callable[[str, str, Options], Built]] = {
     "torchvision": torchvision.build,
     "timm": timm.build,
     "hf": hf.build,
+    "ultralytics": ultralytics.build,
     "python": python.build,
     "pickle": python.build,
 }

@@ -24,24 +24,8 @@ from torch import Tensor, nn
 from hookviz.core.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
 from hookviz.errors import LayerError, UsageError
 from hookviz.io.images import load_rgb
+from hookviz.models.facade import Facade
 from hookviz.models.loaded import LoadedModel, num_classes, probe
-
-
-class _Facade(nn.Module):
-    """A module that runs ``model`` and shows its children under their own names (not as ``model.x``)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self._wrapped = (model,)  # a tuple: not registered as a child, so names stay the model's
-        for name, child in model.named_children():
-            self.add_module(name, child)
-        for name, param in model.named_parameters(recurse=False):  # CLIP's logit_scale
-            self.register_parameter(name, param)
-        self.training = model.training
-
-    @property
-    def wrapped(self) -> nn.Module:
-        return self._wrapped[0]
 
 
 def _pool(t: Tensor) -> Tensor:
@@ -56,7 +40,7 @@ def _pool(t: Tensor) -> Tensor:
     return t.flatten(1)
 
 
-class Similarity(_Facade):
+class Similarity(Facade):
     """``(B, 1)``: the cosine similarity of each photo's embedding (``embedding(x)`` ``(B, D)``) to the
     reference's (:attr:`reference`, set by :func:`similar_to`)."""
 
@@ -171,7 +155,7 @@ def _replace(
     return dataclasses.replace(loaded, model=model, categories=categories, labels_id=labels_id)
 
 
-class ImageText(_Facade):
+class ImageText(Facade):
     """``(B, P)``: an image-text model's (CLIP, SigLIP) ``scale · cos(image, prompt) + bias`` for each of
     ``P`` prompts, whose text embeddings are computed once. Its modules keep the model's names."""
 
@@ -201,7 +185,7 @@ def _pooled(out: Any) -> Tensor:
     return out if isinstance(out, Tensor) else out.pooler_output
 
 
-class ImageTextSource(_Facade):
+class ImageTextSource(Facade):
     """An image-text model (``CLIPModel``, ``SiglipModel``) as loaded, before any prompt: its output is the
     image embedding ``(B, D)`` (so ``featuremaps``, ``layers`` and ``summary`` see its image tower);
     :func:`with_prompts` makes it score prompts."""

@@ -4,6 +4,7 @@
 ``resnet18``                           a torchvision classifier (:mod:`.torchvision`)
 ``timm:convnext_tiny``                 a timm model (:mod:`.timm`, needs ``hookviz[timm]``)
 ``hf:DIR_OR_ID``                       a Hugging Face image classifier (:mod:`.hf`, ``hookviz[hf]``)
+``ultralytics:FILE.pt``                an ultralytics YOLO (:mod:`.ultralytics`, ``hookviz[ultralytics]``)
 ``net.py:make_net``, ``pkg.mod:Net``   a function or class in the user's code (:mod:`.python`)
 ``model.pt``                           a whole pickled module, with ``trust_pickle`` only
 =====================================  =====================================================
@@ -78,6 +79,8 @@ def source_of(spec: str) -> str:
         return "timm"
     if spec.startswith("hf:"):
         return "hf"
+    if spec.startswith("ultralytics:"):
+        return "ultralytics"
     head, sep, tail = spec.rpartition(":")
     if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
         return "python"

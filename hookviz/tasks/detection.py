@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 from torchvision.models import detection
 
+from hookviz.core.detections import Detects
 from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
 from hookviz.io.images import Preprocess
@@ -35,20 +36,25 @@ class Detection(Task):
     commands = COMMANDS - {"gradflow", "evaluate", "sanity"}
 
     def claims(self, model: nn.Module) -> bool:
-        return isinstance(model, DETECTORS)
+        return isinstance(model, (*DETECTORS, Detects))
 
     def default_preprocess(self) -> Preprocess:
         return task_preprocess(self.name)
 
     def head_classes(self, model: nn.Module) -> int | None:
+        if isinstance(model, Detects):  # another library's detector: it says
+            return getattr(model, "num_classes", None)
         return dense_classes(model)
 
     def known_classes(self, model: nn.Module) -> int | None:
-        return dense_classes(model) or 1
+        return self.head_classes(model) or 1
 
     def set_input_size(self, model: nn.Module, size: int, name: str) -> None:
         """The shorter side the detector's transform resizes photos to (the longer one capped at the same
-        1333/800 ratio as torchvision's default)."""
+        1333/800 ratio as torchvision's default); another library's detector sets its own."""
+        if isinstance(model, Detects) and hasattr(model, "set_input_size"):
+            cast(Any, model).set_input_size(size)
+            return
         transform = getattr(model, "transform", None)
         if transform is None or not hasattr(transform, "min_size"):
             raise UsageError(f"--input-size: {name} has no resizing transform to set; leave it out")
@@ -71,7 +77,9 @@ class Detection(Task):
         return detection_job(loaded, settings, calls, targets)
 
     def describe(self, record: dict[str, Any]) -> list[str] | None:
-        found = record.get("detections") or []
+        if "detections" not in record:  # featuremaps, dropblock: no boxes were asked for
+            return None
+        found = record["detections"] or []
         if not found:
             threshold = record.get("settings", {}).get("score_threshold")
             return [f"nothing detected with score >= {threshold} (lower --score-threshold to see more);"]

@@ -1,0 +1,268 @@
+"""ultralytics YOLO through ``--model ultralytics:...``: boxes equal ``model.predict``, maps find their boxes.
+
+The detector is the fixture ``scripts/train_shapes_yolo.py`` trained (a tiny YOLOv8 on synthetic shape scenes,
+held-out mAP50 0.995). Photos are non-square so that the letterbox pads them (the maps must be mapped back
+through the padding); the other models are ultralytics' own definitions built with random weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hookviz.engine.detection import explain_detections
+from hookviz.io.shapes import shapes_scene
+from hookviz.models.sources import Options
+from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
+
+ultralytics = pytest.importorskip("ultralytics")
+
+FIXTURE = ROOT / "tests" / "fixtures" / "shapes_yolo.pt"
+SPEC = f"ultralytics:{FIXTURE}"
+#: Photo sizes (H, W): letterboxed to 160 they are padded above and below, left and right, or not at all.
+SIZES = [(130, 200), (150, 100), (96, 160), (176, 144)]
+
+
+def _build(spec: str = SPEC, weights: str = "DEFAULT") -> Any:
+    from hookviz.models.ultralytics import build
+
+    return build(spec, weights, Options())
+
+
+def _scenes(n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = SIZES[i % len(SIZES)]
+        img, boxes, labels, _ = shapes_scene(rng, h, w, 3, (9, 16))
+        out.append(((img * 255).round().astype(np.uint8), boxes, labels))
+    return out
+
+
+def _tensor(rgb: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(rgb).permute(2, 0, 1).float() / 255
+
+
+@pytest.fixture(scope="module")
+def yolo() -> Any:
+    return _build()
+
+
+def test_boxes_classes_and_scores_equal_predict(yolo: Any) -> None:
+    """On letterboxed photos of four shapes: every box within a tenth of a pixel of ``predict``'s, the same
+    classes in the same order, scores within 1e-4 (predict fuses Conv+BN; hookviz runs the model as saved)."""
+    from ultralytics import YOLO
+
+    reference = YOLO(str(FIXTURE))
+    compared = 0
+    for rgb, _, _ in _scenes(12, seed=21):
+        ours = yolo.model.detect([_tensor(rgb)], 0.25)[0]
+        theirs = reference.predict(rgb[..., ::-1].copy(), conf=0.25, verbose=False)[0].boxes
+        assert ours.labels.tolist() == theirs.cls.long().tolist()
+        assert torch.allclose(ours.boxes, theirs.xyxy, atol=0.1), (ours.boxes, theirs.xyxy)
+        assert torch.allclose(ours.scores.detach(), theirs.conf, atol=1e-4)
+        compared += len(theirs)
+    assert compared >= 20
+
+
+def test_letterbox_region_is_where_ultralytics_puts_the_photo(yolo: Any) -> None:
+    """Padding (grey 114) lies exactly outside the region the maps are cut from."""
+    for h, w in SIZES:
+        rgb = np.zeros((h, w, 3), np.uint8)
+        found = yolo.model.detect([_tensor(rgb)], 0.25)[0]
+        canvas = yolo.model.letterbox(_tensor(rgb)[None])[0]
+        top, left, rh, rw = found.region
+        assert tuple(canvas.shape[1:]) == found.canvas and found.canvas[0] % 32 == found.canvas[1] % 32 == 0
+        inside = canvas[:, top : top + rh, left : left + rw]
+        assert float(inside.abs().max()) == 0.0  # the black photo
+        assert float(canvas.sum()) == pytest.approx(114 / 255 * 3 * (canvas[0].numel() - rh * rw), rel=1e-5)
+    assert {_pad(yolo, s) for s in SIZES} == {"rows", "columns", "none"}
+
+
+def _pad(yolo: Any, size: tuple[int, int]) -> str:
+    found = yolo.model.detect([torch.zeros(3, *size)], 0.25)[0]
+    top, left, _, _ = found.region
+    return "rows" if top else "columns" if left else "none"
+
+
+def test_each_box_map_peaks_inside_its_box(yolo: Any) -> None:
+    """The default (HiResCAM, the mean of the three neck scales) for each detected box: its peak lies in
+    the box (2 px margin) for at least 90 % of the boxes of held-out letterboxed scenes; every scale on its
+    own gets gradients (the head does not cut them off)."""
+    layers = list(yolo.model.default_layers)
+    assert layers == ["model.15", "model.18", "model.21"]
+    from hookviz.methods import cams
+
+    hits = total = 0
+    for rgb, _, _ in _scenes(16, seed=33):
+        ex = explain_detections(yolo.model, [_tensor(rgb)], layers, ["hirescam"], score_threshold=0.5)[0]
+        per_layer = [ex.maps[("hirescam", la)] for la in layers]
+        # A box's score reads one scale's anchor; gradients reach that scale and those it is made from.
+        reached = torch.stack([m.flatten(1).amax(dim=1) > 0 for m in per_layer])  # (scales, boxes)
+        assert reached.any(dim=0).all()
+        fused = cams.fuse([m[None] for m in per_layer], ex.resized, "mean")[0]
+        h, w = rgb.shape[:2]
+        for box, cam in zip(ex.boxes.tolist(), fused, strict=True):
+            up = torch.nn.functional.interpolate(cam[None, None], size=(h, w), mode="bilinear")[0, 0]
+            y, x = divmod(int(up.argmax()), w)
+            total += 1
+            hits += box[0] - 2 <= x <= box[2] + 2 and box[1] - 2 <= y <= box[3] + 2
+    assert total >= 25 and hits >= 0.9 * total, (hits, total)
+
+
+def test_the_model_is_left_as_found(yolo: Any) -> None:
+    model = yolo.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    model.train()
+    explain_detections(
+        model, [torch.rand(3, 120, 150)], ["model.15"], ["gradcam", "eigencam"], score_threshold=0
+    )
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(p.grad is None for p in model.parameters())
+    assert hook_counts(model) == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_gradcam_from_the_cli_writes_a_map_per_box(tmp_path: Path, yolo: Any) -> None:
+    (folder := tmp_path / "in").mkdir()
+    scenes = _scenes(2, seed=5)
+    for i, (rgb, _, _) in enumerate(scenes):
+        write_image(folder / f"s{i}.png", rgb)
+    r = invoke("gradcam", str(folder), "--model", SPEC, "--out", str(tmp_path / "out"), "--max-boxes", "3")
+    assert r.exit_code == 0, r.output
+    assert "model.15, model.18, model.21" in r.stderr  # the note names the fused tensors
+    recs = sorted(records(tmp_path / "out"), key=lambda rec: str(rec["input"]))
+    for rec, (rgb, _, _) in zip(recs, scenes, strict=True):
+        found = yolo.model.detect([_tensor(rgb)], 0.5)[0]
+        want = found.scores.detach().argsort(descending=True)[:3]
+        assert [d["index"] for d in rec["detections"]] == found.labels[want].tolist()
+        assert [d["name"] for d in rec["detections"]] == [
+            ("square", "disc", "cross")[int(k)] for k in found.labels[want]
+        ]
+        assert rec["settings"]["fuse"] == "mean" and rec["layers"] == ["model.15", "model.18", "model.21"]
+        for d in rec["detections"]:
+            [name] = d["outputs"]
+            assert ".hirescam.fused.box" in name
+            picture(tmp_path / "out" / name, min_size=(60, 60))
+
+
+def test_one_scale_on_request_and_every_detector_method(tmp_path: Path) -> None:
+    rgb = _scenes(1, seed=8)[0][0]
+    write_image(tmp_path / "s.png", rgb)
+    r = invoke(
+        "gradcam", str(tmp_path / "s.png"), "--model", SPEC, "--out", str(tmp_path / "out"),
+        "--layer", "model.18", "--method", "gradcam,layercam,eigencam,drise", "--masks", "64",
+        "--max-boxes", "1",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    [rec] = records(tmp_path / "out")
+    assert {m["method"] for m in rec["maps"]} == {"gradcam", "layercam", "eigencam", "drise"}
+    assert {m["layer"] for m in rec["maps"]} == {"model.18"}
+    assert all(m["finite"] for m in rec["maps"])
+    assert all(m["max"] > m["min"] for m in rec["maps"] if m["method"] in ("eigencam", "drise"))
+
+
+def test_other_commands_take_a_yolo_and_evaluate_refuses_it(tmp_path: Path) -> None:
+    rgb = _scenes(1, seed=9)[0][0]
+    write_image(tmp_path / "s.png", rgb)
+    r = invoke(
+        "featuremaps",
+        str(tmp_path / "s.png"),
+        "--model",
+        SPEC,
+        "--layer",
+        "model.15",
+        "--out",
+        str(tmp_path / "f"),
+    )
+    assert r.exit_code == 0, r.output
+    [rec] = records(tmp_path / "f")
+    assert "nothing detected" not in r.stderr and rec["task"] == "detection"
+    r = invoke("layers", "--model", SPEC)
+    assert r.exit_code == 0 and "model.22" in r.stdout and "Detect" in r.stdout
+    r = invoke("summary", "--model", SPEC)
+    assert r.exit_code == 0, r.output
+    r = invoke("evaluate", str(tmp_path / "s.png"), "--model", SPEC, "--out", str(tmp_path / "e"))
+    assert r.exit_code == 2 and "detector" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_input_size_letterboxes_as_predict_imgsz(tmp_path: Path) -> None:
+    """``--input-size 200`` rounds up to the stride (224), as ``predict(imgsz=200)`` does."""
+    from ultralytics import YOLO
+
+    from hookviz.tasks import load_model
+
+    loaded = load_model(SPEC, input_size=200)
+    assert loaded.model.imgsz == 224
+    rgb = _scenes(1, seed=12)[0][0]
+    ours = loaded.model.detect([_tensor(rgb)], 0.25)[0]
+    theirs = YOLO(str(FIXTURE)).predict(rgb[..., ::-1].copy(), imgsz=200, verbose=False)[0].boxes
+    assert ours.canvas[1] == 224
+    assert torch.allclose(ours.boxes, theirs.xyxy, atol=0.1)
+
+
+@pytest.mark.parametrize("yaml", ["yolov8n-seg.yaml", "yolo11n.yaml", "yolo26n.yaml"])
+def test_segment_and_newer_models_equal_predict(yaml: str) -> None:
+    """Other heads, random weights: a segment head (mask coefficients after the classes), YOLO11, and
+    YOLO26's end-to-end head (no NMS): the same boxes as ``predict`` at a low threshold."""
+    from ultralytics import YOLO
+
+    built = _build(f"ultralytics:{yaml}")
+    nc = built.model.num_classes
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # class scores spread out (random init gives every anchor the same ~1e-5: ties)
+        for conv in built.model.model[-1].modules():
+            if isinstance(conv, torch.nn.Conv2d) and conv.out_channels == nc and conv.bias is not None:
+                conv.bias.copy_(torch.randn(nc, generator=gen) * 1.5 - 3)
+    reference = YOLO(yaml)
+    reference.model.load_state_dict(built.model.wrapped.state_dict())
+    built.model.wrapped.fuse(verbose=False)  # as predict does: the same numbers, so ties break alike
+    rgb = _scenes(1, seed=4)[0][0]
+    with torch.enable_grad():
+        ours = built.model.detect([_tensor(rgb)], 0.05)[0]
+    theirs = reference.predict(rgb[..., ::-1].copy(), conf=0.05, imgsz=640, verbose=False)[0].boxes
+    assert len(ours.boxes) == len(theirs) > 0
+    assert torch.allclose(ours.boxes, theirs.xyxy, atol=0.1)
+    assert torch.allclose(ours.scores.detach(), theirs.conf, atol=1e-4)
+
+
+def test_classify_models_are_classifiers_with_logits() -> None:
+    """A classify model is explained by its logits; its preprocessing is ultralytics' classify transform."""
+    from ultralytics import YOLO
+
+    from hookviz.tasks import load_model
+
+    loaded = load_model("ultralytics:yolov8n-cls.yaml")
+    assert loaded.task_name == "classification"
+    reference = YOLO("yolov8n-cls.yaml")
+    reference.model.load_state_dict(loaded.model.wrapped.state_dict())
+    rgb = np.random.default_rng(0).integers(0, 256, (180, 240, 3), dtype=np.uint8)
+    x = torch.from_numpy(loaded.preprocess(rgb)[0])[None]
+    with torch.no_grad():
+        logits = loaded.model(x)
+    probs = reference.predict(rgb[..., ::-1].copy(), imgsz=224, verbose=False)[0].probs.data
+    assert torch.allclose(logits.softmax(1)[0], probs, atol=1e-4)
+
+
+def test_bad_specs_are_one_line(tmp_path: Path) -> None:
+    write_image(tmp_path / "s.png", np.zeros((40, 40, 3), np.uint8))
+    for spec, words in [
+        ("ultralytics:nothere.pt", "cannot load"),
+        ("ultralytics:yolov8n-pose.yaml", "pose model"),
+        ("ultralytics:", "needs a checkpoint"),
+    ]:
+        r = invoke("gradcam", str(tmp_path / "s.png"), "--model", spec, "--out", str(tmp_path / "o"))
+        assert r.exit_code != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_weights_none_keeps_the_class_names() -> None:
+    built = _build(weights="none")
+    assert built.categories == ("square", "disc", "cross") and built.model.imgsz == 160
+    assert not built.pretrained
