@@ -57,7 +57,8 @@ Model = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="torchvision name (hookviz models), timm:NAME, hf:DIR, file.py:FN, pkg.mod:FN, or FILE.pt.",
+        help="torchvision name (hookviz models), timm:NAME, hf:DIR, ultralytics:FILE.pt, file.py:FN, "
+        "pkg.mod:FN, or FILE.pt.",
         rich_help_panel=MODEL,
     ),
 ]
