@@ -319,11 +319,11 @@ def single_call(found: dict[str, list[Tensor]], layer: str) -> Tensor:
 
 def backbone_prefix(model: nn.Module) -> str | None:
     """The feature extractor of a segmentation or detection model: its ``backbone``'s ``body`` (before an
-    FPN) or ``features`` (SSD), else the ``backbone`` itself; None without a ``backbone`` child."""
+    FPN) or ``features`` (SSD), else the ``backbone`` itself (a Hugging Face DETR's ``model.backbone``); None
+    without one."""
     modules = dict(model.named_modules())
-    if "backbone" not in modules:
-        return None
-    return next(p for p in ("backbone.body", "backbone.features", "backbone") if p in modules)
+    found = ("backbone.body", "backbone.features", "backbone", "model.backbone")
+    return next((p for p in found if p in modules), None)
 
 
 def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:

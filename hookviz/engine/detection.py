@@ -259,11 +259,7 @@ def _explain_one(
             acts: dict[str, Tensor] = {}
             for layer in layers:
                 acts[layer] = single_call(found, layer)
-                if acts[layer].dim() != 4:
-                    raise LayerError(
-                        f"layer {layer!r} gives shape {tuple(acts[layer].shape)}, not a (1, C, h, w) map; "
-                        "pick a convolutional layer of the backbone"
-                    )
+                _spatial(detector, acts[layer], out.canvas, layer)  # a map, or a clear error
             scores, labels, boxes = out.scores, out.labels, out.boxes
             keep = scores.detach() >= threshold
             if classes is not None:
@@ -286,7 +282,8 @@ def _explain_one(
     maps: dict[tuple[str, str], Tensor] = {}
     with torch.no_grad():
         for layer in layers:
-            a = acts[layer].detach()
+            a = _spatial(detector, acts[layer].detach(), canvas, layer)
+            grads[layer] = [_spatial(detector, g, canvas, layer) for g in grads[layer]]
             for m in gradient_methods:
                 if len(grads[layer]) < n:  # the scores do not depend on this layer: no evidence
                     grads[layer] += [torch.zeros_like(a)] * (n - len(grads[layer]))
@@ -316,6 +313,25 @@ def _explain_one(
         resized=region[2:],
         grads_computed=passes,
     )
+
+
+def _spatial(detector: Detects, t: Tensor, canvas: tuple[int, int], layer: str) -> Tensor:
+    """A layer's tensor as a ``(1, C, h, w)`` map: as it is, or a transformer's tokens laid out on their grid
+    by the detector (``to_map``: YOLOS's patch tokens, DETR's encoder tokens).
+
+    Raises:
+        LayerError: no map can be made of it.
+    """
+    if t.dim() == 4:
+        return t
+    to_map = getattr(detector, "to_map", None)
+    laid = to_map(t, canvas) if to_map is not None else None
+    if laid is None:
+        raise LayerError(
+            f"layer {layer!r} gives shape {tuple(t.shape)}, not a (1, C, h, w) map; "
+            "pick a convolutional layer of the backbone"
+        )
+    return laid
 
 
 def _on_photo(maps: Tensor, canvas: tuple[int, int], region: tuple[int, int, int, int]) -> Tensor:

@@ -147,11 +147,8 @@ def classifier_job(
             auto = agree(auto)
         chosen = [auto["chosen"]]
     elif not settings.layers:
-        chosen = [default_cam_layer(loaded.model, calls)]
-        notes.append(
-            f"using layer {chosen[0]} (the default for {loaded.name}: {default_reason(calls, chosen[0])}; "
-            "--layer to change)"
-        )
+        chosen, reason = default_layer(loaded, calls)
+        notes.append(f"using layer {chosen[0]} (the default for {loaded.name}: {reason}; --layer to change)")
     else:
         chosen = [
             cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(settings.layers)
@@ -270,11 +267,9 @@ def detection_job(
             "--layer to see one"
         )
     else:
-        chosen = [own[0] if own else default_cam_layer(loaded.model, calls)]
-        notes.append(
-            f"using layer {chosen[0]} (the default for {loaded.name}: its backbone's last stage; "
-            "--layer to change)"
-        )
+        chosen, reason = default_layer(loaded, calls)
+        reason = reason if own else "its backbone's last stage"
+        notes.append(f"using layer {chosen[0]} (the default for {loaded.name}: {reason}; --layer to change)")
     if fuse is not None and len(chosen) < 2:
         raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
     if not s.methods:
@@ -305,10 +300,22 @@ def detection_job(
     return BuiltJob(job=job, notes=tuple(notes))
 
 
+def default_layer(loaded: LoadedModel, calls: list[ModuleCall]) -> tuple[list[str], str]:
+    """The default CAM layer and why: the one a model from another library names (``default_layers``: a
+    Hugging Face segmenter's classifier input), else the one found from the traced shapes."""
+    own = tuple(getattr(loaded.model, "default_layers", ()))
+    if own:
+        return [cam_layer(loaded.model, own[0], calls, loaded.name)], str(
+            getattr(loaded.model, "layers_note", "")
+        )
+    chosen = default_cam_layer(loaded.model, calls)
+    return [chosen], default_reason(calls, chosen)
+
+
 def chosen_layers(loaded: LoadedModel, names: Sequence[str] | None, calls: list[ModuleCall]) -> list[str]:
     """The layers ``names`` (``--layer``, repeatable; checked), or the default CAM layer."""
     if not names:
-        return [default_cam_layer(loaded.model, calls)]
+        return default_layer(loaded, calls)[0]
     return [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(names)]
 
 

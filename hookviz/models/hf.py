@@ -64,8 +64,11 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
     name = f"hf:{Path(where).name or where}"
     # An image-text model (CLIP, SigLIP): the whole model, its tokenizer beside it; prompts come later.
     image_text = getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None)
+    task, auto_name = _kind(config)
     if image_text:
         auto = transformers.AutoModel
+    elif auto_name:
+        auto = getattr(transformers, auto_name)
     if weights.lower() == WEIGHTS_NONE:
         model = seeded(lambda: auto.from_config(config))
         label, pretrained, weights_id = "none (random init)", False, "none"
@@ -88,7 +91,59 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
     if image_text:
         model = ImageTextSource(model, _tokenizer(transformers, where), str(config.model_type))
+    elif task != "classification":
+        return _dense(transformers, model, task, where, config, (name, label, pretrained, weights_id))
     built = Built(model, name, label, pretrained, weights_id, () if image_text else _categories(config))
+    _preprocessing(built, where, config)
+    return built
+
+
+def _kind(config: Any) -> tuple[str, str | None]:
+    """The task of a Hugging Face model (``classification``, ``detection``, ``segmentation``) and the auto
+    class that builds it (None: image classification's), from the saved architecture or the model type."""
+    from transformers.models.auto import modeling_auto as auto
+
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    kind = str(getattr(config, "model_type", ""))
+    if "ForObjectDetection" in archs or (not archs and kind in auto.MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES):
+        return "detection", "AutoModelForObjectDetection"
+    semantic = kind in auto.MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES
+    if "ForSemanticSegmentation" in archs or (not archs and semantic and kind not in _CLASSIFIERS):
+        return "segmentation", "AutoModelForSemanticSegmentation"
+    universal = kind in auto.MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES and kind != "detr"
+    if any(w in archs for w in ("ForUniversalSegmentation", "ForInstanceSegmentation")) or (
+        not archs and universal
+    ):
+        return "segmentation", "AutoModelForUniversalSegmentation"
+    return "classification", None
+
+
+#: Model types that are image classifiers too (a config without ``architectures`` is taken as one).
+_CLASSIFIERS = frozenset({"beit", "data2vec-vision", "mobilenet_v2", "mobilevit", "mobilevitv2", "segformer"})
+
+
+def _dense(
+    transformers: Any, model: Any, task: str, where: str, config: Any, ids: tuple[str, str, bool, str]
+) -> Built:
+    """A detector or semantic segmenter, read through the image processor saved beside it."""
+    from hookviz.models.hf_dense import HfDetector, HfSegmenter
+
+    try:
+        proc = transformers.AutoImageProcessor.from_pretrained(where)
+    except (OSError, ValueError, KeyError) as exc:
+        raise WeightsError(
+            f"hf:{where}: no image processor beside the model ({_first_line(exc)}); save it with "
+            "processor.save_pretrained(DIR): its post-processing decides the boxes and regions"
+        ) from None
+    name, label, pretrained, weights_id = ids
+    categories = _categories(config)
+    if task == "detection":
+        zero, one = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+        side = _sizes(getattr(proc, "size", None))
+        edge = side.get("shortest_edge") or side.get("height") or 800
+        pre = Preprocess(crop_size=edge, resize_size=edge, resize="model", mean=zero, std=one)
+        return Built(HfDetector(model, proc), name, label, pretrained, weights_id, categories, pre, task=task)
+    built = Built(HfSegmenter(model, proc), name, label, pretrained, weights_id, categories, task=task)
     _preprocessing(built, where, config)
     return built
 

@@ -24,7 +24,8 @@ class Segmentation(Task):
         return task_preprocess(self.name)
 
     def head_classes(self, model: nn.Module) -> int | None:
-        return dense_classes(model)
+        own = getattr(model, "num_classes", None)  # another library's segmenter says (Hugging Face's)
+        return int(own) if isinstance(own, int) else dense_classes(model)
 
 
 SEGMENTATION = register_task(Segmentation())
