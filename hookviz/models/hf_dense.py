@@ -113,6 +113,14 @@ class HfDetector(_Processed):
         return None
 
 
+#: Where a segmenter's decode head fuses its features, before BatchNorm, ReLU and the 1x1 classifier.
+_FUSED_FEATURES = {
+    "segformer": "decode_head.linear_fuse",
+    "upernet": "decode_head.fpn_bottleneck.conv",
+    "dpt": "head.head.0",
+}
+
+
 class HfSegmenter(_Processed):
     """A ``transformers`` semantic segmenter: ``forward`` returns class scores ``(B, classes, H, W)`` at the
     input's size: the processor's ``post_process_semantic_segmentation`` scores (its map is their argmax).
@@ -124,14 +132,20 @@ class HfSegmenter(_Processed):
     def __init__(self, model: nn.Module, processor: Any) -> None:
         super().__init__(model, processor)
         modules = dict(model.named_modules())
+        own = _FUSED_FEATURES.get(str(getattr(model.config, "model_type", "")))
         heads = [
             n for n, m in modules.items() if isinstance(m, nn.Conv2d) and m.out_channels == self.num_classes
         ]
-        if heads:  # SegFormer, UperNet, DPT: the features the per-pixel classifier reads
-            self.default_layers: tuple[str, ...] = (f"{heads[-1]}:input",)
-            self.layers_note = f"the features its classifier {heads[-1]} reads"
+        if own is not None and own in modules:
+            # The decode head's fused features before its last ReLU: after it the head is linear, so a CAM
+            # there is the class's logit map, which ReLU blanks where a class wins by being less negative.
+            self.default_layers: tuple[str, ...] = (own,)
+            self.layers_note = "its decode head's fused features, before the last ReLU"
         elif (mask := "model.pixel_level_module.decoder.mask_projection") in modules:  # Mask(2)Former
             self.default_layers, self.layers_note = (mask,), "the pixel decoder's mask features"
+        elif heads:
+            self.default_layers = (f"{heads[-1]}:input",)
+            self.layers_note = f"the features its classifier {heads[-1]} reads"
         else:
             self.default_layers, self.layers_note = (), ""
 
