@@ -4,8 +4,8 @@ test fixture.
     python scripts/train_shapes_yolo.py [--epochs 40] [--out tests/fixtures/shapes_yolo.pt]
 
 Needs ``pip install 'hookviz[ultralytics]'`` (AGPL-3.0, not bundled with hookviz). CPU only, seeded; a few
-minutes on two cores. The scenes are written as an ultralytics dataset in a temporary folder; the checkpoint is
-ultralytics' own ``best.pt`` (stripped of its optimiser state by ultralytics), copied to ``--out``. Prints
+minutes on two cores. The scenes are written as an ultralytics dataset in a temporary folder; the checkpoint
+is ultralytics' own ``best.pt`` (stripped of its optimiser state by ultralytics), copied to ``--out``. Prints
 ultralytics' validation mAP50 on held-out scenes.
 """
 
@@ -91,7 +91,9 @@ def main() -> None:
         write_split(root / "train", args.train, seed=0)
         write_split(root / "val", 100, seed=1234)
         names = "\n".join(f"  {i}: {n}" for i, n in enumerate(SHAPES))
-        (root / "data.yaml").write_text(f"path: {root}\ntrain: train/images\nval: val/images\nnames:\n{names}\n")
+        (root / "data.yaml").write_text(
+            f"path: {root}\ntrain: train/images\nval: val/images\nnames:\n{names}\n"
+        )
         (root / "shapes-yolo.yaml").write_text(MODEL_YAML)
         model = YOLO(str(root / "shapes-yolo.yaml"))
         model.train(

@@ -1,8 +1,9 @@
-"""Hugging Face image classifiers: ``--model hf:DIR_OR_ID`` (needs ``pip install 'hookviz[hf]'``).
+"""Hugging Face models: ``--model hf:DIR_OR_ID`` (needs ``pip install 'hookviz[hf]'``).
 
 ``DIR`` is a folder written by ``save_pretrained`` (a hub id works where the network allows). Class
 names come from the config's ``id2label``, preprocessing from the image processor's config, and the
-logits from the output's ``.logits``.
+logits from the output's ``.logits``. A detector or semantic segmenter (by its saved architecture) is read
+through its image processor's post-processing (:mod:`.hf_dense`); CLIP and SigLIP through their prompts.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 =====================================  =====================================================
 ``resnet18``                           a torchvision classifier (:mod:`.torchvision`)
 ``timm:convnext_tiny``                 a timm model (:mod:`.timm`, needs ``hookviz[timm]``)
-``hf:DIR_OR_ID``                       a Hugging Face image classifier (:mod:`.hf`, ``hookviz[hf]``)
+``hf:DIR_OR_ID``                       a Hugging Face classifier, detector or segmenter (:mod:`.hf`)
 ``ultralytics:FILE.pt``                an ultralytics YOLO (:mod:`.ultralytics`, ``hookviz[ultralytics]``)
 ``net.py:make_net``, ``pkg.mod:Net``   a function or class in the user's code (:mod:`.python`)
 ``model.pt``                           a whole pickled module, with ``trust_pickle`` only
