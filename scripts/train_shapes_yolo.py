@@ -1,7 +1,7 @@
-"""Train a tiny ultralytics YOLO (v8 layout, a tenth of v8n's width) on synthetic shape scenes and save the
+"""Train a tiny ultralytics YOLO (v8 layout, a quarter of v8n's width) on synthetic shape scenes and save the
 test fixture.
 
-    python scripts/train_shapes_yolo.py [--epochs 40] [--out tests/fixtures/shapes_yolo.pt]
+    python scripts/train_shapes_yolo.py [--epochs 50] [--out tests/fixtures/shapes_yolo.pt]
 
 Needs ``pip install 'hookviz[ultralytics]'`` (AGPL-3.0, not bundled with hookviz). CPU only, seeded; a few
 minutes on two cores. The scenes are written as an ultralytics dataset in a temporary folder; the checkpoint
@@ -80,8 +80,8 @@ def write_split(folder: Path, n: int, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--train", type=int, default=600, help="training scenes")
+    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--train", type=int, default=500, help="training scenes")
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "shapes_yolo.pt")
     args = parser.parse_args()
     from ultralytics import YOLO
