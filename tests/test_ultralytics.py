@@ -209,28 +209,36 @@ def test_input_size_letterboxes_as_predict_imgsz(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("yaml", ["yolov8n-seg.yaml", "yolo11n.yaml", "yolo26n.yaml"])
-def test_segment_and_newer_models_equal_predict(yaml: str) -> None:
-    """Other heads, random weights: a segment head (mask coefficients after the classes), YOLO11, and
-    YOLO26's end-to-end head (no NMS): the same boxes as ``predict`` at a low threshold."""
-    from ultralytics import YOLO
+def test_segment_and_newer_models_equal_ultralytics_postprocessing(yaml: str) -> None:
+    """Other heads, random weights: a segment head (mask coefficients after the classes; predict drops the
+    instances whose mask is empty), YOLO11, and YOLO26's end-to-end head. Random weights give every anchor
+    nearly the same score, so NMS would keep whichever near-tie its sort puts first and a second run of the
+    model (predict fuses Conv+BN: other last bits) may differ; ultralytics' own predictor therefore
+    post-processes the very outputs hookviz read."""
+    from ultralytics.models.yolo.detect.predict import DetectionPredictor
+    from ultralytics.models.yolo.segment.predict import SegmentationPredictor
 
     built = _build(f"ultralytics:{yaml}")
-    nc = built.model.num_classes
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # class scores spread out (random init gives every anchor the same ~1e-5: ties)
-        for conv in built.model.model[-1].modules():
-            if isinstance(conv, torch.nn.Conv2d) and conv.out_channels == nc and conv.bias is not None:
-                conv.bias.copy_(torch.randn(nc, generator=gen) * 1.5 - 3)
-    reference = YOLO(yaml)
-    reference.model.load_state_dict(built.model.wrapped.state_dict())
-    built.model.wrapped.fuse(verbose=False)  # as predict does: the same numbers, so ties break alike
+    _spread(built, torch.Generator().manual_seed(0))
     rgb = _scenes(1, seed=4)[0][0]
-    with torch.enable_grad():
-        ours = built.model.detect([_tensor(rgb)], 0.05)[0]
-    theirs = reference.predict(rgb[..., ::-1].copy(), conf=0.05, imgsz=640, verbose=False)[0].boxes
-    assert len(ours.boxes) == len(theirs) > 0
-    assert torch.allclose(ours.boxes, theirs.xyxy, atol=0.1)
-    assert torch.allclose(ours.scores.detach(), theirs.conf, atol=1e-4)
+    [ours] = built.model.detect([_tensor(rgb)], 0.05)
+    canvas = built.model.letterbox(_tensor(rgb)[None])
+    segment = yaml.endswith("-seg.yaml")
+    task = "segment" if segment else "detect"
+    predictor = (SegmentationPredictor if segment else DetectionPredictor)(
+        overrides={"conf": 0.05, "task": task}
+    )
+    predictor.model, predictor.batch = built.model.wrapped, [["s.png"]]
+    with torch.no_grad():
+        theirs = predictor.postprocess(built.model.wrapped(canvas), canvas, [rgb[..., ::-1].copy()])[0]
+    assert len(ours.boxes) == len(theirs.boxes) > 0
+    assert torch.allclose(ours.boxes, theirs.boxes.xyxy, atol=1e-3)
+    assert torch.equal(ours.labels, theirs.boxes.cls.long())
+    assert torch.allclose(ours.scores.detach(), theirs.boxes.conf, atol=1e-6)
+    if segment:
+        top, left, h, w = ours.region
+        assert ours.masks is not None
+        assert torch.equal(ours.masks, theirs.masks.data[:, top : top + h, left : left + w].bool())
 
 
 def test_classify_models_are_classifiers_with_logits() -> None:
@@ -266,3 +274,85 @@ def test_weights_none_keeps_the_class_names() -> None:
     built = _build(weights="none")
     assert built.categories == ("square", "disc", "cross") and built.model.imgsz == 160
     assert not built.pretrained
+
+
+@pytest.fixture(scope="module")
+def segmenter() -> Any:
+    """A YOLOv8 segment model, random weights with class scores spread out (a few classes pass 0.05)."""
+    built = _build("ultralytics:yolov8n-seg.yaml")
+    _spread(built, torch.Generator().manual_seed(1))
+    with torch.no_grad():  # two classes well above the others, their scores varying from place to place
+        for conv in built.model.model[-1].modules():
+            if isinstance(conv, torch.nn.Conv2d) and conv.bias is not None and conv.out_channels == 80:
+                conv.bias.fill_(-8.0)
+                conv.bias[[3, 7]] = -1.0
+    return built
+
+
+def _spread(built: Any, gen: torch.Generator) -> None:
+    """Class scores spread out over classes and places: random init gives every anchor nearly the same score,
+    and NMS among near-ties keeps whichever its sort puts first."""
+    with torch.no_grad():
+        for conv in built.model.model[-1].modules():
+            last = isinstance(conv, torch.nn.Conv2d) and conv.bias is not None
+            if last and conv.out_channels == built.model.num_classes:
+                conv.bias.copy_(torch.randn(conv.out_channels, generator=gen) * 0.3 - 3)
+                conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * 0.5)
+
+
+def test_segment_models_explain_each_class_region(segmenter: Any) -> None:
+    """A segment model's class regions: each class among the boxes, its region the union of its instances'
+    masks (those of ``predict``), its target the sum of their scores; HiResCAM being linear in the gradient,
+    a region's map without ReLU is the sum of its instances' maps."""
+    rgb = _scenes(1, seed=6)[0][0]
+    x = _tensor(rgb)
+    kw = {"score_threshold": 0.05, "max_boxes": 8, "relu": False}
+    [ex] = explain_detections(segmenter.model, [x], ["model.15"], ["hirescam"], **kw)
+    assert len(ex.region_labels) == 2
+    assert ex.region_labels.tolist() == list(dict.fromkeys(ex.labels.tolist()))
+    box_maps, region_maps = ex.maps[("hirescam", "model.15")], ex.region_maps[("hirescam", "model.15")]
+    for r, k in enumerate(ex.region_labels.tolist()):
+        mine = ex.labels == k
+        assert float(ex.region_scores[r]) == pytest.approx(float(ex.scores[mine].sum()), rel=1e-5)
+        assert torch.allclose(
+            region_maps[r], box_maps[mine].sum(dim=0), atol=1e-5 * float(box_maps.abs().max())
+        )
+    masks = segmenter.model.detect([x], 0.05)[0].masks
+    for r, k in enumerate(ex.region_labels.tolist()):
+        assert torch.equal(ex.region_masks[r], masks[ex_indices(ex, segmenter, x, k)].any(dim=0))
+
+
+def ex_indices(ex: Any, segmenter: Any, x: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices, among all of the photo's detections, of the shown boxes of class ``k``."""
+    [found] = segmenter.model.detect([x], 0.05)
+    order = found.scores.detach().argsort(descending=True, stable=True)[: len(ex.boxes)]
+    return order[found.labels[order] == k]
+
+
+def test_segment_class_regions_from_the_cli(
+    tmp_path: Path, segmenter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookviz.models.build import SOURCES
+
+    monkeypatch.setitem(SOURCES, "ultralytics", lambda spec, weights, options: segmenter)
+    write_image(tmp_path / "s.png", _scenes(1, seed=6)[0][0])
+    r = invoke("gradcam", str(tmp_path / "s.png"), "--model", "ultralytics:yolov8n-seg.yaml", "--out",
+               str(tmp_path / "out"), "--score-threshold", "0.05", "--max-boxes", "4")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    [rec] = records(tmp_path / "out")
+    assert rec["regions"] and all(reg["instances"] >= 1 and 0 < reg["pixels"] < 1 for reg in rec["regions"])
+    for reg in rec["regions"]:
+        [name] = reg["outputs"]
+        assert f".class{reg['index']}.png" in name
+        picture(tmp_path / "out" / name, min_size=(60, 60))
+    assert sum(1 for m in rec["maps"] if m.get("region") is not None) == len(rec["regions"])
+
+
+def test_nothing_detected_is_a_line_not_a_failure(tmp_path: Path) -> None:
+    """No box above the threshold: the fused default has nothing to fuse; the photo is still done."""
+    write_image(tmp_path / "s.png", _scenes(1, seed=10)[0][0])
+    r = invoke("gradcam", str(tmp_path / "s.png"), "--model", SPEC, "--out", str(tmp_path / "o"),
+               "--score-threshold", "0.9999")  # fmt: skip
+    assert r.exit_code == 0 and "nothing detected with score >= 0.9999" in r.output, r.output
+    [rec] = records(tmp_path / "o")
+    assert rec["detections"] == [] and rec["maps"] == []

@@ -24,6 +24,8 @@ class Found:
     scores: Tensor
     canvas: tuple[int, int]
     region: tuple[int, int, int, int]
+    #: An instance segmenter's masks ``(N, height, width)`` (bool, over ``region``), else None.
+    masks: Tensor | None = None
 
 
 @runtime_checkable

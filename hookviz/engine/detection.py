@@ -72,6 +72,13 @@ class DetectionExplanation:
     image_size: tuple[int, int]
     resized: tuple[int, int]
     grads_computed: int
+    #: An instance segmenter's classes among the kept boxes, first seen first (``(R,)``), each class's
+    #: region (the union of its instances' masks, ``(R, h, w)``, at ``resized``), its score (the sum of its
+    #: instances' scores) and its maps ``(method, layer) -> (R, h, w)``; empty for other detectors.
+    region_labels: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    region_masks: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0, 0, dtype=torch.bool))
+    region_scores: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0))
+    region_maps: dict[tuple[str, str], Tensor] = dataclasses.field(default_factory=dict)
 
 
 @contextmanager
@@ -268,17 +275,19 @@ def _explain_one(
             kept = kept[scores.detach()[kept].argsort(descending=True, stable=True)][:max_boxes]
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
             taps = [acts[layer] for layer in layers]
-            for j, i in enumerate(kept.tolist()):
+            regions = _class_regions(out, kept)
+            wanted = [scores[i] for i in kept.tolist()] + [scores[idx].sum() for _, idx in regions]
+            for j, target in enumerate(wanted):
                 if not scores.requires_grad:
                     break
                 got_grads = torch.autograd.grad(
-                    scores[i], taps, retain_graph=j < len(kept) - 1, allow_unused=True
+                    target, taps, retain_graph=j < len(wanted) - 1, allow_unused=True
                 )
                 passes += 1
                 for layer, g in zip(layers, got_grads, strict=True):
                     grads[layer].append(torch.zeros_like(acts[layer]) if g is None else g)
     canvas, region = out.canvas, out.region
-    n = len(kept)
+    n = len(kept) + len(regions)
     maps: dict[tuple[str, str], Tensor] = {}
     with torch.no_grad():
         for layer in layers:
@@ -301,18 +310,47 @@ def _explain_one(
                     model, a, layer, a, None, torch.zeros(1, 1, dtype=torch.long), relu, eigen_smooth
                 )
                 maps[(m, layer)] = _on_photo(REGISTRY[m].compute(p)[:, 0], canvas, region)
-    return DetectionExplanation(
+    boxed = len(kept)
+    ex = DetectionExplanation(
         boxes=boxes.detach()[kept].float().cpu(),
         labels=labels.detach()[kept].cpu(),
         scores=scores.detach()[kept].float().cpu(),
         layers=layers,
         methods=methods,
-        maps={(m, la): v.float().cpu() for (m, la), v in maps.items()},
+        maps={
+            (m, la): v[: boxed if m in gradient_methods else None].float().cpu()
+            for (m, la), v in maps.items()
+        },
         found=int(scores.numel()),
         image_size=(int(image.shape[-2]), int(image.shape[-1])),
         resized=region[2:],
         grads_computed=passes,
     )
+    if not regions:
+        return ex
+    return dataclasses.replace(
+        ex,
+        region_labels=torch.stack([c for c, _ in regions]).cpu(),
+        region_masks=torch.stack([mask for _, mask in _union_masks(out, regions)]),
+        region_scores=torch.stack([scores.detach()[idx].sum() for _, idx in regions]).float().cpu(),
+        region_maps={(m, la): maps[(m, la)][boxed:].float().cpu() for m in gradient_methods for la in layers},
+    )
+
+
+def _class_regions(out: Found, kept: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """An instance segmenter's classes among the kept boxes (first seen first), each with the indices of its
+    kept instances; none for a detector without masks."""
+    if out.masks is None or not len(kept):
+        return []
+    labels = out.labels.detach()[kept]
+    classes = list(dict.fromkeys(labels.tolist()))
+    return [(torch.tensor(c), kept[labels == c]) for c in classes]
+
+
+def _union_masks(out: Found, regions: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+    """Each class's region: the union of its instances' masks."""
+    assert out.masks is not None
+    return [(c, out.masks[idx.cpu()].any(dim=0)) for c, idx in regions]
 
 
 def _spatial(detector: Detects, t: Tensor, canvas: tuple[int, int], layer: str) -> Tensor:

@@ -121,20 +121,23 @@ class DetectionJob(BaseJob):
         found = self._explain(x)
         if not self.fuse:
             return found
-        out = []
-        for ex in found:
-            maps = dict(ex.maps)
-            for m in self.methods:
-                stacks = [ex.maps[(m, layer)] for layer in self.layers]
-                maps[(m, FUSED)] = cams.fuse(
-                    [t[None] for t in stacks], ex.resized, self.fuse, relu=self.relu
-                )[0]
-            out.append(
-                dataclasses.replace(
-                    ex, maps={(m, la): maps[(m, la)] for m in self.methods for la in self._shown()}
-                )
+        return [
+            dataclasses.replace(
+                ex, maps=self._fused(ex.maps, ex.resized), region_maps=self._fused(ex.region_maps, ex.resized)
             )
-        return out
+            for ex in found
+        ]
+
+    def _fused(self, maps: dict[tuple[str, str], Any], size: tuple[int, int]) -> dict[tuple[str, str], Any]:
+        """``maps`` with each method's fused map added (or alone, with ``fused_only``)."""
+        out = dict(maps)
+        for m in {m for m, _ in maps}:
+            stacks = [maps[(m, layer)] for layer in self.layers]
+            if not len(stacks[0]):  # nothing detected: no map to fuse
+                out[(m, FUSED)] = stacks[0].new_zeros(0, *size)
+                continue
+            out[(m, FUSED)] = cams.fuse([t[None] for t in stacks], size, str(self.fuse), relu=self.relu)[0]
+        return {(m, la): out[(m, la)] for m in self.methods for la in self._shown() if (m, la) in out}
 
     def _explain(self, x: Any) -> Any:
         return explain_detections(
@@ -203,6 +206,51 @@ class DetectionJob(BaseJob):
         }
         return name, files, record
 
+    def _regions(self, ex: Any, rgb: np.ndarray, box: Box, stem: str) -> dict[str, list[Any]]:
+        """An instance segmenter's class regions: per class among the boxes, a map of the sum of its
+        instances' scores, its region (the union of their masks) outlined."""
+        lm = self.loaded
+        got: dict[str, list[Any]] = {"files": [], "maps": [], "records": []}
+        outputs: list[list[str]] = [[] for _ in range(len(ex.region_labels))]
+        for (method, layer), stack in ex.region_maps.items():
+            for r, cam in enumerate(stack.numpy()):
+                k = int(ex.region_labels[r])
+                picture = render.overlay(
+                    rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                )
+                render.outline(picture, ex.region_masks[r].numpy(), box)
+                name = f"{stem}.{method}.{slug(layer)}.class{k}.png"
+                count = int((ex.labels == k).sum())
+                where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
+                lines = [
+                    f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
+                    f"explained: class region {lm.describe(k)}: {count} instance(s), scores summed "
+                    f"{float(ex.region_scores[r]):.3f} (outlined: their masks)",
+                ]
+                got["files"].append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
+                if self.save_raw:
+                    got["files"].append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
+                outputs[r].append(name)
+                score = round(float(ex.region_scores[r]), 6)
+                got["maps"].append(
+                    {
+                        "file": name, "method": method, "layer": layer, "box": None, "region": k,
+                        "target": {"index": k, "name": lm.class_name(k), "score": score},
+                        "finite": bool(np.isfinite(cam).all()), "min": _finite_stat(np.min, cam),
+                        "max": _finite_stat(np.max, cam),
+                    }
+                )  # fmt: skip
+        for r, k in enumerate(ex.region_labels.tolist()):
+            pixels = float(ex.region_masks[r].float().mean()) if ex.region_masks.numel() else 0.0
+            got["records"].append(
+                {
+                    "index": int(k), "name": lm.class_name(int(k)), "instances": int((ex.labels == k).sum()),
+                    "score": round(float(ex.region_scores[r]), 6), "pixels": round(pixels, 6),
+                    "outputs": outputs[r],
+                }
+            )  # fmt: skip
+        return got
+
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
@@ -221,6 +269,9 @@ class DetectionJob(BaseJob):
                 maps.append(record)
                 if not _per_photo(method):
                     outputs[i].append(name)
+        regions = self._regions(ex, rgb, box, stem)
+        files += regions["files"]
+        maps += regions["maps"]
         summary = rgb.copy()
         for k in range(n):
             render.draw_box(
@@ -255,6 +306,7 @@ class DetectionJob(BaseJob):
             "method": self.methods[0],
             "predicted": {k: top[k] for k in ("index", "name", "score")} if top else None,
             "detections": detections,
+            **({"regions": regions["records"]} if regions["records"] else {}),
             "maps": maps,
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }

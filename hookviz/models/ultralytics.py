@@ -100,18 +100,21 @@ class Yolo(Facade):
                 nc=0 if self.kind == "detect" else len(names), end2end=self.end2end, return_idxs=True,
             )  # fmt: skip
             anchors = anchors.long()
-            if protos is not None and len(kept):  # predict keeps only the instances whose mask is not empty
-                masks = process_mask(
-                    protos[0].detach(), kept[:, 6:], kept[:, :4], canvas.shape[2:], upsample=True
-                )
-                nonempty = masks.amax((-2, -1)) > 0
-                kept, anchors = kept[nonempty], anchors[nonempty]
+            hw = (int(canvas.shape[2]), int(canvas.shape[3]))
+            size = (int(image.shape[-2]), int(image.shape[-1]))
+            top, left, rh, rw = _region(canvas, size)
+            masks = None
+            if protos is not None:  # predict keeps only the instances whose mask is not empty
+                masks = torch.zeros(0, rh, rw, dtype=torch.bool)
+                if len(kept):
+                    full = process_mask(protos[0].detach(), kept[:, 6:], kept[:, :4], hw, upsample=True) > 0
+                    nonempty = full.flatten(1).any(dim=1)
+                    kept, anchors = kept[nonempty], anchors[nonempty]
+                    masks = full[nonempty][:, top : top + rh, left : left + rw].cpu()
             labels = kept[:, 5].long()
             scores = preds[0, anchors, 4] if self.end2end else preds[0, 4 + labels, anchors]
-            size = (int(image.shape[-2]), int(image.shape[-1]))
-            hw = (int(canvas.shape[2]), int(canvas.shape[3]))
             boxes = torch.as_tensor(scale_boxes(hw, kept[:, :4].clone(), size))
-            found.append(Found(boxes, labels, scores, hw, _region(canvas, size)))
+            found.append(Found(boxes, labels, scores, hw, (top, left, rh, rw), masks))
         return found
 
 
