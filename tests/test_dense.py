@@ -431,7 +431,8 @@ def test_segmentation_layer_auto_and_top_k_over_photos_of_two_shapes(
 
 def test_detection_raw_maps_and_refused_options(detector: object, tmp_path: Path) -> None:
     """--save-raw writes each box's map at the detector's resized resolution; options that make no sense for
-    a detector are refused in one line (exit 2), as is --input-size for SSD's fixed 300x300 transform."""
+    a detector are refused in one line (exit 2), as is --input-size for SSD's fixed 300x300 transform (--fuse
+    takes two or more layers, as on classifiers)."""
     img, boxes, _labels, _ = shapes_scene(np.random.default_rng(9), 120, 160, 2, (9, 16))
     src = write_image(tmp_path / "scene.png", photo(img, 2))
     out = tmp_path / "out"
@@ -450,7 +451,7 @@ def test_detection_raw_maps_and_refused_options(detector: object, tmp_path: Path
         expected = cv2.resize(small, (320, 240), interpolation=cv2.INTER_LINEAR)
         np.testing.assert_allclose(full, expected, rtol=1e-5, atol=1e-6)
     for extra, said in (
-        (["--fuse", "mean", "--layer", "backbone.1", "--layer", "backbone.2"], "--fuse"),
+        (["--fuse", "mean", "--layer", "backbone.1"], "two or more --layer"),
         (["--metrics"], "--metrics"),
         (["--target", "top3"], "name classes to keep"),
         (["--layer", "auto"], "--layer auto"),

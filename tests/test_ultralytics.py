@@ -17,9 +17,14 @@ import torch
 from hookviz.engine.detection import explain_detections
 from hookviz.io.shapes import shapes_scene
 from hookviz.models.sources import Options
+from hookviz.models.ultralytics import process_kept
 from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
 
-ultralytics = pytest.importorskip("ultralytics")
+# ultralytics patches PIL.Image.open and torch.save when imported; hookviz imports it with them put back,
+# and so do the tests (a patched Image.open would turn the other tests' bad files into install attempts).
+with process_kept():
+    ultralytics = pytest.importorskip("ultralytics")
+    from ultralytics import YOLO
 
 FIXTURE = ROOT / "tests" / "fixtures" / "shapes_yolo.pt"
 SPEC = f"ultralytics:{FIXTURE}"
@@ -55,8 +60,6 @@ def yolo() -> Any:
 def test_boxes_classes_and_scores_equal_predict(yolo: Any) -> None:
     """On letterboxed photos of four shapes: every box within a tenth of a pixel of ``predict``'s, the same
     classes in the same order, scores within 1e-4 (predict fuses Conv+BN; hookviz runs the model as saved)."""
-    from ultralytics import YOLO
-
     reference = YOLO(str(FIXTURE))
     compared = 0
     for rgb, _, _ in _scenes(12, seed=21):
@@ -195,8 +198,6 @@ def test_other_commands_take_a_yolo_and_evaluate_refuses_it(tmp_path: Path) -> N
 
 def test_input_size_letterboxes_as_predict_imgsz(tmp_path: Path) -> None:
     """``--input-size 200`` rounds up to the stride (224), as ``predict(imgsz=200)`` does."""
-    from ultralytics import YOLO
-
     from hookviz.tasks import load_model
 
     loaded = load_model(SPEC, input_size=200)
@@ -243,8 +244,6 @@ def test_segment_and_newer_models_equal_ultralytics_postprocessing(yaml: str) ->
 
 def test_classify_models_are_classifiers_with_logits() -> None:
     """A classify model is explained by its logits; its preprocessing is ultralytics' classify transform."""
-    from ultralytics import YOLO
-
     from hookviz.tasks import load_model
 
     loaded = load_model("ultralytics:yolov8n-cls.yaml")
@@ -356,3 +355,25 @@ def test_nothing_detected_is_a_line_not_a_failure(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "nothing detected with score >= 0.9999" in r.output, r.output
     [rec] = records(tmp_path / "o")
     assert rec["detections"] == [] and rec["maps"] == []
+
+
+def test_loading_a_yolo_leaves_the_process_as_found(tmp_path: Path) -> None:
+    """ultralytics patches PIL.Image.open (to pip-install a HEIF plugin when a file is not an image) and
+    torch.save on import; after hookviz loads a YOLO both are the originals; a broken photo is one line."""
+    import importlib
+    import sys
+
+    from PIL import Image
+
+    from hookviz.errors import InputError
+    from hookviz.io.images import load_rgb
+
+    for name in [m for m in sys.modules if m == "ultralytics" or m.startswith("ultralytics.")]:
+        del sys.modules[name]  # a first import, as in a fresh process
+    opened, saved = Image.open, torch.save
+    importlib.invalidate_caches()
+    _build()
+    assert Image.open is opened and torch.save is saved
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(InputError):
+        load_rgb(tmp_path / "empty.jpg")

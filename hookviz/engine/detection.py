@@ -250,7 +250,6 @@ def _explain_one(
 ) -> DetectionExplanation:
 
     gradient_methods = [m for m in methods if REGISTRY[m].family == "gradient-weighted"]
-    activation_methods = [m for m in methods if REGISTRY[m].family == "activation-only"]
     passes = 0
     detector = detector_of(model)
     with autograd_enabled(image[None]) as batch, preserved(model):
@@ -286,30 +285,9 @@ def _explain_one(
                 passes += 1
                 for layer, g in zip(layers, got_grads, strict=True):
                     grads[layer].append(torch.zeros_like(acts[layer]) if g is None else g)
-    canvas, region = out.canvas, out.region
+    region = out.region
     n = len(kept) + len(regions)
-    maps: dict[tuple[str, str], Tensor] = {}
-    with torch.no_grad():
-        for layer in layers:
-            a = _spatial(detector, acts[layer].detach(), canvas, layer)
-            grads[layer] = [_spatial(detector, g, canvas, layer) for g in grads[layer]]
-            for m in gradient_methods:
-                if len(grads[layer]) < n:  # the scores do not depend on this layer: no evidence
-                    grads[layer] += [torch.zeros_like(a)] * (n - len(grads[layer]))
-                if n:
-                    targets = torch.zeros(1, n, dtype=torch.long)
-                    p = LayerPass(
-                        model, a, layer, a, grads[layer], targets, relu, eigen_smooth
-                    )  # x: unused here
-                    stacked = REGISTRY[m].compute(p)[0]  # (boxes, h, w)
-                else:
-                    stacked = a.new_zeros(0, *a.shape[2:])
-                maps[(m, layer)] = _on_photo(stacked, canvas, region)
-            for m in activation_methods:  # one map per photo
-                p = LayerPass(
-                    model, a, layer, a, None, torch.zeros(1, 1, dtype=torch.long), relu, eigen_smooth
-                )
-                maps[(m, layer)] = _on_photo(REGISTRY[m].compute(p)[:, 0], canvas, region)
+    maps = _layer_maps(model, detector, out, acts, grads, n, methods, relu, eigen_smooth)
     boxed = len(kept)
     ex = DetectionExplanation(
         boxes=boxes.detach()[kept].float().cpu(),
@@ -335,6 +313,53 @@ def _explain_one(
         region_scores=torch.stack([scores.detach()[idx].sum() for _, idx in regions]).float().cpu(),
         region_maps={(m, la): maps[(m, la)][boxed:].float().cpu() for m in gradient_methods for la in layers},
     )
+
+
+def _layer_maps(
+    model: nn.Module,
+    detector: Detects,
+    out: Found,
+    acts: dict[str, Tensor],
+    grads: dict[str, list[Tensor]],
+    n: int,
+    methods: tuple[str, ...],
+    relu: bool,
+    eigen_smooth: bool,
+) -> dict[tuple[str, str], Tensor]:
+    """Each method's maps at each layer, on the photo's part of the canvas: ``(n, h, w)`` for the gradient
+    methods (one per target, from its gradients), ``(1, h, w)`` for the activation-only ones."""
+    canvas, region = out.canvas, out.region
+    maps: dict[tuple[str, str], Tensor] = {}
+    with torch.no_grad():
+        for layer in acts:
+            a = _spatial(detector, acts[layer].detach(), canvas, layer)
+            grads[layer] = [_spatial(detector, g, canvas, layer) for g in grads[layer]]
+            for m in methods:
+                if REGISTRY[m].family == "activation-only":  # one map per photo
+                    targets = torch.zeros(1, 1, dtype=torch.long)
+                    p = LayerPass(model, a, layer, a, None, targets, relu, eigen_smooth)
+                    maps[(m, layer)] = _on_photo(REGISTRY[m].compute(p)[:, 0], canvas, region)
+                    continue
+                if REGISTRY[m].family != "gradient-weighted":
+                    continue
+                if len(grads[layer]) < n:  # the scores do not depend on this layer: no evidence
+                    grads[layer] += [torch.zeros_like(a)] * (n - len(grads[layer]))
+                if n:
+                    p = LayerPass(
+                        model,
+                        a,
+                        layer,
+                        a,
+                        grads[layer],
+                        torch.zeros(1, n, dtype=torch.long),
+                        relu,
+                        eigen_smooth,
+                    )
+                    stacked = REGISTRY[m].compute(p)[0]  # (targets, h, w)
+                else:
+                    stacked = a.new_zeros(0, *a.shape[2:])
+                maps[(m, layer)] = _on_photo(stacked, canvas, region)
+    return maps
 
 
 def _class_regions(out: Found, kept: Tensor) -> list[tuple[Tensor, Tensor]]:

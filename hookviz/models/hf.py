@@ -16,6 +16,7 @@ from typing import Any
 
 from hookviz.errors import UsageError, WeightsError
 from hookviz.io.images import Preprocess
+from hookviz.models.hf_dense import HfDetector, HfSegmenter
 from hookviz.models.scores import ImageTextSource
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.models.weights import apply_state_dict, file_digest, load_state_dict_file
@@ -127,8 +128,6 @@ def _dense(
     transformers: Any, model: Any, task: str, where: str, config: Any, ids: tuple[str, str, bool, str]
 ) -> Built:
     """A detector or semantic segmenter, read through the image processor saved beside it."""
-    from hookviz.models.hf_dense import HfDetector, HfSegmenter
-
     try:
         proc = transformers.AutoImageProcessor.from_pretrained(where)
     except (OSError, ValueError, KeyError) as exc:

@@ -135,9 +135,28 @@ class YoloClassifier(Facade):
         return out[1] if isinstance(out, (tuple, list)) else out
 
 
+@contextmanager
+def process_kept() -> Iterator[None]:
+    """Import ultralytics without letting it patch the process: on import it replaces ``PIL.Image.open`` (to
+    pip-install a HEIF plugin the first time a file is not an image), ``torch.save``, and on Windows
+    ``cv2.imread``/``imwrite``/``imshow``; every one is put back, so hookviz's own reading of photos (a bad
+    file is one line, never an install) is the same whether or not a YOLO was loaded first."""
+    import cv2
+    from PIL import Image
+
+    saved = [(Image, "open"), (torch, "save"), (cv2, "imread"), (cv2, "imwrite"), (cv2, "imshow")]
+    values = [getattr(owner, name) for owner, name in saved]
+    try:
+        yield
+    finally:
+        for (owner, name), value in zip(saved, values, strict=True):
+            setattr(owner, name, value)
+
+
 def build(spec: str, weights: str, options: Options) -> Built:
     try:
-        from ultralytics.models.yolo.model import YOLO
+        with process_kept():
+            from ultralytics.models.yolo.model import YOLO
     except ImportError:
         raise missing_extra("ultralytics", "ultralytics") from None
     where = spec.split(":", 1)[1]
