@@ -379,3 +379,22 @@ def test_segmenters_from_the_cli_with_evaluate(tmp_path: Path, folders: dict[str
     assert rec["task"] == "segmentation"
     r = invoke("evaluate", str(tmp_path / "s.png"), *spec, "--out", str(tmp_path / "e"), "--steps", "4")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("name", ["detr", "rt_detr"])
+def test_input_size_resizes_as_the_processor_would(name: str, folders: dict[str, Path]) -> None:
+    """``--input-size 96``: the processor's shorter side (DETR, the longer capped at 1333/800 of it) or its
+    fixed square (RT-DETR) becomes 96; boxes equal the processor's own at that size."""
+    loaded = load_model(f"hf:{folders[name]}", weights="DEFAULT", input_size=96)
+    size = {"height": 96, "width": 96} if name == "rt_detr" else {"shortest_edge": 96, "longest_edge": 160}
+    model = T.AutoModelForObjectDetection.from_pretrained(folders[name]).eval()
+    processor = T.AutoImageProcessor.from_pretrained(folders[name])
+    rgb = _photo(8)
+    with torch.no_grad():
+        inputs = processor(images=rgb, size=size, return_tensors="pt")
+        want = processor.post_process_object_detection(
+            model(**inputs), threshold=0.0, target_sizes=[rgb.shape[:2]]
+        )
+        [got] = loaded.model.detect([_tensor(rgb)], 0.0)
+    assert got.canvas == tuple(inputs["pixel_values"].shape[-2:]) and min(got.canvas) == 96
+    assert torch.allclose(got.boxes, want[0]["boxes"], atol=1e-3)

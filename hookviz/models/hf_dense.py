@@ -37,6 +37,7 @@ class _Processed(Facade):
     def __init__(self, model: nn.Module, processor: Any) -> None:
         super().__init__(model)
         self._processor = (processor,)  # not a module
+        self.size: dict[str, int] | None = None  # --input-size, else the processor's own
         self.num_classes = int(getattr(model.config, "num_labels", 0)) or None
 
     @property
@@ -46,7 +47,8 @@ class _Processed(Facade):
     def inputs(self, images: Tensor | Sequence[Tensor]) -> dict[str, Tensor]:
         """What the processor makes of the photos, on the model's device and in its dtype."""
         first = next(self.parameters())
-        batch = self.processor(images=_uint8(images), return_tensors="pt")
+        size = {"size": self.size} if getattr(self, "size", None) else {}
+        batch = self.processor(images=_uint8(images), return_tensors="pt", **size)
         return {
             k: v.to(first.device, first.dtype if v.is_floating_point() else v.dtype)
             for k, v in batch.items()
@@ -70,6 +72,17 @@ class HfDetector(_Processed):
             self.layers_note = "the patch tokens entering its last encoder block"
         else:  # the DETR family: found from the traced shapes (the backbone's last stage)
             self.default_layers, self.layers_note = (), ""
+
+    def set_input_size(self, size: int) -> None:
+        """``--input-size``: the processor resizes to ``size`` (the shorter side, the longer capped at the
+        1333/800 ratio of DETR's default; RT-DETR's fixed square: ``size`` x ``size``)."""
+        own = getattr(self.processor, "size", None) or {}
+        fixed = ("height" in own) if isinstance(own, dict) else getattr(own, "height", None) is not None
+        self.size = (
+            {"height": size, "width": size}
+            if fixed
+            else {"shortest_edge": size, "longest_edge": round(size * 1333 / 800)}
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.wrapped(**self.inputs(x)).logits
