@@ -88,6 +88,11 @@ Labels = Annotated[
         rich_help_panel=MODEL,
     ),
 ]
+_HEAD = "softmax (one class), sigmoid (multi-label), raw (regression); auto: the model's own (problem_type)"
+HeadOpt = Annotated[str, typer.Option("--head", help=_HEAD, rich_help_panel=MODEL)]
+Negate = Annotated[
+    bool, typer.Option("--negate", help="regression: explain what lowers it.", rich_help_panel=MODEL)
+]
 Device = Annotated[
     str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.", rich_help_panel=RUN)
 ]

@@ -24,6 +24,7 @@ from hookviz.cli.app import (
     Embedding,
     FrameStride,
     HeadFusion,
+    HeadOpt,
     IgSteps,
     Inputs,
     InputSize,
@@ -36,6 +37,7 @@ from hookviz.cli.app import (
     MeanOpt,
     Methods,
     Model,
+    Negate,
     Noise,
     Null,
     Out,
@@ -78,6 +80,8 @@ def gradcam(
     mean: MeanOpt = None,
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
+    head: HeadOpt = "auto",
+    negate: Negate = False,
     layers: Annotated[
         list[str] | None,
         typer.Option(
@@ -94,7 +98,8 @@ def gradcam(
         typer.Option(
             "--target",
             "-t",
-            help="top1, topK (top5), a class index or name, or a comma list.",
+            help="top1, topK (top5), a class index or name, a comma list, or positive (multi-label: every "
+            "label whose sigmoid reaches --threshold).",
             rich_help_panel=MAPS,
         ),
     ] = "top1",
@@ -170,6 +175,16 @@ def gradcam(
             max=1.0,
             help="detection: explain the boxes scoring at least this.",
             rich_help_panel=DENSE,
+        ),
+    ] = 0.5,
+    threshold: Annotated[
+        float,
+        typer.Option(
+            "--threshold",
+            min=0.0,
+            max=1.0,
+            help="--target positive: explain every label whose sigmoid reaches this (a multi-label head).",
+            rich_help_panel=MAPS,
         ),
     ] = 0.5,
     max_boxes: Annotated[
@@ -257,6 +272,7 @@ def _cam_job(p: dict[str, Any], loaded: LoadedModel, reporter: _Reporter | None)
         eigen_smooth=p["eigen_smooth"], aug_smooth=p["aug_smooth"], region=str(p["region"]),
         probe_images=p["probe_images"],
         score_threshold=p["score_threshold"], max_boxes=p["max_boxes"], compare=p["compare"],
+        threshold=p["threshold"],
         options=method_options(p),
     )  # fmt: skip
     built = make_cam_job(

@@ -27,6 +27,8 @@ def model_options(p: Mapping[str, Any]) -> ModelOptions:
         mean=_rgb(p.get("mean"), "--mean"),
         std=_rgb(p.get("std"), "--std"),
         trust_pickle=p.get("trust_pickle", False),
+        head=p.get("head", "auto"),
+        negate=p.get("negate", False),
         clip_len=p.get("clip_len"),
         frame_stride=p.get("frame_stride"),
         clips=p.get("clips"),

@@ -33,6 +33,9 @@ class ModelOptions:
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
     trust_pickle: bool = False
+    #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
+    head: str = "auto"
+    negate: bool = False
     #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
     clip_len: int | None = None
     frame_stride: int | None = None
@@ -90,6 +93,8 @@ def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
         labels=m.labels,
         weights_key=m.weights_key,
         trust_pickle=m.trust_pickle,
+        head=m.head,
+        negate=m.negate,
     )
     return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
 

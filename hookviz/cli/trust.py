@@ -24,6 +24,7 @@ from hookviz.cli.app import (
     Embedding,
     FrameStride,
     HeadFusion,
+    HeadOpt,
     IgSteps,
     Inputs,
     InputSize,
@@ -36,6 +37,7 @@ from hookviz.cli.app import (
     MeanOpt,
     Methods,
     Model,
+    Negate,
     Noise,
     Null,
     Out,
@@ -81,6 +83,8 @@ def evaluate(
     mean: MeanOpt = None,
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
+    head: HeadOpt = "auto",
+    negate: Negate = False,
     layers: Annotated[
         list[str] | None,
         typer.Option(
@@ -271,6 +275,8 @@ def sanity(
     mean: MeanOpt = None,
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
+    head: HeadOpt = "auto",
+    negate: Negate = False,
     layer: Annotated[
         str | None,
         typer.Option("--layer", "-l", help="module name (default: the CAM default).", rich_help_panel=MAPS),

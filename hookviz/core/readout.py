@@ -48,11 +48,14 @@ class Readout:
 
 
 def scorer(labels: Tensor | None = None, region: str | None = None, kind: str = "softmax") -> Scorer:
-    """A classifier's softmax (no ``labels``), the scores themselves (``kind="identity"``: a similarity),
+    """A classifier's softmax (no ``labels``), its sigmoids (``kind="sigmoid"``: a multi-label head), the
+    scores themselves (``kind="identity"``: a similarity; ``"raw"``: a regression),
     or a segmentation's mean probability of each class over the pixels ``labels`` (the original
     prediction) gives it, or over all pixels (``region="all"``)."""
-    if kind == "identity":
+    if kind in ("identity", "raw"):
         return lambda output, rows: output.float()
+    if kind == "sigmoid":
+        return lambda output, rows: torch.sigmoid(output.float())
     if labels is None:
         return lambda output, rows: torch.softmax(output.float(), dim=1)
     fixed = labels
@@ -76,6 +79,19 @@ def ranking(logits: Tensor) -> Tensor:
     always the class reported as predicted, even when scores tie.
     """
     return logits.detach().float().sort(dim=1, descending=True, stable=True).indices
+
+
+def positive_targets(logits: Tensor, order: Tensor, threshold: float) -> Tensor:
+    """``(B, T)``: each image's labels whose sigmoid reaches ``threshold``, likeliest first (none: its
+    likeliest label), rows shorter than the longest padded by repeating their last label."""
+    probs = torch.sigmoid(logits.detach().float())
+    rows = []
+    for b in range(logits.shape[0]):
+        ranked = order[b]
+        keep = ranked[probs[b, ranked] >= threshold]
+        rows.append(keep if len(keep) else ranked[:1])
+    width = max(len(r) for r in rows)
+    return torch.stack([torch.cat([r, r[-1:].expand(width - len(r))]) for r in rows])
 
 
 def _class_sums(values: Tensor, labels: Tensor) -> Tensor:
@@ -105,8 +121,10 @@ def read(output: Tensor, region: str = "class", background: int | None = 0, kind
         LayerError: an output of another shape.
     """
     if output.dim() == 2:
-        if kind == "identity":
+        if kind in ("identity", "raw"):  # a similarity, a regression's values: reported as they are
             return Readout(output, output.detach().float(), ranking(output), kind=kind)
+        if kind == "sigmoid":  # a multi-label head: each class's own probability
+            return Readout(output, torch.sigmoid(output.detach().float()), ranking(output), kind=kind)
         return Readout(output, torch.softmax(output.detach().float(), dim=1), ranking(output))
     if output.dim() != 4:
         raise LayerError(

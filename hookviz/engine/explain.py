@@ -24,8 +24,9 @@ from hookviz.core.hooks import (
 )
 from hookviz.core.layers import single_call
 from hookviz.core.layout import Layout, layout_of, to_spatial, unfold_time
-from hookviz.core.readout import Readout, Scorer, ranking, read
+from hookviz.core.readout import Readout, Scorer, positive_targets, ranking, read
 from hookviz.core.taps import negative_mass
+from hookviz.core.targets import Positive
 from hookviz.errors import TargetError, UsageError
 from hookviz.methods import MethodOptions
 from hookviz.methods._utils import channels_last
@@ -35,7 +36,7 @@ from hookviz.methods.pixel import BiasTerms
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
 
-Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | None
+Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | Positive | None
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class CamResult:
 def score_kind(model: nn.Module) -> str:
     """How a model's scores become what records report: ``softmax``, or ``identity`` for a similarity
     (:class:`hookviz.models.scores.Similarity` says so)."""
-    return str(getattr(type(model), "score_kind", "softmax"))
+    return str(getattr(model, "score_kind", None) or getattr(type(model), "score_kind", "softmax"))
 
 
 def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:
@@ -103,7 +104,9 @@ def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:
     the same classes for every image; a 1-D tensor → one class per image; a 2-D tensor → ``(B, T)``.
     """
     n, num_classes = logits.shape
-    if spec is None:
+    if isinstance(spec, Positive):
+        t = positive_targets(logits, order, spec.threshold)
+    elif spec is None:
         t = order[:, :1]
     elif isinstance(spec, str):
         text = spec.strip().lower()

@@ -22,6 +22,7 @@ from hookviz.core.layers import (
     default_reason,
     token_blocks,
 )
+from hookviz.core.targets import Positive
 from hookviz.errors import UsageError
 from hookviz.evaluation import choose_layer
 from hookviz.jobs.cam import CamJob
@@ -30,7 +31,7 @@ from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.sanity import SanityJob
 from hookviz.methods import MethodOptions, get, parse, passes
 from hookviz.methods.attention import APPLY
-from hookviz.models.classes import parse_target, parse_targets
+from hookviz.models.classes import TargetSpec, parse_target, parse_targets
 from hookviz.models.loaded import LoadedModel, num_classes, probe
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ class CamSettings:
     probe_images: int = 4
     #: Detectors: the boxes explained.
     score_threshold: float = 0.5
+    #: ``--target positive``: the sigmoid a label must reach (a multi-label head).
+    threshold: float = 0.5
     max_boxes: int = 10
     #: The method settings (``--seed``, ``--samples``, ...); ``compare``: Finer-CAM's classes as given
     #: (indices or names, a comma list), resolved with the model.
@@ -105,7 +108,7 @@ def classifier_job(
     loaded: LoadedModel,
     settings: CamSettings,
     calls: list[ModuleCall],
-    targets: str | list[int] | None,
+    targets: TargetSpec,
     *,
     first_images: Callable[[int], Tensor | None] | None = None,
     agree: Callable[[Any], Any] | None = None,
@@ -131,6 +134,15 @@ def classifier_job(
             raise UsageError(
                 f"--method {name} explains a detector's boxes; for a {loaded.task_name} model use rise"
             )
+    if isinstance(targets, Positive) and (dense or job_class is not CamJob):
+        raise UsageError(
+            f"--target positive is for a classifier's multi-label head, not a {loaded.task_name} model"
+        )
+    if isinstance(targets, Positive) and getattr(loaded.model, "score_kind", None) != "sigmoid":
+        raise UsageError(
+            f"--target positive explains the labels of a multi-label head; {loaded.name} is read as a "
+            "softmax over its classes (give --head sigmoid if its outputs are independent labels)"
+        )
     attention = [name for name in parse(settings.methods) if get(name).family == "attention"]
     if attention and not token_blocks(loaded.model, calls):
         raise UsageError(
@@ -179,7 +191,7 @@ def classifier_job(
     job.auto_layer = auto
     per_layer = {name: channels(loaded.model, name, calls) for name in chosen}
     size = _input_hw(calls)
-    notes += cost_notes(job.methods, per_layer, len(job._target_suffixes()), options, size)
+    notes += cost_notes(job.methods, per_layer, max(1, len(job._target_suffixes())), options, size)
     return BuiltJob(job=job, notes=tuple(notes), auto=auto)
 
 
@@ -236,7 +248,7 @@ def auto_line(auto: dict[str, Any]) -> str:
 
 
 def detection_job(
-    loaded: LoadedModel, s: CamSettings, calls: list[ModuleCall], targets: str | list[int] | None
+    loaded: LoadedModel, s: CamSettings, calls: list[ModuleCall], targets: TargetSpec
 ) -> BuiltJob:
     """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
     refused = {
@@ -247,8 +259,8 @@ def detection_job(
     for flag, given in refused.items():
         if given:
             raise UsageError(f"{flag} is not available for detectors (each box's map is scaled on its own)")
-    if isinstance(targets, str):
-        raise UsageError(f"--target {targets}: a detector explains every box it finds; name classes to keep")
+    if isinstance(targets, (str, Positive)):
+        raise UsageError(f"--target {s.target}: a detector explains every box it finds; name classes to keep")
     if s.layers == ("auto",):
         raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
     notes = []
@@ -338,7 +350,7 @@ def evaluate_job(
     calls = probe(loaded)
     chosen = chosen_layers(loaded, layers, calls)
     targets = parse_targets(target, loaded, num_classes(loaded))
-    if isinstance(targets, str):
+    if isinstance(targets, (str, Positive)):
         raise UsageError(f"--target {target}: evaluate explains one class per image: top1 or a class")
     return EvaluateJob(
         loaded=loaded,

@@ -14,6 +14,7 @@ from hookviz import render
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
+from hookviz.core.targets import Positive
 from hookviz.engine.explain import explain
 from hookviz.errors import UsageError
 from hookviz.evaluation import faithfulness
@@ -32,7 +33,8 @@ from hookviz.jobs.common import (
 from hookviz.methods import REGISTRY, MethodOptions, cams, get, passes
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.classes import TargetSpec
+from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
 
@@ -79,7 +81,7 @@ class CamJob(BaseJob):
     loaded: LoadedModel
     layers: Sequence[str]
     methods: Sequence[str] = ("gradcam",)
-    targets: str | list[int] | None = None
+    targets: TargetSpec = None
     alpha: float = 0.5
     colormap: str = "jet"
     relu: bool = True
@@ -149,7 +151,9 @@ class CamJob(BaseJob):
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
-        targets = "top1" if self.targets is None else self.targets
+        targets: Any = "top1" if self.targets is None else self.targets
+        if isinstance(targets, Positive):
+            targets = {"positive": targets.threshold}
         return {
             **model_settings(self.loaded),
             "command": self.kind,
@@ -175,6 +179,10 @@ class CamJob(BaseJob):
         return [*self.layers, FUSED] if self.fuse and len(self.layers) > 1 else list(self.layers)
 
     def _target_suffixes(self) -> list[str]:
+        """The names' suffixes of the targets, the same for every image (none for ``positive``: each image
+        has its own, :meth:`_shown`)."""
+        if isinstance(self.targets, Positive):
+            return []
         if self.targets is None:
             return [""]
         if isinstance(self.targets, str):
@@ -182,7 +190,17 @@ class CamJob(BaseJob):
             return [""] if k == 1 else [f".top{r}" for r in range(1, k + 1)]
         return [""] if len(self.targets) == 1 else [f".c{c}" for c in self.targets]
 
+    def _shown(self, ex: Any, index: int) -> list[tuple[int, str]]:
+        """Image ``index``'s maps: ``(j, suffix)`` per target column, each class once (``positive`` pads a
+        row by repeating its last label)."""
+        if not isinstance(self.targets, Positive):
+            return list(enumerate(self._target_suffixes()))
+        seen = dict.fromkeys(int(t) for t in ex.targets[index])
+        return [(list(int(t) for t in ex.targets[index]).index(c), f".c{c}") for c in seen]
+
     def _want_sheet(self) -> bool:
+        if isinstance(self.targets, Positive):  # written last: the photo is complete when it exists
+            return True
         if self.sheet is not None:
             return self.sheet
         return len(self.methods) * len(self._layer_names()) * len(self._target_suffixes()) > 1
@@ -212,7 +230,7 @@ class CamJob(BaseJob):
     def memory(self, shape: tuple[int, ...]) -> Estimate:
         """What a batch of inputs of ``shape`` holds (:class:`hookviz.core.memory.Estimate`); the pipeline
         splits a batch that would pass ``--max-memory``."""
-        k = len(self._target_suffixes())
+        k = len(self._target_suffixes()) or min(num_classes(self.loaded), 16)
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
         return est if not self.aug_smooth else Estimate(est.per_image * 2, est.fixed)
@@ -278,12 +296,11 @@ class CamJob(BaseJob):
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         ex = result.explanation
         _check_finite(ex, index)
-        suffixes = self._target_suffixes()
         files: list[tuple[str, bytes]] = []
         records = []
         cells: dict[tuple[str, str, int], np.ndarray] = {}
         for (method, layer), maps in result.maps.items():
-            for j, suffix in enumerate(suffixes):
+            for j, suffix in self._shown(ex, index):
                 base = self._name(stem, method, layer, suffix)
                 mine, cells[(method, layer, j)], record = self._one_map(
                     result, index, rgb, box, base, method, layer, j, maps[index, j]
@@ -298,6 +315,8 @@ class CamJob(BaseJob):
         """A score as a caption says it: a probability, a segmentation's share of the pixels, a cosine."""
         if ex.score_kind == "identity":
             return f"cos={score:.3f}"
+        if ex.score_kind == "raw":  # a regression's value (negated when --negate: the explained quantity)
+            return f"value={score * getattr(self.loaded.model, 'sign', 1):.4g}"
         return f"{score:.1%} of pixels" if ex.labels is not None else f"p={score:.3f}"
 
     def _one_map(
@@ -363,7 +382,7 @@ class CamJob(BaseJob):
             **({"metrics": faith} if faith is not None else {}),
             **({"region": region} if region is not None else {}),
             **self._sign_fields(ex, method, layer, index),
-            **self._cost_fields(method, layer, len(self._target_suffixes()), result),
+            **self._cost_fields(method, layer, len(self._shown(ex, index)), result),
         }
         return files, cell, record
 
@@ -372,7 +391,7 @@ class CamJob(BaseJob):
         lm = self.loaded
         rows = []
         for layer in self._layer_names():
-            for j in range(len(self._target_suffixes())):
+            for j, _ in self._shown(ex, index):
                 tgt = int(ex.targets[index, j])
                 label = f"{layer} | {lm.describe(tgt)} {self._scored(ex, float(ex.target_scores[index, j]))}"
                 rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
@@ -397,16 +416,24 @@ class CamJob(BaseJob):
                 "index": pred,
                 "name": lm.class_name(pred),
                 "score": round(float(ex.predicted_score[index]), 6),
+                **self._value(ex, float(ex.predicted_score[index])),
             },
             "target": {
                 "index": first_t,
                 "name": lm.class_name(first_t),
                 "score": round(float(ex.target_scores[index, 0]), 6),
+                **self._value(ex, float(ex.target_scores[index, 0])),
             },
             # Every class explained (--target top3: three), in the order of their maps' suffixes.
             "targets": [
-                {"index": t, "name": lm.class_name(t), "score": round(float(ex.target_scores[index, j]), 6)}
-                for j, t in enumerate(int(v) for v in ex.targets[index])
+                {
+                    "index": t,
+                    "name": lm.class_name(t),
+                    "score": round(float(ex.target_scores[index, j]), 6),
+                    **self._value(ex, float(ex.target_scores[index, j])),
+                    **self._positive(float(ex.target_scores[index, j])),
+                }
+                for j, t in ((j, int(ex.targets[index, j])) for j, _ in self._shown(ex, index))
             ],
             "normalize": self.normalize,
             **({"region": ex.region, "score": "share of pixels"} if dense else {}),
@@ -415,6 +442,17 @@ class CamJob(BaseJob):
             **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
+
+    def _positive(self, score: float) -> dict[str, bool]:
+        """``--target positive``: whether the label reached the threshold (an image with none shows its
+        likeliest)."""
+        return {"positive": score >= self.targets.threshold} if isinstance(self.targets, Positive) else {}
+
+    def _value(self, ex: Any, score: float) -> dict[str, float]:
+        """A regression output's value (the score is the explained quantity: negated with --negate)."""
+        if ex.score_kind != "raw":
+            return {}
+        return {"value": round(score * getattr(self.loaded.model, "sign", 1), 6)}
 
     def _map_record(
         self, file: str, method: str, layer: str, target: int, score: float, cam: np.ndarray

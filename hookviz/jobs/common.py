@@ -16,6 +16,7 @@ from hookviz.core.memory import Estimate
 from hookviz.engine.explain import ranking
 from hookviz.errors import InputError
 from hookviz.io.images import Box
+from hookviz.models.heads import head_settings
 from hookviz.models.loaded import LoadedModel
 
 
@@ -70,6 +71,7 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             "std": [round(float(v), 6) for v in p.std],
         },
         **({"video": loaded.video.settings()} if loaded.video is not None else {}),
+        **head_settings(loaded.model),
     }
 
 
@@ -87,7 +89,11 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
         return None
     row = logits[index : index + 1].float()
     top = int(ranking(row)[0, 0])
-    score = float(torch.softmax(row, dim=1)[0, top])
+    kind = getattr(loaded.model, "score_kind", "softmax")
+    probs = (
+        torch.sigmoid(row) if kind == "sigmoid" else row if kind in ("raw", "identity") else row.softmax(1)
+    )
+    score = float(probs[0, top])
     return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
 
 

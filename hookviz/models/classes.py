@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hookviz.core.targets import Positive
 from hookviz.errors import TargetError, UsageError, close_matches
 
 if TYPE_CHECKING:
@@ -88,8 +89,13 @@ def parse_target(
     return find_class(text, loaded.categories, option, loaded.name)
 
 
-def parse_targets(spec: str, loaded: LoadedModel, num_classes: int) -> str | list[int] | None:
-    """``top1`` → None; ``topK`` → ``"topK"``; ``281``, ``tabby`` or ``281,tiger cat`` → class indices.
+#: What ``--target`` becomes: None (top-1), ``"topK"``, class indices, or :class:`Positive`.
+TargetSpec = str | list[int] | Positive | None
+
+
+def parse_targets(spec: str, loaded: LoadedModel, num_classes: int, threshold: float = 0.5) -> TargetSpec:
+    """``top1`` → None; ``topK`` → ``"topK"``; ``281``, ``tabby`` or ``281,tiger cat`` → class indices;
+    ``positive`` → every label whose sigmoid reaches ``threshold`` (a multi-label head's).
 
     The same class named twice (``281,tabby``) is explained once.
 
@@ -97,6 +103,8 @@ def parse_targets(spec: str, loaded: LoadedModel, num_classes: int) -> str | lis
         TargetError: a bad topK, an index out of range, or an unknown class name.
     """
     text = spec.strip().lower()
+    if text == "positive":
+        return Positive(threshold)
     if text.startswith("top"):
         k = text[3:]
         if not _DIGITS.match(k) or not 1 <= int(k) <= num_classes:

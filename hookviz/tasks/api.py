@@ -14,6 +14,7 @@ from hookviz.errors import UsageError
 from hookviz.jobs.build import BuiltJob, CamSettings
 from hookviz.models.build import build
 from hookviz.models.classes import parse_targets
+from hookviz.models.heads import with_head
 from hookviz.models.loaded import LoadedModel, num_classes, prepare, probe
 from hookviz.models.scores import from_options
 from hookviz.models.sources import WEIGHTS_DEFAULT, Options
@@ -37,6 +38,8 @@ def load_model(
     weights_key: str | None = None,
     trust_pickle: bool = False,
     task: str | None = None,
+    head: str = "auto",
+    negate: bool = False,
 ) -> LoadedModel:
     """Build a model with its weights, in eval mode, on ``device``, with its task, preprocessing and class
     names.
@@ -60,6 +63,9 @@ def load_model(
         trust_pickle: allow unpickling a whole model file (it runs code from the file).
         task: a registered task's name (:mod:`hookviz.tasks`); default: the one the source names, else the
             last registered that claims the model, else classification.
+        head: how a classifier's outputs are read: ``softmax``, ``sigmoid`` (multi-label), ``raw``
+            (regression); ``auto``: a Hugging Face ``problem_type``, a single output (raw), else softmax.
+        negate: a regression: explain what lowers the value (the target is the negated output).
 
     Raises:
         ModelNotFoundError: unknown model name (close matches suggested).
@@ -70,9 +76,10 @@ def load_model(
     """
     built = build(name, weights, Options(weights_key, trust_pickle, progress))
     chosen = get_task(task) if task is not None else task_for(built)
-    return prepare(
+    loaded = prepare(
         built, chosen, device=device, input_size=input_size, resize=resize, mean=mean, std=std, labels=labels
     )
+    return with_head(loaded, head, negate)
 
 
 def make_cam_job(
@@ -99,7 +106,7 @@ def make_cam_job(
         LayerError, TargetError: a bad layer or target.
     """
     calls = calls if calls is not None else probe(loaded)
-    targets = parse_targets(settings.target, loaded, num_classes(loaded))
+    targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold)
     return task_of(loaded).cam_job(loaded, settings, calls, targets, first_images=first_images, agree=agree)
 
 

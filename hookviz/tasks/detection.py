@@ -13,6 +13,7 @@ from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
 from hookviz.io.images import Preprocess
 from hookviz.jobs.build import BuiltJob, CamSettings, detection_job
+from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.torchvision import dense_classes, task_preprocess
 from hookviz.tasks.registry import COMMANDS, Task, register_task
@@ -69,7 +70,7 @@ class Detection(Task):
         loaded: LoadedModel,
         settings: CamSettings,
         calls: list[ModuleCall],
-        targets: str | list[int] | None,
+        targets: TargetSpec,
         *,
         first_images: Callable[[int], Tensor | None] | None = None,
         agree: Callable[[Any], Any] | None = None,

@@ -26,6 +26,7 @@ from hookviz.io.inputs import Item, read_input
 from hookviz.io.video import VideoPreprocess
 from hookviz.jobs.build import BuiltJob, CamSettings, classifier_job
 from hookviz.jobs.cam import CamJob
+from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel, photo_shape
 from hookviz.models.sources import Built
 from hookviz.models.weights import classifier_out
@@ -93,7 +94,7 @@ class Task:
         loaded: LoadedModel,
         settings: CamSettings,
         calls: list[ModuleCall],
-        targets: str | list[int] | None,
+        targets: TargetSpec,
         *,
         first_images: Callable[[int], Tensor | None] | None = None,
         agree: Callable[[Any], Any] | None = None,
