@@ -30,8 +30,8 @@ class ModelOptions:
     resize: str | None = None
     labels: Path | None = None
     weights_key: str | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
     trust_pickle: bool = False
     #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
     head: str = "auto"
@@ -42,16 +42,19 @@ class ModelOptions:
     clips: str | None = None
 
 
-def _rgb(text: str | None, option: str) -> tuple[float, float, float] | None:
+def _rgb(text: str | None, option: str) -> tuple[float, ...] | None:
+    """Numbers per channel: three (R,G,B) for a photo model, one per band for another (checked on load)."""
     if text is None:
         return None
     try:
         values = [float(v) for v in text.replace(" ", ",").split(",") if v]
     except ValueError:
         values = []
-    if len(values) != 3 or (option == "--std" and min(values) <= 0):
-        raise typer.BadParameter(f"{text!r}: give three numbers R,G,B (0.485,0.456,0.406)", param_hint=option)
-    return (values[0], values[1], values[2])
+    if not values or (option == "--std" and min(values) <= 0):
+        raise typer.BadParameter(
+            f"{text!r}: give a number per channel, R,G,B for a photo (0.485,0.456,0.406)", param_hint=option
+        )
+    return tuple(values)
 
 
 #: Models kept warm by ``hookviz serve`` (a forked child finds them here), by :func:`warm_key`.

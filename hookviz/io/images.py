@@ -89,6 +89,42 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
         ) from None
 
 
+def load_bands(
+    path: str | Path, channels: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[np.ndarray, np.ndarray]:
+    """An image's own bands as they are, for a model that does not take RGB: ``(H, W, C)`` float32 in [0, 1]
+    (8-bit / 255, 16-bit / 65535, float as stored), and an RGB ``uint8`` picture of it to draw on (band 0 as
+    grey, or the first three bands).
+
+    Raises:
+        InputError: as :func:`load_rgb`, and an image whose number of bands is not ``channels``.
+    """
+    load_rgb(path, max_pixels)  # every check of a photo (missing, not an image, truncated, too large)
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as img:
+        img = ImageOps.exif_transpose(img)
+        arr = np.asarray(img)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.dtype == np.uint8:
+        bands = arr.astype(np.float32) / 255.0
+    elif arr.dtype in (np.uint16, np.dtype(">u2"), np.dtype("<u2")) or (
+        arr.dtype.kind in "iu" and arr.max(initial=0) > 255
+    ):
+        bands = arr.astype(np.float32) / 65535.0
+    else:
+        bands = arr.astype(np.float32)
+    if bands.shape[2] != channels:
+        raise InputError(
+            f"{quote(path)}: an image of {bands.shape[2]} band(s), and the model's first layer takes "
+            f"{channels}; give {channels}-band images"
+        )
+    shown = bands[:, :, :3] if bands.shape[2] >= 3 else np.repeat(bands[:, :, :1], 3, axis=2)
+    picture = np.clip(shown * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    return bands, np.ascontiguousarray(picture)
+
+
 def _to_rgb(img: object) -> np.ndarray:
     from PIL import Image
 
@@ -148,12 +184,15 @@ class Preprocess:
 
     crop_size: int = 224
     resize_size: int = 256
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
     resize: str = "crop"
     #: How the photo is resampled: ``bilinear``, ``bicubic`` or ``nearest`` (PIL's filters).
     interpolation: str = "bilinear"
     crop_round: str = "round"
+    #: The bands the model's first layer takes: 3 (an RGB photo), else the image's own bands as they are
+    #: (greyscale, 16-bit, 4-band), read by :func:`load_bands` and resized band by band.
+    channels: int = 3
 
     def __post_init__(self) -> None:
 
@@ -162,8 +201,9 @@ class Preprocess:
             raise UsageError(
                 f"input sizes must be positive, got crop {self.crop_size}, resize {self.resize_size}"
             )
-        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise UsageError(f"mean and std take 3 values each, std > 0; got {self.mean} and {self.std}")
+        n = self.channels
+        if len(self.mean) != n or len(self.std) != n or min(self.std) <= 0:
+            raise UsageError(f"mean and std take {n} values each, std > 0; got {self.mean} and {self.std}")
         if self.interpolation not in _FILTERS:
             raise UsageError(f"interpolation {self.interpolation!r}: use one of {', '.join(_FILTERS)}")
         if self.crop_round not in ("round", "floor"):
@@ -209,6 +249,8 @@ class Preprocess:
         """Return the normalised ``(3, h, w)`` float32 input and the box of the photo it came from."""
         from PIL import Image
 
+        if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+            return self._bands(rgb)
         height, width = rgb.shape[:2]
         plan = self._plan(height, width)
         rh, rw, top, left, h, w = plan
@@ -219,6 +261,37 @@ class Preprocess:
         x -= np.asarray(self.mean, dtype=np.float32)
         x /= np.asarray(self.std, dtype=np.float32)
         return np.ascontiguousarray(x.transpose(2, 0, 1)), _box(height, width, plan)
+
+    def _bands(self, bands: np.ndarray) -> tuple[np.ndarray, Box]:
+        """An image of any number of bands (float in [0, 1], :func:`load_bands`) as the model's input."""
+        if bands.ndim == 2:
+            bands = bands[:, :, None]
+        if bands.shape[2] != self.channels:
+            raise UsageError(f"an image of {bands.shape[2]} band(s) for a model that takes {self.channels}")
+        height, width = bands.shape[:2]
+        plan = self._plan(height, width)
+        rh, rw, top, left, h, w = plan
+        region = _resample(bands.astype(np.float32), (rh, rw), self.interpolation)[
+            top : top + h, left : left + w
+        ]
+        x = (region - np.asarray(self.mean, dtype=np.float32)) / np.asarray(self.std, dtype=np.float32)
+        return np.ascontiguousarray(x.transpose(2, 0, 1)), _box(height, width, plan)
+
+
+def _resample(bands: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
+    """``(H, W, C)`` float bands resized to ``size`` = (h, w), every band alike (OpenCV: area averaging when
+    shrinking, as an antialiased filter does; else the named filter)."""
+    import cv2
+
+    h, w = size
+    if (h, w) == bands.shape[:2]:
+        return bands
+    shrink = h * w < bands.shape[0] * bands.shape[1]
+    flag = {"nearest": cv2.INTER_NEAREST, "bicubic": cv2.INTER_CUBIC}.get(interpolation, cv2.INTER_LINEAR)
+    out = cv2.resize(
+        bands, (w, h), interpolation=cv2.INTER_AREA if shrink and flag != cv2.INTER_NEAREST else flag
+    )
+    return out.reshape(h, w, -1)
 
 
 def _box(height: int, width: int, plan: tuple[int, int, int, int, int, int]) -> Box:

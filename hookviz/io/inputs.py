@@ -16,7 +16,7 @@ import numpy as np
 
 from hookviz.errors import InputError
 from hookviz.io import timing
-from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, image_suffixes, load_rgb, quote
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, image_suffixes, load_bands, load_rgb, quote
 from hookviz.io.video import (
     VIDEO_SUFFIXES,
     Clip,
@@ -204,8 +204,12 @@ def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.nd
         fps = (item.info.fps if item.info is not None and item.info.fps else 0.0) or 0.0
         rate = fps / preprocess.step(fps or None) if fps else 8.0
         return ClipFrames(frames, times, item.clip, rate), x, box
+    channels = getattr(preprocess, "channels", 3)
     with timing.stage("decode"):
-        rgb = load_rgb(item.path, max_pixels=max_pixels)
+        if channels != 3:  # a model that takes the image's own bands (greyscale, 16-bit, 4-band)
+            bands, rgb = load_bands(item.path, channels, max_pixels=max_pixels)
+        else:
+            rgb = bands = load_rgb(item.path, max_pixels=max_pixels)
     with timing.stage("preprocess"):
-        x, box = preprocess(rgb)
+        x, box = preprocess(bands)
     return rgb, x, box

@@ -236,8 +236,8 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
         resize = "squash"
     mean, std = p.mean, p.std
     if proc is not None and getattr(proc, "image_mean", None) and getattr(proc, "image_std", None):
-        mean = tuple(float(v) for v in proc.image_mean)  # type: ignore[assignment]
-        std = tuple(float(v) for v in proc.image_std)  # type: ignore[assignment]
+        mean = tuple(float(v) for v in proc.image_mean)
+        std = tuple(float(v) for v in proc.image_std)
     resample = getattr(proc, "resample", None)
     filters = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
     built.preprocess = Preprocess(

@@ -120,8 +120,8 @@ class LoadedModel:
 
 def photo_shape(loaded: LoadedModel) -> tuple[int, ...]:
     """``(3, H, W)`` of a photo, or ``(3, T, H, W)`` of a clip of a video model."""
-    s = loaded.preprocess.crop_size
-    return (3, loaded.video.clip_len, s, s) if loaded.video is not None else (3, s, s)
+    s, c = loaded.preprocess.crop_size, loaded.preprocess.channels
+    return (3, loaded.video.clip_len, s, s) if loaded.video is not None else (c, s, s)
 
 
 def prepare(
@@ -213,16 +213,32 @@ def _preprocess(
             mean=_triple(mean, "--mean") if mean is not None else video.mean,
             std=_triple(std, "--std") if std is not None else video.std,
         )
+    bands = input_channels(built.model) if video is None else 3
+    own_mean, own_std = (base.mean, base.std) if bands == 3 else ((0.0,) * bands, (1.0,) * bands)
     preprocess = Preprocess(
         crop_size=crop,
         resize_size=rsz,
-        mean=_triple(mean, "--mean") if mean is not None else base.mean,
-        std=_triple(std, "--std") if std is not None else base.std,
+        mean=_values(mean, "--mean", bands) if mean is not None else own_mean,
+        std=_values(std, "--std", bands) if std is not None else own_std,
         resize=resize or base.resize,
         interpolation=base.interpolation,
         crop_round=base.crop_round,
+        channels=bands,
     )
     return preprocess, video
+
+
+def input_channels(model: nn.Module) -> int:
+    """The bands the model's first convolution takes (3 without one: a photo)."""
+    first = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))), None)
+    return int(first.in_channels) if first is not None and first.groups == 1 else 3
+
+
+def _values(values: Sequence[float], option: str, n: int) -> tuple[float, ...]:
+    if len(values) != n:
+        names = "R,G,B" if n == 3 else f"one per band of the model's {n}"
+        raise UsageError(f"{option} takes {n} value(s) ({names}), got {len(values)}")
+    return tuple(float(v) for v in values)
 
 
 def _triple(values: Sequence[float], option: str) -> tuple[float, float, float]:

@@ -108,8 +108,8 @@ def build(spec: str, weights: str, options: Options) -> Built:
             crop_size=crop,
             # timm's eval transform: scale_size = floor(img_size / crop_pct)
             resize_size=max(crop, math.floor(crop / float(data.get("crop_pct") or 1.0))),
-            mean=tuple(float(v) for v in data["mean"]),  # type: ignore[arg-type]
-            std=tuple(float(v) for v in data["std"]),  # type: ignore[arg-type]
+            mean=tuple(float(v) for v in data["mean"]),
+            std=tuple(float(v) for v in data["std"]),
             resize="squash" if data.get("crop_mode") == "squash" else "crop",
             interpolation=str(data.get("interpolation") or "bilinear"),
         ),

@@ -17,12 +17,14 @@ class Classification(Task):
         return {}  # the default task: a classifier's records name none, as before tasks were named
 
     def hints(self, loaded: LoadedModel) -> list[str]:
+        own = super().hints(loaded)
         if not loaded.categories and classifier_out(loaded.model) == 1000:
             return [
+                *own,
                 f"{loaded.name}'s head has 1000 classes and no names; if they are ImageNet's, "
-                "--labels imagenet names them"
+                "--labels imagenet names them",
             ]
-        return []
+        return own
 
 
 CLASSIFICATION = register_task(Classification())

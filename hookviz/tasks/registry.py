@@ -115,7 +115,13 @@ class Task:
 
     def hints(self, loaded: LoadedModel) -> list[str]:
         """Notes for the user about a model of this task as loaded (said unless ``--quiet``)."""
-        return []
+        p = loaded.preprocess
+        if p.channels == 3:
+            return []
+        return [
+            f"{loaded.name} takes {p.channels} band(s): images are read as they are (8-bit / 255, 16-bit / "
+            f"65535), normalised with mean {list(p.mean)} and std {list(p.std)} (--mean/--std, one per band)"
+        ]
 
 
 _TASKS: dict[str, Task] = {}
