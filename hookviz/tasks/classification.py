@@ -18,6 +18,11 @@ class Classification(Task):
 
     def hints(self, loaded: LoadedModel) -> list[str]:
         own = super().hints(loaded)
+        if getattr(loaded.model, "score_kind", None) == "raw":
+            own.append(
+                f"{loaded.name}'s outputs are read as regression values (--head sigmoid if they are logits "
+                "of independent labels, such as one binary logit)"
+            )
         if not loaded.categories and classifier_out(loaded.model) == 1000:
             return [
                 *own,
