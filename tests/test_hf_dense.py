@@ -31,19 +31,20 @@ SEG_COMMON = {"num_labels": 4, "id2label": SEG_LABELS, "label2id": {v: k for k, 
 EDGES = {"shortest_edge": 160, "longest_edge": 320}
 
 
+#: A one-layer encoder and decoder, two heads: every DETR-like model here.
+TINY = {
+    "d_model": 32,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+}
+
+
 def _detr(cls: Any, **kw: Any) -> Any:
-    base = {
-        "backbone": "resnet18",
-        "use_pretrained_backbone": False,
-        "d_model": 32,
-        "encoder_layers": 1,
-        "decoder_layers": 1,
-        "encoder_ffn_dim": 64,
-        "decoder_ffn_dim": 64,
-        "encoder_attention_heads": 2,
-        "decoder_attention_heads": 2,
-        "num_queries": 12,
-    }
+    base = {"backbone": "resnet18", "use_pretrained_backbone": False, **TINY, "num_queries": 12}
     return cls(**{**base, **kw}, **COMMON)
 
 
@@ -76,15 +77,9 @@ DETECTORS: dict[str, Any] = {
             ),
             encoder_in_channels=[32, 64, 128],
             decoder_in_channels=[32, 32, 32],
-            d_model=32,
             encoder_hidden_dim=32,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            decoder_layers=1,
-            encoder_layers=1,
             num_queries=12,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
+            **TINY,
             **COMMON,
         ),
         T.RTDetrImageProcessor(size={"height": 160, "width": 160}),
@@ -177,17 +172,7 @@ SEGMENTERS: dict[str, Any] = {
             backbone_config=_swin(),
             fpn_feature_size=32,
             mask_feature_size=32,
-            decoder_config={
-                "model_type": "detr",
-                "d_model": 32,
-                "encoder_layers": 1,
-                "decoder_layers": 1,
-                "encoder_ffn_dim": 64,
-                "decoder_ffn_dim": 64,
-                "encoder_attention_heads": 2,
-                "decoder_attention_heads": 2,
-                "num_queries": 8,
-            },
+            decoder_config={"model_type": "detr", **TINY, "num_queries": 8},
             **SEG_COMMON,
         ),
         T.MaskFormerImageProcessor(size={"shortest_edge": 64, "longest_edge": 128}),

@@ -13,6 +13,7 @@ import numpy as np
 from hookviz import methods as registry
 from hookviz import render
 from hookviz.core.memory import Estimate
+from hookviz.core.readout import scorer
 from hookviz.engine.explain import ranking
 from hookviz.errors import InputError
 from hookviz.io.images import Box
@@ -89,11 +90,8 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
         return None
     row = logits[index : index + 1].float()
     top = int(ranking(row)[0, 0])
-    kind = getattr(loaded.model, "score_kind", "softmax")
-    probs = (
-        torch.sigmoid(row) if kind == "sigmoid" else row if kind in ("raw", "identity") else row.softmax(1)
-    )
-    score = float(probs[0, top])
+    kind = str(getattr(loaded.model, "score_kind", "softmax"))
+    score = float(scorer(kind=kind)(row, torch.zeros(1, dtype=torch.long))[0, top])  # as the records read it
     return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
 
 

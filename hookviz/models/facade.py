@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from torch import nn
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
 
 
 class Facade(nn.Module):
@@ -20,3 +24,12 @@ class Facade(nn.Module):
     @property
     def wrapped(self) -> nn.Module:
         return self._wrapped[0]
+
+
+def photos_uint8(images: Tensor | Sequence[Tensor]) -> list[Any]:
+    """Photos ``(3, H, W)`` in [0, 1] as the uint8 ``(H, W, 3)`` arrays another library's preprocessing takes
+    (exactly the photo as read: hookviz's photos are uint8 / 255)."""
+    return [
+        (t.detach() * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        for t in images
+    ]

@@ -22,15 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.core.detections import Found
-from hookviz.models.facade import Facade
-
-
-def _uint8(images: Tensor | Sequence[Tensor]) -> list[Any]:
-    """Photos in [0, 1] as the uint8 ``(H, W, 3)`` arrays an image processor takes (the photo as read)."""
-    return [
-        (t.detach() * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-        for t in images
-    ]
+from hookviz.models.facade import Facade, photos_uint8
 
 
 class _Processed(Facade):
@@ -48,7 +40,7 @@ class _Processed(Facade):
         """What the processor makes of the photos, on the model's device and in its dtype."""
         first = next(self.parameters())
         size = {"size": self.size} if getattr(self, "size", None) else {}
-        batch = self.processor(images=_uint8(images), return_tensors="pt", **size)
+        batch = self.processor(images=photos_uint8(images), return_tensors="pt", **size)
         return {
             k: v.to(first.device, first.dtype if v.is_floating_point() else v.dtype)
             for k, v in batch.items()

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from hookviz.core.detections import Found
 from hookviz.errors import UsageError, WeightsError
 from hookviz.io.images import Preprocess
-from hookviz.models.facade import Facade
+from hookviz.models.facade import Facade, photos_uint8
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.models.weights import apply_state_dict, file_digest, load_state_dict_file
 
@@ -70,8 +70,7 @@ class Yolo(Facade):
         from ultralytics.data.augment import LetterBox
 
         box = LetterBox((self.imgsz, self.imgsz), auto=True, stride=self.stride)
-        u8 = (images.detach() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-        out = torch.stack([torch.from_numpy(box(image=img)).permute(2, 0, 1) for img in u8])
+        out = torch.stack([torch.from_numpy(box(image=img)).permute(2, 0, 1) for img in photos_uint8(images)])
         return out.to(images.device, next(self.parameters()).dtype) / 255
 
     def predictions(self, canvas: Tensor) -> tuple[Tensor, Tensor | None]:
