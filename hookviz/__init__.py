@@ -24,6 +24,8 @@ _EXPORTS = {
     "Explanation": "hookviz.engine.explain",
     "explain_detections": "hookviz.engine.detection",
     "explain_videos": "hookviz.run.runner",
+    "explain_volumes": "hookviz.run.runner",
+    "read_volume": "hookviz.io.volume",
     "evaluate": "hookviz.jobs.evaluate",
     "DetectionExplanation": "hookviz.engine.detection",
     "summarize": "hookviz.summary",
@@ -61,7 +63,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models.loaded import LoadedModel
     from hookviz.options import Normalize, Stage
-    from hookviz.run.runner import explain_videos
+    from hookviz.io.volume import read_volume
+    from hookviz.run.runner import explain_videos, explain_volumes
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
     from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
@@ -92,10 +95,12 @@ __all__ = [
     "explain",
     "explain_detections",
     "explain_videos",
+    "explain_volumes",
     "feature_maps",
     "grad_cam",
     "gradient_flow",
     "load_model",
+    "read_volume",
     "load_rgb",
     "preserved",
     "register_method",

@@ -123,7 +123,10 @@ def test_every_module_has_a_layer() -> None:
 
 def test_no_import_cycle() -> None:
     """No cycle among the imports, those inside functions included (a deferred import hides none)."""
-    graph = {m: {own for name, _, _ in _imports(m) if (own := _own(name)) is not None and own != m} for m in MODULES}
+    graph = {
+        m: {own for name, _, _ in _imports(m) if (own := _own(name)) is not None and own != m}
+        for m in MODULES
+    }
     state: dict[str, int] = {}
     stack: list[str] = []
 

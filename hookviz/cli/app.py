@@ -133,12 +133,8 @@ JsonOut = Annotated[
     ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks.", rich_help_panel=RUN)]
-InputSize = Annotated[
-    int | None,
-    typer.Option(
-        "--input-size", min=1, help="square model input side (default: the weights').", rich_help_panel=MODEL
-    ),
-]
+
+
 ResizeOpt = Annotated[
     Resize | None,
     typer.Option(
@@ -199,33 +195,6 @@ ReportOpt = Annotated[
 Null = Annotated[
     bool,
     typer.Option("--null", "-0", help="stdin paths are NUL-separated (find -print0).", rich_help_panel=RUN),
-]
-ClipLen = Annotated[
-    int | None,
-    typer.Option(
-        "--clip-len",
-        min=1,
-        help="video: frames per clip (default: the weights', 16 for r3d_18).",
-        rich_help_panel=VIDEO,
-    ),
-]
-FrameStride = Annotated[
-    int | None,
-    typer.Option(
-        "--frame-stride",
-        min=1,
-        help="video: take every Nth frame (default: resample to the weights' frame rate, 15 fps for most).",
-        rich_help_panel=VIDEO,
-    ),
-]
-ClipsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--clips",
-        metavar="N|all",
-        help="video: N evenly spaced clips per video, or all of them back to back (default: the weights').",
-        rich_help_panel=VIDEO,
-    ),
 ]
 
 

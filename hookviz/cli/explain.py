@@ -15,19 +15,15 @@ from hookviz.cli.app import (
     Baseline,
     BatchSize,
     Cells,
-    ClipLen,
-    ClipsOpt,
     Compare,
     Debug,
     Device,
     DiscardRatio,
     Embedding,
-    FrameStride,
     HeadFusion,
     HeadOpt,
     IgSteps,
     Inputs,
-    InputSize,
     JsonOut,
     Labels,
     MaskedBatch,
@@ -61,6 +57,7 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.groups import method_options, model_options, prompts, run_options
+from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputSize, TaskOpt
 from hookviz.cli.runner import _Reporter, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
@@ -81,6 +78,7 @@ def gradcam(
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
     head: HeadOpt = "auto",
+    task: TaskOpt = None,
     negate: Negate = False,
     layers: Annotated[
         list[str] | None,

@@ -29,10 +29,25 @@ def model_options(p: Mapping[str, Any]) -> ModelOptions:
         trust_pickle=p.get("trust_pickle", False),
         head=p.get("head", "auto"),
         negate=p.get("negate", False),
+        task=p.get("task"),
+        volumes=all_volumes(p.get("inputs") or []),
         clip_len=p.get("clip_len"),
         frame_stride=p.get("frame_stride"),
         clips=p.get("clips"),
     )
+
+
+def all_volumes(inputs: list[str]) -> bool:
+    """Whether every input names a volume (a NIfTI or ``.npy`` file, a DICOM folder, a folder of volumes)."""
+    from hookviz.io.volume import is_volume, volume_suffix  # loads numpy: only once a command runs
+
+    def one(spec: str) -> bool:
+        path = Path(spec).expanduser()
+        if is_volume(path):
+            return True
+        return path.is_dir() and any(volume_suffix(f) for f in path.iterdir())
+
+    return bool(inputs) and "-" not in inputs and all(one(s) for s in inputs)
 
 
 def run_options(p: Mapping[str, Any], **fixed: Any) -> RunOptions:

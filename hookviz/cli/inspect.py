@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -12,13 +12,9 @@ from hookviz.cli.app import (
     MAPS,
     MODEL,
     BatchSize,
-    ClipLen,
-    ClipsOpt,
     Debug,
     Device,
-    FrameStride,
     Inputs,
-    InputSize,
     JsonOut,
     Labels,
     MaxMemory,
@@ -41,6 +37,7 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.groups import model_options, run_options
+from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputSize
 from hookviz.cli.loading import with_sampling
 from hookviz.cli.runner import _Reporter, _run_job
 from hookviz.io.files import atomic_write
@@ -143,7 +140,10 @@ def layers(
         from hookviz.tasks import load_model
 
         loaded = with_sampling(
-            load_model(model, weights, input_size=input_size, trust_pickle=trust_pickle), clip_len, None, None
+            load_model(model, weights, input_size=cast(Any, input_size), trust_pickle=trust_pickle),
+            clip_len,
+            None,
+            None,
         )
         calls = probe(loaded)
         default = default_cam_layer(loaded.model, calls)

@@ -26,7 +26,7 @@ class ModelOptions:
     model: str
     weights: str
     device: str = "auto"
-    input_size: int | None = None
+    input_size: int | tuple[int, ...] | None = None
     resize: str | None = None
     labels: Path | None = None
     weights_key: str | None = None
@@ -36,6 +36,9 @@ class ModelOptions:
     #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
     head: str = "auto"
     negate: bool = False
+    #: ``--task``, and whether every input is a volume (a 3-D CNN is then a volume model, not a video one).
+    task: str | None = None
+    volumes: bool = False
     #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
     clip_len: int | None = None
     frame_stride: int | None = None
@@ -68,7 +71,9 @@ def warm_key(m: ModelOptions) -> Any:
     they name (a weights or labels file rewritten is loaded again); None for a model from the user's own code
     (``module:function``, ``file.py``), which is loaded afresh every call."""
     name = m.model
-    if name.endswith(".py") or (":" in name and not name.startswith(("timm:", "hf:", "torchvision:"))):
+    if name.endswith(".py") or (
+        ":" in name and not name.startswith(("timm:", "hf:", "torchvision:", "monai:", "ultralytics:"))
+    ):
         return None
     stamps = []
     for value in (m.weights, m.labels):
@@ -98,6 +103,8 @@ def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
         trust_pickle=m.trust_pickle,
         head=m.head,
         negate=m.negate,
+        task=m.task,
+        volumes=m.volumes,
     )
     return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
 

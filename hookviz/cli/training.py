@@ -12,7 +12,6 @@ from hookviz.cli.app import (
     Debug,
     Device,
     Inputs,
-    InputSize,
     JsonOut,
     Labels,
     MaxMemory,
@@ -32,6 +31,7 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.groups import model_options, run_options
+from hookviz.cli.kinds import InputSize
 from hookviz.cli.runner import _Reporter, _run_job
 from hookviz.models.classes import parse_target
 

@@ -15,19 +15,15 @@ from hookviz.cli.app import (
     Baseline,
     BatchSize,
     Cells,
-    ClipLen,
-    ClipsOpt,
     Compare,
     Debug,
     Device,
     DiscardRatio,
     Embedding,
-    FrameStride,
     HeadFusion,
     HeadOpt,
     IgSteps,
     Inputs,
-    InputSize,
     JsonOut,
     Labels,
     MaskedBatch,
@@ -60,6 +56,7 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.groups import method_options, model_options, prompts, run_options
+from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputSize, TaskOpt
 from hookviz.cli.runner import _Reporter, _run_then
 from hookviz.cli.tables import _announce, _write_evaluation
 from hookviz.io.files import atomic_write
@@ -84,6 +81,7 @@ def evaluate(
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
     head: HeadOpt = "auto",
+    task: TaskOpt = None,
     negate: Negate = False,
     layers: Annotated[
         list[str] | None,
@@ -276,6 +274,7 @@ def sanity(
     std: StdOpt = None,
     trust_pickle: TrustPickle = False,
     head: HeadOpt = "auto",
+    task: TaskOpt = None,
     negate: Negate = False,
     layer: Annotated[
         str | None,

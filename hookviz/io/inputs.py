@@ -28,6 +28,7 @@ from hookviz.io.video import (
     probe,
     read_clip,
 )
+from hookviz.io.volume import is_dicom_folder, volume_suffix
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _has_glob(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
-def _scan_dir(root: Path, exclude: Path | None, video: bool = False) -> list[Path]:
+def _scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: bool = False) -> list[Path]:
     """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped.
 
     Symlinked folders are followed, each real folder once (a link back to an ancestor, or two links to
@@ -69,6 +70,13 @@ def _scan_dir(root: Path, exclude: Path | None, video: bool = False) -> list[Pat
         if video and not ours and frame_files(here):  # a folder of frames is one video
             found.append(here)
             dirnames[:] = []
+            continue
+        if volume and not ours and is_dicom_folder(here):  # a folder of DICOM slices is one volume
+            found.append(here)
+            dirnames[:] = []
+            continue
+        if volume:
+            found += [here / f for f in sorted(filenames) if not f.startswith(".") and volume_suffix(Path(f))]
             continue
         found += [
             here / f
@@ -99,11 +107,14 @@ def expand_inputs(
     exclude: Path | None = None,
     null: bool = False,
     video: bool = False,
+    volume: bool = False,
 ) -> list[Item]:
     """Files, directories (searched recursively for images), globs, and ``-`` (paths read from stdin).
 
     With ``video`` (a video model's inputs), folders are searched for video files and folders of frames
-    (a folder holding images is one video, its frames in natural order).
+    (a folder holding images is one video, its frames in natural order). With ``volume``, folders are
+    searched for ``.nii``, ``.nii.gz`` and ``.npy`` files and DICOM series folders (a folder of DICOM files is
+    one volume).
 
     Stdin holds one path per line (blank lines and CRLF endings are fine) or, with ``null``,
     NUL-separated paths (``find -print0``), which may contain any character. Directory symlinks are
@@ -143,10 +154,12 @@ def expand_inputs(
 
     for name in names:
         path = Path(name).expanduser()
-        if path.is_dir():
-            files = _scan_dir(path, exclude, video)
+        if path.is_dir() and volume and is_dicom_folder(path):
+            add(name, path)
+        elif path.is_dir():
+            files = _scan_dir(path, exclude, video, volume)
             if not files:
-                what = "videos or folders of frames" if video else "images"
+                what = "videos or folders of frames" if video else "volumes" if volume else "images"
                 items.append(Item(name, None, f"{quote(name)}: no {what} found in this folder"))
             for f in files:
                 add(str(f), f)

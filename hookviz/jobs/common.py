@@ -72,6 +72,7 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             "std": [round(float(v), 6) for v in p.std],
         },
         **({"video": loaded.video.settings()} if loaded.video is not None else {}),
+        **({"volume": {"size": loaded.volume.size}} if loaded.volume is not None else {}),
         **head_settings(loaded.model),
     }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hookviz.models import hf, python, timm, torchvision, ultralytics
+from hookviz.models import hf, monai, python, timm, torchvision, ultralytics
 from hookviz.models.sources import Built, Options, source_of
 
 #: Each source's builder: ``build(spec, weights, options)``.
@@ -14,6 +14,7 @@ SOURCES: dict[str, Callable[[str, str, Options], Built]] = {
     "timm": timm.build,
     "hf": hf.build,
     "ultralytics": ultralytics.build,
+    "monai": monai.build,
     "python": python.build,
     "pickle": python.build,
 }

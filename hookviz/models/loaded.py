@@ -17,6 +17,7 @@ from hookviz.core.hooks import ModuleCall, logits_of, preserved, probe_input, tr
 from hookviz.errors import DeviceError, HookvizError, SetupError, UsageError
 from hookviz.io.images import Preprocess
 from hookviz.io.video import VideoPreprocess
+from hookviz.io.volume import VolumePreprocess
 from hookviz.models.classes import class_label, read_labels
 from hookviz.models.sources import Built
 from hookviz.models.torchvision import imagenet_categories
@@ -34,6 +35,10 @@ class ModelTask(Protocol):
 
     def clips(self, built: Built) -> VideoPreprocess | None:
         """How videos become clips, for a model that takes clips (None: it takes photos)."""
+        ...
+
+    def volumes(self, preprocess: Preprocess, size: tuple[int, int, int] | None) -> VolumePreprocess | None:
+        """How volumes become inputs, for a model that takes volumes (None: it takes photos or clips)."""
         ...
 
     def head_classes(self, model: nn.Module) -> int | None:
@@ -98,6 +103,8 @@ class LoadedModel:
     task: ModelTask | None = None
     #: How a video becomes clips for a model that takes clips (None for the others).
     video: VideoPreprocess | None = None
+    #: How a volume becomes an input, for a model that takes volumes (None for the others).
+    volume: VolumePreprocess | None = None
     #: Lines for the user about how the model was set up (prompts cut to the tokenizer's limit, ...).
     notes: tuple[str, ...] = ()
 
@@ -129,7 +136,7 @@ def prepare(
     task: ModelTask,
     *,
     device: torch.device | str = "cpu",
-    input_size: int | None = None,
+    input_size: int | Sequence[int] | None = None,
     resize: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
@@ -147,7 +154,14 @@ def prepare(
         categories = _class_names(labels, task.head_classes(built.model), built.name)
         # A JSON list: a name holding a newline is not two names.
         labels_id = hashlib.sha256(json.dumps(list(categories)).encode()).hexdigest()[:16]
-    preprocess, video = _preprocess(built, task, input_size, resize, mean, std)
+    side, size3 = _sizes(input_size)
+    preprocess, video = _preprocess(built, task, side, resize, mean, std)
+    volume = task.volumes(preprocess, size3)
+    if size3 is not None and volume is None:
+        raise UsageError(
+            f"--input-size {','.join(map(str, size3))}: three sides are for volume models, and "
+            f"{built.name} is not one; give one side"
+        )
     model = built.model.to(torch.device(device)).eval()
     return LoadedModel(
         model,
@@ -161,7 +175,20 @@ def prepare(
         labels_id,
         task,
         video,
+        volume,
     )
+
+
+def _sizes(input_size: int | Sequence[int] | None) -> tuple[int | None, tuple[int, int, int] | None]:
+    """``--input-size`` as one side (a photo's square) or three (a volume's D,H,W)."""
+    if input_size is None or isinstance(input_size, int):
+        return input_size, None
+    sides = tuple(int(v) for v in input_size)
+    if len(sides) == 1:
+        return sides[0], None
+    if len(sides) != 3 or min(sides) < 1:
+        raise UsageError(f"--input-size {','.join(map(str, sides))}: give one side, or D,H,W for a volume")
+    return None, (sides[0], sides[1], sides[2])
 
 
 def _class_names(labels: str | Path | Sequence[str], heads: int | None, model: str) -> tuple[str, ...]:

@@ -5,6 +5,7 @@
 ``timm:convnext_tiny``                 a timm model (:mod:`.timm`, needs ``hookviz[timm]``)
 ``hf:DIR_OR_ID``                       a Hugging Face classifier, detector or segmenter (:mod:`.hf`)
 ``ultralytics:FILE.pt``                an ultralytics YOLO (:mod:`.ultralytics`, ``hookviz[ultralytics]``)
+``monai:DenseNet121?spatial_dims=3``   a MONAI network (:mod:`.monai`, ``hookviz[monai]``; 3-D: volumes)
 ``net.py:make_net``, ``pkg.mod:Net``   a function or class in the user's code (:mod:`.python`)
 ``model.pt``                           a whole pickled module, with ``trust_pickle`` only
 =====================================  =====================================================
@@ -81,6 +82,8 @@ def source_of(spec: str) -> str:
         return "hf"
     if spec.startswith("ultralytics:"):
         return "ultralytics"
+    if spec.startswith("monai:"):
+        return "monai"
     head, sep, tail = spec.rpartition(":")
     if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
         return "python"

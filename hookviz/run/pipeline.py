@@ -30,6 +30,7 @@ from hookviz.io.video import clip_suffix
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
     from hookviz.io.video import VideoPreprocess
+    from hookviz.io.volume import VolumePreprocess
     from hookviz.jobs.common import Job
 
 __all__ = ["MANIFEST", "Item", "Output", "expand_inputs", "finite", "output_stem", "run", "to_json"]
@@ -45,7 +46,8 @@ def output_stem(path: Path) -> str:
     never starts with ``-`` or ``.``, and cannot contain a path separator.
     """
     digest = hashlib.sha1(str(_real(path)).encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    stem = _UNSAFE.sub("_", path.stem).lstrip("-._")[:60] or "image"
+    name = path.name[: -len(".nii.gz")] if path.name.lower().endswith(".nii.gz") else path.stem
+    stem = _UNSAFE.sub("_", name).lstrip("-._")[:60] or "image"
     return f"{stem}-{digest}"
 
 
@@ -85,7 +87,7 @@ def run(
     items: Iterable[Item],
     job: Job,
     *,
-    preprocess: Preprocess | VideoPreprocess,
+    preprocess: Preprocess | VideoPreprocess | VolumePreprocess,
     output: Output,
     device: Any,
     base: dict[str, Any],

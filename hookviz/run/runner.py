@@ -36,8 +36,16 @@ def find_inputs(
     exclude: Path | None = None,
     null: bool = False,
 ) -> list[Item]:
-    """What ``inputs`` name, each an :class:`~hookviz.io.inputs.Item` (videos for a model taking clips)."""
-    return pipeline.expand_inputs(inputs, stdin, exclude=exclude, null=null, video=loaded.video is not None)
+    """What ``inputs`` name, each an :class:`~hookviz.io.inputs.Item` (videos for a model taking clips,
+    volumes for a volume model)."""
+    return pipeline.expand_inputs(
+        inputs,
+        stdin,
+        exclude=exclude,
+        null=null,
+        video=loaded.video is not None,
+        volume=loaded.volume is not None,
+    )
 
 
 def clips_of(loaded: LoadedModel, items: list[Item], max_pixels: int = DEFAULT_MAX_PIXELS) -> list[Item]:
@@ -70,7 +78,7 @@ def run_job(
     records = pipeline.run(
         items,
         job,
-        preprocess=loaded.video or loaded.preprocess,
+        preprocess=loaded.video or loaded.volume or loaded.preprocess,
         output=output,
         device=loaded.device,
         base=base,
@@ -142,6 +150,46 @@ def explain_videos(
     items = clips_of(loaded, expand_inputs(names, exclude=Path(out), video=True))
     output.prepare()
     return list(run_job(built.job, loaded, items, output, batch_size=batch_size))
+
+
+def explain_volumes(
+    loaded: Any,
+    inputs: str | Path | list[str | Path],
+    out: str | Path,
+    settings: Any = None,
+    *,
+    overwrite: bool = False,
+    batch_size: int = 2,
+) -> list[dict[str, Any]]:
+    """The ``hookviz gradcam`` of a volume model, from Python: each volume's NIfTI overlays (its own grid and
+    affine), orthogonal slices, slice mosaics and sweeps written under ``out``, and the records, also appended
+    to ``out/manifest.jsonl``.
+
+    Args:
+        loaded: a volume model (:func:`hookviz.load_model`, with ``volumes=True`` for a three-channel one).
+        inputs: ``.nii``/``.nii.gz``/``.npy`` files, DICOM series folders, folders of them.
+        settings: a :class:`hookviz.jobs.build.CamSettings`; default: Grad-CAM at the default layer, the top
+            class.
+
+    Raises:
+        UsageError: not a volume model, or settings that do not apply to one.
+
+    Example:
+        >>> loaded = load_model("monai:DenseNet121?spatial_dims=3&in_channels=1&out_channels=2", "model.pt")
+        >>> records = explain_volumes(loaded, "scans/", "out/")
+        >>> [m["peak"]["world"] for r in records for m in r["maps"]]
+    """
+    if loaded.volume is None:
+        raise UsageError(f"{loaded.name} does not take volumes; load it with volumes=True or task='volume'")
+    names = [str(p) for p in (inputs if isinstance(inputs, list) else [inputs])]
+    output = Output(Path(out), overwrite=overwrite)
+    built = make_cam_job(loaded, settings or CamSettings())
+    items = find_inputs(loaded, names, exclude=Path(out))
+    output.prepare()
+    try:
+        return list(run_job(built.job, loaded, items, output, batch_size=batch_size))
+    finally:
+        output.close()
 
 
 def with_video_summaries(

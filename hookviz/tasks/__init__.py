@@ -19,6 +19,7 @@ from hookviz.tasks.registry import (
 )
 from hookviz.tasks.segmentation import SEGMENTATION
 from hookviz.tasks.video import VIDEO
+from hookviz.tasks.volume import VOLUME
 
 __all__ = [
     "CLASSIFICATION",
@@ -26,6 +27,7 @@ __all__ = [
     "DETECTION",
     "SEGMENTATION",
     "VIDEO",
+    "VOLUME",
     "Task",
     "describe",
     "get_task",

@@ -29,7 +29,7 @@ def load_model(
     weights: str = WEIGHTS_DEFAULT,
     *,
     device: torch.device | str = "cpu",
-    input_size: int | None = None,
+    input_size: int | Sequence[int] | None = None,
     resize: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
@@ -40,6 +40,7 @@ def load_model(
     task: str | None = None,
     head: str = "auto",
     negate: bool = False,
+    volumes: bool = False,
 ) -> LoadedModel:
     """Build a model with its weights, in eval mode, on ``device``, with its task, preprocessing and class
     names.
@@ -52,7 +53,8 @@ def load_model(
             torch hub cache, which honours ``TORCH_HOME``), a torchvision weights name such as
             ``IMAGENET1K_V2``, ``none`` (seeded random init), or a state_dict / checkpoint /
             ``.safetensors`` file.
-        input_size: square input side; defaults to the source's (224 for most).
+        input_size: square input side; defaults to the source's (224 for most). Three sides ``(D, H, W)``
+            for a volume model: each volume resized to them (default: each at its own size).
         resize: ``crop`` (centre crop, torchvision's eval transform) or ``squash`` (whole image, aspect
             not kept); defaults to the source's.
         mean, std: input normalisation; default the source's (ImageNet's for custom models).
@@ -66,6 +68,8 @@ def load_model(
         head: how a classifier's outputs are read: ``softmax``, ``sigmoid`` (multi-label), ``raw``
             (regression); ``auto``: a Hugging Face ``problem_type``, a single output (raw), else softmax.
         negate: a regression: explain what lowers the value (the target is the negated output).
+        volumes: the inputs are volumes (NIfTI, ``.npy``, DICOM): a model that would be a video model (a
+            three-channel ``Conv3d`` first) is a volume model.
 
     Raises:
         ModelNotFoundError: unknown model name (close matches suggested).
@@ -76,6 +80,8 @@ def load_model(
     """
     built = build(name, weights, Options(weights_key, trust_pickle, progress))
     chosen = get_task(task) if task is not None else task_for(built)
+    if task is None and volumes and chosen.name == "video":
+        chosen = get_task("volume")
     loaded = prepare(
         built, chosen, device=device, input_size=input_size, resize=resize, mean=mean, std=std, labels=labels
     )

@@ -24,6 +24,7 @@ from hookviz.errors import UsageError
 from hookviz.io.images import Box, Preprocess
 from hookviz.io.inputs import Item, read_input
 from hookviz.io.video import VideoPreprocess
+from hookviz.io.volume import VolumePreprocess
 from hookviz.jobs.build import BuiltJob, CamSettings, classifier_job
 from hookviz.jobs.cam import CamJob
 from hookviz.models.classes import TargetSpec
@@ -69,6 +70,11 @@ class Task:
         return built.preprocess if built.task == self.name else self.default_preprocess()
 
     def clips(self, built: Built) -> VideoPreprocess | None:
+        return None
+
+    def volumes(self, preprocess: Preprocess, size: tuple[int, int, int] | None) -> VolumePreprocess | None:
+        """How volumes become inputs, for a model that takes volumes (None: it takes photos or clips);
+        ``size``: ``--input-size D,H,W``."""
         return None
 
     def head_classes(self, model: nn.Module) -> int | None:
