@@ -59,11 +59,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.engine.features import FeatureMap, feature_maps
     from hookviz.errors import HookvizError
     from hookviz.io.images import Preprocess, load_rgb
+    from hookviz.io.volume import read_volume
     from hookviz.jobs.evaluate import evaluate
     from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models.loaded import LoadedModel
     from hookviz.options import Normalize, Stage
-    from hookviz.io.volume import read_volume
     from hookviz.run.runner import explain_videos, explain_volumes
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
@@ -100,9 +100,9 @@ __all__ = [
     "grad_cam",
     "gradient_flow",
     "load_model",
-    "read_volume",
     "load_rgb",
     "preserved",
+    "read_volume",
     "register_method",
     "resolve_layers",
     "summarize",

@@ -248,7 +248,7 @@ def _explain(
                 maps[(spec.name, layer)] = maps[(spec.name, layers[-1])]
     ordered = {(m, layer): maps[(m, layer)].float().cpu() for m in methods for layer in layers}
     for (m, layer), value in ordered.items():  # a video model's maps get their time axis back
-        if f.layouts[layer].time:
+        if f.layouts[layer].time and value.dim() == 4:  # (a map at the input's voxels is 3-D already)
             ordered[(m, layer)] = unfold_time(value, f.layouts[layer].time)
     probs, t = f.scores.probs, f.targets
     top = f.scores.order[:, 0]
@@ -357,7 +357,7 @@ def _progress(
 ) -> tuple[Callable[[int], None], int]:
     """``advance(n)`` for the methods' extra passes, and their total: per layer for a layer's method, once
     for a pixel map."""
-    size = (int(x.shape[2]), int(x.shape[3]))
+    size = tuple(int(v) for v in x.shape[2:])
     total = 0
     for spec in plan:
         for la in layers if spec.resolution == "layer" else layers[:1]:

@@ -66,7 +66,7 @@ class CamBatch:
     metrics: dict[tuple[str, str], list[Any]] | None = None
     #: The CAM tensors' channels by layer, and the input's ``(H, W)``: what the methods' passes cost.
     channels: dict[str, int] = field(default_factory=dict)
-    size: tuple[int, int] = (0, 0)
+    size: tuple[int, ...] = (0, 0)
 
 
 @dataclass(kw_only=True)
@@ -273,7 +273,7 @@ class CamJob(BaseJob):
             }
         return CamBatch(
             ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics, dict(ex.channels),
-            (int(x.shape[2]), int(x.shape[3])),
+            tuple(int(v) for v in x.shape[2:]),
         )  # fmt: skip
 
     # -- render ---------------------------------------------------------------------------

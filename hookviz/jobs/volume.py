@@ -26,6 +26,13 @@ from hookviz.methods import title as method_title
 from hookviz.render import sheet as render_sheet
 from hookviz.render import volume as draw
 
+
+def volume_methods() -> list[str]:
+    """The methods that apply to volumes: those of video models (a layer's activations and gradients, the
+    same layouts) and Occlusion and RISE, whose windows and random grids are cubes."""
+    return [*video_methods(), "occlusion", "rise"]
+
+
 #: Slices a second in a sweep.
 SWEEP_FPS = 8.0
 
@@ -39,7 +46,7 @@ class VolumeCamJob(CamJob):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        allowed = video_methods()
+        allowed = volume_methods()
         refused = [m for m in self.methods if m not in allowed]
         if refused:
             raise UsageError(

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from hookviz.errors import UsageError
 from hookviz.methods.compute import LayerPass
 
 
@@ -24,6 +25,8 @@ def baseline(p: LayerPass) -> Tensor:
     if kind == "mean":
         return torch.zeros_like(p.x)
     if kind == "blur":
+        if p.x.dim() != 4:
+            raise UsageError("--baseline blur is for photos; use black or mean for a volume")
         from torchvision.transforms.functional import gaussian_blur
 
         sigma = max(p.size) / 20
@@ -33,4 +36,5 @@ def baseline(p: LayerPass) -> Tensor:
     floor = p.options.input_floor
     if floor is None:
         return torch.zeros_like(p.x)
-    return torch.as_tensor(floor, dtype=p.x.dtype, device=p.x.device)[None, :, None, None].expand_as(p.x)
+    spread = (None, slice(None), *([None] * (p.x.dim() - 2)))
+    return torch.as_tensor(floor, dtype=p.x.dtype, device=p.x.device)[spread].expand_as(p.x)

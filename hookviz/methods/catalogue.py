@@ -6,6 +6,8 @@ Order is the order sheets show them: the CAM family first, then the pixel attrib
 
 from __future__ import annotations
 
+import math
+
 from hookviz.methods.registry import MethodOptions, register_method
 
 _C = "hookviz.methods.compute"
@@ -20,11 +22,10 @@ def _n(options: MethodOptions, default: int) -> int:
     return options.samples or default
 
 
-def _windows(options: MethodOptions, size: tuple[int, int]) -> int:
-    w, s = min(options.window, size[0], size[1]), options.stride
-    return ((size[0] - w) // s + 1 + ((size[0] - w) % s > 0)) * (
-        (size[1] - w) // s + 1 + ((size[1] - w) % s > 0)
-    )
+def _windows(options: MethodOptions, size: tuple[int, ...]) -> int:
+    """Occlusion's windows over an input of ``size`` (two sides, or three for a volume)."""
+    w, s = min(options.window, *size), options.stride
+    return math.prod((n - w) // s + 1 + ((n - w) % s > 0) for n in size)
 
 
 #: Default samples of the stochastic methods (their references' defaults).

@@ -9,8 +9,10 @@ batches still fill it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -177,57 +179,67 @@ def _fill(p: LayerPass) -> Tensor:
 
 
 def occlusion(p: LayerPass) -> Tensor:
-    """Occlusion: every ``--window`` square at every ``--stride`` filled with the baseline (windows that pass
-    the edge are cut, as captum's are); a pixel's map is the mean score drop over the windows covering it."""
+    """Occlusion: every ``--window`` square (a cube for a volume) at every ``--stride`` filled with the
+    baseline (windows that pass the edge are cut, as captum's are); a pixel's (voxel's) map is the mean score
+    drop over the windows covering it."""
 
     def compute() -> Tensor:
-        h, w = p.size
-        win = min(p.options.window, h, w)
+        dims = tuple(int(v) for v in p.x.shape[2:])
+        win = min(p.options.window, *dims)
         s = p.options.stride
-        ys = [i * s for i in range(math.ceil((h - win) / s) + 1)]
-        xs = [j * s for j in range(math.ceil((w - win) / s) + 1)]
-        boxes = [(y, x) for y in ys for x in xs]
+        starts = [[i * s for i in range(math.ceil((n - win) / s) + 1)] for n in dims]
+        boxes = [tuple(slice(a, a + win) for a in corner) for corner in itertools.product(*starts)]
         fill = _fill(p)
 
         def masks(images: Tensor, rows: Tensor) -> Tensor:
             out = p.x[images].clone()
             for r, (i, row) in enumerate(zip(images.tolist(), (rows % len(boxes)).tolist(), strict=True)):
-                y, x = boxes[row]
-                out[r, :, y : y + win, x : x + win] = fill[i, :, y : y + win, x : x + win]
+                where = (slice(None), *boxes[row])
+                out[r][where] = fill[i][where]
             return out
 
         scores = _masked_scores(p, masks, p.x.shape[0] * len(boxes), len(boxes))
         drop = _base_scores(p).gather(1, p.targets)[:, :, None] - scores  # (B, T, windows)
-        total = torch.zeros(*drop.shape[:2], h, w, device=p.x.device)
-        count = torch.zeros(h, w, device=p.x.device)
-        for n, (y, x) in enumerate(boxes):
-            total[:, :, y : y + win, x : x + win] += drop[:, :, n, None, None]
-            count[y : y + win, x : x + win] += 1
+        total = torch.zeros(*drop.shape[:2], *dims, device=p.x.device)
+        count = torch.zeros(dims, device=p.x.device)
+        for n, box in enumerate(boxes):
+            region: tuple[Any, ...] = (slice(None), slice(None), *box)
+            total[region] += drop[:, :, n].reshape(*drop.shape[:2], *([1] * len(dims)))
+            count[box] += 1
         return total / count
 
     m = p.once("occlusion", compute)
     return m.clamp_min(0) if p.relu else m  # the drops: evidence for the class (all of them with --no-relu)
 
 
-def random_masks(n: int, cells: int, size: tuple[int, int], seed: int) -> Tensor:
-    """RISE's ``n`` random masks ``(n, H, W)`` from ``seed``: ``cells``² grids of cells kept with probability
-    0.5, upsampled (bilinear) to ``cells + 1`` cell sizes and cropped at a random shift (made on the CPU, so a
-    seed gives the same masks on any device)."""
-    h, w = size
+def random_masks(n: int, cells: int, size: tuple[int, ...], seed: int) -> Tensor:
+    """RISE's ``n`` random masks ``(n, *size)`` from ``seed``: ``cells``² grids (``cells``³ for a volume) of
+    cells kept with probability 0.5, upsampled (bilinear, trilinear) to ``cells + 1`` cell sizes and cropped
+    at a random shift (made on the CPU, so a seed gives the same masks on any device)."""
     gen = torch.Generator().manual_seed(seed)
-    ch, cw = math.ceil(h / cells), math.ceil(w / cells)
-    grid = (torch.rand(n, 1, cells, cells, generator=gen) < 0.5).float()
-    up = F.interpolate(grid, size=((cells + 1) * ch, (cells + 1) * cw), mode="bilinear", align_corners=False)
-    dy = torch.randint(0, ch, (n,), generator=gen)
-    dx = torch.randint(0, cw, (n,), generator=gen)
-    return torch.stack([up[i, 0, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
+    cell = [math.ceil(d / cells) for d in size]
+    grid = (torch.rand(n, 1, *([cells] * len(size)), generator=gen) < 0.5).float()
+    mode = "bilinear" if len(size) == 2 else "trilinear"
+    up = F.interpolate(grid, size=tuple((cells + 1) * c for c in cell), mode=mode, align_corners=False)
+    shifts = [torch.randint(0, c, (n,), generator=gen) for c in cell]
+    crops = []
+    for i in range(n):
+        at: tuple[Any, ...] = (
+            i,
+            0,
+            *(slice(int(d[i]), int(d[i]) + s) for d, s in zip(shifts, size, strict=True)),
+        )
+        crops.append(up[at])
+    return torch.stack(crops)
 
 
 def rise(p: LayerPass) -> Tensor:
     """RISE: ``Σ_i p(c | x ⊙ M_i) M_i / (N · 0.5)`` over the random masks (probabilities, as the paper)."""
 
     def compute() -> Tensor:
-        masks_ = random_masks(p.options.masks, p.options.cells, p.size, p.options.seed).to(p.x.device)
+        masks_ = random_masks(p.options.masks, p.options.cells, tuple(p.x.shape[2:]), p.options.seed).to(
+            p.x.device
+        )
         n = masks_.shape[0]
         b, t = p.x.shape[0], p.targets.shape[1]
         probs = torch.empty(b, t, n, device=p.x.device)
@@ -235,11 +247,12 @@ def rise(p: LayerPass) -> Tensor:
             for part in _chunks(b * n, p.options.batch):
                 rows = torch.arange(part.start, part.stop, device=p.x.device)
                 images = rows // n
-                out = logits_of(p.model(channels_last(p.x[images] * masks_[rows % n][:, None].to(p.x.dtype))))
+                masked = p.x[images] * masks_[rows % n][:, None].to(p.x.dtype)
+                out = logits_of(p.model(channels_last(masked)))
                 prob = p.scorer(out, images)
                 for j in range(t):
                     probs[images, j, rows % n] = prob.gather(1, p.targets[images, j, None])[:, 0].float()
                 p.advance(int(rows.numel()))
-        return torch.einsum("btn,nhw->bthw", probs, masks_) / (n * 0.5)
+        return torch.einsum("btn,n...->bt...", probs, masks_) / (n * 0.5)
 
     return p.once("rise", compute)

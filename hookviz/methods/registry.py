@@ -37,7 +37,7 @@ SELECTORS = {
 
 #: Passes per image ``(forward, backward)`` a method runs beyond the shared explain pass, given the CAM
 #: tensor's channels ``k``, the targets ``t``, the options and the input's ``(H, W)``.
-Passes = Callable[[int, int, "MethodOptions", tuple[int, int]], tuple[int, int]]
+Passes = Callable[[int, int, "MethodOptions", tuple[int, ...]], tuple[int, int]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,7 +252,7 @@ def passes(
     channels: int,
     targets: int,
     options: MethodOptions | None = None,
-    size: tuple[int, int] = (224, 224),
+    size: tuple[int, ...] = (224, 224),
 ) -> tuple[int, int]:
     """``(forward, backward)`` passes per image that ``name`` runs beyond the shared explain pass."""
     spec = get(name)
