@@ -25,6 +25,7 @@ _EXPORTS = {
     "explain_detections": "hookviz.engine.detection",
     "explain_videos": "hookviz.run.runner",
     "explain_volumes": "hookviz.run.runner",
+    "explain_samples": "hookviz.run.runner",
     "read_volume": "hookviz.io.volume",
     "evaluate": "hookviz.jobs.evaluate",
     "DetectionExplanation": "hookviz.engine.detection",
@@ -64,7 +65,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models.loaded import LoadedModel
     from hookviz.options import Normalize, Stage
-    from hookviz.run.runner import explain_videos, explain_volumes
+    from hookviz.run.runner import explain_samples, explain_videos, explain_volumes
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
     from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
@@ -94,6 +95,7 @@ __all__ = [
     "evaluate",
     "explain",
     "explain_detections",
+    "explain_samples",
     "explain_videos",
     "explain_volumes",
     "feature_maps",

@@ -334,16 +334,19 @@ def test_occlusion_over_cubes_equals_captums_and_rise_finds_the_cube() -> None:
     rng = np.random.default_rng(12)
     made = [volume_net.volume(rng, 0) for _ in range(4)]
     x = torch.from_numpy(np.stack([v for v, _ in made]))[:, None]
-    ours = explain(model, x, ["features.5"], ["occlusion"], targets=[0], relu=False,
-                   options=MethodOptions(window=6, stride=3, baseline="mean")).maps[("occlusion", "features.5")]  # fmt: skip
+    options = MethodOptions(window=6, stride=3, baseline="mean")
+    ours = explain(model, x, ["features.5"], ["occlusion"], targets=[0], relu=False, options=options)
+    ours = ours.maps[("occlusion", "features.5")]
     theirs = Occlusion(model).attribute(x, target=0, sliding_window_shapes=(1, 6, 6, 6), strides=(1, 3, 3, 3),
                                         baselines=0.0)  # fmt: skip
     assert ours.shape == (4, 1, 24, 24, 24)
     np.testing.assert_allclose(ours[:, 0].numpy(), theirs[:, 0].numpy(), rtol=1e-4, atol=1e-5)
     masks = random_masks(64, 4, (24, 24, 24), seed=0)
     assert masks.shape == (64, 24, 24, 24) and 0.4 < float(masks.mean()) < 0.6
-    rise = explain(model, x, ["features.5"], ["rise"], targets=[0],
-                   options=MethodOptions(masks=800, cells=4, seed=0)).maps[("rise", "features.5")]  # fmt: skip
+    options = MethodOptions(masks=800, cells=4, seed=0)
+    rise = explain(model, x, ["features.5"], ["rise"], targets=[0], options=options).maps[
+        ("rise", "features.5")
+    ]
     for k, (_, where) in enumerate(made):
         peak = np.unravel_index(int(rise[k, 0].argmax()), rise[k, 0].shape)
         assert all(s.start - 2 <= p < s.stop + 2 for p, s in zip(peak, where, strict=True)), (k, peak, where)

@@ -23,7 +23,6 @@ from hookviz.cli.app import (
     HeadFusion,
     HeadOpt,
     IgSteps,
-    Inputs,
     JsonOut,
     Labels,
     MaskedBatch,
@@ -57,7 +56,7 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.groups import method_options, model_options, prompts, run_options
-from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputSize, TaskOpt
+from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputOpt, InputSize, MaybeInputs, TaskOpt
 from hookviz.cli.runner import _Reporter, _run_job
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
@@ -67,7 +66,8 @@ if TYPE_CHECKING:
 
 
 def gradcam(
-    inputs: Inputs,
+    inputs: MaybeInputs = None,
+    several: InputOpt = None,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
     weights_key: WeightsKey = None,

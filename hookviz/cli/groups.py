@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from hookviz.cli.app import _method_options, memory_size
 from hookviz.cli.loading import ModelOptions, _rgb
 from hookviz.cli.runner import RunOptions
@@ -31,6 +33,7 @@ def model_options(p: Mapping[str, Any]) -> ModelOptions:
         negate=p.get("negate", False),
         task=p.get("task"),
         volumes=all_volumes(p.get("inputs") or []),
+        inputs=tuple(s.partition("=")[0].strip() for s in p.get("several") or ()),
         clip_len=p.get("clip_len"),
         frame_stride=p.get("frame_stride"),
         clips=p.get("clips"),
@@ -61,6 +64,13 @@ def run_options(p: Mapping[str, Any], **fixed: Any) -> RunOptions:
         )
         if name in p
     }  # fmt: skip
+    if p.get("several"):  # a model of several inputs: the NAME=PATH specs are its inputs
+        if given.get("inputs"):
+            raise typer.BadParameter("give the inputs as --input NAME=PATH only, not also as arguments")
+        given["inputs"] = list(p["several"])
+    elif "inputs" in given and not given["inputs"]:
+        raise typer.BadParameter("give files, folders, globs or - (stdin); or --input NAME=PATH for a model "
+                                 "of several inputs", param_hint="INPUTS")  # fmt: skip
     return RunOptions(**{**given, "max_memory": memory_size(p.get("max_memory")), **fixed})
 
 

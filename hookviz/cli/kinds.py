@@ -9,6 +9,25 @@ import typer
 
 from hookviz.cli.app import MODEL, VIDEO
 
+MaybeInputs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="image files, folders (searched recursively), globs, or - to read paths from stdin (none with "
+        "--input).",
+        show_default=False,
+    ),
+]
+InputOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--input",
+        metavar="NAME=PATH",
+        help="one input of a model that takes several (RGB + depth, two views), repeated, in the model's "
+        "order (by name when its forward() names them): folders paired by file path or stem, or a file each.",
+        rich_help_panel=MODEL,
+    ),
+]
+
 TaskOpt = Annotated[
     str | None,
     typer.Option(

@@ -30,8 +30,9 @@ class ModelOptions:
     resize: str | None = None
     labels: Path | None = None
     weights_key: str | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    #: Per channel, or per input of several (``NAME=values``: pairs of a name and its values).
+    mean: tuple[float, ...] | tuple[tuple[str, tuple[float, ...]], ...] | None = None
+    std: tuple[float, ...] | tuple[tuple[str, tuple[float, ...]], ...] | None = None
     trust_pickle: bool = False
     #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
     head: str = "auto"
@@ -39,16 +40,25 @@ class ModelOptions:
     #: ``--task``, and whether every input is a volume (a 3-D CNN is then a volume model, not a video one).
     task: str | None = None
     volumes: bool = False
+    #: The names of a model's several inputs (``--input NAME=PATH``), in order.
+    inputs: tuple[str, ...] = ()
     #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
     clip_len: int | None = None
     frame_stride: int | None = None
     clips: str | None = None
 
 
-def _rgb(text: str | None, option: str) -> tuple[float, ...] | None:
-    """Numbers per channel: three (R,G,B) for a photo model, one per band for another (checked on load)."""
+def _rgb(text: str | None, option: str) -> Any:
+    """Numbers per channel: three (R,G,B) for a photo model, one per band for another (checked on load); or,
+    for a model of several inputs, ``NAME=values`` per input (``depth=0.5 rgb=0.485,0.456,0.406``)."""
     if text is None:
         return None
+    if "=" in text:
+        pairs = []
+        for part in text.replace(";", " ").split():
+            name, _, numbers = part.partition("=")
+            pairs.append((name.strip(), _rgb(numbers, option)))
+        return tuple(pairs)
     try:
         values = [float(v) for v in text.replace(" ", ",").split(",") if v]
     except ValueError:
@@ -95,8 +105,8 @@ def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
         device=resolve_device(m.device),
         input_size=m.input_size,
         resize=str(m.resize) if m.resize is not None else None,
-        mean=m.mean,
-        std=m.std,
+        mean=_per_input(m.mean),
+        std=_per_input(m.std),
         progress=not quiet and sys.stderr.isatty(),
         labels=m.labels,
         weights_key=m.weights_key,
@@ -105,8 +115,14 @@ def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
         negate=m.negate,
         task=m.task,
         volumes=m.volumes,
+        inputs=m.inputs,
     )
     return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
+
+
+def _per_input(values: Any) -> Any:
+    """``NAME=values`` pairs as the mapping :func:`hookviz.tasks.load_model` takes; numbers as they are."""
+    return dict(values) if values and isinstance(values[0], tuple) else values
 
 
 def _load(m: ModelOptions, quiet: bool) -> LoadedModel:

@@ -23,7 +23,6 @@ from hookviz.cli.app import (
     HeadFusion,
     HeadOpt,
     IgSteps,
-    Inputs,
     JsonOut,
     Labels,
     MaskedBatch,
@@ -56,7 +55,7 @@ from hookviz.cli.app import (
     _guard,
 )
 from hookviz.cli.groups import method_options, model_options, prompts, run_options
-from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputSize, TaskOpt
+from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputOpt, InputSize, MaybeInputs, TaskOpt
 from hookviz.cli.runner import _Reporter, _run_then
 from hookviz.cli.tables import _announce, _write_evaluation
 from hookviz.io.files import atomic_write
@@ -70,7 +69,8 @@ if TYPE_CHECKING:
 
 
 def evaluate(
-    inputs: Inputs,
+    inputs: MaybeInputs = None,
+    several: InputOpt = None,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
     weights_key: WeightsKey = None,
@@ -263,7 +263,8 @@ def _evaluate_job(
 
 
 def sanity(
-    inputs: Inputs,
+    inputs: MaybeInputs = None,
+    several: InputOpt = None,
     model: Model = "resnet18",
     weights: Weights = "DEFAULT",
     weights_key: WeightsKey = None,

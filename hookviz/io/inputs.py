@@ -41,6 +41,8 @@ class Item:
     #: One clip of a video (:mod:`hookviz.io.video`): which frames, and what the file holds.
     clip: Clip | None = None
     info: VideoInfo | None = None
+    #: A sample of several inputs (:mod:`hookviz.io.samples`): each input's name and file, in order.
+    partners: tuple[tuple[str, Path], ...] = ()
 
 
 def _has_glob(text: str) -> bool:

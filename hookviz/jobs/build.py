@@ -29,6 +29,7 @@ from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
 from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.sanity import SanityJob
+from hookviz.jobs.several import SeveralCamJob
 from hookviz.methods import MethodOptions, get, parse, passes
 from hookviz.methods.attention import APPLY
 from hookviz.models.classes import TargetSpec, parse_target, parse_targets
@@ -167,6 +168,8 @@ def classifier_job(
         ]
     s = settings
     options = method_options(loaded, dataclasses.replace(s.options, batch=s.scorecam_batch), s.compare)
+    if loaded.several is not None and job_class is CamJob:  # each layer drawn over the input it sees
+        job_class = SeveralCamJob
     job = job_class(
         loaded=loaded,
         layers=chosen,

@@ -73,6 +73,11 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
         },
         **({"video": loaded.video.settings()} if loaded.video is not None else {}),
         **({"volume": {"size": loaded.volume.size}} if loaded.volume is not None else {}),
+        **(
+            {"inputs": dict(zip(loaded.several.names, loaded.several.bands, strict=True))}
+            if loaded.several is not None
+            else {}
+        ),
         **head_settings(loaded.model),
     }
 

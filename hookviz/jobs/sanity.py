@@ -89,6 +89,10 @@ class SanityJob(BaseJob):
 
         steps, target = result
         original = steps[0][1]
+        if hasattr(rgb, "pictures"):  # a sample of several inputs: the first one's picture
+            sample: Any = rgb
+            first = next(iter(sample.pictures))
+            rgb, box = sample.pictures[first], sample.boxes[first]
         clip = getattr(rgb, "frames", None)  # a video's clip: its middle frame shows the middle time step
         frame = clip[len(clip) // 2] if clip is not None else rgb
         crop = frame[box.y0 : box.y1, box.x0 : box.x1]

@@ -16,6 +16,7 @@ from torch import nn
 from hookviz.core.hooks import ModuleCall, logits_of, preserved, probe_input, traced
 from hookviz.errors import DeviceError, HookvizError, SetupError, UsageError
 from hookviz.io.images import Preprocess
+from hookviz.io.samples import SeveralPreprocess
 from hookviz.io.video import VideoPreprocess
 from hookviz.io.volume import VolumePreprocess
 from hookviz.models.classes import class_label, read_labels
@@ -105,6 +106,8 @@ class LoadedModel:
     video: VideoPreprocess | None = None
     #: How a volume becomes an input, for a model that takes volumes (None for the others).
     volume: VolumePreprocess | None = None
+    #: How a sample's inputs become the model's input, for a model taking several (None for the others).
+    several: SeveralPreprocess | None = None
     #: Lines for the user about how the model was set up (prompts cut to the tokenizer's limit, ...).
     notes: tuple[str, ...] = ()
 

@@ -29,6 +29,7 @@ from hookviz.io.outputs import MANIFEST, Output, finite, to_json
 from hookviz.io.video import clip_suffix
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
+    from hookviz.io.samples import SeveralPreprocess
     from hookviz.io.video import VideoPreprocess
     from hookviz.io.volume import VolumePreprocess
     from hookviz.jobs.common import Job
@@ -87,7 +88,7 @@ def run(
     items: Iterable[Item],
     job: Job,
     *,
-    preprocess: Preprocess | VideoPreprocess | VolumePreprocess,
+    preprocess: Preprocess | VideoPreprocess | VolumePreprocess | SeveralPreprocess,
     output: Output,
     device: Any,
     base: dict[str, Any],
@@ -230,6 +231,10 @@ class _Run:
 
     def record(self, item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
         entry = {"input": item.name, "status": status, "error": error, **self.base, **fields}
+        if (
+            item.partners
+        ):  # a sample of several inputs: every file of it, by input (the pipeline records them)
+            entry["inputs"] = {name: str(path) for name, path in item.partners}
         entry.setdefault("outputs", [])
         entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.output.record(entry)

@@ -5,7 +5,7 @@ prediction."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -16,6 +16,7 @@ from hookviz.errors import InputError, UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS, load_rgb
 from hookviz.io.inputs import Item, clip_items, expand_inputs
 from hookviz.io.outputs import Output
+from hookviz.io.samples import pair_inputs, parse_specs, read_sample
 from hookviz.jobs.build import CamSettings
 from hookviz.jobs.video import VideoCamJob, video_summary
 from hookviz.models.loaded import LoadedModel
@@ -37,7 +38,13 @@ def find_inputs(
     null: bool = False,
 ) -> list[Item]:
     """What ``inputs`` name, each an :class:`~hookviz.io.inputs.Item` (videos for a model taking clips,
-    volumes for a volume model)."""
+    volumes for a volume model, samples of ``NAME=PATH`` specs paired for a model of several inputs)."""
+    if loaded.several is not None:
+        pairs = parse_specs(inputs)
+        if [n for n, _ in pairs] != list(loaded.several.names):
+            raise UsageError(f"--input names {', '.join(n for n, _ in pairs)}; the model was loaded with "
+                             f"{', '.join(loaded.several.names)}")  # fmt: skip
+        return pair_inputs(pairs, exclude)
     return pipeline.expand_inputs(
         inputs,
         stdin,
@@ -78,7 +85,7 @@ def run_job(
     records = pipeline.run(
         items,
         job,
-        preprocess=loaded.video or loaded.volume or loaded.preprocess,
+        preprocess=loaded.video or loaded.volume or loaded.several or loaded.preprocess,
         output=output,
         device=loaded.device,
         base=base,
@@ -88,7 +95,7 @@ def run_job(
         max_pixels=max_pixels,
         max_memory=max_memory,
         note=note,
-        read=task_of(loaded).read,
+        read=read_sample if loaded.several is not None else task_of(loaded).read,
     )
     if loaded.video is not None:
         records = with_video_summaries(records, job, output, loaded)
@@ -185,6 +192,39 @@ def explain_volumes(
     output = Output(Path(out), overwrite=overwrite)
     built = make_cam_job(loaded, settings or CamSettings())
     items = find_inputs(loaded, names, exclude=Path(out))
+    output.prepare()
+    try:
+        return list(run_job(built.job, loaded, items, output, batch_size=batch_size))
+    finally:
+        output.close()
+
+
+def explain_samples(
+    loaded: Any,
+    inputs: Mapping[str, str | Path],
+    out: str | Path,
+    settings: Any = None,
+    *,
+    overwrite: bool = False,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """The ``hookviz gradcam`` of a model of several inputs, from Python: each sample's maps, each drawn over
+    the input its layer sees, written under ``out``, and the records (naming every file of each sample).
+
+    Args:
+        loaded: :func:`hookviz.load_model` with ``inputs=(names...)``.
+        inputs: each input's folder (or file), by name, in the model's order: ``{"rgb": "photos/", "depth":
+            "depth/"}``.
+        settings: a :class:`hookviz.jobs.build.CamSettings`; default: Grad-CAM at the default layer.
+
+    Raises:
+        UsageError: not a model of several inputs, or names other than those it was loaded with.
+    """
+    if loaded.several is None:
+        raise UsageError(f"{loaded.name} takes one input; load it with load_model(..., inputs=(names...))")
+    output = Output(Path(out), overwrite=overwrite)
+    built = make_cam_job(loaded, settings or CamSettings())
+    items = find_inputs(loaded, [f"{n}={p}" for n, p in inputs.items()], exclude=Path(out))
     output.prepare()
     try:
         return list(run_job(built.job, loaded, items, output, batch_size=batch_size))

@@ -3,7 +3,7 @@ command that does not apply, describe a record, the hints a run gets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,12 +11,14 @@ import torch
 
 from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
+from hookviz.io.samples import check_names
 from hookviz.jobs.build import BuiltJob, CamSettings
 from hookviz.models.build import build
 from hookviz.models.classes import parse_targets
 from hookviz.models.heads import with_head
 from hookviz.models.loaded import LoadedModel, num_classes, prepare, probe
 from hookviz.models.scores import from_options
+from hookviz.models.several import several, with_several
 from hookviz.models.sources import WEIGHTS_DEFAULT, Options
 from hookviz.tasks.registry import _TASKS, ORDER, get_task, plural_list, task_for, task_of
 
@@ -31,8 +33,8 @@ def load_model(
     device: torch.device | str = "cpu",
     input_size: int | Sequence[int] | None = None,
     resize: str | None = None,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
+    mean: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
+    std: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
     progress: bool = False,
     labels: str | Path | Sequence[str] | None = None,
     weights_key: str | None = None,
@@ -41,6 +43,7 @@ def load_model(
     head: str = "auto",
     negate: bool = False,
     volumes: bool = False,
+    inputs: Sequence[str] = (),
 ) -> LoadedModel:
     """Build a model with its weights, in eval mode, on ``device``, with its task, preprocessing and class
     names.
@@ -68,6 +71,9 @@ def load_model(
         head: how a classifier's outputs are read: ``softmax``, ``sigmoid`` (multi-label), ``raw``
             (regression); ``auto``: a Hugging Face ``problem_type``, a single output (raw), else softmax.
         negate: a regression: explain what lowers the value (the target is the negated output).
+        inputs: the names of a model's several inputs (``("rgb", "depth")``): called with them by name when
+            its ``forward`` has them, else in this order; each input's bands found by calling it. ``mean``
+            and ``std`` may then be a mapping from input name to values.
         volumes: the inputs are volumes (NIfTI, ``.npy``, DICOM): a model that would be a video model (a
             three-channel ``Conv3d`` first) is a volume model.
 
@@ -79,9 +85,17 @@ def load_model(
         WeightsError: pretrained weights cannot be downloaded, or the file cannot be loaded safely.
     """
     built = build(name, weights, Options(weights_key, trust_pickle, progress))
+    if inputs:
+        check_names(inputs)
+        built.model = several(built.model, inputs, built.preprocess.crop_size)
     chosen = get_task(task) if task is not None else task_for(built)
     if task is None and volumes and chosen.name == "video":
         chosen = get_task("volume")
+    if inputs:  # each input normalised by its own (with_several)
+        loaded = prepare(built, chosen, device=device, input_size=input_size, resize=resize, labels=labels)
+        return with_head(with_several(loaded, mean, std), head, negate)
+    if isinstance(mean, Mapping) or isinstance(std, Mapping):
+        raise UsageError("--mean/--std NAME=... are for a model of several inputs (--input NAME=PATH)")
     loaded = prepare(
         built, chosen, device=device, input_size=input_size, resize=resize, mean=mean, std=std, labels=labels
     )

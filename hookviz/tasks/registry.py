@@ -122,6 +122,15 @@ class Task:
     def hints(self, loaded: LoadedModel) -> list[str]:
         """Notes for the user about a model of this task as loaded (said unless ``--quiet``)."""
         p = loaded.preprocess
+        if loaded.several is not None:
+            model = loaded.model
+            how = "by name" if getattr(model, "by_name", False) else "in this order"
+            each = "; ".join(
+                f"{n}: {q.channels} band(s), mean {list(q.mean)}, std {list(q.std)}"
+                for n, q in zip(loaded.several.names, loaded.several.each, strict=True)
+            )
+            return [f"{loaded.name} is called with {len(loaded.several.names)} inputs {how} ({each}; "
+                    "--mean/--std NAME=...)"]  # fmt: skip
         if p.channels == 3:
             return []
         return [
