@@ -1,6 +1,7 @@
 """The training monitor's cost (issue #37): a training step of resnet18 with ``hookviz.Monitor`` attached,
 on a step when it does not log (only its non-finite watch runs) and on a step when it logs, against the same
-step without it: blocks of four steps without and with the monitor take turns on one model; medians.
+step without it: blocks of four steps take turns on one model (plain, with the monitor, plain again), medians.
+The second plain row is the control: the ratio of two identical plain rows is this machine's noise.
 Run with ``make bench`` or ``python bench/monitor_bench.py [--blocks 24]``."""
 
 from __future__ import annotations
@@ -38,20 +39,24 @@ def main() -> None:
     y = torch.randint(0, 10, (args.batch,))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     base: list[float] = []
+    again: list[float] = []  # the same plain step in its own blocks: the noise between two identical rows
     quiet: list[float] = []
     with tempfile.TemporaryDirectory() as logs:
         for _ in range(2):  # warm up
             _step(model, opt, x, y)
-        # Blocks of 4 steps, without and with the monitor attached, taking turns on the same model.
+        # Blocks of 4 steps: plain, with the monitor attached, plain again, in a rotating order.
+        rows = (base, quiet, again)
         for b in range(args.blocks):
-            for watched in (b % 2 == 1, b % 2 == 0):
+            for k in range(3):
+                row = rows[(b + k) % 3]
+                watched = row is quiet
                 monitor = Monitor(model, x[:4], labels=y[:4], every=10**9, log_dir=logs) if watched else None
                 for i in range(4):
                     t0 = time.perf_counter()
                     _step(model, opt, x, y)
                     if monitor is not None:
                         monitor.step(i + 1)  # never a logging step
-                    (quiet if watched else base).append(time.perf_counter() - t0)
+                    row.append(time.perf_counter() - t0)
                 if monitor is not None:
                     monitor.close()
         monitor = Monitor(model, x[:4], labels=y[:4], every=1, log_dir=logs)
@@ -62,12 +67,13 @@ def main() -> None:
             monitor.step(i)
             logging.append(time.perf_counter() - t0)
         monitor.close()
-    b, q, lg = statistics.median(base), statistics.median(quiet), statistics.median(logging)
+    b, a, q, lg = (statistics.median(v) for v in (base, again, quiet, logging))
     print(
         f"resnet18, batch {args.batch} at {args.size} px, CPU, {torch.get_num_threads()} threads, medians of "
         f"{len(base)} steps each"
     )
     print(f"| plain training step | {b * 1000:.1f} ms | 1.00x |")
+    print(f"| the same plain step again (control: the noise) | {a * 1000:.1f} ms | {a / b:.3f}x |")
     print(f"| with the monitor, a step it does not log | {q * 1000:.1f} ms | {q / b:.3f}x |")
     print(
         f"| with the monitor, a step it logs (Grad-CAM of 4 probes, statistics, gradient norms) | "

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from hookviz.engine.explain import explain
 from hookviz.errors import HookvizError
 from hookviz.models.several import branches, several
 from hookviz.tasks import load_model
@@ -186,3 +187,34 @@ def test_explain_samples_from_python(tmp_path: Path) -> None:
     assert all(r["maps"][0]["drawn_on"] == "depth" for r in recs)
     with pytest.raises(HookvizError, match="takes one input"):
         hookviz.explain_samples(hookviz.load_model("resnet18", "none"), {"a": tmp_path}, tmp_path / "x")
+
+
+def test_a_trained_rgbd_nets_maps_find_what_each_branch_sees() -> None:
+    """The fixture (tests/rgbd_net.py, 93 % held out; either input alone: at most 50 %) on 32 held-out scenes:
+    the depth branch's Grad-CAM peaks at the shape that stands out of the depth map (within 3 pixels) in at
+    least 30 (measured 32); after the branches meet, LayerCAM peaks on that shape's half of the photo, not the
+    decoy's, in at least 22 (measured 28; chance 16)."""
+    import scipy.ndimage as nd
+    from safetensors.torch import load_file
+
+    model = rgbd_net.make()
+    model.load_state_dict(load_file(str(Path(__file__).parent / "fixtures" / "rgbd_net.safetensors")))
+    wrapped = several(model.eval(), ["rgb", "depth"], 64)
+    made = [rgbd_net.scene(r) for r in [np.random.default_rng(77)] for _ in range(32)]
+    x = torch.from_numpy(np.stack([np.concatenate([p.transpose(2, 0, 1), d[None]]) for p, d, _, _ in made]))
+    ex = explain(wrapped, x, ["depth.4", "fuse"], ["gradcam", "layercam"])
+    assert float((ex.predicted == torch.tensor([y for _, _, y, _ in made])).float().mean()) >= 0.85
+
+    def peaks(key: tuple[str, str]) -> list[tuple[int, int]]:
+        up = nn.functional.interpolate(ex.maps[key][:, :1], size=(64, 64), mode="bilinear")[:, 0]
+        return [np.unravel_index(int(m.argmax()), (64, 64)) for m in up]  # type: ignore[misc]
+
+    depth_peaks, fuse_peaks = peaks(("gradcam", "depth.4")), peaks(("layercam", "fuse"))
+    near = sum(
+        bool(nd.binary_dilation(s[3], iterations=3)[p]) for s, p in zip(made, depth_peaks, strict=True)
+    )
+    assert near >= 30, near
+    half = sum(
+        (p[1] < 32) == (np.nonzero(s[3])[1].mean() < 32) for s, p in zip(made, fuse_peaks, strict=True)
+    )
+    assert half >= 22, half
