@@ -308,3 +308,51 @@ def test_the_example_logs_maps_a_user_can_open(tmp_path: Path) -> None:
     ea = _events(tmp_path)
     assert [e.step for e in ea.Images("maps/gradcam/10/0")] == [0, 50]
     assert "features/4" in ea.Tags()["images"]
+
+
+def test_the_replay_of_a_bad_step_leaves_the_random_state_and_batchnorm_as_they_were(tmp_path: Path) -> None:
+    """A forward turning non-finite is replayed (the same dropout masks: the same random state), and the step
+    goes on as without the monitor: the random state after it and BatchNorm's buffers are the same."""
+
+    def build() -> nn.Sequential:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 4, 3),
+            nn.BatchNorm2d(4),
+            nn.Dropout(0.5),
+            _NanForward(),
+            nn.Flatten(),
+            nn.LazyLinear(2),
+        )
+
+    x = torch.randn(2, 3, 8, 8)
+    after = []
+    for watched in (False, True):
+        model = build().train()
+        model(x)  # the lazy layer takes its shape
+        model[3].armed = True
+        mon = Monitor(model, x[:1], every=10**9, log_dir=tmp_path / str(watched)) if watched else None
+        torch.manual_seed(1)
+        model(x).sum().backward()
+        after.append((torch.get_rng_state(), {k: v.clone() for k, v in model[1].state_dict().items()}))
+        if mon is not None:
+            with pytest.warns(RuntimeWarning, match="3's output turned non-finite"):
+                mon.step(1)
+            assert mon.first_nonfinite == Nonfinite("3", "output", 1)
+            mon.close()
+    assert torch.equal(after[0][0], after[1][0])
+    for key, value in after[0][1].items():
+        assert torch.equal(value, after[1][1][key]), key
+
+
+def test_a_users_own_gradients_over_the_parameters_still_work(tmp_path: Path) -> None:
+    """A gradient penalty (torch.autograd.grad over the parameters, create_graph) under the watch."""
+    torch.manual_seed(0)
+    model = TinyCNN()
+    x, y, _ = shapes_batch(4, np.random.default_rng(0))
+    with Monitor(model, x[:1], every=10**9, log_dir=tmp_path) as mon:
+        loss = F.cross_entropy(model(x), y)
+        grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+        (loss + sum(g.pow(2).sum() for g in grads)).backward()
+        mon.step(1)
+    assert mon.first_nonfinite is None

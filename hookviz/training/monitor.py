@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
 
 from hookviz.core.hooks import preserved, traced
 from hookviz.core.layers import default_cam_layer
@@ -37,20 +36,12 @@ from hookviz.errors import SetupError, UsageError
 from hookviz.io.images import Box
 from hookviz.render import enlarge_small, feature_grid, normalize, overlay
 from hookviz.training.gradients import gradient_flow
+from hookviz.training.watch import Watch
 
 #: Activations whose function has a bound: the bound a unit saturates at.
 _BOUNDS: dict[type[nn.Module], float] = {nn.Sigmoid: 1.0, nn.Tanh: 1.0, nn.Hardtanh: 1.0, nn.ReLU6: 6.0}
 #: A unit is saturated within this share of its bound.
 _SATURATED = 0.99
-#: Modules that cannot make a finite value non-finite, forward or backward: the watch skips them (they are
-#: half of a ResNet's calls, and its cost).
-_PASS_THROUGH = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Identity, nn.Flatten,
-    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
-    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
-    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -166,7 +157,7 @@ class Monitor:
         self.images = images
         #: The first module that turned non-finite (None while every value is finite).
         self.first_nonfinite: Nonfinite | None = None
-        self._watch = _Watch(model) if watch else None
+        self._watch = Watch(model) if watch else None
 
     # -- the public steps -------------------------------------------------------------------------------
     def step(self, step: int) -> None:
@@ -262,97 +253,6 @@ def activation_stats(out: Tensor, bound: float | None = None) -> dict[str, float
         "dead": float((channels == 0).all(dim=1).float().mean()),
         "saturated": float((x.abs() >= _SATURATED * bound).float().mean()) if bound else None,
     }
-
-
-class _Watch:
-    """Owned hooks that find the first module to turn non-finite, cheaply enough to run every step (~1 % of a
-    step, in ``bench/monitor_bench.py``; a module that cannot make a finite value non-finite, a ReLU or a
-    pooling, is not watched).
-
-    Forward: the sum of each module's output is noted without a sync (a sum is NaN or inf when a value is);
-    they are read, in call order, only when the model's own output is not finite, so masks of ``-inf`` inside
-    an attention block, which leave the output finite, raise nothing. Backward: the sum of the gradient each
-    module passes back (w.r.t. its input), checked once at the step's end: the first non-finite one in
-    backward order is the module that made it so."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.outputs: list[tuple[str, Tensor]] = []
-        self.result: Any = None
-        self.grads: list[tuple[str, Tensor]] = []
-        self.found: tuple[str, str] | None = None
-        self.on = True
-        self.handles: list[RemovableHandle] = [
-            model.register_forward_pre_hook(self._start),
-            model.register_forward_hook(self._end),
-        ]
-        for name, module in model.named_modules():
-            if name and not list(module.children()) and not isinstance(module, _PASS_THROUGH):
-                self.handles.append(module.register_forward_hook(self._hook(name)))
-
-    def _start(self, module: nn.Module, args: Any) -> None:
-        if self.on:
-            self._check_forward()
-
-    def _end(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self.on:
-            self.result = output
-
-    def _hook(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not self.on or not isinstance(output, Tensor) or not output.is_floating_point():
-                return
-            self.outputs.append((name, output.detach().sum(dtype=torch.float32)))
-            first = args[0] if args and isinstance(args[0], Tensor) else None
-            if first is not None and first.requires_grad:
-                first.register_hook(lambda g: self.grads.append((name, g.sum(dtype=torch.float32))))
-
-        return hook
-
-    def _check_forward(self) -> None:
-        """Name the first non-finite output of the last forward, if its result was not finite; forget it."""
-        outputs, result, self.outputs, self.result = self.outputs, self.result, [], None
-        if self.found is not None or result is None or _finite(result):
-            return
-        self.found = next(((n, "output") for n, total in outputs if not bool(total.isfinite())), None)
-
-    def take(self) -> tuple[str, str] | None:
-        """The first non-finite (module, ``output`` or ``gradient``) since the last call."""
-        self._check_forward()
-        grads, self.grads = self.grads, []
-        if self.found is None and grads and not bool(torch.stack([g for _, g in grads]).isfinite().all()):
-            self.found = next((name, "gradient") for name, g in grads if not bool(g.isfinite()))
-        found, self.found = self.found, None
-        return found
-
-    def paused(self) -> Any:
-        watch = self
-
-        class _Paused:
-            def __enter__(self) -> None:
-                watch.on = False
-
-            def __exit__(self, *exc: object) -> None:
-                watch.on = True
-
-        return _Paused()
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        self.outputs, self.result, self.grads = [], None, []
-
-
-def _finite(value: Any) -> bool:
-    """Whether every floating-point tensor in ``value`` (a tensor, or a dict, list or tuple of them) is
-    finite."""
-    if isinstance(value, Tensor):
-        return not value.is_floating_point() or bool(torch.isfinite(value.detach()).all())
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return all(_finite(v) for v in value)
-    return True
 
 
 class _nothing:
