@@ -23,6 +23,7 @@ LAYERS = [
     "engine",  # the explain pass, the detection pass, feature capture
     "evaluation",  # the metric families, their tables
     "training",  # gradient flow, clipping, DropBlock
+    "concepts",  # what a channel means: dataset examples, TCAV, feature visualisation
     "jobs",  # adapters from a command's settings to the pipeline
     "tasks",  # the task registry
     "run",  # the pipeline, torchrun, the runner

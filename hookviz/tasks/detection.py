@@ -34,7 +34,7 @@ class Detection(Task):
     name = "detection"
     noun = "a detector"
     plural = "detectors"
-    commands = COMMANDS - {"gradflow", "evaluate", "sanity"}
+    commands = COMMANDS - {"gradflow", "evaluate", "sanity", "channels"}
 
     def claims(self, model: nn.Module) -> bool:
         return isinstance(model, (*DETECTORS, Detects))

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 #: The per-image commands a task can take, in the order a refusal lists them.
-ORDER = ("gradcam", "featuremaps", "dropblock", "evaluate", "sanity", "gradflow")
+ORDER = ("gradcam", "featuremaps", "channels", "dropblock", "evaluate", "sanity", "gradflow")
 COMMANDS = frozenset(ORDER)
 
 

@@ -1,0 +1,201 @@
+"""A ``channels`` run gathered: each channel's best inputs over every input of the run (``channels.json``),
+the channels that drive a target class most over the folder, and a sheet of crops per channel.
+
+Only the run's small per-input ``.channels.npz`` files are read, one at a time, into :class:`TopK` (memory:
+channels x K), so a run over any number of photos is gathered in bounded memory, and the same inputs give
+the same file whichever order they were run in (a resumed run, torchrun's shards).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hookviz import render
+from hookviz.concepts.examples import Example, TopK
+from hookviz.errors import UsageError
+from hookviz.io.files import atomic_write
+from hookviz.io.outputs import finite
+
+CHANNELS_JSON = "channels.json"
+SHEETS = "channels"
+
+
+@dataclass
+class LayerExamples:
+    """One layer gathered: the best inputs of each channel, and the contributions summed over the inputs."""
+
+    layer: str
+    map: tuple[int, int]
+    top: TopK
+    contributions: np.ndarray | None = None
+    inputs: int = 0
+
+
+@dataclass
+class Gathered:
+    """Every layer of a ``channels`` run, and the inputs read."""
+
+    layers: list[LayerExamples] = field(default_factory=list)
+    inputs: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+def gather(records: Sequence[dict[str, Any]], layers: Sequence[str], k: int) -> Gathered:
+    """The best ``k`` inputs of every channel of ``layers`` over ``records`` (``ok`` or ``skipped`` records of
+    one ``channels`` run; each names its ``.channels.npz``). An input whose file is gone is left out, by
+    name."""
+    out = Gathered()
+    for rec in records:
+        path = next((Path(p) for p in rec.get("outputs", []) if str(p).endswith(".channels.npz")), None)
+        try:
+            if path is None:
+                raise OSError("no .channels.npz")
+            with np.load(path) as data:
+                arrays = {name: data[name] for name in data.files}
+        except (OSError, ValueError, KeyError):
+            out.skipped.append(str(rec.get("input")))
+            continue
+        for i, name in enumerate(layers):
+            scores, peaks = arrays[f"scores{i}"], arrays[f"peaks{i}"]
+            if i >= len(out.layers):
+                grid = rec.get("maps", {}).get(name, [0, 0])
+                out.layers.append(LayerExamples(name, (int(grid[0]), int(grid[1])), TopK(len(scores), k)))
+            entry = out.layers[i]
+            entry.top.add(str(rec["input"]), scores.tolist(), [tuple(p) for p in peaks.tolist()])
+            entry.inputs += 1
+            if f"contributions{i}" in arrays:
+                c = arrays[f"contributions{i}"].astype(np.float64)
+                entry.contributions = c if entry.contributions is None else entry.contributions + c
+        out.inputs += 1
+    return out
+
+
+def parse_channels(text: str | None, count: int) -> list[int]:
+    """``--channels``: ``0,5,9``, ranges ``0-15``, or every channel (None).
+
+    Raises:
+        UsageError: not a list of channel numbers, or one past the layer's ``count``.
+    """
+    if text is None or not text.strip():
+        return list(range(count))
+    chosen: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise UsageError(f"--channels {text!r}: give channel numbers like 0,5,9 or a range 0-15")
+        chosen += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    bad = [c for c in chosen if c >= count]
+    if bad:
+        raise UsageError(
+            f"--channels: channel {bad[0]} does not exist (the layer has {count}: 0-{count - 1})"
+        )
+    return list(dict.fromkeys(chosen))
+
+
+def summary(
+    gathered: Gathered, channels: dict[str, list[int]], fields: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
+    """What ``channels.json`` holds: per layer its map, receptive field and, per chosen channel, its best
+    inputs (score, input, peak ``[y, x]`` in the photo's pixels); with a target, the channels ranked by their
+    summed contribution."""
+    layers: dict[str, Any] = {}
+    for entry in gathered.layers:
+        chosen = channels[entry.layer]
+        shown = []
+        for c in chosen:
+            item: dict[str, Any] = {"channel": c, "examples": [_example(e) for e in entry.top.best(c)]}
+            if entry.contributions is not None:
+                item["contribution"] = round(float(entry.contributions[c]), 6)
+            shown.append(item)
+        layer: dict[str, Any] = {
+            "map": list(entry.map),
+            "field": list(fields[entry.layer]),
+            "channels_in_layer": len(entry.top),
+            "channels": shown,
+        }
+        if entry.contributions is not None:
+            order = np.argsort(-entry.contributions, kind="stable")
+            layer["attribution"] = [
+                {"channel": int(c), "contribution": round(float(entry.contributions[c]), 6)} for c in order
+            ]
+        layers[entry.layer] = layer
+    return {"inputs": gathered.inputs, "left_out": gathered.skipped, "layers": layers}
+
+
+def _example(e: Example) -> dict[str, Any]:
+    return {"input": e.input, "score": round(e.score, 6), "peak": [round(e.peak[0], 2), round(e.peak[1], 2)]}
+
+
+#: A crop's side on a sheet, in pixels.
+TILE = 128
+
+
+def crop(rgb: np.ndarray, peak: tuple[float, float], side: tuple[int, int]) -> tuple[np.ndarray, bool]:
+    """The field of ``side`` (height, width) photo pixels around ``peak``, drawn as a frame in a crop of twice
+    its size (at least a third of the photo, kept inside it): the whole photo where that covers most of it.
+    Returns (a ``TILE``-sized RGB tile, whether it is the whole photo)."""
+    import cv2
+
+    h, w = rgb.shape[:2]
+    py, px = peak
+    short = min(h, w) / 3
+    ch, cw = min(h, round(max(2 * side[0], short))), min(w, round(max(2 * side[1], short)))
+    whole = ch >= 0.8 * h and cw >= 0.8 * w
+    if whole:
+        ch, cw = h, w
+    y0 = round(min(max(py - ch / 2, 0), h - ch))
+    x0 = round(min(max(px - cw / 2, 0), w - cw))
+    view = rgb[y0 : y0 + ch, x0 : x0 + cw].copy()
+    scale = TILE / max(view.shape[:2])
+    size = (max(1, round(view.shape[1] * scale)), max(1, round(view.shape[0] * scale)))
+    tile = cv2.resize(view, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    canvas = np.full((TILE, TILE, 3), 40, np.uint8)
+    oy, ox = (TILE - tile.shape[0]) // 2, (TILE - tile.shape[1]) // 2
+    canvas[oy : oy + tile.shape[0], ox : ox + tile.shape[1]] = tile
+
+    def at(y: float, x: float) -> tuple[int, int]:
+        return round(ox + (x - x0 + 0.5) * scale), round(oy + (y - y0 + 0.5) * scale)
+
+    fy0, fx0 = min(max(py - side[0] / 2, 0), h - side[0]), min(max(px - side[1] / 2, 0), w - side[1])
+    corners = at(max(fy0, 0), max(fx0, 0)), at(min(fy0 + side[0], h) - 1, min(fx0 + side[1], w) - 1)
+    cv2.rectangle(canvas, corners[0], corners[1], (0, 0, 0), 3, cv2.LINE_AA)
+    cv2.rectangle(canvas, corners[0], corners[1], (255, 230, 0), 1, cv2.LINE_AA)
+    cv2.circle(canvas, at(py, px), 2, (255, 230, 0), -1, cv2.LINE_AA)
+    return canvas, whole
+
+
+def channel_sheet(
+    examples: Sequence[Example],
+    field_px: Callable[[str], tuple[int, int]],
+    read: Callable[[str], np.ndarray],
+    *,
+    title: str,
+) -> np.ndarray:
+    """One row of the channel's best inputs, each a crop around its peak captioned with its score."""
+    tiles = []
+    for e in examples:
+        try:
+            rgb = read(e.input)
+        except Exception:  # a photo moved since the run: a grey tile, the others still shown
+            tile = np.full((TILE, TILE, 3), 90, np.uint8)
+            render.label(tile, "missing", 4, 4)
+        else:
+            tile, _ = crop(rgb, e.peak, field_px(e.input))
+        render.label(tile, f"{e.score:.3g}", 2, TILE - 22, scale=0.4)
+        tiles.append(tile)
+    gap = 4
+    row = np.full((TILE + 2 * gap, len(tiles) * (TILE + gap) + gap, 3), 255, np.uint8)
+    for i, tile in enumerate(tiles):
+        row[gap : gap + TILE, gap + i * (TILE + gap) : gap + i * (TILE + gap) + TILE] = tile
+    return render.caption(render.enlarge_small(row), [title], top=True)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    atomic_write(path, json.dumps(finite(data), indent=1, allow_nan=False))

@@ -1,0 +1,96 @@
+"""``channels``: each channel's score and peak on every input (a small ``.channels.npz`` each, so a run
+resumes and torchrun shards it like any other), gathered afterwards into each channel's best inputs
+(:mod:`hookviz.concepts.dataset`)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hookviz.concepts.examples import REDUCE, channel_scores
+from hookviz.errors import UsageError
+from hookviz.io.images import Box
+from hookviz.jobs.common import BaseJob, model_settings, predicted
+from hookviz.models.loaded import LoadedModel
+
+
+@dataclass(kw_only=True)
+class ChannelsJob(BaseJob):
+    """Per input: every channel's score (``reduce`` of its map) and where its maximum lies on the photo; with
+    a ``target`` class, each channel's contribution to the class's logit (gradient x activation)."""
+
+    loaded: LoadedModel
+    layers: Sequence[str]
+    reduce: str = "max"
+    target: int | None = None
+    #: Each layer's receptive field in model-input pixels (:func:`hookviz.concepts.examples.receptive_field`).
+    fields: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kind: str = "channels"
+
+    def __post_init__(self) -> None:
+        if self.reduce not in REDUCE:
+            raise UsageError(f"--reduce {self.reduce!r}: choose one of {', '.join(REDUCE)}")
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **model_settings(self.loaded),
+            "command": self.kind,
+            "layers": list(self.layers),
+            "reduce": self.reduce,
+            "target": self.target,
+        }
+
+    def planned(self, stem: str) -> list[str]:
+        return [f"{stem}.channels.npz"]
+
+    def compute(self, x: Any) -> Any:
+        found, logits = channel_scores(
+            self.loaded.model, x, self.layers, reduce=self.reduce, target=self.target
+        )
+        return found, logits, tuple(int(s) for s in x.shape[-2:])
+
+    def render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
+    ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        found, logits, size = result
+        arrays: dict[str, np.ndarray] = {}
+        maps: dict[str, list[int]] = {}
+        fields_px: dict[str, list[int]] = {}
+        for i, layer in enumerate(found):
+            arrays[f"scores{i}"] = layer.scores[index].numpy().astype(np.float32)
+            arrays[f"peaks{i}"] = photo_points(layer.peaks[index].numpy(), layer.size, box)
+            if layer.contributions is not None:
+                arrays[f"contributions{i}"] = layer.contributions[index].numpy().astype(np.float32)
+            maps[layer.layer] = list(layer.size)
+            if layer.layer in self.fields:  # in the photo's pixels
+                fh, fw = self.fields[layer.layer]
+                fields_px[layer.layer] = [round(fh * box.height / size[0]), round(fw * box.width / size[1])]
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        fields: dict[str, Any] = {"layers": list(self.layers), "maps": maps, "reduce": self.reduce}
+        fields["fields"] = fields_px
+        if self.target is not None:
+            fields["target"] = {"index": self.target, "name": self.loaded.class_name(self.target)}
+            fields["top_channels"] = {
+                layer.layer: _top(layer.contributions[index].numpy()) for layer in found
+            }
+        name = f"{stem}.channels.npz"
+        return [(name, buffer.getvalue())], {"predicted": predicted(self.loaded, logits, index), **fields}
+
+
+def _top(contributions: np.ndarray, n: int = 5) -> list[dict[str, Any]]:
+    order = np.argsort(-contributions, kind="stable")[:n]
+    return [{"channel": int(c), "contribution": round(float(contributions[c]), 6)} for c in order]
+
+
+def photo_points(cells: np.ndarray, grid: tuple[int, int], box: Box) -> np.ndarray:
+    """Map cells ``(N, 2)`` ``(y, x)`` of a ``grid`` over the model's input to photo pixels (float32):
+    each cell's centre, through the input's place in the photo (``box``)."""
+    h, w = grid
+    y = (cells[:, 0].astype(np.float64) + 0.5) / h * box.height + box.y0 - 0.5
+    x = (cells[:, 1].astype(np.float64) + 0.5) / w * box.width + box.x0 - 0.5
+    return np.stack([y, x], axis=1).astype(np.float32)

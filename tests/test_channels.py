@@ -1,0 +1,243 @@
+"""``hookviz channels``: each channel's best inputs over a folder, checked against a direct computation on a
+model trained on the synthetic shapes; resuming and torchrun give the same file; the receptive fields are
+the known ones; the contributions add up to the logit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from hookviz.concepts.dataset import crop, parse_channels
+from hookviz.concepts.examples import TopK, channel_scores, receptive_field
+from hookviz.errors import UsageError
+from hookviz.io.shapes import draw_shape
+from tests.conftest import TinyCNN, Trained, invoke, write_image
+
+LAYER = "features.10"  # the last ReLU: its mean over the map feeds the head
+
+
+@pytest.fixture(scope="module")
+def shapes_model(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyCNN, Path]:
+    """The suite's model trained on the shapes (95 % held out at least: test_localisation), saved as a
+    user's state_dict."""
+    path = tmp_path_factory.mktemp("model") / "shapes.pt"
+    torch.save(trained.model.state_dict(), path)
+    return trained.model, path
+
+
+def _folder(root: Path, n: int = 30, seed: int = 5) -> tuple[Path, list[int]]:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    kinds = []
+    for i in range(n):
+        kind = i % 3
+        img, _ = draw_shape(kind, 48, rng)
+        write_image(root / f"s{i:02d}.png", (img * 255).round().astype(np.uint8))
+        kinds.append(kind)
+    return root, kinds
+
+
+def _args(weights: Path, labels: Path) -> list[str]:
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--labels", str(labels)]
+    return [*model, "--input-size", "48", "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1",
+            "--device", "cpu"]  # fmt: skip
+
+
+@pytest.fixture
+def labels(tmp_path: Path) -> Path:
+    path = tmp_path / "labels.txt"
+    path.write_text("square\ndisc\ncross\n")
+    return path
+
+
+def _photo(name: str) -> torch.Tensor:
+    from PIL import Image
+
+    return torch.from_numpy(np.asarray(Image.open(name).convert("RGB"), np.float32) / 255).permute(2, 0, 1)
+
+
+def _direct(model: TinyCNN, folder: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Each photo's channel maxima and their cells at LAYER, by a plain forward hook."""
+    names = sorted(str(p) for p in folder.glob("*.png"))
+    x = torch.stack([_photo(n) for n in names])
+    kept: list[torch.Tensor] = []
+    handle = dict(model.named_modules())[LAYER].register_forward_hook(lambda m, a, o: kept.append(o.clone()))
+    with torch.no_grad():
+        model.eval()(x)
+    handle.remove()
+    flat = kept[0].flatten(2)
+    top, where = flat.max(dim=2)
+    return names, top.numpy(), where.numpy()
+
+
+def test_top_k_of_every_channel_equals_a_direct_computation(
+    tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
+) -> None:
+    model, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in")
+    res = invoke("channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--top", "5", "--out",
+                 str(tmp_path / "out"), "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "out" / "channels.json").read_text())
+    names, top, where = _direct(model, folder)
+    layer = data["layers"][LAYER]
+    assert data["inputs"] == 30 and layer["map"] == [12, 12] and layer["channels_in_layer"] == 64
+    assert len(layer["channels"]) == 64
+    for item in layer["channels"]:
+        c = item["channel"]
+        order = sorted(range(len(names)), key=lambda i: (-top[i, c], names[i]))[:5]
+        got = item["examples"]
+        np.testing.assert_allclose([e["score"] for e in got], top[order, c], rtol=1e-4, atol=1e-5)
+        # the same photos (ties within the tolerance may swap places)
+        for e, i in zip(got, order, strict=True):
+            assert e["input"] == names[i] or abs(top[i, c] - e["score"]) < 1e-4
+        e, i = got[0], order[0]
+        cy, cx = divmod(int(where[i, c]), 12)
+        assert e["peak"] == pytest.approx([(cy + 0.5) * 4 - 0.5, (cx + 0.5) * 4 - 0.5], abs=0.01)
+        assert (tmp_path / "out" / item["sheet"]).exists()
+
+
+def test_contributions_add_up_to_the_logit_and_name_the_channels(
+    tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
+) -> None:
+    """LAYER's mean over the map feeds a linear head: the channels' gradient x activation sums to the
+    target's logit less the head's bias, for every photo (an identity, computed independently here)."""
+    model, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in", n=12)
+    names, _, _ = _direct(model, folder)
+    res = invoke("channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--target", "disc",
+                 "--out", str(tmp_path / "out"), "--channels", "0-3")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "channels driving disc most" in res.output
+    data = json.loads((tmp_path / "out" / "channels.json").read_text())
+    x = torch.stack([_photo(n) for n in names])
+    with torch.no_grad():
+        logits = model(x)
+        features = model.features(x).mean(dim=(2, 3))
+        per_channel = (features * model.fc.weight[1]).numpy()
+        bias = float(model.fc.bias[1])  # channel c's term of the disc logit
+    ranking = data["layers"][LAYER]["attribution"]
+    summed = per_channel.sum(axis=0)
+    np.testing.assert_allclose(
+        [r["contribution"] for r in ranking], np.sort(summed)[::-1], rtol=1e-4, atol=1e-4
+    )
+    assert [r["channel"] for r in ranking[:5]] == list(np.argsort(-summed, kind="stable")[:5])
+    recs = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    by_name = {r["input"]: r for r in recs}
+    for i, n in enumerate(names):
+        with np.load(next(p for p in by_name[n]["outputs"] if p.endswith(".npz"))) as arrays:
+            total = float(arrays["contributions0"].sum())
+        assert total == pytest.approx(float(logits[i, 1]) - bias, rel=1e-4, abs=1e-4)
+    assert [c["channel"] for c in data["layers"][LAYER]["channels"]] == [0, 1, 2, 3]
+    assert len(list((tmp_path / "out" / "channels").glob("*.png"))) == 4
+
+
+def test_a_resumed_run_gives_the_same_file(
+    tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
+) -> None:
+    _, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in", n=12)
+    args = [*_args(weights, labels), "--layer", LAYER, "--layer", "features.4", "--top", "3", "-q"]
+    assert invoke("channels", str(folder), *args, "--out", str(tmp_path / "whole")).exit_code == 0
+    part = tmp_path / "part"
+    first = [str(p) for p in sorted(folder.glob("*.png"))[:5]]
+    assert invoke("channels", *first, *args, "--out", str(part)).exit_code == 0  # "killed" after five
+    assert invoke("channels", str(folder), *args, "--out", str(part)).exit_code == 0
+    a = json.loads((tmp_path / "whole" / "channels.json").read_text())
+    b = json.loads((part / "channels.json").read_text())
+    assert a["layers"] == b["layers"] and b["inputs"] == 12
+    recs = [json.loads(line) for line in (part / "manifest.jsonl").read_text().splitlines()]
+    assert sum(r["status"] == "skipped" for r in recs) == 5
+
+
+@pytest.mark.slow
+def test_torchrun_gives_the_same_file(
+    tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
+) -> None:
+    _, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in", n=12)
+    args = ["channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--top", "4", "-q"]
+    assert invoke(*args, "--out", str(tmp_path / "one")).exit_code == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    run = [*cmd, "-m", "hookviz", *args, "--out", str(tmp_path / "two")]
+    res = subprocess.run(
+        run, capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parent.parent
+    )
+    assert res.returncode == 0, res.stderr
+    a = json.loads((tmp_path / "one" / "channels.json").read_text())
+    b = json.loads((tmp_path / "two" / "channels.json").read_text())
+    assert a["layers"] == b["layers"] and b["inputs"] == 12
+
+
+def test_receptive_fields_are_the_known_ones() -> None:
+    """conv 3x3 -> 3; a 2x2 pool -> 4; conv at stride 2 -> 8; pool -> 10; conv at stride 4 -> 18. ResNet-18:
+    7 after conv1, 43 after layer1, 99, 211, and 435 after layer4 (cut to the 224 input)."""
+    tiny = TinyCNN()
+    x = torch.zeros(1, 3, 48, 48)
+    assert [receptive_field(tiny, x, n)[0] for n in ("features.0", "features.4", "features.8")] == [3, 8, 18]
+    resnet = torchvision.models.resnet18()
+    x = torch.zeros(1, 3, 224, 224)
+    got = [receptive_field(resnet, x, n) for n in ("conv1", "layer1", "layer2", "layer3", "layer4")]
+    assert got == [(7, 7), (43, 43), (99, 99), (211, 211), (224, 224)]
+
+
+def test_channel_scores_leave_the_model_as_found() -> None:
+    model = TinyCNN().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    found, logits = channel_scores(model, torch.rand(2, 3, 48, 48), ["features.8"], reduce="mean", target=1)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        act = model.eval().features(torch.rand(1, 3, 48, 48))  # shapes only
+    assert found[0].scores.shape == (2, act.shape[1]) and logits.shape == (2, 3)
+
+
+def test_top_k_keeps_the_same_inputs_in_any_order() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 4, (40, 6)).astype(float)  # many ties
+    names = [f"p{i:02d}" for i in range(40)]
+    results = []
+    for seed in range(5):
+        order = np.random.default_rng(seed).permutation(40)
+        top = TopK(6, 5)
+        for i in order:
+            top.add(names[i], scores[i].tolist(), [(0.0, 0.0)] * 6)
+        results.append([[(e.score, e.input) for e in top.best(c)] for c in range(6)])
+    assert all(r == results[0] for r in results)
+    for c in range(6):
+        want = sorted(range(40), key=lambda i: (-scores[i, c], names[i]))[:5]
+        assert [e[1] for e in results[0][c]] == [names[i] for i in want]
+
+
+def test_channel_lists_and_crops() -> None:
+    assert parse_channels("0,5,2-4", 8) == [0, 5, 2, 3, 4]
+    assert parse_channels(None, 3) == [0, 1, 2]
+    with pytest.raises(UsageError, match="channel 9 does not exist"):
+        parse_channels("9", 8)
+    with pytest.raises(UsageError, match="channel numbers"):
+        parse_channels("top5", 8)
+    rgb = np.zeros((200, 300, 3), np.uint8)
+    tile, whole = crop(rgb, (10.0, 290.0), (20, 20))
+    assert tile.shape == (128, 128, 3) and not whole
+    _, whole = crop(rgb, (100.0, 150.0), (180, 280))
+    assert whole
+
+
+def test_bad_channels_option_is_one_line(
+    tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
+) -> None:
+    _, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in", n=3)
+    res = invoke("channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--channels", "99",
+                 "--out", str(tmp_path / "out"))  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert "channel 99 does not exist (the layer has 64: 0-63)" in res.output
