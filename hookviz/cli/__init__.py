@@ -19,6 +19,7 @@ from hookviz.cli.app import (
 app.command(cls=MethodCommand)(explain.gradcam)
 app.command()(inspect.featuremaps)
 app.command()(concepts.channels)
+app.command()(concepts.tcav)
 app.command(cls=MethodCommand)(trust.evaluate)
 app.command(cls=MethodCommand)(trust.sanity)
 app.command()(inspect.layers)

@@ -1,0 +1,254 @@
+"""TCAV (Kim et al. 2018): how much a human concept (a folder of examples) matters to a class at a layer.
+
+A concept activation vector (CAV) is the normal of a linear boundary between the layer's activations
+(flattened) on the concept's examples and on a random folder's: by default the classifier captum's TCAV uses
+(scikit-learn's ``SGDClassifier(alpha=0.01, max_iter=1000, tol=1e-3)`` on a shuffled two-thirds, scored on
+the rest), or the difference of the two means (``method="mean"``). An input's sensitivity is the gradient of
+the class's logit at the layer dotted with the CAV; the TCAV score is the share of the class's inputs with a
+positive one (``sign_count``), and ``magnitude`` their mean (captum's two scores).
+
+One CAV depends on the random folder it was trained against, so a concept is scored against each of several
+random folders, and so is each random folder against another (the null); a two-sided t-test of the two
+lists of sign counts says whether the concept's score is more than chance (p below ``alpha``). With the same
+seed (Python's ``random`` for the split, NumPy's for the classifier) the CAVs and scores equal captum's.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from hookviz.core.hooks import capture, logits_of, preserved
+from hookviz.errors import LayerError, SetupError, UsageError
+
+METHODS = ("linear", "mean")
+
+
+def layer_activations(model: nn.Module, batches: Iterable[Tensor], layer: str) -> Tensor:
+    """``(N, F)``: the layer's output on every input of ``batches``, flattened (float32, CPU)."""
+    parts = []
+    with preserved(model), capture(model, [layer]) as cap:
+        model.eval()
+        with torch.no_grad():
+            for x in batches:
+                cap.captured.outputs.clear()
+                model(x)
+                found = cap.captured.outputs.get(layer)
+                if not found:
+                    raise LayerError(f"layer {layer!r} did not run in the forward pass")
+                parts.append(found[0].detach().float().flatten(1).cpu())
+    return torch.cat(parts)
+
+
+def layer_gradients(model: nn.Module, batches: Iterable[Tensor], layer: str, target: int) -> Tensor:
+    """``(N, F)``: the gradient of the ``target`` logit with respect to the layer's output, flattened."""
+    parts = []
+    with preserved(model), capture(model, [], grad_layers=[layer]) as cap:
+        model.eval()
+        for x in batches:
+            cap.captured.taps.clear()
+            cap.captured.grads.clear()
+            with torch.no_grad():
+                out = model(x)
+            logits = logits_of(out)
+            if logits.dim() != 2:
+                raise UsageError(
+                    "tcav explains a classifier's class: this model's output is not (B, classes)"
+                )
+            torch.autograd.grad(logits[:, target].sum(), cap.captured.taps[layer][0])
+            parts.append(cap.captured.grads[layer][0].detach().float().flatten(1).cpu())
+    return torch.cat(parts)
+
+
+@dataclass
+class Seeds:
+    """The random state CAVs are trained with, shared in training order (as captum's global ones are)."""
+
+    seed: int = 0
+    python: random.Random = field(init=False)
+    numpy: np.random.RandomState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.python = random.Random(self.seed)
+        self.numpy = np.random.RandomState(self.seed)
+
+
+@dataclass(frozen=True)
+class Cav:
+    """A concept's direction against another folder, and how well a classifier told them apart (held out;
+    NaN for ``mean``)."""
+
+    vector: Tensor
+    accuracy: float
+
+
+def train_cav(concept: Tensor, other: Tensor, *, method: str = "linear", seeds: Seeds | None = None) -> Cav:
+    """The direction from ``other``'s activations towards ``concept``'s (``(N, F)`` each).
+
+    Raises:
+        UsageError: an unknown method, or a folder of fewer than two examples.
+        SetupError: ``linear`` without scikit-learn.
+    """
+    if method not in METHODS:
+        raise UsageError(f"--cav {method!r}: choose one of {', '.join(METHODS)}")
+    if len(concept) < 2 or len(other) < 2:
+        raise UsageError(
+            "a concept and a random folder need two examples each at least (30 or more is usual)"
+        )
+    if method == "mean":
+        return Cav(concept.mean(0) - other.mean(0), float("nan"))
+    try:
+        from sklearn.linear_model import SGDClassifier
+    except ImportError as exc:
+        raise SetupError(
+            "--cav linear needs scikit-learn: pip install 'hookviz[tcav]' (or pass --cav mean)"
+        ) from exc
+    seeds = seeds or Seeds()
+    rows = [(x, 0) for x in concept] + [(x, 1) for x in other]
+    seeds.python.shuffle(rows)  # captum's split: a shuffle, the first third held out
+    test = int(0.33 * len(rows))
+    held, train = rows[:test], rows[test:]
+    lm = SGDClassifier(alpha=0.01, max_iter=1000, tol=1e-3, random_state=seeds.numpy)
+    lm.fit(torch.stack([x for x, _ in train]).numpy(), np.array([y for _, y in train]))
+    accuracy = float("nan")
+    if held:
+        predicted = lm.predict(torch.stack([x for x, _ in held]).numpy())
+        accuracy = float(np.mean(predicted == np.array([y for _, y in held])))
+    # the boundary's normal points to class 1 (the other folder): the concept's direction is its opposite
+    return Cav(-torch.from_numpy(np.asarray(lm.coef_[0], dtype=np.float32)), accuracy)
+
+
+def scores(gradients: Tensor, cav: Cav) -> tuple[float, float]:
+    """``(sign_count, magnitude)``: the share of inputs whose sensitivity (gradient . CAV) is positive, and
+    the sensitivities' mean (captum's ``magnitude``)."""
+    s = gradients.float() @ cav.vector.float()
+    return float((s > 0).float().mean()), float(s.mean())
+
+
+@dataclass(frozen=True)
+class ConceptScore:
+    """One concept (or the null) at one layer: a score per random folder, their test against the null."""
+
+    concept: str
+    sign_counts: list[float]
+    magnitudes: list[float]
+    accuracies: list[float]
+    p_value: float | None = None
+    significant: bool | None = None
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.sign_counts))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.sign_counts))
+
+
+@dataclass(frozen=True)
+class TcavResult:
+    layer: str
+    target: int
+    inputs: int
+    concepts: list[ConceptScore]
+    null: ConceptScore
+
+
+def tcav(
+    model: nn.Module,
+    inputs: Callable[[], Iterable[Tensor]],
+    layer: str,
+    target: int,
+    concepts: Mapping[str, Callable[[], Iterable[Tensor]]],
+    randoms: Sequence[Callable[[], Iterable[Tensor]]],
+    *,
+    method: str = "linear",
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> TcavResult:
+    """TCAV scores of each concept for ``target`` at ``layer``, each against every random folder, and their
+    significance against random-vs-random CAVs (the null: folder ``i`` against folder ``i + 1``, cyclic).
+
+    ``inputs``, each of ``concepts`` and of ``randoms``: a callable giving batches of model inputs (called
+    once). CAVs are trained in order (each concept against random folders 0, 1, ..., then the null pairs).
+
+    Raises:
+        UsageError: fewer than two random folders, or a bad method.
+    """
+    if len(randoms) < 2:
+        raise UsageError("--random: give two random folders at least (five or more for a meaningful test)")
+    grads = layer_gradients(model, inputs(), layer, target)
+    acts = {name: layer_activations(model, make(), layer) for name, make in concepts.items()}
+    rand = [layer_activations(model, make(), layer) for make in randoms]
+    seeds = Seeds(seed)
+
+    def against(concept: Tensor, others: list[Tensor]) -> tuple[list[float], list[float], list[float]]:
+        signs, mags, accs = [], [], []
+        for other in others:
+            cav = train_cav(concept, other, method=method, seeds=seeds)
+            s, m = scores(grads, cav)
+            signs.append(s)
+            mags.append(m)
+            accs.append(cav.accuracy)
+        return signs, mags, accs
+
+    measured = {name: against(a, rand) for name, a in acts.items()}
+    null_scores: tuple[list[float], list[float], list[float]] = ([], [], [])
+    for i in range(len(rand)):
+        one = against(rand[i], [rand[(i + 1) % len(rand)]])
+        for kept, got in zip(null_scores, one, strict=True):
+            kept.extend(got)
+    null = ConceptScore("(random)", *null_scores)
+    out = [
+        ConceptScore(name, *m, *_significance(m[0], null.sign_counts, alpha)) for name, m in measured.items()
+    ]
+    return TcavResult(layer, target, len(grads), out, null)
+
+
+def _significance(signs: list[float], null: list[float], alpha: float) -> tuple[float | None, bool | None]:
+    """A two-sided t-test (Student's, as Kim et al. and captum's tutorial) of the sign counts against the
+    null's; None where both lists are constant and equal (no variance to test)."""
+    from scipy.stats import ttest_ind
+
+    if np.std(signs) == 0 and np.std(null) == 0:
+        same = float(np.mean(signs)) == float(np.mean(null))
+        return (1.0, False) if same else (0.0, True)
+    with warnings.catch_warnings():  # a constant list (every input positive) is a fine sample here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(ttest_ind(signs, null).pvalue)
+    return p, bool(p < alpha)
+
+
+def as_json(result: TcavResult) -> dict[str, Any]:
+    def one(c: ConceptScore) -> dict[str, Any]:
+        return {
+            "concept": c.concept,
+            "sign_count": round(c.mean, 6),
+            "sign_count_std": round(c.std, 6),
+            "magnitude": round(float(np.mean(c.magnitudes)), 6),
+            "p_value": None if c.p_value is None else round(c.p_value, 6),
+            "significant": c.significant,
+            "runs": [
+                {"sign_count": round(s, 6), "magnitude": round(m, 6), "cav_accuracy": _round(a)}
+                for s, m, a in zip(c.sign_counts, c.magnitudes, c.accuracies, strict=True)
+            ],
+        }
+
+    return {
+        "layer": result.layer,
+        "target": result.target,
+        "inputs": result.inputs,
+        "concepts": [one(c) for c in result.concepts],
+        "null": one(result.null),
+    }
+
+
+def _round(v: float) -> float | None:
+    return None if v != v else round(v, 6)
