@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN) $(CV_PIN)
 	$(PY) -m pip install -q -e '.[dev]'
+	# lucent, the feature-visualisation reference (tests and bench only): its pins would downgrade torch
+	$(PY) -m pip install -q --no-deps torch-lucent==0.1.8 kornia==0.4.1
+	$(PY) -m pip install -q decorator ipython
 	touch $(STAMP)
 
 browser:  ## headless Chromium + chromedriver for the report tests (Debian packages; needs root)

@@ -3,7 +3,7 @@ one module per command family. Commands are registered here, in the order ``hook
 
 from __future__ import annotations
 
-from hookviz.cli import concepts, explain, inspect, report, serve, training, trust
+from hookviz.cli import concepts, explain, inspect, report, serve, training, trust, visual
 from hookviz.cli.app import (
     EXIT_BROKEN_PIPE,
     EXIT_INPUTS_FAILED,
@@ -20,6 +20,7 @@ app.command(cls=MethodCommand)(explain.gradcam)
 app.command()(inspect.featuremaps)
 app.command()(concepts.channels)
 app.command()(concepts.tcav)
+app.command()(visual.visualize)
 app.command(cls=MethodCommand)(trust.evaluate)
 app.command(cls=MethodCommand)(trust.sanity)
 app.command()(inspect.layers)

@@ -1,0 +1,158 @@
+"""``visualize``: the picture a channel, a neuron or a direction of a layer responds to most."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookviz.cli.app import (
+    MAPS,
+    Debug,
+    Device,
+    Model,
+    Out,
+    Overwrite,
+    Quiet,
+    TrustPickle,
+    Weights,
+    WeightsKey,
+    _guard,
+)
+from hookviz.cli.groups import model_options
+from hookviz.cli.kinds import InputSize
+from hookviz.cli.loading import load_options
+from hookviz.errors import OutputError, UsageError
+from hookviz.io.files import atomic_write
+
+Layer = Annotated[str, typer.Option("--layer", "-l", help="the layer.", rich_help_panel=MAPS)]
+
+
+def visualize(
+    layer: Layer,
+    channel: Annotated[
+        int | None, typer.Option("--channel", "-c", min=0, help="the channel.", rich_help_panel=MAPS)
+    ] = None,
+    neuron: Annotated[
+        str | None,
+        typer.Option("--neuron", help="Y,X: one position of the channel's map.", rich_help_panel=MAPS),
+    ] = None,
+    direction: Annotated[
+        Path | None,
+        typer.Option(
+            "--direction",
+            help="a .npy vector of the layer's channels (a CAV, a difference).",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="optimisation steps.", rich_help_panel=MAPS)
+    ] = 512,
+    lr: Annotated[
+        float, typer.Option("--lr", min=0.0, help="Adam's learning rate.", rich_help_panel=MAPS)
+    ] = 0.05,
+    seed: Annotated[
+        int, typer.Option("--seed", help="the start and the transformations.", rich_help_panel=MAPS)
+    ] = 0,
+    size: Annotated[
+        int, typer.Option("--size", min=8, help="the picture's side in pixels.", rich_help_panel=MAPS)
+    ] = 128,
+    images: Annotated[
+        int, typer.Option("--images", min=1, help="pictures at once.", rich_help_panel=MAPS)
+    ] = 1,
+    diversity: Annotated[
+        float,
+        typer.Option(
+            "--diversity",
+            min=0.0,
+            help="push the pictures apart (with --images 2+; 1e-2 to 1).",
+            rich_help_panel=MAPS,
+        ),
+    ] = 0.0,
+    model: Model = "resnet18",
+    weights: Weights = "DEFAULT",
+    weights_key: WeightsKey = None,
+    input_size: InputSize = None,
+    trust_pickle: TrustPickle = False,
+    out: Out = Path("out"),
+    overwrite: Overwrite = False,
+    quiet: Quiet = False,
+    device: Device = "auto",
+    debug: Debug = False,
+) -> None:
+    """Feature visualisation: the picture that drives a channel (or a neuron, or a direction) most, optimised
+    in a decorrelated Fourier space under random transformations (as lucent); a PNG and a JSON record."""
+    p = locals()
+    with _guard(debug):
+        loaded = load_options(model_options(p), quiet)
+        record, png = _render(p, loaded)
+        stem = f"visualize.{_safe(loaded.name)}.{_safe(layer)}.{_what(p)}.s{seed}"
+        paths = [out / f"{stem}.png", out / f"{stem}.json"]
+        if not overwrite and any(path.exists() for path in paths):
+            raise OutputError(
+                f"{paths[0]} exists; pass --overwrite to replace it, or another --seed or --out"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        record["outputs"] = [str(path) for path in paths]
+        atomic_write(paths[0], png)
+        atomic_write(paths[1], json.dumps(record, indent=1))
+        if not quiet:
+            values = ", ".join(f"{v:.4g}" for v in record["objective"])
+            typer.echo(f"{paths[0]}: objective {values} after {steps} steps")
+
+
+def _what(p: dict[str, Any]) -> str:
+    if p["direction"] is not None:
+        return f"direction-{_safe(Path(p['direction']).stem)}"
+    neuron = f".at{_safe(p['neuron'].replace(',', '_'))}" if p["neuron"] else ""
+    return f"c{p['channel']}{neuron}"
+
+
+def _safe(text: str) -> str:
+    from hookviz.run.pipeline import _UNSAFE
+
+    return _UNSAFE.sub("_", text).strip("._") or "x"
+
+
+def _render(p: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], bytes]:
+    """The optimised pictures as one PNG, and the record of how they were made."""
+    import numpy as np
+    import torch
+
+    from hookviz import render
+    from hookviz.concepts.visualize import Objective
+    from hookviz.concepts.visualize import visualize as run
+    from hookviz.io.images import encode_png
+
+    neuron = _pair(p["neuron"]) if p["neuron"] else None
+    vector = torch.from_numpy(np.load(p["direction"]).astype(np.float32).ravel()) if p["direction"] else None
+    objective = Objective(p["layer"], channel=p["channel"], neuron=neuron, direction=vector)
+    pre = loaded.preprocess
+    shape = loaded.input_shape
+    settings = {k: p[k] for k in ("size", "steps", "lr", "seed", "images", "diversity")}
+    sides = (int(shape[-2]), int(shape[-1]))
+    result = run(loaded.model, objective, input_size=sides, mean=pre.mean, std=pre.std, **settings)
+    pictures = [(t.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for t in result.images]
+    row = np.concatenate([np.pad(a, ((2, 2), (2, 2), (0, 0)), constant_values=255) for a in pictures], axis=1)
+    what = f"channel {p['channel']}" if vector is None else f"direction {Path(p['direction']).name}"
+    if neuron is not None:
+        what += f" at {neuron[0]},{neuron[1]}"
+    title = f"{loaded.name} {p['layer']} {what}: {p['steps']} steps, seed {p['seed']}"
+    picture = render.caption(render.enlarge_small(row), [title], top=True)
+    record = {
+        "model": loaded.name, "weights": loaded.weights, "layer": p["layer"], "channel": p["channel"],
+        "neuron": list(neuron) if neuron else None,
+        "direction": str(p["direction"]) if p["direction"] else None, **settings,
+        "objective": [round(v, 6) for v in result.objective],
+        "history": [round(v, 6) for v in result.history[:: max(1, len(result.history) // 64)]],
+    }  # fmt: skip
+    return record, encode_png(picture)
+
+
+def _pair(text: str) -> tuple[int, int]:
+    y, _, x = text.partition(",")
+    if not (y.strip().isdigit() and x.strip().isdigit()):
+        raise UsageError(f"--neuron {text!r}: give Y,X (map cells), like 3,4")
+    return int(y), int(x)
