@@ -241,3 +241,55 @@ def test_bad_channels_option_is_one_line(
                  "--out", str(tmp_path / "out"))  # fmt: skip
     assert res.exit_code == 2, res.output
     assert "channel 99 does not exist (the layer has 64: 0-63)" in res.output
+
+
+def test_a_class_through_its_top_channels_is_its_grad_cam_term(trained: Trained) -> None:
+    """Channel c's term of Grad-CAM's sum is mean(gradient_c) x A_c; summed over every channel it is the
+    Grad-CAM map before its ReLU (hookviz.grad_cam with relu=False), computed here by hand too."""
+    from hookviz.concepts.examples import channel_terms
+    from hookviz.engine.explain import grad_cam
+
+    model = trained.model
+    x = torch.stack([_photo_tensor(k, seed) for k, seed in ((1, 3), (0, 4))])
+    target = torch.tensor([1, 0])
+    every = channel_terms(model, x, LAYER, target, 64)
+    acts: list[torch.Tensor] = []
+    handle = model.features[10].register_forward_hook(lambda m, a, o: acts.append(o))
+    xs = x.clone().requires_grad_(True)
+    out = model(xs)
+    handle.remove()
+    g = torch.autograd.grad(out[[0, 1], target].sum(), acts[0])[0]
+    terms = (g.mean(dim=(2, 3), keepdim=True) * acts[0]).detach()
+    contribution = terms.sum(dim=(2, 3))
+    for b in range(2):
+        c = int(every.channels[b, 0])
+        assert c == int(contribution[b].argmax())
+        torch.testing.assert_close(every.maps[b, 0], terms[b, c].clamp_min(0), rtol=1e-4, atol=1e-6)
+        positive = float(contribution[b].clamp_min(0).sum())
+        assert float(every.shares[b].sum()) * positive == pytest.approx(
+            float(contribution[b].sum()), rel=1e-4
+        )
+    whole = grad_cam(model, x, LAYER, target=target, relu=False)
+    np.testing.assert_allclose(whole.maps.numpy(), terms.sum(dim=1).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _photo_tensor(kind: int, seed: int) -> torch.Tensor:
+    img, _ = draw_shape(kind, 48, np.random.default_rng(seed))
+    return torch.from_numpy(img).permute(2, 0, 1)
+
+
+def test_gradcam_channels_option(tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path) -> None:
+    _, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in", n=2)
+    res = invoke("gradcam", str(folder), *_args(weights, labels), "--layer", LAYER, "--channels", "top3",
+                 "--out", str(tmp_path / "out"), "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    for rec in recs:
+        shown = rec["channel_terms"][LAYER]
+        assert len(shown) == 3 and shown[0]["share"] >= shown[1]["share"] >= shown[2]["share"]
+        assert sum(".gradcam-channels." in p for p in rec["outputs"]) == 1
+    bad = invoke(
+        "gradcam", str(folder), *_args(weights, labels), "--channels", "all", "--out", str(tmp_path / "b")
+    )
+    assert bad.exit_code == 2 and "give topK, like top4" in bad.output

@@ -157,6 +157,14 @@ def gradcam(
             rich_help_panel=MAPS,
         ),
     ] = False,
+    channels: Annotated[
+        str | None,
+        typer.Option(
+            "--channels",
+            help="topK: also the first target's Grad-CAM through each of the K channels adding most to it.",
+            rich_help_panel=MAPS,
+        ),
+    ] = None,
     region: Annotated[
         Region,
         typer.Option(
@@ -270,7 +278,7 @@ def _cam_job(p: dict[str, Any], loaded: LoadedModel, reporter: _Reporter | None)
         eigen_smooth=p["eigen_smooth"], aug_smooth=p["aug_smooth"], region=str(p["region"]),
         probe_images=p["probe_images"],
         score_threshold=p["score_threshold"], max_boxes=p["max_boxes"], compare=p["compare"],
-        threshold=p["threshold"],
+        threshold=p["threshold"], channel_terms=_top_channels(p["channels"]),
         options=method_options(p),
     )  # fmt: skip
     built = make_cam_job(
@@ -289,3 +297,13 @@ def _cam_job(p: dict[str, Any], loaded: LoadedModel, reporter: _Reporter | None)
     if reporter is not None and slow:  # a progress bar over the slow methods' passes
         built.job.progress = reporter.inner("extra passes of " + ", ".join(slow))
     return built.job
+
+
+def _top_channels(text: str | None) -> int:
+    """``--channels topK`` -> K (0 without it)."""
+    if text is None:
+        return 0
+    k = text.strip().lower().removeprefix("top")
+    if not k.isdigit() or int(k) < 1:
+        raise typer.BadParameter(f"{text!r}: give topK, like top4", param_hint="--channels")
+    return int(k)

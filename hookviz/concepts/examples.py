@@ -207,3 +207,45 @@ def _pair(v: object) -> tuple[int, int]:
     if isinstance(v, tuple):
         return (int(v[0]), int(v[-1]))
     return (int(v), int(v))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class ChannelTerms:
+    """A class's Grad-CAM at a layer split by channel: the ``k`` channels whose terms ``alpha_c A_c`` add
+    most to the sum (before Grad-CAM's ReLU), per input.
+
+    Attributes:
+        channels: ``(B, k)`` channel indices, the largest contribution first.
+        maps: ``(B, k, H, W)`` each channel's term, ReLU'd: where it raises the class's score.
+        shares: ``(B, k)`` each channel's contribution over the sum of the positive ones.
+    """
+
+    channels: Tensor
+    maps: Tensor
+    shares: Tensor
+
+
+def channel_terms(model: nn.Module, x: Tensor, layer: str, target: Tensor, k: int) -> ChannelTerms:
+    """The map of class ``target`` (one per input) through each of the ``k`` channels of ``layer`` that add
+    most to its Grad-CAM: the channel's term of Grad-CAM's sum, ``mean(gradient) x activation``.
+
+    Raises:
+        LayerError: the layer does not run, or has no ``(B, C, H, W)`` map.
+    """
+    with preserved(model), capture(model, [layer], grad_layers=[layer]) as cap:
+        model.eval()
+        with torch.no_grad():
+            out = model(x)
+        logits = logits_of(out)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        torch.autograd.grad(logits[rows, target.to(logits.device)].sum(), cap.captured.taps[layer][0])
+    act, grad = cap.captured.outputs[layer][0].detach().float(), cap.captured.grads[layer][0].detach().float()
+    if act.dim() != 4:
+        raise LayerError(f"--channels: layer {layer!r} has no (B, C, H, W) map (shape {tuple(act.shape)})")
+    terms = grad.mean(dim=(2, 3), keepdim=True) * act
+    contribution = terms.sum(dim=(2, 3))
+    order = contribution.argsort(dim=1, descending=True, stable=True)[:, :k]
+    positive = contribution.clamp_min(0).sum(dim=1, keepdim=True)
+    shares = contribution.gather(1, order) / positive.clamp_min(1e-12)
+    maps = terms.gather(1, order[:, :, None, None].expand(-1, -1, *terms.shape[2:])).clamp_min(0)
+    return ChannelTerms(order.cpu(), maps.cpu(), shares.cpu())

@@ -64,6 +64,8 @@ class CamSettings:
     eigen_smooth: bool = False
     aug_smooth: bool = False
     region: str = "class"
+    #: ``--channels topK``: the class's map through each of the K channels that add most to its Grad-CAM.
+    channel_terms: int = 0
     #: ``--layer auto`` ranks the candidates on this many of the first images.
     probe_images: int = 4
     #: Detectors: the boxes explained.
@@ -190,6 +192,7 @@ def classifier_job(
         aug_smooth=s.aug_smooth,
         region=s.region,
         dense=dense,
+        channel_terms=s.channel_terms,
     )
     job.auto_layer = auto
     per_layer = {name: channels(loaded.model, name, calls) for name in chosen}
@@ -256,6 +259,7 @@ def detection_job(
     """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
     refused = {
         "--metrics": s.metrics,
+        "--channels": bool(s.channel_terms),
         "--aug-smooth": s.aug_smooth,
         "--normalize": s.normalize != "image",
     }

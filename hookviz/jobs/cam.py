@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hookviz import render
+from hookviz.concepts.examples import channel_terms
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
@@ -67,6 +68,8 @@ class CamBatch:
     #: The CAM tensors' channels by layer, and the input's ``(H, W)``: what the methods' passes cost.
     channels: dict[str, int] = field(default_factory=dict)
     size: tuple[int, ...] = (0, 0)
+    #: ``--channels topK``: by layer, the first target's map through its top channels.
+    terms: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -106,6 +109,8 @@ class CamJob(BaseJob):
     region: str = "class"
     #: A segmenter's job: a class's score sums its pixels (``region``), and the settings say which.
     dense: bool = False
+    #: ``--channels topK``: a picture per layer of the first target's map through its K top channels.
+    channel_terms: int = 0
 
     def _check_assumptions(self, ex: Any) -> None:
 
@@ -171,6 +176,7 @@ class CamJob(BaseJob):
             "eigen_smooth": self.eigen_smooth,
             "aug_smooth": self.aug_smooth,
             **({"region": self.region} if self.dense else {}),
+            **({"channel_terms": self.channel_terms} if self.channel_terms else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 
@@ -223,6 +229,7 @@ class CamJob(BaseJob):
                     names.append(f"{base}{self.picture}")
                     if self.save_raw:
                         names += [f"{base}.npy", f"{base}.full.npy"]
+        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.channel_terms]
         sheet = self._sheet_name(stem)
         return [*names, sheet] if sheet else names
 
@@ -271,9 +278,11 @@ class CamJob(BaseJob):
                 ]
                 for key, value in maps.items()
             }
+        k, first = self.channel_terms, ex.targets[:, 0]
+        terms = {n: channel_terms(self.loaded.model, x, n, first, k) for n in self.layers} if k else {}
         return CamBatch(
             ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics, dict(ex.channels),
-            tuple(int(v) for v in x.shape[2:]),
+            tuple(int(v) for v in x.shape[2:]), terms,
         )  # fmt: skip
 
     # -- render ---------------------------------------------------------------------------
@@ -309,7 +318,23 @@ class CamJob(BaseJob):
                 records.append(record)
         if self._want_sheet():
             files.append((f"{stem}.sheet.png", encode_png(self._sheet(ex, index, cells))))
-        return files, self._fields(ex, index, records)
+        more: dict[str, Any] = {}
+        for layer, terms in result.terms.items():
+            row, more.setdefault("channel_terms", {})[layer] = self._terms(ex, index, rgb, box, layer, terms)
+            files.append((f"{stem}.gradcam-channels.{slug(layer)}.png", encode_png(row)))
+        return files, self._fields(ex, index, records, **more)
+
+    def _terms(
+        self, ex: Any, index: int, rgb: np.ndarray, box: Box, layer: str, terms: Any
+    ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        """The first target's map through each top channel, in a row, and what each channel adds."""
+        pairs = zip(terms.channels[index].tolist(), terms.shares[index].tolist(), strict=True)
+        shown = [{"channel": int(c), "share": round(float(share), 6)} for c, share in pairs]
+        name = self.loaded.class_name(int(ex.targets[index, 0]))
+        title = f"{self.loaded.name} {layer}: Grad-CAM of {name} through its top channels (share of the sum)"
+        labels = [f"channel {d['channel']}: {d['share']:.0%}" for d in shown]
+        maps = terms.maps[index].numpy()
+        return render.overlay_row(rgb, box, maps, labels, title, self.alpha, self.colormap), shown
 
     def _scored(self, ex: Any, score: float) -> str:
         """A score as a caption says it: a probability, a segmentation's share of the pixels, a cosine."""

@@ -85,6 +85,27 @@ def overlay(
     return out
 
 
+def overlay_row(
+    rgb: np.ndarray,
+    box: Box,
+    maps: np.ndarray,
+    labels: Sequence[str],
+    title: str,
+    alpha: float,
+    colormap: str,
+) -> np.ndarray:
+    """Maps ``(k, h, w)`` over the photo side by side, one colour scale for all (zero to the largest), each
+    captioned, a title above."""
+    top = float(np.nan_to_num(maps).max()) or 1.0
+    tiles = [
+        caption(
+            enlarge_small(overlay(rgb, m / top, box, alpha=alpha, colormap=colormap, scaled=True)), [text]
+        )
+        for m, text in zip(maps, labels, strict=True)
+    ]
+    return caption(np.concatenate(tiles, axis=1), [title], top=True)
+
+
 def upsample(cam: np.ndarray, box: Box) -> np.ndarray:
     """The map at the photo's resolution inside ``box`` (bilinear), as float32."""
     import cv2
