@@ -293,3 +293,31 @@ def test_gradcam_channels_option(tmp_path: Path, shapes_model: tuple[TinyCNN, Pa
         "gradcam", str(folder), *_args(weights, labels), "--channels", "all", "--out", str(tmp_path / "b")
     )
     assert bad.exit_code == 2 and "give topK, like top4" in bad.output
+
+
+def test_the_report_shows_channels_tcav_and_visualisations(tmp_path: Path) -> None:
+    from hookviz.report import build_report
+
+    out = tmp_path / "out"
+    (out / "channels").mkdir(parents=True)
+    (out / "channels" / "L.c0.png").write_bytes(b"png")
+    (tmp_path / "secret.png").write_bytes(b"png")
+    sheets = [("channels/L.c0.png", 0), ("../secret.png", 1), ("/etc/passwd", 2)]
+    layer = {"field": [18, 18], "attribution": [{"channel": 0, "contribution": 1.5}],
+             "channels": [{"channel": c, "sheet": s} for s, c in sheets]}  # fmt: skip
+    (out / "channels.json").write_text(json.dumps({"inputs": 3, "layers": {"L": layer}}))
+    concept = {"concept": "<b>disc</b>", "sign_count": 1.0, "sign_count_std": 0.0, "magnitude": 0.2,
+               "p_value": 0.001, "significant": True}  # fmt: skip
+    null = {"concept": "(random)", "sign_count": 0.5}
+    tcav = {"target": {"name": "disc"}, "layers": [{"layer": "L", "concepts": [concept], "null": null}]}
+    (out / "tcav.json").write_text(json.dumps(tcav))
+    (out / "visualize.m.L.c0.s0.json").write_text(
+        json.dumps({"layer": "L", "channel": 0, "objective": [2.5]})
+    )
+    (out / "visualize.m.L.c0.s0.png").write_bytes(b"png")
+    page = build_report(out).read_text()  # no manifest: the concept files alone make a page
+    assert 'src="channels/L.c0.png"' in page and "secret" not in page and "/etc/passwd" not in page
+    assert "TCAV for disc" in page and "&lt;b&gt;disc&lt;/b&gt;" in page and "<b>disc</b>" not in page
+    assert 'src="visualize.m.L.c0.s0.png"' in page and "objective 2.5" in page
+    with pytest.raises(UsageError, match="holds no manifest.jsonl"):
+        build_report(tmp_path / "empty")

@@ -38,11 +38,11 @@ from hookviz.cli.app import (
 from hookviz.cli.groups import model_options, run_options
 from hookviz.cli.kinds import InputSize
 from hookviz.cli.loading import load_options
-from hookviz.cli.runner import _Reporter, _run_then
+from hookviz.cli.runner import _Reporter, _run_then, _warn
 from hookviz.errors import HookvizError, UsageError
 from hookviz.io.files import atomic_write
 from hookviz.models.classes import find_class
-from hookviz.report import latest_records
+from hookviz.report import build_report, latest_records
 
 if TYPE_CHECKING:
     from hookviz.jobs import Job
@@ -115,11 +115,17 @@ def channels(
     """Each channel's best inputs over a folder of any size: OUT/channels.json and a sheet of crops per
     channel (resumable, torchrun-sharded); with --target, the channels that drive a class."""
     p = locals()
-    m, r = model_options(p), run_options(p, lines=False)
+    m, r = model_options(p), run_options(p, lines=False, report=False)  # the page comes after the sheets
     made: list[Any] = []
     with _guard(debug):
-        summarise = lambda: _write_channels(made[0], out, p, quiet) if made else None  # noqa: E731
-        _run_then(partial(_channels_job, p, made), m, r, summarise)
+        _run_then(partial(_channels_job, p, made), m, r, partial(_gathered, made, out, p))
+
+
+def _gathered(made: list[Any], out: Path, p: dict[str, Any]) -> None:
+    if made:
+        _write_channels(made[0], out, p, p["quiet"])
+    if p["report"]:
+        typer.echo(f"hookviz: report: {build_report(out, warn=_warn)}", err=True)
 
 
 def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
+from hookviz.report import concepts
 
 MANIFEST = "manifest.jsonl"
 REPORT = "index.html"
@@ -195,9 +196,11 @@ def build_report(
 
     out = Path(out)
     manifest = out / MANIFEST
-    if not manifest.is_file():
+    found = {"channels": concepts.channels(out, warn), "tcav": concepts.tcav(out, warn),
+             "visualisations": concepts.visualisations(out, warn)}  # fmt: skip
+    if not manifest.is_file() and not any(found.values()):
         raise UsageError(f"{str(out)!r} holds no {MANIFEST}; give the --out folder of a hookviz run")
-    lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines() if manifest.is_file() else []
     cards = []
     for rec in latest_records(lines, warn):
         try:
@@ -214,6 +217,7 @@ def build_report(
         runs=finite(_runs(records)),
         cards=finite(cards),
         evaluation=_evaluation(out, warn),
+        concepts=finite(found),
         counts={s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "error")},
     )
     final = out / REPORT
