@@ -60,6 +60,8 @@ bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
 	$(PY) bench/memory_bench.py
 	$(PY) bench/serve_bench.py
 	$(PY) bench/monitor_bench.py
+	$(PY) bench/channels_bench.py
+	$(PY) bench/visualize_bench.py
 
 clean:  ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache

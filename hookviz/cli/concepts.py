@@ -40,7 +40,6 @@ from hookviz.cli.kinds import InputSize
 from hookviz.cli.loading import load_options
 from hookviz.cli.runner import _Reporter, _run_then, _warn
 from hookviz.errors import HookvizError, UsageError
-from hookviz.io.files import atomic_write
 from hookviz.models.classes import find_class
 from hookviz.report import build_report, latest_records
 
@@ -156,7 +155,7 @@ def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, repor
 def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None:
     """OUT/channels.json and OUT/channels/LAYER.cC.png from the run's records."""
     from hookviz.concepts import dataset
-    from hookviz.io.images import encode_png, load_rgb
+    from hookviz.io.images import load_rgb
     from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())
@@ -176,23 +175,7 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
         return int(h), int(w)
 
     sheets = out / dataset.SHEETS
-    sheets.mkdir(parents=True, exist_ok=True)
-    reduce = job.reduce
-    for entry in found.layers:
-        info = data["layers"][entry.layer]
-        for item in info["channels"]:
-            c = item["channel"]
-            name = f"{pipeline._UNSAFE.sub('_', entry.layer)}.c{c}.png"
-            title = (
-                f"{job.loaded.name} {entry.layer} channel {c}: its {len(item['examples'])} best of "
-                f"{entry.inputs} inputs by the {reduce} of its map; "
-                f"field {info['field'][0]}x{info['field'][1]} px"
-            )
-            picture = dataset.channel_sheet(
-                entry.top.best(c), partial(field_px, layer=entry.layer), load_rgb, title=title
-            )
-            atomic_write(sheets / name, encode_png(picture))
-            item["sheet"] = str(Path(dataset.SHEETS) / name)
+    dataset.write_sheets(found, data, sheets, job.loaded.name, job.reduce, field_px, dataset.Photos(load_rgb))
     data = {"key": key, "settings": job.settings(), "top": p["top"], **data}
     dataset.write_json(out / dataset.CHANNELS_JSON, data)
     if not quiet:
@@ -299,6 +282,8 @@ def _concepts(specs: list[str], randoms: list[str]) -> dict[str, str]:
         named[name.strip()] = folder.strip()
     if len(randoms) < 2:
         raise UsageError("--random: give two random folders at least (five or more for a meaningful test)")
+    if len(randoms) < 5:
+        typer.echo(f"hookviz: note: {len(randoms)} random folders: the t-test says little below 5", err=True)
     return named
 
 

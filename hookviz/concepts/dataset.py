@@ -9,6 +9,9 @@ the same file whichever order they were run in (a resumed run, torchrun's shards
 from __future__ import annotations
 
 import json
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,10 +174,40 @@ def crop(rgb: np.ndarray, peak: tuple[float, float], side: tuple[int, int]) -> t
     return canvas, whole
 
 
+class Photos:
+    """Photos read for the sheets, each shrunk so its longer side is at most ``side`` pixels (a crop of a
+    third of it fills a tile), the last ``keep`` of them kept: a photo among the best of many channels is
+    decoded once, in bounded memory."""
+
+    def __init__(self, read: Callable[[str], np.ndarray], side: int = 3 * TILE, keep: int = 256) -> None:
+        self._read, self.side, self.keep = read, side, keep
+        self._kept: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str) -> tuple[np.ndarray, float]:
+        """The photo (shrunk) and its scale (shrunk pixels per photo pixel)."""
+        with self._lock:
+            if name in self._kept:
+                self._kept.move_to_end(name)
+                return self._kept[name]
+        import cv2
+
+        rgb = self._read(name)
+        scale = min(1.0, self.side / max(rgb.shape[:2]))
+        if scale < 1:
+            size = (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale)))
+            rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+        with self._lock:
+            self._kept[name] = (rgb, scale)
+            while len(self._kept) > self.keep:
+                self._kept.popitem(last=False)
+        return rgb, scale
+
+
 def channel_sheet(
     examples: Sequence[Example],
     field_px: Callable[[str], tuple[int, int]],
-    read: Callable[[str], np.ndarray],
+    photos: Callable[[str], tuple[np.ndarray, float]],
     *,
     title: str,
 ) -> np.ndarray:
@@ -182,12 +215,15 @@ def channel_sheet(
     tiles = []
     for e in examples:
         try:
-            rgb = read(e.input)
+            rgb, s = photos(e.input)
         except Exception:  # a photo moved since the run: a grey tile, the others still shown
             tile = np.full((TILE, TILE, 3), 90, np.uint8)
             render.label(tile, "missing", 4, 4)
         else:
-            tile, _ = crop(rgb, e.peak, field_px(e.input))
+            fh, fw = field_px(e.input)
+            tile, _ = crop(
+                rgb, (e.peak[0] * s, e.peak[1] * s), (max(1, round(fh * s)), max(1, round(fw * s)))
+            )
         render.label(tile, f"{e.score:.3g}", 2, TILE - 22, scale=0.4)
         tiles.append(tile)
     gap = 4
@@ -195,6 +231,43 @@ def channel_sheet(
     for i, tile in enumerate(tiles):
         row[gap : gap + TILE, gap + i * (TILE + gap) : gap + i * (TILE + gap) + TILE] = tile
     return render.caption(render.enlarge_small(row), [title], top=True)
+
+
+def write_sheets(
+    gathered: Gathered,
+    data: dict[str, Any],
+    folder: Path,
+    model: str,
+    reduce: str,
+    field_px: Callable[[str, str], tuple[int, int]],
+    photos: Photos,
+    workers: int = 2,
+) -> None:
+    """A sheet per channel that ``data`` (:func:`summary`) shows, written into ``folder`` (``LAYER.cC.png``)
+    by ``workers`` threads; each channel's entry in ``data`` gets its ``sheet``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hookviz.io.images import encode_png
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def one(entry: LayerExamples, item: dict[str, Any]) -> None:
+        c, info = item["channel"], data["layers"][entry.layer]
+        name = f"{_UNSAFE.sub('_', entry.layer)}.c{c}.png"
+        title = (
+            f"{model} {entry.layer} channel {c}: its {len(item['examples'])} best of {entry.inputs} inputs "
+            f"by the {reduce} of its map; field {info['field'][0]}x{info['field'][1]} input px"
+        )
+        picture = channel_sheet(entry.top.best(c), lambda n: field_px(n, entry.layer), photos, title=title)
+        atomic_write(folder / name, encode_png(picture))
+        item["sheet"] = f"{folder.name}/{name}"
+
+    jobs = [(e, item) for e in gathered.layers for item in data["layers"][e.layer]["channels"]]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        list(pool.map(lambda job: one(*job), jobs))
+
+
+_UNSAFE = re.compile(r"[^\w.-]+", re.ASCII)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

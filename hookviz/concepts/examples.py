@@ -74,6 +74,11 @@ def channel_scores(
             out = model(x)
         logits = logits_of(out)
         if target is not None:
+            if logits.dim() != 2:
+                raise UsageError(
+                    "--target ranks the channels behind a classifier's class; this model's output "
+                    f"is {tuple(logits.shape)}, not (batch, classes): leave --target out"
+                )
             rows = torch.arange(logits.shape[0], device=logits.device)
             t = torch.as_tensor(target, device=logits.device).expand(logits.shape[0])
             taps = [cap.captured.taps[n][0] for n in layers]

@@ -1,0 +1,86 @@
+"""``hookviz channels`` over a folder (issue #36) against its floor: one inference pass over the same photos
+(decode, resize and crop, resnet18 in batches of 8; nothing written). hookviz's run includes everything: its
+start, the per-photo scores and peaks, gathering each channel's best 8 and a sheet for each of the 512
+channels of the default layer. Whole processes, interleaved, medians. Goal: at most 1.1x the floor at 1,000
+photos. Run with ``python bench/channels_bench.py [--photos 1000] [--rounds 2]``."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench import HOOKVIZ, make_images, run_timed
+
+FLOOR = r"""
+import sys, glob, os, numpy as np, torch, torchvision
+from PIL import Image
+src, bs = sys.argv[1], 8
+model = torchvision.models.resnet18(weights=None).eval()
+mean = np.array([0.485, 0.456, 0.406], np.float32); std = np.array([0.229, 0.224, 0.225], np.float32)
+paths = sorted(glob.glob(os.path.join(src, "*.jpg")))
+for i in range(0, len(paths), bs):
+    xs = []
+    for p in paths[i:i + bs]:
+        rgb = Image.open(p).convert("RGB")
+        w, h = rgb.size
+        nh, nw = (256, int(256 * w / h)) if h <= w else (int(256 * h / w), 256)
+        small = np.asarray(rgb.resize((nw, nh), Image.BILINEAR))
+        y0, x0 = int(round((nh - 224) / 2.0)), int(round((nw - 224) / 2.0))
+        crop = small[y0:y0 + 224, x0:x0 + 224].astype(np.float32) / 255
+        xs.append(((crop - mean) / std).transpose(2, 0, 1))
+    with torch.inference_mode():
+        model(torch.from_numpy(np.stack(xs)))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--photos", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        imgs = tmp / "imgs"
+        make_images(imgs, args.photos)
+        floor = tmp / "floor.py"
+        floor.write_text(FLOOR)
+        runs = {
+            "floor": lambda o: [sys.executable, str(floor), str(imgs)],
+            "channels": lambda o: [
+                HOOKVIZ,
+                "channels",
+                str(imgs),
+                "--weights",
+                "none",
+                "--device",
+                "cpu",
+                "-q",
+                "--out",
+                str(o),
+            ],
+        }
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        order = list(runs)
+        for r in range(args.rounds):
+            random.Random(r).shuffle(order)
+            for name in order:
+                out = tmp / f"{name}{r}"
+                times[name].append(run_timed(runs[name](out))[0])
+                shutil.rmtree(out, ignore_errors=True)
+    t = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"resnet18 (random weights), {args.photos} photos, CPU, medians of {args.rounds} interleaved rounds"
+    )
+    print(f"| floor: one inference pass (decode, crop, batch 8) | {t['floor']:.1f} s | 1.00x |")
+    print(f"| hookviz channels (scores, top 8, 512 sheets) | {t['channels']:.1f} s | "
+          f"{t['channels'] / t['floor']:.2f}x |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
