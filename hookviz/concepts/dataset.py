@@ -23,6 +23,7 @@ from hookviz import render
 from hookviz.concepts.examples import Example, TopK
 from hookviz.errors import UsageError
 from hookviz.io.files import atomic_write
+from hookviz.io.images import encode_png
 from hookviz.io.outputs import finite
 
 CHANNELS_JSON = "channels.json"
@@ -246,8 +247,6 @@ def write_sheets(
     """A sheet per channel that ``data`` (:func:`summary`) shows, written into ``folder`` (``LAYER.cC.png``)
     by ``workers`` threads; each channel's entry in ``data`` gets its ``sheet``."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from hookviz.io.images import encode_png
 
     folder.mkdir(parents=True, exist_ok=True)
 
