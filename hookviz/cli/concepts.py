@@ -128,6 +128,7 @@ def _gathered(made: list[Any], out: Path, p: dict[str, Any]) -> None:
 
 
 def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:
+    from hookviz.concepts.dataset import parse_channels
     from hookviz.concepts.examples import receptive_field
     from hookviz.core.hooks import probe_input
     from hookviz.core.layers import default_cam_layer, map_layers
@@ -138,8 +139,6 @@ def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, repor
     names = map_layers(loaded.model, p["layers"], calls, loaded.name) if p["layers"] else []
     names = names or [default_cam_layer(loaded.model, calls)]
     target = _target_index(p["target"], loaded) if p["target"] is not None else None
-    from hookviz.concepts.dataset import parse_channels
-
     shapes = {c.name: c.output_shape for c in calls}
     for n in names:  # a bad --channels fails before the run, not after it
         shape = shapes.get(n)
@@ -187,9 +186,8 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
                 lines_out.append(
                     f"{entry.layer}: channels driving {job.loaded.class_name(job.target)} most: {best}"
                 )
-        lines_out.append(
-            f"wrote {out / dataset.CHANNELS_JSON} and {len(list(sheets.glob('*.png')))} sheets in {sheets}"
-        )
+        written = sum("sheet" in c for layer in data["layers"].values() for c in layer["channels"])
+        lines_out.append(f"wrote {out / dataset.CHANNELS_JSON} and {written} sheets in {sheets}")
         typer.echo("\n".join(lines_out), err=p["as_json"])
 
 
