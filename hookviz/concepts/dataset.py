@@ -141,9 +141,15 @@ def _example(e: Example) -> dict[str, Any]:
 TILE = 128
 
 
-def crop(rgb: np.ndarray, peak: tuple[float, float], side: tuple[int, int]) -> tuple[np.ndarray, bool]:
+def crop(
+    rgb: np.ndarray,
+    peak: tuple[float, float],
+    side: tuple[int, int],
+    whole_tiles: dict[int, np.ndarray] | None = None,
+) -> tuple[np.ndarray, bool]:
     """The field of ``side`` (height, width) photo pixels around ``peak``, drawn as a frame in a crop of twice
     its size (at least a third of the photo, kept inside it): the whole photo where that covers most of it.
+    ``whole_tiles``: the photo's whole-photo tile, kept there once made (under key 0).
     Returns (a ``TILE``-sized RGB tile, whether it is the whole photo)."""
     import cv2
 
@@ -156,10 +162,16 @@ def crop(rgb: np.ndarray, peak: tuple[float, float], side: tuple[int, int]) -> t
         ch, cw = h, w
     y0 = round(min(max(py - ch / 2, 0), h - ch))
     x0 = round(min(max(px - cw / 2, 0), w - cw))
-    view = rgb[y0 : y0 + ch, x0 : x0 + cw].copy()
-    scale = TILE / max(view.shape[:2])
-    size = (max(1, round(view.shape[1] * scale)), max(1, round(view.shape[0] * scale)))
-    tile = cv2.resize(view, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    scale = TILE / max(ch, cw)
+    if whole and whole_tiles is not None and 0 in whole_tiles:
+        tile = whole_tiles[0]
+    else:
+        size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
+        # area averaging where a pixel of the tile covers more than two of the photo's (no aliasing)
+        fast = cv2.INTER_AREA if scale < 0.5 else cv2.INTER_LINEAR
+        tile = cv2.resize(np.ascontiguousarray(rgb[y0 : y0 + ch, x0 : x0 + cw]), size, interpolation=fast)
+        if whole and whole_tiles is not None:
+            whole_tiles[0] = tile
     canvas = np.full((TILE, TILE, 3), 40, np.uint8)
     oy, ox = (TILE - tile.shape[0]) // 2, (TILE - tile.shape[1]) // 2
     canvas[oy : oy + tile.shape[0], ox : ox + tile.shape[1]] = tile
@@ -183,6 +195,8 @@ class Photos:
     def __init__(self, read: Callable[[str], np.ndarray], side: int = 3 * TILE, keep: int = 256) -> None:
         self._read, self.side, self.keep = read, side, keep
         self._kept: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
+        #: Each kept photo's whole-photo tile, once made (see :func:`crop`).
+        self.tiles: dict[str, dict[int, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, name: str) -> tuple[np.ndarray, float]:
@@ -201,14 +215,15 @@ class Photos:
         with self._lock:
             self._kept[name] = (rgb, scale)
             while len(self._kept) > self.keep:
-                self._kept.popitem(last=False)
+                self.tiles.pop(self._kept.popitem(last=False)[0], None)
+            self.tiles[name] = {}
         return rgb, scale
 
 
 def channel_sheet(
     examples: Sequence[Example],
     field_px: Callable[[str], tuple[int, int]],
-    photos: Callable[[str], tuple[np.ndarray, float]],
+    photos: Photos,
     *,
     title: str,
 ) -> np.ndarray:
