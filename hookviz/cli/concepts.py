@@ -39,8 +39,7 @@ from hookviz.cli.groups import model_options, run_options
 from hookviz.cli.kinds import InputSize
 from hookviz.cli.loading import load_options
 from hookviz.cli.runner import _Reporter, _run_then, _warn
-from hookviz.errors import HookvizError, UsageError
-from hookviz.models.classes import find_class
+from hookviz.errors import UsageError
 from hookviz.report import build_report, latest_records
 
 if TYPE_CHECKING:
@@ -128,25 +127,9 @@ def _gathered(made: list[Any], out: Path, p: dict[str, Any]) -> None:
 
 
 def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-    from hookviz.concepts.dataset import parse_channels
-    from hookviz.concepts.examples import receptive_field
-    from hookviz.core.hooks import probe_input
-    from hookviz.core.layers import default_cam_layer, map_layers
-    from hookviz.jobs.channels import ChannelsJob
-    from hookviz.models.loaded import probe
+    from hookviz.jobs.channels import channels_job
 
-    calls = probe(loaded)
-    names = map_layers(loaded.model, p["layers"], calls, loaded.name) if p["layers"] else []
-    names = names or [default_cam_layer(loaded.model, calls)]
-    target = _target_index(p["target"], loaded) if p["target"] is not None else None
-    shapes = {c.name: c.output_shape for c in calls}
-    for n in names:  # a bad --channels fails before the run, not after it
-        shape = shapes.get(n)
-        if shape is not None and len(shape) == 4:
-            parse_channels(p["chosen"], int(shape[1]))
-    x = probe_input(loaded.model, (1, *loaded.input_shape))
-    fields = {n: receptive_field(loaded.model, x, n) for n in names}
-    job = ChannelsJob(loaded=loaded, layers=names, reduce=p["reduce"], target=target, fields=fields)
+    job = channels_job(loaded, p["layers"], reduce=p["reduce"], target=p["target"], chosen=p["chosen"])
     made.append(job)
     return job
 
@@ -154,7 +137,6 @@ def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, repor
 def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None:
     """OUT/channels.json and OUT/channels/LAYER.cC.png from the run's records."""
     from hookviz.concepts import dataset
-    from hookviz.io.images import load_rgb
     from hookviz.run import pipeline
 
     key = pipeline.settings_key(job.settings())
@@ -174,7 +156,7 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
         return int(h), int(w)
 
     sheets = out / dataset.SHEETS
-    dataset.write_sheets(found, data, sheets, job.loaded.name, job.reduce, field_px, dataset.Photos(load_rgb))
+    dataset.write_sheets(found, data, sheets, job.loaded.name, job.reduce, field_px, dataset.Photos())
     data = {"key": key, "settings": job.settings(), "top": p["top"], **data}
     dataset.write_json(out / dataset.CHANNELS_JSON, data)
     if not quiet:
@@ -257,10 +239,17 @@ def tcav(
     p = locals()
     m = model_options(p)
     with _guard(debug):
-        named = _concepts(concept, random_folders)
-        data = _tcav_data(p, named, load_options(m, quiet))
         from hookviz.concepts.dataset import write_json
+        from hookviz.concepts.tcav import tcav_report
 
+        named = _concepts(concept, random_folders)
+        loaded = load_options(m, quiet)
+        data, said = tcav_report(
+            loaded, inputs, target, named, random_folders, layers=layers, method=cav, seed=seed, alpha=alpha,
+            batch=batch_size, max_pixels=max_pixels,
+        )  # fmt: skip
+        for text in said:
+            typer.echo(f"hookviz: note: {text}", err=True)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "tcav.json", data)
         if as_json:
@@ -283,71 +272,6 @@ def _concepts(specs: list[str], randoms: list[str]) -> dict[str, str]:
     if len(randoms) < 5:
         typer.echo(f"hookviz: note: {len(randoms)} random folders: the t-test says little below 5", err=True)
     return named
-
-
-def _tcav_data(p: dict[str, Any], named: dict[str, str], loaded: LoadedModel) -> dict[str, Any]:
-    """Every layer's TCAV scores, as ``tcav.json`` holds them."""
-    from hookviz.concepts.tcav import as_json as tcav_json
-    from hookviz.concepts.tcav import tcav as run_tcav
-    from hookviz.core.layers import default_cam_layer, map_layers
-    from hookviz.models.loaded import probe
-
-    calls = probe(loaded)
-    names = map_layers(loaded.model, p["layers"], calls, loaded.name) if p["layers"] else []
-    names = names or [default_cam_layer(loaded.model, calls)]
-    index = _target_index(p["target"], loaded)
-    said: list[str] = []
-    read = partial(_batches, loaded=loaded, size=p["batch_size"], max_pixels=p["max_pixels"], said=said)
-    concepts = {name: partial(read, [folder]) for name, folder in named.items()}
-    randoms = [partial(read, [folder]) for folder in p["random_folders"]]
-    options = {"method": p["cav"], "seed": p["seed"], "alpha": p["alpha"]}
-    results = [
-        run_tcav(loaded.model, partial(read, [*p["inputs"]]), layer, index, concepts, randoms, **options)
-        for layer in names
-    ]
-    for text in dict.fromkeys(said):
-        typer.echo(f"hookviz: note: {text}", err=True)
-    settings = {"model": loaded.name, "weights": loaded.weights, "cav": p["cav"], "seed": p["seed"],
-                "alpha": p["alpha"], "concepts": named, "random": list(p["random_folders"])}  # fmt: skip
-    return {
-        "settings": settings,
-        "target": {"index": index, "name": loaded.class_name(index)},
-        "layers": [tcav_json(r) for r in results],
-    }
-
-
-def _target_index(text: str, loaded: LoadedModel) -> int:
-    text = str(text).strip()
-    index = int(text) if text.isdigit() else find_class(text, loaded.categories, "--target", loaded.name)
-    count = len(loaded.categories)
-    if count and not 0 <= index < count:
-        raise UsageError(f"--target {index}: {loaded.name} has {count} classes (0-{count - 1})")
-    return index
-
-
-def _batches(specs: list[str], *, loaded: LoadedModel, size: int, max_pixels: int, said: list[str]) -> Any:
-    """The photos ``specs`` name, as batches of model inputs; one that cannot be read is left out (said)."""
-    import numpy as np
-    import torch
-
-    from hookviz.io.inputs import expand_inputs, read_input
-
-    items = [i for i in expand_inputs(specs) if i.error is None and i.path is not None]
-    if not items:
-        raise UsageError(f"{', '.join(specs)}: no image found")
-    chunk: list[np.ndarray] = []
-    for item in items:
-        try:
-            _, x, _ = read_input(item, loaded.preprocess, max_pixels)
-        except HookvizError as exc:
-            said.append(f"left out: {exc}")
-            continue
-        chunk.append(x)
-        if len(chunk) == size:
-            yield torch.from_numpy(np.stack(chunk)).to(loaded.device)
-            chunk = []
-    if chunk:
-        yield torch.from_numpy(np.stack(chunk)).to(loaded.device)
 
 
 def _tcav_table(data: dict[str, Any]) -> list[str]:

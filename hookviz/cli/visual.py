@@ -28,6 +28,7 @@ from hookviz.cli.kinds import InputSize
 from hookviz.cli.loading import load_options
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
+from hookviz.io.outputs import safe_name
 
 Layer = Annotated[str, typer.Option("--layer", "-l", help="the layer.", rich_help_panel=MAPS)]
 
@@ -92,7 +93,7 @@ def visualize(
     with _guard(debug):
         loaded = load_options(model_options(p), quiet)
         record, png = _render(p, loaded)
-        stem = f"visualize.{_safe(loaded.name)}.{_safe(layer)}.{_what(p)}.s{seed}"
+        stem = f"visualize.{safe_name(loaded.name)}.{safe_name(layer)}.{_what(p)}.s{seed}"
         paths = [out / f"{stem}.png", out / f"{stem}.json"]
         if not overwrite and any(path.exists() for path in paths):
             raise OutputError(
@@ -109,42 +110,27 @@ def visualize(
 
 def _what(p: dict[str, Any]) -> str:
     if p["direction"] is not None:
-        return f"direction-{_safe(Path(p['direction']).stem)}"
-    neuron = f".at{_safe(p['neuron'].replace(',', '_'))}" if p["neuron"] else ""
+        return f"direction-{safe_name(Path(p['direction']).stem)}"
+    neuron = f".at{safe_name(p['neuron'].replace(',', '_'))}" if p["neuron"] else ""
     return f"c{p['channel']}{neuron}"
-
-
-def _safe(text: str) -> str:
-    from hookviz.run.pipeline import _UNSAFE
-
-    return _UNSAFE.sub("_", text).strip("._") or "x"
 
 
 def _render(p: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], bytes]:
     """The optimised pictures as one PNG, and the record of how they were made."""
-    import numpy as np
-    import torch
-
-    from hookviz import render
-    from hookviz.concepts.visualize import Objective
-    from hookviz.concepts.visualize import visualize as run
-    from hookviz.io.images import encode_png
+    from hookviz.concepts import visualize as vis
 
     neuron = _pair(p["neuron"]) if p["neuron"] else None
-    vector = torch.from_numpy(np.load(p["direction"]).astype(np.float32).ravel()) if p["direction"] else None
-    objective = Objective(p["layer"], channel=p["channel"], neuron=neuron, direction=vector)
+    vector = vis.load_direction(p["direction"]) if p["direction"] else None
+    objective = vis.Objective(p["layer"], channel=p["channel"], neuron=neuron, direction=vector)
     pre = loaded.preprocess
     shape = loaded.input_shape
     settings = {k: p[k] for k in ("size", "steps", "lr", "seed", "images", "diversity")}
     sides = (int(shape[-2]), int(shape[-1]))
-    result = run(loaded.model, objective, input_size=sides, mean=pre.mean, std=pre.std, **settings)
-    pictures = [(t.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for t in result.images]
-    row = np.concatenate([np.pad(a, ((2, 2), (2, 2), (0, 0)), constant_values=255) for a in pictures], axis=1)
+    result = vis.visualize(loaded.model, objective, input_size=sides, mean=pre.mean, std=pre.std, **settings)
     what = f"channel {p['channel']}" if vector is None else f"direction {Path(p['direction']).name}"
     if neuron is not None:
         what += f" at {neuron[0]},{neuron[1]}"
     title = f"{loaded.name} {p['layer']} {what}: {p['steps']} steps, seed {p['seed']}"
-    picture = render.caption(render.enlarge_small(row), [title], top=True)
     record = {
         "model": loaded.name, "weights": loaded.weights, "layer": p["layer"], "channel": p["channel"],
         "neuron": list(neuron) if neuron else None,
@@ -152,7 +138,7 @@ def _render(p: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], bytes]:
         "objective": [round(v, 6) for v in result.objective],
         "history": [round(v, 6) for v in result.history[:: max(1, len(result.history) // 64)]],
     }  # fmt: skip
-    return record, encode_png(picture)
+    return record, vis.picture(result.images, title)
 
 
 def _pair(text: str) -> tuple[int, int]:

@@ -9,7 +9,6 @@ the same file whichever order they were run in (a resumed run, torchrun's shards
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -23,8 +22,8 @@ from hookviz import render
 from hookviz.concepts.examples import Example, TopK
 from hookviz.errors import UsageError
 from hookviz.io.files import atomic_write
-from hookviz.io.images import encode_png
-from hookviz.io.outputs import finite
+from hookviz.io.images import encode_png, load_rgb
+from hookviz.io.outputs import finite, safe_name
 
 CHANNELS_JSON = "channels.json"
 SHEETS = "channels"
@@ -192,7 +191,9 @@ class Photos:
     third of it fills a tile), the last ``keep`` of them kept: a photo among the best of many channels is
     decoded once, in bounded memory."""
 
-    def __init__(self, read: Callable[[str], np.ndarray], side: int = 3 * TILE, keep: int = 256) -> None:
+    def __init__(
+        self, read: Callable[[str], np.ndarray] = load_rgb, side: int = 3 * TILE, keep: int = 256
+    ) -> None:
         self._read, self.side, self.keep = read, side, keep
         self._kept: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
         #: Each kept photo's whole-photo tile, once made (see :func:`crop`).
@@ -267,7 +268,7 @@ def write_sheets(
 
     def one(entry: LayerExamples, item: dict[str, Any]) -> None:
         c, info = item["channel"], data["layers"][entry.layer]
-        name = f"{_UNSAFE.sub('_', entry.layer)}.c{c}.png"
+        name = f"{safe_name(entry.layer)}.c{c}.png"
         title = (
             f"{model} {entry.layer} channel {c}: its {len(item['examples'])} best of {entry.inputs} inputs "
             f"by the {reduce} of its map; field {info['field'][0]}x{info['field'][1]} input px"
@@ -279,9 +280,6 @@ def write_sheets(
     jobs = [(e, item) for e in gathered.layers for item in data["layers"][e.layer]["channels"]]
     with ThreadPoolExecutor(max(1, workers)) as pool:
         list(pool.map(lambda job: one(*job), jobs))
-
-
-_UNSAFE = re.compile(r"[^\w.-]+", re.ASCII)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.core.hooks import capture, logits_of, preserved
-from hookviz.errors import LayerError, SetupError, UsageError
+from hookviz.errors import HookvizError, LayerError, SetupError, UsageError
+from hookviz.io.inputs import expand_inputs, read_input
+from hookviz.models.classes import parse_target
+from hookviz.models.loaded import LoadedModel, feature_layers, num_classes
 
 METHODS = ("linear", "mean")
 
@@ -252,3 +255,75 @@ def as_json(result: TcavResult) -> dict[str, Any]:
 
 def _round(v: float) -> float | None:
     return None if v != v else round(v, 6)
+
+
+def photo_batches(
+    specs: Sequence[str], loaded: LoadedModel, size: int, max_pixels: int, said: list[str]
+) -> Iterator[Tensor]:
+    """The photos ``specs`` name (files, folders, globs), as batches of the model's inputs on its device; one
+    that cannot be read is left out and said in ``said``.
+
+    Raises:
+        UsageError: no image found.
+    """
+    items = [i for i in expand_inputs(specs) if i.error is None and i.path is not None]
+    if not items:
+        raise UsageError(f"{', '.join(specs)}: no image found")
+    chunk: list[np.ndarray] = []
+    for item in items:
+        try:
+            _, x, _ = read_input(item, loaded.preprocess, max_pixels)
+        except HookvizError as exc:
+            said.append(f"left out: {exc}")
+            continue
+        chunk.append(x)
+        if len(chunk) == size:
+            yield torch.from_numpy(np.stack(chunk)).to(loaded.device)
+            chunk = []
+    if chunk:
+        yield torch.from_numpy(np.stack(chunk)).to(loaded.device)
+
+
+def tcav_report(
+    loaded: LoadedModel,
+    inputs: Sequence[str],
+    target: str,
+    concepts: Mapping[str, str],
+    randoms: Sequence[str],
+    *,
+    layers: Sequence[str] | None = None,
+    method: str = "linear",
+    seed: int = 0,
+    alpha: float = 0.05,
+    batch: int = 8,
+    max_pixels: int = 80_000_000,
+) -> tuple[dict[str, Any], list[str]]:
+    """:func:`tcav` at every layer (default: the CAM layer) over folders of photos, as ``tcav.json`` holds it,
+    and what was left out (unreadable photos), each said once.
+
+    Raises:
+        TargetError, LayerError, UsageError: a bad class, layer or folder.
+    """
+    names, _ = feature_layers(loaded, layers)
+    index = parse_target(target, loaded, num_classes(loaded))
+    if index is None:
+        raise UsageError(f"--target {target}: name one class (an index or a name)")
+    said: list[str] = []
+
+    def read(specs: Sequence[str]) -> Callable[[], Iterable[Tensor]]:
+        return lambda: photo_batches(specs, loaded, batch, max_pixels, said)
+
+    made = {name: read([folder]) for name, folder in concepts.items()}
+    against = [read([folder]) for folder in randoms]
+    results = [
+        tcav(loaded.model, read(inputs), layer, index, made, against, method=method, seed=seed, alpha=alpha)
+        for layer in names
+    ]
+    settings = {"model": loaded.name, "weights": loaded.weights, "cav": method, "seed": seed, "alpha": alpha,
+                "concepts": dict(concepts), "random": list(randoms)}  # fmt: skip
+    data = {
+        "settings": settings,
+        "target": {"index": index, "name": loaded.class_name(index)},
+        "layers": [as_json(r) for r in results],
+    }
+    return data, list(dict.fromkeys(said))

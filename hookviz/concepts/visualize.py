@@ -16,14 +16,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz import render
 from hookviz.core.hooks import HookGroup, preserved
 from hookviz.errors import LayerError, UsageError
+from hookviz.io.images import encode_png
 
 #: ImageNet's colour correlation, a square root of it (Lucid's constants), normalised by its largest column.
 _COLOUR = np.asarray([[0.26, 0.09, 0.02], [0.27, 0.00, -0.05], [0.27, -0.09, 0.03]], dtype=np.float32)
@@ -225,3 +228,15 @@ def _similarity(act: Tensor) -> Tensor:
     sim = gram @ gram.T
     b = act.shape[0]
     return (sim.sum() - sim.diagonal().sum()) / (b * (b - 1))
+
+
+def load_direction(path: str | Path) -> Tensor:
+    """A direction of a layer's channels from a ``.npy`` file (any shape: flattened, float32)."""
+    return torch.from_numpy(np.load(path).astype(np.float32).ravel())
+
+
+def picture(images: Tensor, title: str) -> bytes:
+    """The pictures ``(B, 3, H, W)`` in ``[0, 1]`` side by side under ``title``, as PNG bytes."""
+    rows = [(t.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for t in images]
+    row = np.concatenate([np.pad(a, ((2, 2), (2, 2), (0, 0)), constant_values=255) for a in rows], axis=1)
+    return encode_png(render.caption(render.enlarge_small(row), [title], top=True))

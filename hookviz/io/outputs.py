@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,15 @@ from typing import Any
 
 from hookviz.errors import OutputError
 from hookviz.io.files import TEMP, append_line, atomic_write, open_append
+
+#: What a file name may hold: ASCII letters, digits, ``_``, ``.`` and ``-``; anything else becomes ``_``.
+UNSAFE = re.compile(r"[^\w.-]+", re.ASCII)
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a piece of a file name: only ``[A-Za-z0-9_.-]``, no leading or trailing dot or ``_``."""
+    return UNSAFE.sub("_", text).strip("._") or "x"
+
 
 MANIFEST = "manifest.jsonl"
 

@@ -11,11 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.concepts.examples import REDUCE, channel_scores
+from hookviz.concepts.dataset import parse_channels
+from hookviz.concepts.examples import REDUCE, channel_scores, receptive_field
+from hookviz.core.hooks import probe_input
 from hookviz.errors import UsageError
 from hookviz.io.images import Box
 from hookviz.jobs.common import BaseJob, model_settings, predicted
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.classes import parse_target
+from hookviz.models.loaded import LoadedModel, feature_layers, num_classes
 
 
 @dataclass(kw_only=True)
@@ -94,3 +97,30 @@ def photo_points(cells: np.ndarray, grid: tuple[int, int], box: Box) -> np.ndarr
     y = (cells[:, 0].astype(np.float64) + 0.5) / h * box.height + box.y0 - 0.5
     x = (cells[:, 1].astype(np.float64) + 0.5) / w * box.width + box.x0 - 0.5
     return np.stack([y, x], axis=1).astype(np.float32)
+
+
+def channels_job(
+    loaded: LoadedModel,
+    layers: Sequence[str] | None = None,
+    *,
+    reduce: str = "max",
+    target: str | None = None,
+    chosen: str | None = None,
+) -> ChannelsJob:
+    """The ``channels`` job: ``layers`` as ``featuremaps`` takes them (default: the CAM layer), ``target`` as
+    ``--target`` (an index or a name), ``chosen`` the ``--channels`` list, checked here so that a bad one
+    fails before the run; each layer's receptive field traced on one input of the model's size.
+
+    Raises:
+        LayerError, TargetError, UsageError: a bad layer, class or channel list.
+    """
+    names, calls = feature_layers(loaded, layers)
+    index = parse_target(target, loaded, num_classes(loaded)) if target is not None else None
+    shapes = {c.name: c.output_shape for c in calls}
+    for n in names:
+        shape = shapes.get(n)
+        if shape is not None and len(shape) == 4:
+            parse_channels(chosen, int(shape[1]))
+    x = probe_input(loaded.model, (1, *loaded.input_shape))
+    fields = {n: receptive_field(loaded.model, x, n) for n in names}
+    return ChannelsJob(loaded=loaded, layers=names, reduce=reduce, target=index, fields=fields)

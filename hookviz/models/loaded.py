@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hookviz.core.hooks import ModuleCall, logits_of, preserved, probe_input, traced
+from hookviz.core.layers import default_cam_layer, map_layers
 from hookviz.errors import DeviceError, HookvizError, SetupError, UsageError
 from hookviz.io.images import Preprocess
 from hookviz.io.samples import SeveralPreprocess
@@ -308,3 +309,15 @@ def num_classes(loaded: LoadedModel) -> int:
         loaded.model.eval()
         logits = logits_of(loaded.model(probe_input(loaded.model, (1, *loaded.input_shape))))
     return int(logits.shape[1])
+
+
+def feature_layers(loaded: LoadedModel, specs: Sequence[str] | None) -> tuple[list[str], list[ModuleCall]]:
+    """The layers ``specs`` name (globs as ``featuremaps`` takes them), else the default CAM layer; and the
+    traced calls they were chosen from.
+
+    Raises:
+        LayerError: a name without a feature map, or a glob matching none.
+    """
+    calls = probe(loaded)
+    names = map_layers(loaded.model, specs, calls, loaded.name) if specs else []
+    return names or [default_cam_layer(loaded.model, calls)], calls

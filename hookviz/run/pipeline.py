@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,7 +24,7 @@ from hookviz.errors import HookvizError, UsageError
 from hookviz.io import timing
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
 from hookviz.io.inputs import Item, _real, expand_inputs, read_input
-from hookviz.io.outputs import MANIFEST, Output, finite, to_json
+from hookviz.io.outputs import MANIFEST, UNSAFE, Output, finite, safe_name, to_json
 from hookviz.io.video import clip_suffix
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
@@ -37,9 +36,6 @@ if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline
 __all__ = ["MANIFEST", "Item", "Output", "expand_inputs", "finite", "output_stem", "run", "to_json"]
 
 
-_UNSAFE = re.compile(r"[^\w.-]+", re.ASCII)
-
-
 def output_stem(path: Path) -> str:
     """A deterministic, collision-free, safe name for one input: ``<clean stem>-<8 hex of its real path>``.
 
@@ -48,7 +44,7 @@ def output_stem(path: Path) -> str:
     """
     digest = hashlib.sha1(str(_real(path)).encode("utf-8", "surrogateescape")).hexdigest()[:8]
     name = path.name[: -len(".nii.gz")] if path.name.lower().endswith(".nii.gz") else path.stem
-    stem = _UNSAFE.sub("_", name).lstrip("-._")[:60] or "image"
+    stem = UNSAFE.sub("_", name).lstrip("-._")[:60] or "image"
     return f"{stem}-{digest}"
 
 
@@ -60,7 +56,7 @@ def settings_key(settings: dict[str, Any]) -> str:
 
 def output_prefix(path: Path, model: str, key: str) -> str:
     """``<stem>-<path hash>.<model>.<settings key>``: the start of every output name of one input."""
-    return f"{output_stem(path)}.{_UNSAFE.sub('_', model).strip('._')}.{key}"
+    return f"{output_stem(path)}.{safe_name(model)}.{key}"
 
 
 #: Record fields that describe one run of an input rather than its result.
