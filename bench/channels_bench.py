@@ -2,7 +2,9 @@
 (decode, resize and crop, resnet18 in batches of 8; nothing written). hookviz's run includes everything: its
 start, the per-photo scores and peaks, gathering each channel's best 8 and a sheet for each of the 512
 channels of the default layer. Whole processes, interleaved, medians. Goal: at most 1.1x the floor at 1,000
-photos. Run with ``python bench/channels_bench.py [--photos 1000] [--rounds 2]``."""
+photos. A second row times the floor with its batch channels-last, the layout hookviz's pass uses on the CPU,
+so that what the layout gains and what the rest costs can be told apart.
+Run with ``python bench/channels_bench.py [--photos 1000] [--rounds 2]``."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from bench import HOOKVIZ, make_images, run_timed
 FLOOR = r"""
 import sys, glob, os, numpy as np, torch, torchvision
 from PIL import Image
-src, bs = sys.argv[1], 8
+src, bs, last = sys.argv[1], 8, len(sys.argv) > 2  # last: the batch in channels-last layout
 model = torchvision.models.resnet18(weights=None).eval()
 mean = np.array([0.485, 0.456, 0.406], np.float32); std = np.array([0.229, 0.224, 0.225], np.float32)
 paths = sorted(glob.glob(os.path.join(src, "*.jpg")))
@@ -34,8 +36,9 @@ for i in range(0, len(paths), bs):
         y0, x0 = int(round((nh - 224) / 2.0)), int(round((nw - 224) / 2.0))
         crop = small[y0:y0 + 224, x0:x0 + 224].astype(np.float32) / 255
         xs.append(((crop - mean) / std).transpose(2, 0, 1))
+    x = torch.from_numpy(np.stack(xs))
     with torch.inference_mode():
-        model(torch.from_numpy(np.stack(xs)))
+        model(x.contiguous(memory_format=torch.channels_last) if last else x)
 """
 
 
@@ -52,6 +55,7 @@ def main() -> None:
         floor.write_text(FLOOR)
         runs = {
             "floor": lambda o: [sys.executable, str(floor), str(imgs)],
+            "floor_last": lambda o: [sys.executable, str(floor), str(imgs), "channels-last"],
             "channels": lambda o: [
                 HOOKVIZ,
                 "channels",
@@ -78,6 +82,8 @@ def main() -> None:
         f"resnet18 (random weights), {args.photos} photos, CPU, medians of {args.rounds} interleaved rounds"
     )
     print(f"| floor: one inference pass (decode, crop, batch 8) | {t['floor']:.1f} s | 1.00x |")
+    print(f"| the same pass, its batch channels-last (the layout hookviz uses on the CPU) | "
+          f"{t['floor_last']:.1f} s | {t['floor_last'] / t['floor']:.2f}x |")  # fmt: skip
     print(f"| hookviz channels (scores, top 8, 512 sheets) | {t['channels']:.1f} s | "
           f"{t['channels'] / t['floor']:.2f}x |")  # fmt: skip
 

@@ -201,6 +201,39 @@ def test_channel_scores_leave_the_model_as_found() -> None:
     assert found[0].scores.shape == (2, act.shape[1]) and logits.shape == (2, 3)
 
 
+class _Viewing(torch.nn.Module):
+    """An older model's head: ``.view`` over a map, which a channels-last batch refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        return self.fc(y.view(y.shape[0], -1))
+
+
+def test_channel_scores_in_the_fast_layout_and_for_a_model_that_refuses_it() -> None:
+    from hookviz.concepts import examples
+
+    torch.manual_seed(0)
+    x = torch.rand(3, 3, 8, 8)
+    for model, layer in ((_Viewing(), "conv"), (TinyCNN(), "features.8")):
+        kept: list[torch.Tensor] = []
+        handle = dict(model.named_modules())[layer].register_forward_hook(lambda m, a, o: kept.append(o))
+        with torch.no_grad():
+            logits = model.eval()(x)  # the plain layout: the reference
+        handle.remove()
+        top, where = kept[0].flatten(2).max(dim=2)
+        found, got = channel_scores(model, x, [layer])
+        torch.testing.assert_close(found[0].scores, top, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, logits, rtol=1e-5, atol=1e-6)
+        w = kept[0].shape[-1]
+        assert torch.equal(found[0].peaks, torch.stack([where // w, where % w], dim=2))
+        assert (model in examples._PLAIN) == isinstance(model, _Viewing)  # refused once, then plain
+
+
 def test_top_k_keeps_the_same_inputs_in_any_order() -> None:
     rng = np.random.default_rng(0)
     scores = rng.integers(0, 4, (40, 6)).astype(float)  # many ties
@@ -216,6 +249,23 @@ def test_top_k_keeps_the_same_inputs_in_any_order() -> None:
     for c in range(6):
         want = sorted(range(40), key=lambda i: (-scores[i, c], names[i]))[:5]
         assert [e[1] for e in results[0][c]] == [names[i] for i in want]
+
+
+def test_top_k_over_a_long_stream_equals_sorting_everything() -> None:
+    rng = np.random.default_rng(1)
+    scores = np.round(rng.normal(size=(600, 64)), 2)  # ties among 600 inputs, bars rising as they stream
+    peaks = rng.uniform(0, 50, (600, 64, 2)).astype(np.float32)
+    names = [f"p{i:03d}" for i in rng.permutation(600)]
+    top = TopK(64, 8)
+    for i in range(600):
+        top.add(names[i], scores[i], peaks[i])
+    for c in range(64):
+        want = sorted(range(600), key=lambda i: (-scores[i, c], names[i]))[:8]
+        got = top.best(c)
+        assert [e.input for e in got] == [names[i] for i in want]
+        assert [e.peak for e in got] == [tuple(float(v) for v in peaks[i, c]) for i in want]
+    with pytest.raises(ValueError, match="3 scores"):
+        top.add("x", [1.0, 2.0, 3.0], [(0, 0)] * 3)
 
 
 def test_channel_lists_and_crops() -> None:

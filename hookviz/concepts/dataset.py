@@ -70,7 +70,7 @@ def gather(records: Sequence[dict[str, Any]], layers: Sequence[str], k: int) -> 
                 grid = rec.get("maps", {}).get(name, [0, 0])
                 out.layers.append(LayerExamples(name, (int(grid[0]), int(grid[1])), TopK(len(scores), k)))
             entry = out.layers[i]
-            entry.top.add(str(rec["input"]), scores.tolist(), [tuple(p) for p in peaks.tolist()])
+            entry.top.add(str(rec["input"]), scores, peaks)
             entry.inputs += 1
             if f"contributions{i}" in arrays:
                 c = arrays[f"contributions{i}"].astype(np.float64)
@@ -238,9 +238,8 @@ def channel_sheet(
             render.label(tile, "missing", 4, 4)
         else:
             fh, fw = field_px(e.input)
-            tile, _ = crop(
-                rgb, (e.peak[0] * s, e.peak[1] * s), (max(1, round(fh * s)), max(1, round(fw * s)))
-            )
+            side = (max(1, round(fh * s)), max(1, round(fw * s)))
+            tile, _ = crop(rgb, (e.peak[0] * s, e.peak[1] * s), side, photos.tiles.get(e.input))
         render.label(tile, f"{e.score:.3g}", 2, TILE - 22, scale=0.4)
         tiles.append(tile)
     gap = 4

@@ -15,14 +15,17 @@ several, exact along a chain.
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hookviz.core.hooks import HookGroup, capture, logits_of, preserved
+from hookviz.core.hooks import Captured, HookGroup, capture, logits_of, preserved
 from hookviz.errors import LayerError, UsageError
+from hookviz.methods._utils import channels_last
 
 #: How a channel's map becomes one score per input.
 REDUCE = ("max", "mean")
@@ -59,7 +62,9 @@ def channel_scores(
     """Every channel's score and peak on each input of ``x``, per layer; and the model's output (logits).
 
     ``target``: a class index (or one per input): each channel's contribution to its logit is added. The
-    model is left as found (eval mode for the pass).
+    model is left as found (eval mode for the pass). On the CPU the batch goes in channels last, the layout
+    the convolutions run fastest on (1.1-1.3x for resnet18; the same values within float rounding); a model
+    that refuses it (a ``.view`` over a map) is given the plain layout, from then on.
 
     Raises:
         LayerError: a layer does not run, or its output is not a ``(B, C, H, W)`` map.
@@ -67,6 +72,27 @@ def channel_scores(
     """
     if reduce not in REDUCE:
         raise UsageError(f"--reduce {reduce!r}: choose one of {', '.join(REDUCE)}")
+    fast = channels_last(x)
+    if fast is not x and model not in _PLAIN:
+        try:
+            found, logits = _pass(model, fast, layers, target)
+        except RuntimeError:
+            _PLAIN.add(model)
+            found, logits = _pass(model, x, layers, target)
+    else:
+        found, logits = _pass(model, x, layers, target)
+    result = [_scores(found, name, reduce, target is not None) for name in layers]
+    return result, logits.detach().float().cpu()
+
+
+#: Models whose forward refused a channels-last batch: they get the plain layout.
+_PLAIN: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _pass(
+    model: nn.Module, x: Tensor, layers: Sequence[str], target: int | Tensor | None
+) -> tuple[Captured, Tensor]:
+    """One forward pass capturing ``layers`` (and, with a target, the gradient of its logit at them)."""
     grads = list(layers) if target is not None else []
     with preserved(model), capture(model, layers, grad_layers=grads) as cap:
         model.eval()
@@ -83,29 +109,29 @@ def channel_scores(
             t = torch.as_tensor(target, device=logits.device).expand(logits.shape[0])
             taps = [cap.captured.taps[n][0] for n in layers]
             torch.autograd.grad(logits[rows, t].sum(), taps)
-    found = cap.captured
-    result = []
-    for name in layers:
-        maps = found.outputs.get(name)
-        if not maps:
-            raise LayerError(f"layer {name!r} did not run in the forward pass")
-        act = maps[0].detach().float()
-        if act.dim() != 4:
-            raise LayerError(
-                f"layer {name!r} gives {tuple(act.shape)}, not a (B, C, H, W) feature map; pick a "
-                "convolutional layer"
-            )
-        h, w = act.shape[-2:]
-        flat = act.flatten(2)
-        top, where = flat.max(dim=2)
-        scores = top if reduce == "max" else flat.mean(dim=2)
-        peaks = torch.stack([where // w, where % w], dim=2)
-        contrib = None
-        if target is not None:
-            g = found.grads[name][0].detach().float()
-            contrib = (g * act).sum(dim=(2, 3))
-        result.append(ChannelScores(name, scores.cpu(), peaks.cpu(), (h, w), _cpu(contrib)))
-    return result, logits.detach().float().cpu()
+    return cap.captured, logits
+
+
+def _scores(found: Captured, name: str, reduce: str, attributed: bool) -> ChannelScores:
+    maps = found.outputs.get(name)
+    if not maps:
+        raise LayerError(f"layer {name!r} did not run in the forward pass")
+    act = maps[0].detach().float()
+    if act.dim() != 4:
+        raise LayerError(
+            f"layer {name!r} gives {tuple(act.shape)}, not a (B, C, H, W) feature map; pick a "
+            "convolutional layer"
+        )
+    h, w = act.shape[-2:]
+    flat = act.flatten(2)
+    top, where = flat.max(dim=2)
+    scores = top if reduce == "max" else flat.mean(dim=2)
+    peaks = torch.stack([where // w, where % w], dim=2)
+    contrib = None
+    if attributed:
+        g = found.grads[name][0].detach().float()
+        contrib = (g * act).sum(dim=(2, 3))
+    return ChannelScores(name, scores.cpu(), peaks.cpu(), (h, w), _cpu(contrib))
 
 
 def _cpu(t: Tensor | None) -> Tensor | None:
@@ -123,22 +149,35 @@ class Example:
 
 class TopK:
     """The ``k`` highest-scoring inputs of each channel over a stream, ties to the earlier name (so any order
-    of the same inputs, a resumed run's or torchrun's, keeps the same ones)."""
+    of the same inputs, a resumed run's or torchrun's, keeps the same ones). An input is weighed only for
+    the channels whose ``k``-th best it reaches (one vector comparison), so a long stream costs little more
+    than reading it."""
 
     def __init__(self, channels: int, k: int) -> None:
         if k < 1:
             raise UsageError(f"--top {k}: must be at least 1")
         self.k = k
         self._heaps: list[list[tuple[float, _Reversed, tuple[float, float]]]] = [[] for _ in range(channels)]
+        #: Each channel's k-th best score once it has k (else -inf): what an input must reach to enter.
+        self._bar = np.full(channels, -np.inf)
 
-    def add(self, name: str, scores: Sequence[float], peaks: Sequence[tuple[float, float]]) -> None:
+    def add(
+        self, name: str, scores: Sequence[float] | np.ndarray, peaks: Sequence[Sequence[float]] | np.ndarray
+    ) -> None:
+        values = np.asarray(scores, dtype=np.float64)
+        if values.shape != self._bar.shape or len(peaks) != len(values):
+            raise ValueError(f"{len(values)} scores and {len(peaks)} peaks for {len(self._heaps)} channels")
         key = _Reversed(name)
-        for heap, s, p in zip(self._heaps, scores, peaks, strict=True):
-            entry = (float(s), key, (float(p[0]), float(p[1])))
+        # NaN is weighed too (a NaN bar, or score, compares False), exactly as the heap would weigh it
+        for c in np.flatnonzero(~(values < self._bar)).tolist():
+            heap, p = self._heaps[c], peaks[c]
+            entry = (float(values[c]), key, (float(p[0]), float(p[1])))
             if len(heap) < self.k:
                 heapq.heappush(heap, entry)
             elif entry[:2] > heap[0][:2]:
                 heapq.heapreplace(heap, entry)
+            if len(heap) == self.k:
+                self._bar[c] = heap[0][0]
 
     def best(self, channel: int) -> list[Example]:
         """The channel's examples, best first."""
