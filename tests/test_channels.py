@@ -282,6 +282,28 @@ def test_channel_lists_and_crops() -> None:
     assert whole
 
 
+def test_sheets_shrink_a_photo_once_for_all_its_whole_photo_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A photo among the best of many channels, drawn whole in each: shrunk once when decoded and once into
+    its tile, however many sheets show it, and every sheet the same pixels as the first."""
+    import cv2
+
+    from hookviz.concepts.dataset import Photos, channel_sheet
+    from hookviz.concepts.examples import Example
+
+    rng = np.random.default_rng(3)
+    pictures = {f"p{i}": rng.integers(0, 256, (600, 500, 3), dtype=np.uint8) for i in range(3)}
+    examples = [Example(float(i), name, (300.0, 250.0)) for i, name in enumerate(pictures)]
+    field = lambda name: (500, 400)  # noqa: E731  # covers most of the photo: drawn whole
+    calls = []
+    real = cv2.resize
+    monkeypatch.setattr(cv2, "resize", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    photos = Photos(read=pictures.__getitem__)
+    sheets = [channel_sheet(examples, field, photos, title="the same title") for _ in range(5)]
+    assert len(calls) == 2 * len(pictures)  # each photo: its decode's shrink, then its tile
+    assert all(np.array_equal(sheet, sheets[0]) for sheet in sheets[1:])  # a kept tile draws the same
+    assert sheets[0].shape[1] >= 3 * 128
+
+
 def test_bad_channels_option_is_one_line(
     tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
 ) -> None:

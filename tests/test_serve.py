@@ -158,6 +158,55 @@ def test_ctrl_c_in_a_client_cancels_its_request_only(server: Path, tmp_path: Pat
     assert not list((tmp_path / "slow").glob("*.png"))  # nothing half-written
 
 
+#: A server whose children are sent Ctrl-C the moment they are forked, before any line of theirs runs.
+_EARLY_CTRL_C = """
+import os, signal, sys
+real = os.fork
+def fork():
+    pid = real()
+    if pid == 0:
+        os.kill(os.getpid(), signal.SIGINT)
+    return pid
+os.fork = fork
+sys.argv[0] = "hookviz"
+from hookviz.cli import main
+main()
+"""
+
+
+def test_ctrl_c_the_moment_a_child_is_forked_cancels_it_and_the_server_serves_on(
+    photos: Path, tmp_path: Path
+) -> None:
+    """The Ctrl-C that reaches a child before its own handlers are set: held back over the fork, so it
+    cancels the request (130), never runs the server's own cleanup in the child (which answered 0 and
+    unlinked the server's socket); the server still serves."""
+    sock = tmp_path / "private" / "server.sock"
+    cmd = [sys.executable, "-c", _EARLY_CTRL_C, "serve", "--socket", str(sock), "--idle-timeout", "120"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while ask(sock, {"op": "status"}, timeout=2.0) is None:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        for i in range(2):
+            r = hookviz(
+                sock, "gradcam", str(photos / "p0.png"), *TINY, "-q", "--out", str(tmp_path / f"o{i}")
+            )
+            assert r.returncode == 130, r.stderr
+            assert not list((tmp_path / f"o{i}").glob("*.png"))
+            status = ask(sock, {"op": "status"})
+            assert sock.exists() and status is not None and status["served"] == i + 1
+    finally:
+        ask(sock, {"op": "stop"})
+        try:
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            if proc.stderr:
+                proc.stderr.close()
+
+
 def test_no_server_or_a_dead_one_runs_the_command_here(photos: Path, tmp_path: Path) -> None:
     folder = tmp_path / "p"
     folder.mkdir(mode=0o700)

@@ -35,6 +35,8 @@ from hookviz.serve.paths import private_dir
 
 #: What a client's environment may not change in a child: the server's own state.
 _KEEP = ("HOOKVIZ_SERVER",)
+#: Signals held back while a child is forked (see :meth:`Server._fork`).
+_HELD = {signal.SIGINT, signal.SIGTERM}
 
 
 class Host(Protocol):
@@ -218,13 +220,25 @@ class Server:
 
     def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
         report_r, report_w = os.pipe()
-        pid = os.fork()
+        # A Ctrl-C or stop that reaches the child before it has its own handlers would run the server's in
+        # it (its loop's cleanup: the socket unlinked, exit 0 for a cancelled request): held back over the
+        # fork, and delivered to the child once it is a command's process.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        try:
+            pid = os.fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
         if pid == 0:  # the child: never returns
-            others = [c.conn.fileno() for c in self.children.values()] + [
-                c.report for c in self.children.values()
-            ]
-            close = [report_r, conn.fileno(), *self._own_fds, *others]
-            _child(self.host, request, fds, report_w, self._threads, close)
+            try:
+                others = [c.conn.fileno() for c in self.children.values()] + [
+                    c.report for c in self.children.values()
+                ]
+                close = [report_r, conn.fileno(), *self._own_fds, *others]
+                _child(self.host, request, fds, report_w, self._threads, close, mask)
+            finally:
+                os._exit(70)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(report_w)
         os.set_blocking(report_r, False)  # read once the child has exited; a grandchild may hold it open
         self.served += 1
@@ -331,15 +345,24 @@ def _die_with_parent() -> None:
 
 
 def _child(
-    host: Host, request: dict[str, Any], fds: list[int], report: int, threads: int, close: list[int]
+    host: Host,
+    request: dict[str, Any],
+    fds: list[int],
+    report: int,
+    threads: int,
+    close: list[int],
+    mask: set[int | signal.Signals] | None = None,
 ) -> None:
-    """Run one request in this forked child and exit with its code."""
+    """Run one request in this forked child and exit with its code. ``mask``: the signal mask to restore
+    once the child's own handlers are set (a Ctrl-C held back over the fork arrives then)."""
     code = 70
     try:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _die_with_parent()
         for fd in close:
             with contextlib.suppress(OSError):
@@ -370,6 +393,8 @@ def _child(
             code = 130
         with contextlib.suppress(Exception):
             os.write(report, pickle.dumps(host.used()))
+    except KeyboardInterrupt:  # before the command started: cancelled all the same
+        code = 130
     except BaseException as exc:  # the child must not return into the server's loop
         with contextlib.suppress(Exception):
             os.write(2, f"hookviz: error: internal error in the server's child: {exc!r}\n".encode())
