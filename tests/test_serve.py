@@ -3,6 +3,7 @@ is gone, concurrent clients, a cancelled request, a failing request that leaves 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,27 +40,34 @@ def hookviz(sock: Path | str, *args: str, **kw: object) -> subprocess.CompletedP
                           timeout=300, **kw)  # type: ignore[call-overload]  # fmt: skip
 
 
+@contextlib.contextmanager
+def running_server(sock: Path, python: list[str], *flags: str) -> Iterator[Path]:
+    """A server started by ``python`` (``-m hookviz`` or a script) at ``sock``, stopped on the way out."""
+    cmd = [sys.executable, *python, "serve", "--socket", str(sock), *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while ask(sock, {"op": "status"}, timeout=2.0) is None:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        yield sock
+    finally:
+        ask(sock, {"op": "stop"})
+        try:
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            if proc.stderr:
+                proc.stderr.close()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("srv") / "private"
-    sock = folder / "server.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock), "--idle-timeout", "600"],
-        cwd=ROOT, env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while ask(sock, {"op": "status"}, timeout=2.0) is None:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.2)
-    yield sock
-    ask(sock, {"op": "stop"})
-    try:
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
-        if proc.stderr:
-            proc.stderr.close()
+    sock = tmp_path_factory.mktemp("srv") / "private" / "server.sock"
+    with running_server(sock, ["-m", "hookviz"], "--idle-timeout", "600"):
+        yield sock
 
 
 def test_the_socket_is_private(server: Path) -> None:
@@ -181,30 +189,14 @@ def test_ctrl_c_the_moment_a_child_is_forked_cancels_it_and_the_server_serves_on
     cancels the request (130), never runs the server's own cleanup in the child (which answered 0 and
     unlinked the server's socket); the server still serves."""
     sock = tmp_path / "private" / "server.sock"
-    cmd = [sys.executable, "-c", _EARLY_CTRL_C, "serve", "--socket", str(sock), "--idle-timeout", "120"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
-        while ask(sock, {"op": "status"}, timeout=2.0) is None:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.2)
+    with running_server(sock, ["-c", _EARLY_CTRL_C], "--idle-timeout", "120"):
         for i in range(2):
-            r = hookviz(
-                sock, "gradcam", str(photos / "p0.png"), *TINY, "-q", "--out", str(tmp_path / f"o{i}")
-            )
+            out = tmp_path / f"o{i}"
+            r = hookviz(sock, "gradcam", str(photos / "p0.png"), *TINY, "-q", "--out", str(out))
             assert r.returncode == 130, r.stderr
-            assert not list((tmp_path / f"o{i}").glob("*.png"))
+            assert not list(out.glob("*.png"))
             status = ask(sock, {"op": "status"})
             assert sock.exists() and status is not None and status["served"] == i + 1
-    finally:
-        ask(sock, {"op": "stop"})
-        try:
-            proc.wait(timeout=60)
-        finally:
-            proc.kill()
-            if proc.stderr:
-                proc.stderr.close()
 
 
 def test_no_server_or_a_dead_one_runs_the_command_here(photos: Path, tmp_path: Path) -> None:
