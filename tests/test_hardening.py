@@ -274,7 +274,11 @@ def _slow_run(tmp_path: Path, n: int = 48) -> tuple[subprocess.Popen[str], Path,
     finally:
         signal.signal(signal.SIGINT, previous)
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(out.glob("*.png"))) < 6:
+    manifest = out / "manifest.jsonl"
+    # mid-run: pictures written (by the pool's threads, ahead of their records) and some inputs recorded
+    while time.time() < deadline and (
+        len(list(out.glob("*.png"))) < 6 or not manifest.exists() or not manifest.read_bytes().strip()
+    ):
         time.sleep(0.05)
     return proc, src, out
 

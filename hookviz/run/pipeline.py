@@ -75,11 +75,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _render(job: Job, result: Any, index: int, rgb: np.ndarray, box: Box, prefix: str) -> Any:
-    with timing.stage("render"):
-        return job.render(result, index, rgb, box, prefix)
-
-
 def run(
     items: Iterable[Item],
     job: Job,
@@ -103,8 +98,8 @@ def run(
     never collide and an existing output is known to match these settings. An input whose outputs
     all exist is ``skipped`` (its record repeats the results of the run that made them); one whose
     outputs exist only in part (a killed run) is completed with ``skip_existing``, else an ``error``.
-    Decoding the next batch and rendering the previous one (in one thread pool) overlap with the
-    model's work on the current one; records and files still follow the input order. Inputs of one
+    Decoding the next batch and rendering and writing the previous one (in one thread pool) overlap with
+    the model's work on the current one; records still follow the input order. Inputs of one
     size form one model batch (photos whose aspect is kept form several). One bad input gives an
     ``error`` record and the rest go on. A job that estimates its memory (``memory(shape)``) has a batch
     split so that the estimate stays under ``max_memory`` bytes (default: half of what is available), and
@@ -275,15 +270,15 @@ class _Run:
         return self.record(item, "skipped", note=why, **kept)
 
     def finish(self, item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
-        """Wait for one input's render, write its files, and record it."""
+        """Wait for one input's render and writing, and record it."""
         fields: dict[str, Any] = {}
         try:
-            files, fields = fut.result()
+            written, fields = fut.result()
             fields["box"] = [box.x0, box.y0, box.x1, box.y1]
             if note == "fill":
                 return self.skipped(item, prefix, fields, "outputs exist for these settings")
-            with timing.stage("write"):
-                written = self._write(files, note)
+            if isinstance(written, OSError):
+                raise written
         except HookvizError as exc:
             return self.record(item, "error", f"{quote(item.name)}: {exc}")
         except FileExistsError as exc:
@@ -302,6 +297,21 @@ class _Run:
             return self.record(item, "error", f"{quote(item.name)}: cannot render: {_describe(exc)}")
         self.done += 1
         return self.record(item, "ok", prefix=prefix, outputs=written, **fields)
+
+    def _render(
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, prefix: str, note: str | None
+    ) -> tuple[list[str] | OSError | None, dict[str, Any]]:
+        """One input's files rendered and written (in a pool thread): ``(written paths, or the OSError that
+        stopped the writing; the record's fields)``; nothing is written for "fill"."""
+        with timing.stage("render"):
+            files, fields = self.job.render(result, index, rgb, box, prefix)
+        if note == "fill":
+            return None, fields
+        try:
+            with timing.stage("write"):
+                return self._write(files, note), fields
+        except OSError as exc:  # raised by finish, with the fields kept for its record
+            return exc, fields
 
     def _write(self, files: list[tuple[str, bytes]], note: str | None) -> list[str]:
         """Write an input's files; "add" writes only those missing. Resuming, an input is redone only when
@@ -346,7 +356,7 @@ class _Run:
                 out.append(partial(self.record, item, "error", failed[slot]))
                 continue
             result, j = placed[slot]
-            fut = self.pool.submit(_render, self.job, result, j, rgb, box, prefix)
+            fut = self.pool.submit(self._render, result, j, rgb, box, prefix, note)
             out.append(partial(self.finish, item, prefix, box, note, fut))
         return out
 
