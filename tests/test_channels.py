@@ -105,6 +105,51 @@ def test_top_k_of_every_channel_equals_a_direct_computation(
         assert (tmp_path / "out" / item["sheet"]).exists()
 
 
+def test_the_run_gathers_as_it_goes_and_reads_the_files_only_when_it_must(
+    tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job feeds each rendered input to its Feed; gathering with it reads no file and gives what reading
+    every file gives. A fed input without its ``ok`` record (a write that failed) makes it read them all."""
+    from hookviz.cli import concepts
+    from hookviz.concepts import dataset
+    from hookviz.report import latest_records
+
+    _, weights = shapes_model
+    folder, _ = _folder(tmp_path / "in", n=12)
+    jobs: list = []
+    real_job = concepts._channels_job
+    monkeypatch.setattr(
+        concepts, "_channels_job", lambda p, made, *a: jobs.append(real_job(p, made, *a)) or jobs[-1]
+    )
+    out = tmp_path / "out"
+    res = invoke("channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--layer", "features.4",
+                 "--target", "disc", "--top", "3", "--out", str(out), "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (job,) = jobs
+    recs = latest_records((out / "manifest.jsonl").read_text().splitlines())
+    assert job.feed is not None and sorted(job.feed.files) == sorted(r["input"] for r in recs)
+    read: list[str] = []
+    real_load = np.load
+    monkeypatch.setattr(
+        np, "load", lambda path, *a, **kw: read.append(str(path)) or real_load(path, *a, **kw)
+    )
+    fed = dataset.gather(recs, job.layers, 3, feed=job.feed)
+    assert read == []
+    files = dataset.gather(recs, job.layers, 3)
+    assert len(read) == 12
+    for a, b in zip(fed.layers, files.layers, strict=True):
+        assert a.inputs == b.inputs == 12 and a.map == b.map
+        assert [a.top.best(c) for c in range(len(a.top))] == [b.top.best(c) for c in range(len(b.top))]
+        np.testing.assert_array_equal(a.contributions, b.contributions)
+    read.clear()
+    failed = [dict(r, status="error") if i == 4 else r for i, r in enumerate(recs)]  # its write failed
+    kept = [r for r in failed if r["status"] == "ok"]
+    again = dataset.gather(kept, job.layers, 3, feed=job.feed)
+    assert len(read) == 11 and again.inputs == 11
+    top = again.layers[0].top
+    assert recs[4]["input"] not in {e.input for c in range(len(top)) for e in top.best(c)}
+
+
 def test_contributions_add_up_to_the_logit_and_name_the_channels(
     tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
 ) -> None:
@@ -254,6 +299,7 @@ def test_top_k_keeps_the_same_inputs_in_any_order() -> None:
 def test_top_k_over_a_long_stream_equals_sorting_everything() -> None:
     rng = np.random.default_rng(1)
     scores = np.round(rng.normal(size=(600, 64)), 2)  # ties among 600 inputs, bars rising as they stream
+    scores[300:] = scores[rng.integers(0, 300, 300)]  # and copies of inputs: exact ties at every bar
     peaks = rng.uniform(0, 50, (600, 64, 2)).astype(np.float32)
     names = [f"p{i:03d}" for i in rng.permutation(600)]
     top = TopK(64, 8)

@@ -160,6 +160,9 @@ class TopK:
         self._heaps: list[list[tuple[float, _Reversed, tuple[float, float]]]] = [[] for _ in range(channels)]
         #: Each channel's k-th best score once it has k (else -inf): what an input must reach to enter.
         self._bar = np.full(channels, -np.inf)
+        #: The name of each full channel's k-th best: an input tying its score enters only before it.
+        self._last = np.full(channels, "", dtype=object)
+        self._full = np.zeros(channels, dtype=bool)
 
     def add(
         self, name: str, scores: Sequence[float] | np.ndarray, peaks: Sequence[Sequence[float]] | np.ndarray
@@ -169,7 +172,11 @@ class TopK:
             raise ValueError(f"{len(values)} scores and {len(peaks)} peaks for {len(self._heaps)} channels")
         key = _Reversed(name)
         # NaN is weighed too (a NaN bar, or score, compares False), exactly as the heap would weigh it
-        for c in np.flatnonzero(~(values < self._bar)).tolist():
+        weigh = ~(values < self._bar)
+        tied = np.flatnonzero(weigh & (values == self._bar) & self._full)
+        if len(tied):  # a tie with the k-th best enters only with an earlier name (duplicates: most ties)
+            weigh[tied[self._last[tied] <= name]] = False
+        for c in np.flatnonzero(weigh).tolist():
             heap, p = self._heaps[c], peaks[c]
             entry = (float(values[c]), key, (float(p[0]), float(p[1])))
             if len(heap) < self.k:
@@ -177,7 +184,7 @@ class TopK:
             elif entry[:2] > heap[0][:2]:
                 heapq.heapreplace(heap, entry)
             if len(heap) == self.k:
-                self._bar[c] = heap[0][0]
+                self._bar[c], self._last[c], self._full[c] = heap[0][0], heap[0][1].name, True
 
     def best(self, channel: int) -> list[Example]:
         """The channel's examples, best first."""
