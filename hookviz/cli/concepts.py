@@ -129,7 +129,9 @@ def _gathered(made: list[Any], out: Path, p: dict[str, Any]) -> None:
 def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:
     from hookviz.jobs.channels import channels_job
 
-    job = channels_job(loaded, p["layers"], reduce=p["reduce"], target=p["target"], chosen=p["chosen"])
+    job = channels_job(
+        loaded, p["layers"], reduce=p["reduce"], target=p["target"], chosen=p["chosen"], top=p["top"]
+    )
     made.append(job)
     return job
 
@@ -143,7 +145,7 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
     manifest = out / pipeline.MANIFEST
     lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines() if manifest.exists() else []
     recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
-    found = dataset.gather(recs, job.layers, p["top"])
+    found = dataset.gather(recs, job.layers, p["top"], feed=job.feed)
     if not found.layers:
         typer.echo("hookviz: channels: no input was read; nothing to gather", err=True)
         return

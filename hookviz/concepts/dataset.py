@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,13 +49,45 @@ class Gathered:
     skipped: list[str] = field(default_factory=list)
 
 
-def gather(records: Sequence[dict[str, Any]], layers: Sequence[str], k: int) -> Gathered:
+class Feed:
+    """The inputs this process runs, gathered as each is rendered (in the pipeline's pool threads, beside
+    the model's work), so that :func:`gather` afterwards reads only the files of inputs run before or
+    elsewhere (a resumed run, torchrun's other ranks). Holds a :class:`Gathered` (channels x K) and the
+    name of each input fed."""
+
+    def __init__(self, layers: Sequence[str], k: int) -> None:
+        TopK(1, k)  # a bad K fails here, before the run
+        self.layers, self.k = list(layers), k
+        self.gathered = Gathered()
+        #: Each input fed, by name: the name of the ``.channels.npz`` it was rendered into.
+        self.files: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def add(
+        self, name: str, file: str, arrays: dict[str, np.ndarray], maps: Mapping[str, Sequence[int]]
+    ) -> None:
+        with self._lock:
+            if name not in self.files:
+                _add(self.gathered, name, arrays, self.layers, maps, self.k)
+                self.files[name] = file
+
+
+def gather(
+    records: Sequence[dict[str, Any]], layers: Sequence[str], k: int, feed: Feed | None = None
+) -> Gathered:
     """The best ``k`` inputs of every channel of ``layers`` over ``records`` (``ok`` or ``skipped`` records of
     one ``channels`` run; each names its ``.channels.npz``). An input whose file is gone is left out, by
-    name."""
-    out = Gathered()
+    name. ``feed``: this process's inputs, already gathered; used when every input in it has an ``ok``
+    record naming the file it was fed from (else, a write that failed, everything is read from the files)."""
+    out, fed = Gathered(), set()
+    if feed is not None and feed.files and feed.k == k and feed.layers == list(layers):
+        written = {str(r.get("input")): _npz(r) for r in records if r.get("status") == "ok"}
+        if all((f := written.get(n)) is not None and f.name == file for n, file in feed.files.items()):
+            out, fed = feed.gathered, set(feed.files)
     for rec in records:
-        path = next((Path(p) for p in rec.get("outputs", []) if str(p).endswith(".channels.npz")), None)
+        if str(rec.get("input")) in fed:
+            continue
+        path = _npz(rec)
         try:
             if path is None:
                 raise OSError("no .channels.npz")
@@ -64,19 +96,35 @@ def gather(records: Sequence[dict[str, Any]], layers: Sequence[str], k: int) -> 
         except (OSError, ValueError, KeyError):
             out.skipped.append(str(rec.get("input")))
             continue
-        for i, name in enumerate(layers):
-            scores, peaks = arrays[f"scores{i}"], arrays[f"peaks{i}"]
-            if i >= len(out.layers):
-                grid = rec.get("maps", {}).get(name, [0, 0])
-                out.layers.append(LayerExamples(name, (int(grid[0]), int(grid[1])), TopK(len(scores), k)))
-            entry = out.layers[i]
-            entry.top.add(str(rec["input"]), scores, peaks)
-            entry.inputs += 1
-            if f"contributions{i}" in arrays:
-                c = arrays[f"contributions{i}"].astype(np.float64)
-                entry.contributions = c if entry.contributions is None else entry.contributions + c
-        out.inputs += 1
+        _add(out, str(rec["input"]), arrays, layers, rec.get("maps", {}), k)
     return out
+
+
+def _npz(record: dict[str, Any]) -> Path | None:
+    return next((Path(p) for p in record.get("outputs", []) if str(p).endswith(".channels.npz")), None)
+
+
+def _add(
+    out: Gathered,
+    name: str,
+    arrays: dict[str, np.ndarray],
+    layers: Sequence[str],
+    maps: Mapping[str, Sequence[int]],
+    k: int,
+) -> None:
+    """One input's scores, peaks and contributions (its ``.channels.npz`` arrays) into ``out``."""
+    for i, layer in enumerate(layers):
+        scores, peaks = arrays[f"scores{i}"], arrays[f"peaks{i}"]
+        if i >= len(out.layers):
+            grid = maps.get(layer, [0, 0])
+            out.layers.append(LayerExamples(layer, (int(grid[0]), int(grid[1])), TopK(len(scores), k)))
+        entry = out.layers[i]
+        entry.top.add(name, scores, peaks)
+        entry.inputs += 1
+        if f"contributions{i}" in arrays:
+            c = arrays[f"contributions{i}"].astype(np.float64)
+            entry.contributions = c if entry.contributions is None else entry.contributions + c
+    out.inputs += 1
 
 
 def parse_channels(text: str | None, count: int) -> list[int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.concepts.dataset import parse_channels
+from hookviz.concepts.dataset import Feed, parse_channels
 from hookviz.concepts.examples import REDUCE, channel_scores, receptive_field
 from hookviz.core.hooks import probe_input
 from hookviz.errors import UsageError
@@ -32,7 +32,10 @@ class ChannelsJob(BaseJob):
     target: int | None = None
     #: Each layer's receptive field in model-input pixels (:func:`hookviz.concepts.examples.receptive_field`).
     fields: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Where each rendered input's scores are gathered as the run goes (None: only its files).
+    feed: Feed | None = None
     kind: str = "channels"
+    _names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCE:
@@ -50,16 +53,20 @@ class ChannelsJob(BaseJob):
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.channels.npz"]
 
+    def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
+        self._names = [str(item.name) for item, _, _ in batch]  # the next batch's inputs, in its order
+
     def compute(self, x: Any) -> Any:
         found, logits = channel_scores(
             self.loaded.model, x, self.layers, reduce=self.reduce, target=self.target
         )
-        return found, logits, tuple(int(s) for s in x.shape[-2:])
+        names, self._names = self._names, []  # told for this batch only
+        return found, logits, tuple(int(s) for s in x.shape[-2:]), names
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        found, logits, size = result
+        found, logits, size, names = result
         arrays: dict[str, np.ndarray] = {}
         maps: dict[str, list[int]] = {}
         fields_px: dict[str, list[int]] = {}
@@ -82,6 +89,8 @@ class ChannelsJob(BaseJob):
                 layer.layer: _top(layer.contributions[index].numpy()) for layer in found
             }
         name = f"{stem}.channels.npz"
+        if self.feed is not None and index < len(names):
+            self.feed.add(names[index], name, arrays, maps)
         return [(name, buffer.getvalue())], {"predicted": predicted(self.loaded, logits, index), **fields}
 
 
@@ -106,10 +115,13 @@ def channels_job(
     reduce: str = "max",
     target: str | None = None,
     chosen: str | None = None,
+    top: int | None = None,
 ) -> ChannelsJob:
     """The ``channels`` job: ``layers`` as ``featuremaps`` takes them (default: the CAM layer), ``target`` as
     ``--target`` (an index or a name), ``chosen`` the ``--channels`` list, checked here so that a bad one
-    fails before the run; each layer's receptive field traced on one input of the model's size.
+    fails before the run; each layer's receptive field traced on one input of the model's size. ``top``:
+    each channel's best ``top`` inputs are gathered as the run goes (``job.feed``, for
+    :func:`hookviz.concepts.dataset.gather`).
 
     Raises:
         LayerError, TargetError, UsageError: a bad layer, class or channel list.
@@ -123,4 +135,5 @@ def channels_job(
             parse_channels(chosen, int(shape[1]))
     x = probe_input(loaded.model, (1, *loaded.input_shape))
     fields = {n: receptive_field(loaded.model, x, n) for n in names}
-    return ChannelsJob(loaded=loaded, layers=names, reduce=reduce, target=index, fields=fields)
+    feed = Feed(names, top) if top is not None else None
+    return ChannelsJob(loaded=loaded, layers=names, reduce=reduce, target=index, fields=fields, feed=feed)
