@@ -8,6 +8,7 @@ the same file whichever order they were run in (a resumed run, torchrun's shards
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections import OrderedDict
@@ -83,7 +84,7 @@ def gather(
     if feed is not None and feed.files and feed.k == k and feed.layers == list(layers):
         written = {str(r.get("input")): _npz(r) for r in records if r.get("status") == "ok"}
         if all((f := written.get(n)) is not None and f.name == file for n, file in feed.files.items()):
-            out, fed = feed.gathered, set(feed.files)
+            out, fed = copy.deepcopy(feed.gathered), set(feed.files)  # the feed is left as it is
     for rec in records:
         if str(rec.get("input")) in fed:
             continue
