@@ -350,6 +350,40 @@ def test_sheets_shrink_a_photo_once_for_all_its_whole_photo_tiles(monkeypatch: p
     assert sheets[0].shape[1] >= 3 * 128
 
 
+def test_sheets_decode_a_big_jpeg_at_the_size_they_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A photo for the sheets is decoded at 1/4 of its size (libjpeg's scaling), upright, with the scale of
+    the whole photo, and looks as the whole photo shrunk does."""
+    import cv2
+    from PIL import Image, JpegImagePlugin
+
+    from hookviz.concepts.dataset import Photos
+    from hookviz.io.images import load_rgb
+
+    yy, xx = np.mgrid[0:1500, 0:2000]
+    picture = np.stack([xx * 255 // 2000, yy * 255 // 1500, (xx // 100 % 2) * 200], -1).astype(np.uint8)
+    exif = Image.Image().getexif()
+    exif[0x0112] = 6  # stored sideways: upright it is 1500 wide, 2000 high
+    Image.fromarray(picture).save(tmp_path / "big.jpg", quality=92, exif=exif)
+    decoded: list[tuple[int, int]] = []
+    real = JpegImagePlugin.JpegImageFile.draft
+
+    def draft(self: JpegImagePlugin.JpegImageFile, mode: str, size: tuple[int, int]) -> object:
+        out = real(self, mode, size)
+        decoded.append(self.size)
+        return out
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", draft)
+    rgb, scale = Photos()(str(tmp_path / "big.jpg"))
+    assert rgb.shape == (384, 288, 3) and scale == pytest.approx(384 / 2000)
+    assert decoded == [(500, 375)]  # 1/4: still at least 384 on the longer side
+    whole = load_rgb(tmp_path / "big.jpg")
+    assert whole.shape == (2000, 1500, 3)
+    shrunk = cv2.resize(whole, (288, 384), interpolation=cv2.INTER_AREA)
+    assert np.abs(shrunk.astype(int) - rgb).mean() < 2.0
+
+
 def test_bad_channels_option_is_one_line(
     tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path
 ) -> None:

@@ -23,7 +23,7 @@ from hookviz import render
 from hookviz.concepts.examples import Example, TopK
 from hookviz.errors import UsageError
 from hookviz.io.files import atomic_write
-from hookviz.io.images import encode_png, load_rgb
+from hookviz.io.images import encode_png, load_rgb_within
 from hookviz.io.outputs import finite, safe_name
 
 CHANNELS_JSON = "channels.json"
@@ -237,11 +237,12 @@ def crop(
 
 class Photos:
     """Photos read for the sheets, each shrunk so its longer side is at most ``side`` pixels (a crop of a
-    third of it fills a tile), the last ``keep`` of them kept: a photo among the best of many channels is
-    decoded once, in bounded memory."""
+    third of it fills a tile; a JPEG decoded straight at that size, :func:`load_rgb_within`), the last
+    ``keep`` of them kept: a photo among the best of many channels is decoded once, in bounded memory.
+    ``read``: a reader of whole photos instead (shrunk here)."""
 
     def __init__(
-        self, read: Callable[[str], np.ndarray] = load_rgb, side: int = 3 * TILE, keep: int = 256
+        self, read: Callable[[str], np.ndarray] | None = None, side: int = 3 * TILE, keep: int = 256
     ) -> None:
         self._read, self.side, self.keep = read, side, keep
         self._kept: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
@@ -255,13 +256,16 @@ class Photos:
             if name in self._kept:
                 self._kept.move_to_end(name)
                 return self._kept[name]
-        import cv2
+        if self._read is None:
+            rgb, scale = load_rgb_within(name, self.side)
+        else:
+            import cv2
 
-        rgb = self._read(name)
-        scale = min(1.0, self.side / max(rgb.shape[:2]))
-        if scale < 1:
-            size = (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale)))
-            rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+            rgb = self._read(name)
+            scale = min(1.0, self.side / max(rgb.shape[:2]))
+            if scale < 1:
+                size = (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale)))
+                rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
         with self._lock:
             self._kept[name] = (rgb, scale)
             while len(self._kept) > self.keep:

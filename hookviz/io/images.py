@@ -55,9 +55,35 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
     Raises:
         InputError: the file is missing, not an image, truncated, or larger than ``max_pixels``.
     """
+    return _decode(Path(path), max_pixels, None)[0]
+
+
+def load_rgb_within(
+    path: str | Path, side: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[np.ndarray, float]:
+    """The photo as :func:`load_rgb` reads it, shrunk (area averaging) so that its longer side is at most
+    ``side``, and its scale (its pixels per photo pixel). A JPEG is decoded straight at 1/2, 1/4 or 1/8 of
+    its size where that still leaves ``side`` pixels (libjpeg's DCT scaling), not in full and then shrunk:
+    for pictures to look at, not for a model's input.
+
+    Raises:
+        InputError: as :func:`load_rgb`.
+    """
+    import cv2
+
+    rgb, (w, h) = _decode(Path(path), max_pixels, side)
+    scale = min(1.0, side / max(w, h))
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    if (rgb.shape[1], rgb.shape[0]) != size:
+        rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+    return rgb, scale
+
+
+def _decode(path: Path, max_pixels: int, draft: int | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """The upright RGB picture and the photo's upright (width, height); ``draft``: a JPEG may be decoded
+    at a fraction of its size whose longer side is still at least this."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    path = Path(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -69,8 +95,13 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
                     f"{quote(path)}: image is {w}x{h} = {w * h:,} px, over the limit of "
                     f"{max_pixels:,} px; downscale it or raise --max-pixels"
                 )
+            if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # EXIF orientation: a quarter turn
+                w, h = h, w
+            if draft is not None and img.format == "JPEG" and max(w, h) > 2 * draft:
+                f = max(w, h) / draft  # the reduced picture keeps at least `draft` on its longer side
+                img.draft(img.mode, (max(1, int(img.size[0] / f)), max(1, int(img.size[1] / f))))
             img.load()
-            return _to_rgb(ImageOps.exif_transpose(img))
+            return _to_rgb(ImageOps.exif_transpose(img)), (w, h)
     except InputError:
         raise
     except FileNotFoundError:
