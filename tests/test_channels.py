@@ -260,7 +260,7 @@ class _Viewing(torch.nn.Module):
 
 
 def test_channel_scores_in_the_fast_layout_and_for_a_model_that_refuses_it() -> None:
-    from hookviz.concepts import examples
+    from hookviz.methods import _utils
 
     torch.manual_seed(0)
     x = torch.rand(3, 3, 8, 8)
@@ -276,7 +276,38 @@ def test_channel_scores_in_the_fast_layout_and_for_a_model_that_refuses_it() -> 
         torch.testing.assert_close(got, logits, rtol=1e-5, atol=1e-6)
         w = kept[0].shape[-1]
         assert torch.equal(found[0].peaks, torch.stack([where // w, where % w], dim=2))
-        assert (model in examples._PLAIN) == isinstance(model, _Viewing)  # refused once, then plain
+        assert (model in _utils.PLAIN) == isinstance(model, _Viewing)  # refused once, then plain
+
+
+def test_every_method_runs_on_a_model_that_refuses_the_fast_layout() -> None:
+    """The methods that run their own passes feed them channels-last on the CPU: a model whose ``.view``
+    refuses that layout gets the plain one, with the maps it gives when only the plain one is tried."""
+    from hookviz import methods
+    from hookviz.engine.explain import explain
+    from hookviz.methods import MethodOptions, _utils
+
+    options = MethodOptions(samples=4, steps=4, masks=16, seed=0)
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 8, 8)
+    weights = _Viewing().state_dict()
+    ran = 0
+    for name in [n for n in methods.names() if not methods.get(n).detection]:
+        maps, models = [], [_Viewing().eval(), _Viewing().eval()]
+        _utils.PLAIN.add(models[1])
+        for model in models:
+            model.load_state_dict(weights)
+            try:
+                maps.append(explain(model, x, ["conv"], [name], [0], options=options).maps)
+            except UsageError:  # a method this model cannot have (CAM needs pooling then a linear head)
+                break
+        if len(maps) < 2:
+            continue
+        ran += 1
+        for key, got in maps[0].items():
+            torch.testing.assert_close(got, maps[1][key], rtol=1e-4, atol=1e-5, msg=str(key))
+        if name in ("scorecam", "occlusion", "rise", "smoothgrad"):  # each runs passes of its own
+            assert models[0] in _utils.PLAIN
+    assert ran >= 20
 
 
 def test_top_k_keeps_the_same_inputs_in_any_order() -> None:

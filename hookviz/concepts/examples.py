@@ -15,7 +15,6 @@ several, exact along a chain.
 from __future__ import annotations
 
 import heapq
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from torch import Tensor, nn
 
 from hookviz.core.hooks import Captured, HookGroup, capture, logits_of, preserved
 from hookviz.errors import LayerError, UsageError
-from hookviz.methods._utils import channels_last
+from hookviz.methods._utils import in_fast_layout
 
 #: How a channel's map becomes one score per input.
 REDUCE = ("max", "mean")
@@ -72,21 +71,9 @@ def channel_scores(
     """
     if reduce not in REDUCE:
         raise UsageError(f"--reduce {reduce!r}: choose one of {', '.join(REDUCE)}")
-    fast = channels_last(x)
-    if fast is not x and model not in _PLAIN:
-        try:
-            found, logits = _pass(model, fast, layers, target)
-        except RuntimeError:
-            _PLAIN.add(model)
-            found, logits = _pass(model, x, layers, target)
-    else:
-        found, logits = _pass(model, x, layers, target)
+    found, logits = in_fast_layout(model, x, lambda xi: _pass(model, xi, layers, target))
     result = [_scores(found, name, reduce, target is not None) for name in layers]
     return result, logits.detach().float().cpu()
-
-
-#: Models whose forward refused a channels-last batch: they get the plain layout.
-_PLAIN: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def _pass(

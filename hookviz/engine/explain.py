@@ -29,7 +29,7 @@ from hookviz.core.taps import negative_mass
 from hookviz.core.targets import Positive
 from hookviz.errors import TargetError, UsageError
 from hookviz.methods import MethodOptions
-from hookviz.methods._utils import channels_last
+from hookviz.methods._utils import in_fast_layout
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.guided import guided_backprop_counted
 from hookviz.methods.pixel import BiasTerms
@@ -463,8 +463,9 @@ def _score_cam_scores(
             lo = up.amin(dim=(1, 2), keepdim=True)
             hi = up.amax(dim=(1, 2), keepdim=True)
             mask = torch.where(hi > lo, (up - lo) / (hi - lo).clamp_min(1e-12), torch.zeros_like(up))
-            masked = channels_last(x[images] * mask[:, None].to(x.dtype))
-            probs = scorer(logits_of(model(masked)), images)
+            probs = scorer(
+                logits_of(in_fast_layout(model, x[images] * mask[:, None].to(x.dtype), model)), images
+            )
             out[images, :, channels] = probs.gather(1, t[images])
             advance(int(rows.numel()))
     return out

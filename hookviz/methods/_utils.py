@@ -3,18 +3,41 @@
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hookviz.errors import UsageError
 from hookviz.methods.compute import LayerPass
+
+T = TypeVar("T")
 
 
 def channels_last(x: Tensor) -> Tensor:
     """A batch of changed inputs in the layout the CPU's convolutions run fastest on (channels last: 1.1-1.3x
     for resnet18 on this project's machine; the values are the same)."""
     return x.contiguous(memory_format=torch.channels_last) if x.device.type == "cpu" and x.dim() == 4 else x
+
+
+def in_fast_layout(model: nn.Module, x: Tensor, run: Callable[[Tensor], T]) -> T:
+    """``run(x)`` with ``x`` in :func:`channels_last`'s layout; a model whose forward refuses it (a ``.view``
+    over a map, as much older code writes, raises on a channels-last map) is run on ``x`` as it is, from
+    then on (remembered per model)."""
+    fast = channels_last(x)
+    if fast is x or model in PLAIN:
+        return run(x)
+    try:
+        return run(fast)
+    except RuntimeError:
+        PLAIN.add(model)
+        return run(x)
+
+
+#: Models whose forward refused a channels-last batch: they get the plain layout.
+PLAIN: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def baseline(p: LayerPass) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from hookviz.core.hooks import capture, logits_of
 from hookviz.errors import UsageError
-from hookviz.methods._utils import baseline, channels_last
+from hookviz.methods._utils import baseline, in_fast_layout
 from hookviz.methods.catalogue import NOISE, SAMPLES
 from hookviz.methods.compute import LayerPass, _relu
 
@@ -113,7 +113,7 @@ def _masked_scores(
         for part in _chunks(rows_total, p.options.batch):
             rows = torch.arange(part.start, part.stop, device=p.x.device)
             images = rows // per
-            scores = p.score_of(p.model(channels_last(masks(images, rows))))
+            scores = p.score_of(in_fast_layout(p.model, masks(images, rows), p.model))
             out[rows] = scores.gather(1, p.targets[images]).float()
             p.advance(int(rows.numel()))
     return out.reshape(b, per, t).transpose(1, 2)
@@ -248,7 +248,7 @@ def rise(p: LayerPass) -> Tensor:
                 rows = torch.arange(part.start, part.stop, device=p.x.device)
                 images = rows // n
                 masked = p.x[images] * masks_[rows % n][:, None].to(p.x.dtype)
-                out = logits_of(p.model(channels_last(masked)))
+                out = logits_of(in_fast_layout(p.model, masked, p.model))
                 prob = p.scorer(out, images)
                 for j in range(t):
                     probs[images, j, rows % n] = prob.gather(1, p.targets[images, j, None])[:, 0].float()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.core.hooks import HookGroup
-from hookviz.methods._utils import baseline, channels_last
+from hookviz.methods._utils import baseline, in_fast_layout
 from hookviz.methods.catalogue import NOISE, SAMPLES
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.ownpass import noisy_copies
@@ -29,8 +29,7 @@ def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
     for start in range(0, x.shape[0], p.options.batch):
         part = slice(start, start + p.options.batch)
         with torch.enable_grad():
-            xi = channels_last(x[part].detach()).requires_grad_()
-            scores = p.score_of(p.model(xi))
+            xi, scores = in_fast_layout(p.model, x[part].detach(), lambda xi: _scored(p, xi))
             classes = p.targets[images[part]]
             for j in range(t):
                 (g,) = torch.autograd.grad(
@@ -39,6 +38,12 @@ def input_gradients(p: LayerPass, x: Tensor, images: Tensor) -> list[Tensor]:
                 out[j][part] = g.detach()
         p.advance(int(xi.shape[0]))
     return out
+
+
+def _scored(p: LayerPass, xi: Tensor) -> tuple[Tensor, Tensor]:
+    """``xi`` made a leaf that records its gradient, and its target scores."""
+    xi = xi.detach().requires_grad_()
+    return xi, p.score_of(p.model(xi))
 
 
 def _reduce(p: LayerPass, per_target: list[Tensor], how: str) -> Tensor:
