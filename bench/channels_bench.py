@@ -3,7 +3,9 @@
 start, the per-photo scores and peaks, gathering each channel's best 8 and a sheet for each of the 512
 channels of the default layer. Whole processes, interleaved, medians. Goal: at most 1.1x the floor at 1,000
 photos. A second row times the floor with its batch channels-last, the layout hookviz's pass uses on the CPU,
-so that what the layout gains and what the rest costs can be told apart.
+so that what the layout gains and what the rest costs can be told apart. Each row gives the ratio of the
+medians and the median of the rounds' own ratios (runs side by side: this machine drifts by several percent
+over minutes).
 Run with ``python bench/channels_bench.py [--photos 1000] [--rounds 2]``."""
 
 from __future__ import annotations
@@ -78,14 +80,22 @@ def main() -> None:
                 times[name].append(run_timed(runs[name](out))[0])
                 shutil.rmtree(out, ignore_errors=True)
     t = {k: statistics.median(v) for k, v in times.items()}
+    # This machine drifts by several percent over minutes: each round's ratio is taken between runs made
+    # side by side, and the median of those is the headline (the ratio of the medians is shown too).
+    paired = {k: statistics.median(a / f for a, f in zip(times[k], times["floor"], strict=True)) for k in t}
     print(
-        f"resnet18 (random weights), {args.photos} photos, CPU, medians of {args.rounds} interleaved rounds"
+        f"resnet18 (random weights), {args.photos} photos, CPU, {args.rounds} interleaved rounds: medians of "
+        "the times, and the median of each round's ratio"
     )
-    print(f"| floor: one inference pass (decode, crop, batch 8) | {t['floor']:.1f} s | 1.00x |")
+    for r in range(args.rounds):
+        print(f"  round {r + 1}: " + ", ".join(f"{k} {v[r]:.1f} s" for k, v in times.items())
+              + f"; channels/floor {times['channels'][r] / times['floor'][r]:.3f}")  # fmt: skip
+    print(f"| floor: one inference pass (decode, crop, batch 8) | {t['floor']:.1f} s | 1.00x | 1.00x |")
+    last = f"{t['floor_last'] / t['floor']:.2f}x | {paired['floor_last']:.2f}x"
     print(f"| the same pass, its batch channels-last (the layout hookviz uses on the CPU) | "
-          f"{t['floor_last']:.1f} s | {t['floor_last'] / t['floor']:.2f}x |")  # fmt: skip
+          f"{t['floor_last']:.1f} s | {last} |")  # fmt: skip
     print(f"| hookviz channels (scores, top 8, 512 sheets) | {t['channels']:.1f} s | "
-          f"{t['channels'] / t['floor']:.2f}x |")  # fmt: skip
+          f"{t['channels'] / t['floor']:.2f}x | {paired['channels']:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":
