@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hookviz"
 
 #: The layers, lowest first: a module imports only from its own layer and those before it.
 LAYERS = [
-    "foundation",  # errors, options
+    "foundation",  # errors, options, the collector held over a start
     "core",  # hooks, taps, layout, layers, readout, the attention probe, memory estimates
     "io",  # files, images, videos, inputs, annotations, outputs, timing, synthetic shapes
     "summary",  # shapes, parameters, FLOPs of every layer
@@ -33,7 +33,7 @@ LAYERS = [
     "entry",  # the public API (hookviz, hookviz.lightning), ``python -m hookviz``, the served client
 ]
 RANK = {name: i for i, name in enumerate(LAYERS)}
-FOUNDATION = {"hookviz.errors", "hookviz.options"}
+FOUNDATION = {"hookviz.errors", "hookviz.options", "hookviz.startup"}
 ENTRY = {"hookviz", "hookviz.__main__", "hookviz.serve.client", "hookviz.lightning"}
 #: Third-party packages slow to import: a function may import a hookviz module that loads one of these.
 HEAVY = {

@@ -285,3 +285,26 @@ def test_featuremaps_glob_keeps_layers_with_maps_and_each_call(photos: Path, tmp
     ]
     r = invoke("featuremaps", str(photos / "wide.jpg"), *FAST, "--layers", "fc*", "--out", str(out))
     assert r.exit_code == 2 and "matches no layer with a (B, C, H, W) output" in r.stderr
+
+
+def test_the_collector_waits_for_the_model_then_runs_as_usual() -> None:
+    """The entry point holds Python's collector back over the start (torch's import, the model's build); the
+    loaded model releases it, with what the start made frozen out of its passes; held twice or released
+    without a hold, nothing changes."""
+    import gc
+
+    from hookviz.cli.loading import ModelOptions, load_options
+    from hookviz.startup import hold_collector, release_collector
+
+    assert gc.isenabled()
+    release_collector()  # never held: nothing happens
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    try:
+        hold_collector()
+        hold_collector()
+        assert not gc.isenabled()
+        load_options(ModelOptions(model="tests.conftest:TinyCNN", weights="none", device="cpu"), quiet=True)
+        assert gc.isenabled() and gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
+        gc.enable()

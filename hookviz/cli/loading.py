@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hookviz.errors import UsageError
+from hookviz.startup import release_collector
 
 if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
     from hookviz.models.loaded import LoadedModel
@@ -117,6 +118,7 @@ def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
         volumes=m.volumes,
         inputs=m.inputs,
     )
+    release_collector()  # the start is over (hookviz.startup)
     return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
 
 

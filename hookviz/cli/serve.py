@@ -18,6 +18,7 @@ from hookviz.cli.loading import USED, WARM, load_options, warm_key
 from hookviz.serve.paths import private_dir, server_socket, socket_dir
 from hookviz.serve.server import Server
 from hookviz.serve.wire import ask
+from hookviz.startup import release_collector
 
 #: Modules a command would import, imported once by the server (its children inherit them).
 PRELOAD = (
@@ -58,6 +59,7 @@ class CliHost:
                 importlib.import_module(name)
         os.environ.setdefault("MPLBACKEND", "Agg")
         self.command = typer.main.get_command(app)  # built once: typer builds it anew on every app() call
+        release_collector()  # the server's start is over (hookviz.startup)
 
     def run(self, argv: list[str]) -> int:
         try:

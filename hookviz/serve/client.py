@@ -15,6 +15,7 @@ import sys
 
 from hookviz.serve.paths import server_socket, trusted
 from hookviz.serve.wire import reply, send
+from hookviz.startup import hold_collector
 
 #: The commands never handed to a server: the server's own, and those that need no model.
 LOCAL = ("serve", "--help", "-h", "--version", "--install-completion", "--show-completion")
@@ -76,6 +77,7 @@ def _std_fds() -> list[int]:
 
 def main() -> None:
     """Console-script entry point: the server when one runs, else the command here."""
+    hold_collector()
     argv = sys.argv[1:]
     code = run_on_server(argv)
     if code is not None:
