@@ -14,6 +14,7 @@ import argparse
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -49,6 +50,11 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    # hookviz's bytecode compiled first, as pip does for an installed package: this machine sets
+    # PYTHONDONTWRITEBYTECODE=1, so an editable checkout would compile its sources in every process
+    # (torch and torchvision, the floor's imports, come compiled with their wheels).
+    package = Path(__file__).resolve().parent.parent / "hookviz"
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         imgs = tmp / "imgs"
