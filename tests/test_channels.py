@@ -105,6 +105,7 @@ def test_top_k_of_every_channel_equals_a_direct_computation(
         assert (tmp_path / "out" / item["sheet"]).exists()
 
 
+@pytest.mark.slow  # a server of its own / a whole run: in make test, not test-fast
 def test_the_run_gathers_as_it_goes_and_reads_the_files_only_when_it_must(
     tmp_path: Path, shapes_model: tuple[TinyCNN, Path], labels: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

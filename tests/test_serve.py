@@ -182,6 +182,7 @@ main()
 """
 
 
+@pytest.mark.slow  # a server of its own / a whole run: in make test, not test-fast
 def test_ctrl_c_the_moment_a_child_is_forked_cancels_it_and_the_server_serves_on(
     photos: Path, tmp_path: Path
 ) -> None:
