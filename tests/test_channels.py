@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,6 +32,12 @@ def shapes_model(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> 
     path = tmp_path_factory.mktemp("model") / "shapes.pt"
     torch.save(trained.model.state_dict(), path)
     return trained.model, path
+
+
+def gathered(out: Path) -> Any:
+    """The run's ``channels.KEY.json`` (one run's settings in ``out``)."""
+    (found,) = out.glob("channels.*.json")
+    return json.loads(found.read_text())
 
 
 def _folder(root: Path, n: int = 30, seed: int = 5) -> tuple[Path, list[int]]:
@@ -86,7 +93,7 @@ def test_top_k_of_every_channel_equals_a_direct_computation(
     res = invoke("channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--top", "5", "--out",
                  str(tmp_path / "out"), "-q")  # fmt: skip
     assert res.exit_code == 0, res.output
-    data = json.loads((tmp_path / "out" / "channels.json").read_text())
+    data = gathered(tmp_path / "out")
     names, top, where = _direct(model, folder)
     layer = data["layers"][LAYER]
     assert data["inputs"] == 30 and layer["map"] == [12, 12] and layer["channels_in_layer"] == 64
@@ -163,7 +170,7 @@ def test_contributions_add_up_to_the_logit_and_name_the_channels(
                  "--out", str(tmp_path / "out"), "--channels", "0-3")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "channels driving disc most" in res.output
-    data = json.loads((tmp_path / "out" / "channels.json").read_text())
+    data = gathered(tmp_path / "out")
     x = torch.stack([_photo(n) for n in names])
     with torch.no_grad():
         logits = model(x)
@@ -183,7 +190,7 @@ def test_contributions_add_up_to_the_logit_and_name_the_channels(
             total = float(arrays["contributions0"].sum())
         assert total == pytest.approx(float(logits[i, 1]) - bias, rel=1e-4, abs=1e-4)
     assert [c["channel"] for c in data["layers"][LAYER]["channels"]] == [0, 1, 2, 3]
-    assert len(list((tmp_path / "out" / "channels").glob("*.png"))) == 4
+    assert len(list(next((tmp_path / "out").glob("channels.*/")).glob("*.png"))) == 4
 
 
 def test_a_resumed_run_gives_the_same_file(
@@ -197,8 +204,8 @@ def test_a_resumed_run_gives_the_same_file(
     first = [str(p) for p in sorted(folder.glob("*.png"))[:5]]
     assert invoke("channels", *first, *args, "--out", str(part)).exit_code == 0  # "killed" after five
     assert invoke("channels", str(folder), *args, "--out", str(part)).exit_code == 0
-    a = json.loads((tmp_path / "whole" / "channels.json").read_text())
-    b = json.loads((part / "channels.json").read_text())
+    a = gathered(tmp_path / "whole")
+    b = gathered(part)
     assert a["layers"] == b["layers"] and b["inputs"] == 12
     recs = [json.loads(line) for line in (part / "manifest.jsonl").read_text().splitlines()]
     assert sum(r["status"] == "skipped" for r in recs) == 5
@@ -219,8 +226,8 @@ def test_torchrun_gives_the_same_file(
         run, capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parent.parent
     )
     assert res.returncode == 0, res.stderr
-    a = json.loads((tmp_path / "one" / "channels.json").read_text())
-    b = json.loads((tmp_path / "two" / "channels.json").read_text())
+    a = gathered(tmp_path / "one")
+    b = gathered(tmp_path / "two")
     assert a["layers"] == b["layers"] and b["inputs"] == 12
 
 
@@ -483,24 +490,24 @@ def test_the_report_shows_channels_tcav_and_visualisations(tmp_path: Path) -> No
     from hookviz.report import build_report
 
     out = tmp_path / "out"
-    (out / "channels").mkdir(parents=True)
-    (out / "channels" / "L.c0.png").write_bytes(b"png")
+    (out / "channels.k1").mkdir(parents=True)
+    (out / "channels.k1" / "L.c0.png").write_bytes(b"png")
     (tmp_path / "secret.png").write_bytes(b"png")
-    sheets = [("channels/L.c0.png", 0), ("../secret.png", 1), ("/etc/passwd", 2)]
+    sheets = [("channels.k1/L.c0.png", 0), ("../secret.png", 1), ("/etc/passwd", 2)]
     layer = {"field": [18, 18], "attribution": [{"channel": 0, "contribution": 1.5}],
              "channels": [{"channel": c, "sheet": s} for s, c in sheets]}  # fmt: skip
-    (out / "channels.json").write_text(json.dumps({"inputs": 3, "layers": {"L": layer}}))
+    (out / "channels.k1.json").write_text(json.dumps({"inputs": 3, "layers": {"L": layer}}))
     concept = {"concept": "<b>disc</b>", "sign_count": 1.0, "sign_count_std": 0.0, "magnitude": 0.2,
                "p_value": 0.001, "significant": True}  # fmt: skip
     null = {"concept": "(random)", "sign_count": 0.5}
     tcav = {"target": {"name": "disc"}, "layers": [{"layer": "L", "concepts": [concept], "null": null}]}
-    (out / "tcav.json").write_text(json.dumps(tcav))
+    (out / "tcav.k2.json").write_text(json.dumps(tcav))
     (out / "visualize.m.L.c0.s0.json").write_text(
         json.dumps({"layer": "L", "channel": 0, "objective": [2.5]})
     )
     (out / "visualize.m.L.c0.s0.png").write_bytes(b"png")
     page = build_report(out).read_text()  # no manifest: the concept files alone make a page
-    assert 'src="channels/L.c0.png"' in page and "secret" not in page and "/etc/passwd" not in page
+    assert 'src="channels.k1/L.c0.png"' in page and "secret" not in page and "/etc/passwd" not in page
     assert "TCAV for disc" in page and "&lt;b&gt;disc&lt;/b&gt;" in page and "<b>disc</b>" not in page
     assert 'src="visualize.m.L.c0.s0.png"' in page and "objective 2.5" in page
     with pytest.raises(UsageError, match="holds no manifest.jsonl"):

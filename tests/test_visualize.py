@@ -121,11 +121,12 @@ def test_cli(tmp_path: Path) -> None:
             "--out", str(tmp_path)]  # fmt: skip
     res = invoke(*args)
     assert res.exit_code == 0, res.output
-    png = tmp_path / "visualize.tests.conftest_TinyCNN.features.4.c3.s0.png"
+    (png,) = tmp_path.glob("visualize.tests.conftest_TinyCNN.features.4.c3.s0.*.png")
     record = json.loads(png.with_suffix(".json").read_text())
-    assert png.exists() and record["steps"] == 8 and len(record["objective"]) == 1
-    again = invoke(*args)
-    assert again.exit_code != 0 and "pass --overwrite" in again.output
+    assert png.name == f"visualize.tests.conftest_TinyCNN.features.4.c3.s0.{record['key']}.png"
+    assert record["steps"] == 8 and len(record["objective"]) == 1
+    again = invoke(*args)  # the same settings: skipped, as every output of a run is
+    assert again.exit_code == 0 and "skipped" in again.output
     assert invoke(*args, "--overwrite").exit_code == 0
     bad = invoke(*args, "--neuron", "3")
     assert bad.exit_code == 2 and "--neuron '3': give Y,X" in bad.output

@@ -40,6 +40,7 @@ from hookviz.cli.kinds import InputSize
 from hookviz.cli.loading import load_options
 from hookviz.cli.runner import _Reporter, _run_then, _warn
 from hookviz.errors import UsageError
+from hookviz.io.outputs import settings_key
 from hookviz.report import build_report, latest_records
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def channels(
     null: Null = False,
     debug: Debug = False,
 ) -> None:
-    """Each channel's best inputs over a folder of any size: OUT/channels.json and a sheet of crops per
+    """Each channel's best inputs over a folder of any size: OUT/channels.KEY.json and a sheet of crops per
     channel (resumable, torchrun-sharded); with --target, the channels that drive a class."""
     p = locals()
     m, r = model_options(p), run_options(p, lines=False, report=False)  # the page comes after the sheets
@@ -137,7 +138,7 @@ def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, repor
 
 
 def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None:
-    """OUT/channels.json and OUT/channels/LAYER.cC.png from the run's records."""
+    """OUT/channels.KEY.json and OUT/channels.KEY/LAYER.cC.png from the run's records (KEY: the settings')."""
     from hookviz.concepts import dataset
     from hookviz.run import pipeline
 
@@ -157,10 +158,12 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
         h, w = by_input[name].get("fields", {}).get(layer, job.fields[layer])
         return int(h), int(w)
 
-    sheets = out / dataset.SHEETS
+    gather = {"top": p["top"], "channels": p["chosen"]}  # the records' key, and what gathering chooses
+    json_name, sheets_name = dataset.gathered_names(settings_key({"run": key, **gather}))
+    sheets = out / sheets_name
     dataset.write_sheets(found, data, sheets, job.loaded.name, job.reduce, field_px, dataset.Photos())
     data = {"key": key, "settings": job.settings(), "top": p["top"], **data}
-    dataset.write_json(out / dataset.CHANNELS_JSON, data)
+    dataset.write_json(out / json_name, data)
     if not quiet:
         lines_out = [f"{len(found.layers)} layer(s) over {found.inputs} input(s)"]
         for entry in found.layers:
@@ -171,7 +174,7 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
                     f"{entry.layer}: channels driving {job.loaded.class_name(job.target)} most: {best}"
                 )
         written = sum("sheet" in c for layer in data["layers"].values() for c in layer["channels"])
-        lines_out.append(f"wrote {out / dataset.CHANNELS_JSON} and {written} sheets in {sheets}")
+        lines_out.append(f"wrote {out / json_name} and {written} sheets in {sheets}")
         typer.echo("\n".join(lines_out), err=p["as_json"])
 
 
@@ -229,6 +232,7 @@ def tcav(
         ),
     ] = 0.05,
     out: Out = Path("out"),
+    overwrite: Overwrite = False,
     quiet: Quiet = False,
     as_json: JsonOut = False,
     batch_size: BatchSize = 8,
@@ -237,37 +241,47 @@ def tcav(
     debug: Debug = False,
 ) -> None:
     """TCAV: how much each concept (a folder of examples) matters to a class at a layer, against random
-    folders, with a t-test; a table and OUT/tcav.json."""
+    folders, with a t-test; a table and OUT/tcav.KEY.json (KEY: the settings'; a rerun is skipped)."""
     p = locals()
     m = model_options(p)
     with _guard(debug):
         from hookviz.concepts.dataset import write_json
-        from hookviz.concepts.tcav import tcav_report
+        from hookviz.concepts.tcav import tcav_plan, tcav_report
 
         named = _concepts(concept, random_folders)
         loaded = load_options(m, quiet)
-        data, said = tcav_report(
-            loaded, inputs, target, named, random_folders, layers=layers, method=cav, seed=seed, alpha=alpha,
-            batch=batch_size, max_pixels=max_pixels,
-        )  # fmt: skip
-        for text in said:
-            typer.echo(f"hookviz: note: {text}", err=True)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "tcav.json", data)
+        spec = dict(layers=layers, method=cav, seed=seed, alpha=alpha)
+        _, _, settings = tcav_plan(loaded, inputs, target, named, random_folders, **spec)  # type: ignore[arg-type]
+        path = out / f"tcav.{settings_key(settings)}.json"
+        if path.is_file() and not overwrite:
+            data, status = json.loads(path.read_text(encoding="utf-8")), "skipped"
+        else:
+            data, said = tcav_report(
+                loaded, inputs, target, named, random_folders, **spec, batch=batch_size,  # type: ignore[arg-type]
+                max_pixels=max_pixels,
+            )  # fmt: skip
+            for text in said:
+                typer.echo(f"hookviz: note: {text}", err=True)
+            out.mkdir(parents=True, exist_ok=True)
+            write_json(path, data)
+            status = "ok"
         if as_json:
-            typer.echo(json.dumps(data))
+            typer.echo(json.dumps({"status": status, "output": str(path), **data}))
         if not quiet:
-            typer.echo("\n".join([*_tcav_table(data), f"wrote {out / 'tcav.json'}"]), err=as_json)
+            done = f"wrote {path}" if status == "ok" else f"skipped: {path} exists (--overwrite redoes it)"
+            typer.echo("\n".join([*_tcav_table(data), done]), err=as_json)
 
 
 def _concepts(specs: list[str], randoms: list[str]) -> dict[str, str]:
-    named = {}
+    named: dict[str, str] = {}
     for spec in specs:
         name, eq, folder = spec.partition("=")
         if not eq or not name.strip() or not folder.strip():
             raise UsageError(
                 f"--concept {spec}: give NAME=FOLDER (a name for the concept, then its examples)"
             )
+        if name.strip() in named:
+            raise UsageError(f"--concept {name.strip()} is given twice; give each concept once")
         named[name.strip()] = folder.strip()
     if len(randoms) < 2:
         raise UsageError("--random: give two random folders at least (five or more for a meaningful test)")
@@ -283,6 +297,8 @@ def _tcav_table(data: dict[str, Any]) -> list[str]:
         for c in [*layer["concepts"], layer["null"]]:
             p = "" if c["p_value"] is None else f"  p={c['p_value']:.3g}"
             mark = " significant" if c["significant"] else ""
+            if c.get("meaningful") is False:
+                mark = f"  not meaningful (CAV accuracy {c.get('cav_accuracy') or 0:.2f}: chance)"
             lines.append(
                 f"  {c['concept']:<20} {c['sign_count']:.2f} ± {c['sign_count_std']:.2f}  "
                 f"magnitude {c['magnitude']:+.3g}{p}{mark}"

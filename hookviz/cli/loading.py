@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hookviz.errors import UsageError
+from hookviz.io.files import file_digest
 from hookviz.startup import release_collector
 
 if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
@@ -78,21 +79,39 @@ USED: list[ModelOptions] = []
 
 
 def warm_key(m: ModelOptions) -> Any:
-    """What identifies a loaded model for ``hookviz serve``: the options, and the size and time of every file
-    they name (a weights or labels file rewritten is loaded again); None for a model from the user's own code
-    (``module:function``, ``file.py``), which is loaded afresh every call."""
+    """What identifies a loaded model for ``hookviz serve``: the options, and the content of every file they
+    name (the weights, the labels, a local ``hf:DIR``, ``timm:``/``ultralytics:`` file or folder), so a file
+    rewritten, re-saved or copied over with its size and time kept (``cp -p``) is loaded again; None for a
+    model from the user's own code (``module:function``, ``file.py``), which is loaded afresh every call."""
     name = m.model
+    scheme, _, rest = name.partition(":")
     if name.endswith(".py") or (
-        ":" in name and not name.startswith(("timm:", "hf:", "torchvision:", "monai:", "ultralytics:"))
+        ":" in name and scheme not in ("timm", "hf", "torchvision", "monai", "ultralytics")
     ):
         return None
+    named = [m.weights, m.labels, rest.partition("?")[0] if scheme in ("hf", "timm", "ultralytics") else None]
     stamps = []
-    for value in (m.weights, m.labels):
-        path = Path(str(value)) if value is not None else None
-        if path is not None and path.is_file():
-            st = path.stat()
-            stamps.append((str(path.resolve()), st.st_size, st.st_mtime_ns))
+    for value in named:
+        path = Path(str(value)) if value else None
+        if path is None or not path.exists():
+            continue
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        stamps.append((str(path.resolve()), tuple((str(f.relative_to(path)) if f != path else "", _digest(f))
+                                                   for f in files)))  # fmt: skip
     return (m, tuple(stamps))
+
+
+#: Content digests by (device, inode, size, modification and change times): a file left as it was is not read
+#: again, and any write changes its change time (which no copy can keep).
+_DIGESTS: dict[tuple[int, ...], str] = {}
+
+
+def _digest(path: Path) -> str:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = file_digest(path)
+    return _DIGESTS[key]
 
 
 def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:

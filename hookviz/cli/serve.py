@@ -15,7 +15,7 @@ import typer
 
 from hookviz.cli.app import EXIT_SETUP, _fail, app, memory_size
 from hookviz.cli.loading import USED, WARM, load_options, warm_key
-from hookviz.serve.paths import private_dir, server_socket, socket_dir
+from hookviz.serve.paths import claim, private_dir, server_socket, socket_dir
 from hookviz.serve.server import Server
 from hookviz.serve.wire import ask
 from hookviz.startup import release_collector
@@ -151,15 +151,21 @@ def serve(
         return
     try:
         private_dir(path.parent)
+        claim(path)
     except PermissionError as exc:
         _fail(str(exc), EXIT_SETUP)
     budget = memory_size(max_memory) or 4 * 2**30
     if detach:
         _detach(path, idle_timeout, budget)
         return
-    typer.echo(f"hookviz: serving on {path} (Ctrl-C stops it)", err=True)
+
+    def listening() -> None:  # said once it listens: a script may call at once
+        typer.echo(f"hookviz: serving on {path} (Ctrl-C stops it)", err=True)
+
+    server = Server(path, CliHost(), idle_timeout=idle_timeout, max_memory=budget, log=sys.stderr)  # type: ignore[arg-type]
+    server.on_listen = listening
     with contextlib.suppress(KeyboardInterrupt):
-        Server(path, CliHost(), idle_timeout=idle_timeout, max_memory=budget, log=sys.stderr).serve()  # type: ignore[arg-type]
+        server.serve()
 
 
 def _detach(path: Path, idle_timeout: float, budget: int) -> None:

@@ -28,7 +28,7 @@ from hookviz.cli.kinds import InputSize
 from hookviz.cli.loading import load_options
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
-from hookviz.io.outputs import safe_name
+from hookviz.io.outputs import finite, safe_name, settings_key
 
 Layer = Annotated[str, typer.Option("--layer", "-l", help="the layer.", rich_help_panel=MAPS)]
 
@@ -88,24 +88,41 @@ def visualize(
     debug: Debug = False,
 ) -> None:
     """Feature visualisation: the picture that drives a channel (or a neuron, or a direction) most, optimised
-    in a decorrelated Fourier space under random transformations (as lucent); a PNG and a JSON record."""
+    in a decorrelated Fourier space under random transformations (as lucent); a PNG and a JSON record, named
+    by the settings' key (an identical rerun is skipped)."""
     p = locals()
     with _guard(debug):
+        from hookviz.concepts import visualize as vis
+        from hookviz.models.settings import model_settings
+
+        vector = vis.load_direction(direction) if direction is not None else None
         loaded = load_options(model_options(p), quiet)
-        record, png = _render(p, loaded)
-        stem = f"visualize.{safe_name(loaded.name)}.{safe_name(layer)}.{_what(p)}.s{seed}"
+        settings = {
+            **model_settings(loaded), "layer": layer, "channel": channel, "neuron": neuron,
+            "direction": vis.direction_digest(vector) if vector is not None else None,
+            **{k: p[k] for k in ("size", "steps", "lr", "seed", "images", "diversity")},
+        }  # fmt: skip
+        key = settings_key(settings)
+        stem = f"visualize.{safe_name(loaded.name)}.{safe_name(layer)}.{_what(p)}.s{seed}.{key}"
         paths = [out / f"{stem}.png", out / f"{stem}.json"]
+        if not overwrite and all(path.is_file() for path in paths):
+            if not quiet:
+                typer.echo(f"{paths[0]}: skipped (made with these settings; --overwrite redoes it)")
+            return
         if not overwrite and any(path.exists() for path in paths):
             raise OutputError(
-                f"{paths[0]} exists; pass --overwrite to replace it, or another --seed or --out"
+                f"{paths[0]}: half of an earlier run's outputs exist; pass --overwrite to redo it"
             )
+        record, png = _render(p, loaded, vector)
+        record["key"], record["outputs"] = key, [str(path) for path in paths]
         out.mkdir(parents=True, exist_ok=True)
-        record["outputs"] = [str(path) for path in paths]
         atomic_write(paths[0], png)
-        atomic_write(paths[1], json.dumps(record, indent=1))
+        atomic_write(paths[1], json.dumps(finite(record), indent=1, allow_nan=False))
         if not quiet:
             values = ", ".join(f"{v:.4g}" for v in record["objective"])
             typer.echo(f"{paths[0]}: objective {values} after {steps} steps")
+            if record.get("note"):
+                typer.echo(f"hookviz: note: {record['note']}", err=True)
 
 
 def _what(p: dict[str, Any]) -> str:
@@ -115,12 +132,11 @@ def _what(p: dict[str, Any]) -> str:
     return f"c{p['channel']}{neuron}"
 
 
-def _render(p: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], bytes]:
+def _render(p: dict[str, Any], loaded: Any, vector: Any) -> tuple[dict[str, Any], bytes]:
     """The optimised pictures as one PNG, and the record of how they were made."""
     from hookviz.concepts import visualize as vis
 
     neuron = _pair(p["neuron"]) if p["neuron"] else None
-    vector = vis.load_direction(p["direction"]) if p["direction"] else None
     objective = vis.Objective(p["layer"], channel=p["channel"], neuron=neuron, direction=vector)
     pre = loaded.preprocess
     shape = loaded.input_shape
@@ -137,6 +153,7 @@ def _render(p: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], bytes]:
         "direction": str(p["direction"]) if p["direction"] else None, **settings,
         "objective": [round(v, 6) for v in result.objective],
         "history": [round(v, 6) for v in result.history[:: max(1, len(result.history) // 64)]],
+        "note": vis.dead_note(result, what),
     }  # fmt: skip
     return record, vis.picture(result.images, title)
 

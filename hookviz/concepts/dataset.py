@@ -1,5 +1,6 @@
-"""A ``channels`` run gathered: each channel's best inputs over every input of the run (``channels.json``),
-the channels that drive a target class most over the folder, and a sheet of crops per channel.
+"""A ``channels`` run gathered: each channel's best inputs over every input of the run
+(``channels.KEY.json``), the channels that drive a target class most over the folder, and a sheet of crops per
+channel.
 
 Only the run's small per-input ``.channels.npz`` files are read, one at a time, into :class:`TopK` (memory:
 channels x K), so a run over any number of photos is gathered in bounded memory, and the same inputs give
@@ -26,8 +27,11 @@ from hookviz.io.files import atomic_write
 from hookviz.io.images import encode_png, load_rgb_within
 from hookviz.io.outputs import finite, safe_name
 
-CHANNELS_JSON = "channels.json"
-SHEETS = "channels"
+
+def gathered_names(key: str) -> tuple[str, str]:
+    """The names of a run's gathered outputs in its ``--out``: ``channels.KEY.json`` and the sheets' folder
+    ``channels.KEY/``, keyed like every output (a run with other settings writes beside them)."""
+    return f"channels.{key}.json", f"channels.{key}"
 
 
 @dataclass

@@ -15,6 +15,7 @@ seed (Python's ``random`` for the split, NumPy's for the classifier) the CAVs an
 
 from __future__ import annotations
 
+import os
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -28,8 +29,10 @@ from torch import Tensor, nn
 from hookviz.core.hooks import capture, logits_of, preserved
 from hookviz.errors import HookvizError, LayerError, SetupError, UsageError
 from hookviz.io.inputs import expand_inputs, read_input
+from hookviz.io.outputs import settings_key
 from hookviz.models.classes import parse_target
 from hookviz.models.loaded import LoadedModel, feature_layers, num_classes
+from hookviz.models.settings import model_settings
 
 METHODS = ("linear", "mean")
 
@@ -90,6 +93,9 @@ class Cav:
 
     vector: Tensor
     accuracy: float
+    #: Held-out examples, and the share of the larger folder among them (what guessing one folder scores).
+    held: int = 0
+    chance: float = 0.5
 
 
 def train_cav(concept: Tensor, other: Tensor, *, method: str = "linear", seeds: Seeds | None = None) -> Cav:
@@ -120,12 +126,15 @@ def train_cav(concept: Tensor, other: Tensor, *, method: str = "linear", seeds: 
     held, train = rows[:test], rows[test:]
     lm = SGDClassifier(alpha=0.01, max_iter=1000, tol=1e-3, random_state=seeds.numpy)
     lm.fit(torch.stack([x for x, _ in train]).numpy(), np.array([y for _, y in train]))
-    accuracy = float("nan")
+    accuracy, chance = float("nan"), 0.5
     if held:
+        labels = np.array([y for _, y in held])
         predicted = lm.predict(torch.stack([x for x, _ in held]).numpy())
-        accuracy = float(np.mean(predicted == np.array([y for _, y in held])))
+        accuracy = float(np.mean(predicted == labels))
+        chance = float(max(labels.mean(), 1 - labels.mean()))
     # the boundary's normal points to class 1 (the other folder): the concept's direction is its opposite
-    return Cav(-torch.from_numpy(np.asarray(lm.coef_[0], dtype=np.float32)), accuracy)
+    vector = -torch.from_numpy(np.asarray(lm.coef_[0], dtype=np.float32))
+    return Cav(vector, accuracy, len(held), chance)
 
 
 def scores(gradients: Tensor, cav: Cav) -> tuple[float, float]:
@@ -145,6 +154,9 @@ class ConceptScore:
     accuracies: list[float]
     p_value: float | None = None
     significant: bool | None = None
+    #: Whether its CAVs tell the concept from the random folders better than chance (None: not measured,
+    #: ``--cav mean``). A concept whose CAVs are at chance has no direction to score: never significant.
+    meaningful: bool | None = None
 
     @property
     def mean(self) -> float:
@@ -192,27 +204,49 @@ def tcav(
     rand = [layer_activations(model, make(), layer) for make in randoms]
     seeds = Seeds(seed)
 
-    def against(concept: Tensor, others: list[Tensor]) -> tuple[list[float], list[float], list[float]]:
-        signs, mags, accs = [], [], []
+    def against(concept: Tensor, others: list[Tensor]) -> tuple[list[float], list[float], list[Cav]]:
+        signs, mags, cavs = [], [], []
         for other in others:
             cav = train_cav(concept, other, method=method, seeds=seeds)
             s, m = scores(grads, cav)
             signs.append(s)
             mags.append(m)
-            accs.append(cav.accuracy)
-        return signs, mags, accs
+            cavs.append(cav)
+        return signs, mags, cavs
 
     measured = {name: against(a, rand) for name, a in acts.items()}
-    null_scores: tuple[list[float], list[float], list[float]] = ([], [], [])
+    null_signs: list[float] = []
+    null_mags: list[float] = []
+    null_cavs: list[Cav] = []
     for i in range(len(rand)):
-        one = against(rand[i], [rand[(i + 1) % len(rand)]])
-        for kept, got in zip(null_scores, one, strict=True):
-            kept.extend(got)
-    null = ConceptScore("(random)", *null_scores)
-    out = [
-        ConceptScore(name, *m, *_significance(m[0], null.sign_counts, alpha)) for name, m in measured.items()
-    ]
+        s, m, c = against(rand[i], [rand[(i + 1) % len(rand)]])
+        null_signs += s
+        null_mags += m
+        null_cavs += c
+    null = ConceptScore("(random)", null_signs, null_mags, [c.accuracy for c in null_cavs])
+    out = []
+    for name, (signs, mags, cavs) in measured.items():
+        p, significant = _significance(signs, null.sign_counts, alpha)
+        meaningful = above_chance(cavs, alpha)
+        if meaningful is False:
+            significant = False
+        out.append(ConceptScore(name, signs, mags, [c.accuracy for c in cavs], p, significant, meaningful))
     return TcavResult(layer, target, len(grads), out, null)
+
+
+def above_chance(cavs: Sequence[Cav], alpha: float = 0.05) -> bool | None:
+    """Whether ``cavs`` (one concept against each random folder) separate it from the random folders better
+    than guessing the larger folder does: a one-sided binomial test of their held-out hits, pooled, at
+    ``alpha`` (Kim et al. discard CAVs at chance). None when no accuracy was measured (``--cav mean``)."""
+    from scipy.stats import binomtest
+
+    held = [c for c in cavs if c.held and c.accuracy == c.accuracy]
+    if not held:
+        return None
+    n = sum(c.held for c in held)
+    hits = round(sum(c.accuracy * c.held for c in held))
+    chance = sum(c.chance * c.held for c in held) / n
+    return bool(binomtest(hits, n, min(chance, 1.0), alternative="greater").pvalue < alpha)
 
 
 def _significance(signs: list[float], null: list[float], alpha: float) -> tuple[float | None, bool | None]:
@@ -238,6 +272,8 @@ def as_json(result: TcavResult) -> dict[str, Any]:
             "magnitude": round(float(np.mean(c.magnitudes)), 6),
             "p_value": None if c.p_value is None else round(c.p_value, 6),
             "significant": c.significant,
+            "meaningful": c.meaningful,
+            "cav_accuracy": _round(float(np.mean(c.accuracies))) if c.accuracies else None,
             "runs": [
                 {"sign_count": round(s, 6), "magnitude": round(m, 6), "cav_accuracy": _round(a)}
                 for s, m, a in zip(c.sign_counts, c.magnitudes, c.accuracies, strict=True)
@@ -284,6 +320,85 @@ def photo_batches(
         yield torch.from_numpy(np.stack(chunk)).to(loaded.device)
 
 
+def distinct_folders(concepts: Mapping[str, str], randoms: Sequence[str]) -> None:
+    """Refuse a folder given twice (by its real path) or inside another given folder: a concept scored
+    against itself, or one random folder counted five times, gives a t-test of nothing.
+
+    Raises:
+        UsageError: naming the two roles that share a folder.
+    """
+    seen: list[tuple[str, str, str]] = []
+    roles = [*((f"--concept {n}", f) for n, f in concepts.items()), *(("--random", f) for f in randoms)]
+    for role, spec in roles:
+        real = os.path.realpath(os.path.expanduser(spec))
+        for other_role, other_spec, other in seen:
+            if real == other or real.startswith(other + os.sep) or other.startswith(real + os.sep):
+                how = "the same folder as" if real == other else "overlaps"
+                raise UsageError(
+                    f"{role} {spec} is {how} {other_role} {other_spec}: give each folder once, the concept's "
+                    "examples apart from every random folder"
+                )
+        seen.append((role, spec, real))
+
+
+def tcav_settings(
+    loaded: LoadedModel,
+    inputs: Sequence[str],
+    target: int,
+    concepts: Mapping[str, str],
+    randoms: Sequence[str],
+    layers: Sequence[str],
+    *,
+    method: str,
+    seed: int,
+    alpha: float,
+) -> dict[str, Any]:
+    """What changes a TCAV result: the model as it reads inputs, the folders (real paths), the class, layers
+    and test (its key names ``tcav.KEY.json``)."""
+
+    def real(specs: Sequence[str]) -> list[str]:
+        return [os.path.realpath(os.path.expanduser(x)) for x in specs]
+
+    return {
+        **model_settings(loaded),
+        "inputs": real(inputs),
+        "target": target,
+        "layers": list(layers),
+        "cav": method,
+        "seed": seed,
+        "alpha": alpha,
+        "concepts": dict(zip(concepts, real(list(concepts.values())), strict=True)),
+        "random": real(randoms),
+    }
+
+
+def tcav_plan(
+    loaded: LoadedModel,
+    inputs: Sequence[str],
+    target: str,
+    concepts: Mapping[str, str],
+    randoms: Sequence[str],
+    *,
+    layers: Sequence[str] | None = None,
+    method: str = "linear",
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> tuple[list[str], int, dict[str, Any]]:
+    """The layers, the class index and the settings of a TCAV run, checked before any work.
+
+    Raises:
+        TargetError, LayerError, UsageError: a bad class, layer or folder.
+    """
+    distinct_folders(concepts, randoms)
+    names, _ = feature_layers(loaded, layers)
+    index = parse_target(target, loaded, num_classes(loaded))
+    if index is None:
+        raise UsageError(f"--target {target}: name one class (an index or a name)")
+    settings = tcav_settings(loaded, inputs, index, concepts, randoms, names, method=method, seed=seed,
+                             alpha=alpha)  # fmt: skip
+    return names, index, settings
+
+
 def tcav_report(
     loaded: LoadedModel,
     inputs: Sequence[str],
@@ -298,16 +413,15 @@ def tcav_report(
     batch: int = 8,
     max_pixels: int = 80_000_000,
 ) -> tuple[dict[str, Any], list[str]]:
-    """:func:`tcav` at every layer (default: the CAM layer) over folders of photos, as ``tcav.json`` holds it,
-    and what was left out (unreadable photos), each said once.
+    """:func:`tcav` at every layer (default: the CAM layer) over folders of photos, as ``tcav.KEY.json`` holds
+    it, and what was left out (unreadable photos), each said once.
 
     Raises:
         TargetError, LayerError, UsageError: a bad class, layer or folder.
     """
-    names, _ = feature_layers(loaded, layers)
-    index = parse_target(target, loaded, num_classes(loaded))
-    if index is None:
-        raise UsageError(f"--target {target}: name one class (an index or a name)")
+    names, index, settings = tcav_plan(
+        loaded, inputs, target, concepts, randoms, layers=layers, method=method, seed=seed, alpha=alpha
+    )
     said: list[str] = []
 
     def read(specs: Sequence[str]) -> Callable[[], Iterable[Tensor]]:
@@ -319,9 +433,15 @@ def tcav_report(
         tcav(loaded.model, read(inputs), layer, index, made, against, method=method, seed=seed, alpha=alpha)
         for layer in names
     ]
-    settings = {"model": loaded.name, "weights": loaded.weights, "cav": method, "seed": seed, "alpha": alpha,
-                "concepts": dict(concepts), "random": list(randoms)}  # fmt: skip
+    for r in results:
+        for c in r.concepts:
+            if c.meaningful is False:
+                said.append(
+                    f"{c.concept} at {r.layer}: its CAVs tell it from the random folders no better than "
+                    f"chance (accuracy {np.mean(c.accuracies):.2f}): not meaningful, whatever its score"
+                )
     data = {
+        "key": settings_key(settings),
         "settings": settings,
         "target": {"index": index, "name": loaded.class_name(index)},
         "layers": [as_json(r) for r in results],

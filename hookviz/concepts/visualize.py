@@ -13,6 +13,7 @@ at the layer). Deterministic for a seed (one ``torch.Generator`` draws the trans
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -231,8 +232,47 @@ def _similarity(act: Tensor) -> Tensor:
 
 
 def load_direction(path: str | Path) -> Tensor:
-    """A direction of a layer's channels from a ``.npy`` file (any shape: flattened, float32)."""
-    return torch.from_numpy(np.load(path).astype(np.float32).ravel())
+    """A direction of a layer's channels from a ``.npy`` file: a vector of finite numbers, not all zero (a
+    ``(1, C)`` or ``(C, 1, 1)`` array is a vector too; float32).
+
+    Raises:
+        UsageError: a missing or unreadable file, an array of more than one axis, of other values than
+            numbers, with a NaN or infinity, or of zeros only.
+    """
+    hint = "save one with numpy.save(PATH, vector), a value per channel of the layer"
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"--direction {path}: no such file") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise UsageError(f"--direction {path}: not a .npy array of numbers ({exc}); {hint}") from None
+    if not isinstance(arr, np.ndarray) or not np.issubdtype(arr.dtype, np.number) or arr.dtype.kind == "c":
+        raise UsageError(f"--direction {path}: not an array of real numbers; {hint}")
+    if sum(d > 1 for d in arr.shape) > 1:
+        raise UsageError(f"--direction {path}: a {arr.shape} array is not a vector; {hint}")
+    vector = arr.astype(np.float32).ravel()
+    if not vector.size or not np.isfinite(vector).all():
+        raise UsageError(f"--direction {path}: empty or holds NaN or infinity; {hint}")
+    if not np.any(vector):
+        raise UsageError(f"--direction {path}: every value is 0, which points nowhere; {hint}")
+    return torch.from_numpy(vector)
+
+
+def direction_digest(vector: Tensor) -> str:
+    """16 hex digits of a direction's values (its outputs' key changes with them)."""
+    return hashlib.sha256(vector.numpy().tobytes()).hexdigest()[:16]
+
+
+def dead_note(result: Visualisation, what: str) -> str | None:
+    """A note when the objective stayed 0 all along: the unit gave nothing to any picture tried (a dead
+    ReLU), so the picture shows the start, not what the unit sees."""
+    if any(result.objective) or any(result.history):
+        return None
+    return (
+        f"{what} stayed at 0 over every step: it does not respond to any picture tried (a dead unit after "
+        "its ReLU?); the picture shows where the optimisation started, not what the unit sees. Try another "
+        "channel or the layer before its activation"
+    )
 
 
 def picture(images: Tensor, title: str) -> bytes:

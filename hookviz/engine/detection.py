@@ -218,6 +218,9 @@ def drise(
     from torchvision.ops import box_iou
 
     h, w = int(image.shape[-2]), int(image.shape[-1])
+    if not len(boxes):  # nothing to explain: no detector pass
+        advance(options.masks)
+        return torch.zeros(0, h, w)
     masks = random_masks(options.masks, options.cells, (h, w), options.seed).to(image.device)
     weights = torch.zeros(len(boxes), options.masks)
     target_boxes = boxes.to(image.device)

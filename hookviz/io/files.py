@@ -8,6 +8,7 @@ final name instead of writing through it). Appends (the manifest) open with ``O_
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import tempfile
@@ -18,6 +19,15 @@ os.umask(_UMASK)
 
 #: A temp file of :func:`atomic_write` (or of hookviz before it): ``.<name>.<pid>[.<random>].tmp``.
 TEMP = re.compile(r"^\..+\.(\d+)(?:\.[A-Za-z0-9_]+)?\.tmp$")
+
+
+def file_digest(path: Path) -> str:
+    """The first 16 hex digits of a file's SHA-256: its content, whatever its name or time stamp."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def atomic_write(final: Path, data: bytes | str, *, exclusive: bool = False) -> Path:

@@ -3,6 +3,7 @@ resume a run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -162,3 +163,9 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    """8 hex digits that change whenever anything in ``settings`` (what changes the pixels) changes."""
+    text = json.dumps(settings, sort_keys=True, ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]

@@ -2,7 +2,9 @@
 preprocessed one input at a time, and laid side by side along the channels for the model.
 
 Files are paired by their path under their input's folder without the suffix (``photos/a/001.jpg`` with
-``depths/a/001.png``), else by stem where it is unique; the first input's files drive. A file without a
+``depths/a/001.png``), else by stem where it is unique in every input's folder, never one partner for two
+samples; the first input's files drive. Two files of one name (``001.png`` and ``001.jpg``) make their sample
+ambiguous: it fails alone, naming both. A file without a
 partner is a sample of its own that fails alone, naming what is missing. An input given as one file pairs
 with the other inputs' single files.
 """
@@ -54,17 +56,28 @@ def check_names(names: Sequence[str]) -> None:
         raise UsageError(f"--input {twice} is given twice; give each input once")
 
 
-def _files(path: str, exclude: Path | None) -> dict[str, Path] | None:
-    """A folder's images by their path under it without the suffix; None for one file."""
+def _files(path: str, exclude: Path | None) -> dict[str, list[Path]] | None:
+    """A folder's images by their path under it without the suffix (two files of one name with other
+    suffixes, ``001.png`` and ``001.jpg``, share a key); None for one file."""
     p = Path(path).expanduser()
     if not p.is_dir():
         return None
-    return {str(f.relative_to(p).with_suffix("")): f for f in _scan_dir(p, exclude)}
+    found: dict[str, list[Path]] = {}
+    for f in _scan_dir(p, exclude):
+        found.setdefault(str(f.relative_to(p).with_suffix("")), []).append(f)
+    return found
+
+
+def _both(paths: Sequence[Path]) -> str:
+    return " and ".join(quote(p) for p in paths)
 
 
 def pair_inputs(pairs: Sequence[tuple[str, str]], exclude: Path | None = None) -> list[Item]:
     """Each sample as an :class:`Item` (``path``: the first input's file; ``partners``: every input's file,
-    by name), or an ``error`` naming the partner that is missing."""
+    by name), or an ``error`` naming the partner that is missing or the files that make a sample ambiguous.
+
+    A partner is found by its path under its folder without the suffix, else by its stem where that stem is
+    unique in every input's folder; no file is the partner of two samples."""
     listed = {name: _files(path, exclude) for name, path in pairs}
     first, rest = pairs[0][0], [n for n, _ in pairs[1:]]
     if all(v is None for v in listed.values()):  # one file each: one sample
@@ -79,36 +92,56 @@ def pair_inputs(pairs: Sequence[tuple[str, str]], exclude: Path | None = None) -
         raise UsageError(
             f"--input {one} is one file and the others are folders; give folders for all, or files"
         )
-    by_stem = {n: _unique_stems(v) for n, v in folders.items()}
-    items: list[Item] = []
+    stems: dict[str, dict[str, list[Path]]] = {}
+    for n, files in folders.items():
+        for paths in files.values():
+            for path in paths:
+                stems.setdefault(n, {}).setdefault(path.stem, []).append(path)
+    unique = set.intersection(*({s for s, ps in stems.get(n, {}).items() if len(ps) == 1} for n in folders))
     used: dict[str, set[Path]] = {n: set() for n in rest}
-    for key, path in folders[first].items():
+    # Exact keys first, so that a stem never takes a file that its own path pairs elsewhere.
+    for n in rest:
+        used[n].update(p for key in folders[first] for p in folders[n].get(key, ()))
+    items: list[Item] = []
+    for key, paths in folders[first].items():
+        if len(paths) > 1:
+            items.append(Item(str(paths[0]), None, f"{_both(paths)} are one {first} sample ({key}): keep "
+                                                    "one of them (rename or move the other)"))  # fmt: skip
+            continue
+        path = paths[0]
         found: list[tuple[str, Path]] = [(first, path)]
-        lacking = []
+        lacking, ambiguous = [], None
         for n in rest:
-            partner = folders[n].get(key) or by_stem[n].get(Path(key).name)
+            partner = folders[n].get(key)
+            if partner is None and path.stem in unique:
+                candidate = stems[n][path.stem][0]
+                partner = [candidate] if candidate not in used[n] else None
+                if partner:
+                    used[n].add(candidate)
             if partner is None:
                 lacking.append(n)
+            elif len(partner) > 1:
+                ambiguous = ambiguous or (n, partner)
             else:
-                found.append((n, partner))
-                used[n].add(partner)
-        if lacking:
+                found.append((n, partner[0]))
+        if ambiguous:
+            n, both = ambiguous
+            why = (
+                f"{quote(path)}: its {n} partner is ambiguous ({_both(both)}); keep one of them (rename or "
+                "move the other)"
+            )
+            items.append(Item(str(path), None, why))
+        elif lacking:
             where = dict(pairs)[lacking[0]]
             items.append(Item(str(path), None, f"{quote(path)}: no {lacking[0]} partner (looked for "
                                                f"{quote(str(Path(where) / key) + '.*')})"))  # fmt: skip
         else:
             items.append(Item(str(path), path, partners=tuple(found)))
     for n in rest:
-        for path in sorted(set(folders[n].values()) - used[n]):
+        every = {p for ps in folders[n].values() for p in ps}
+        for path in sorted(every - used[n]):
             items.append(Item(str(path), None, f"{quote(path)}: no {first} partner for this {n} file"))
     return items
-
-
-def _unique_stems(files: dict[str, Path]) -> dict[str, Path]:
-    stems: dict[str, list[Path]] = {}
-    for path in files.values():
-        stems.setdefault(path.stem, []).append(path)
-    return {s: ps[0] for s, ps in stems.items() if len(ps) == 1}
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import FUSED, Job, model_settings, parse_methods, predicted
+from hookviz.jobs.common import FUSED, Job, parse_methods, predicted
 from hookviz.jobs.detection import DetectionJob
 from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.features import FeatureMapJob
 from hookviz.jobs.sanity import SanityJob
 from hookviz.jobs.training import DropBlockJob, GradFlowJob
+from hookviz.models.settings import model_settings
 
 __all__ = [
     "FUSED",

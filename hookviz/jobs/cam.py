@@ -28,7 +28,6 @@ from hookviz.jobs.common import (
     _full_map,
     _npy,
     _weights_note,
-    model_settings,
     parse_methods,
 )
 from hookviz.methods import REGISTRY, MethodOptions, cams, get, passes
@@ -36,6 +35,7 @@ from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel, num_classes
+from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
 

@@ -16,9 +16,10 @@ from hookviz.concepts.examples import REDUCE, channel_scores, receptive_field
 from hookviz.core.hooks import probe_input
 from hookviz.errors import UsageError
 from hookviz.io.images import Box
-from hookviz.jobs.common import BaseJob, model_settings, predicted
+from hookviz.jobs.common import BaseJob, predicted
 from hookviz.models.classes import parse_target
 from hookviz.models.loaded import LoadedModel, feature_layers, num_classes
+from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)

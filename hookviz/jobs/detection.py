@@ -21,12 +21,12 @@ from hookviz.jobs.common import (
     _full_map,
     _npy,
     _weights_note,
-    model_settings,
     parse_methods,
 )
 from hookviz.methods import REGISTRY, MethodOptions, cams
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Fuse
 
 
@@ -189,17 +189,18 @@ class DetectionJob(BaseJob):
         if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
             files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
             files.append((name[: -len(".png")] + ".full.npy", _npy(_full_map(cam, rgb, box))))
-        target = {
+        per_photo = _per_photo(method)  # a class-agnostic map stands with no detection too
+        target = None if per_photo else {
             "index": int(ex.labels[i]),
             "name": lm.class_name(int(ex.labels[i])),
             "score": round(float(ex.scores[i]), 6),
-        }
+        }  # fmt: skip
         record = {
             "file": name,
             "method": method,
             "layer": layer,
-            "box": None if _per_photo(method) else i + 1,
-            "target": None if _per_photo(method) else target,
+            "box": None if per_photo else i + 1,
+            "target": target,
             "finite": bool(np.isfinite(cam).all()),
             "min": _finite_stat(np.min, cam),
             "max": _finite_stat(np.max, cam),

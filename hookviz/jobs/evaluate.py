@@ -14,11 +14,12 @@ from hookviz.errors import InputError, UsageError
 from hookviz.evaluation.families import FIGURES, PIXEL_FAMILIES, MetricSettings, parse_metrics
 from hookviz.io.annotation import input_mask, resolve
 from hookviz.io.images import Box
-from hookviz.jobs.common import BaseJob, _check_finite, model_settings, parse_methods
+from hookviz.jobs.common import BaseJob, _check_finite, parse_methods
 from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel, num_classes
+from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)

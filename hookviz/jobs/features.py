@@ -11,8 +11,9 @@ import numpy as np
 from hookviz import render
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, _weights_note, model_settings, predicted
+from hookviz.jobs.common import BaseJob, _weights_note, predicted
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Stage
 
 

@@ -13,10 +13,11 @@ from hookviz.core.taps import slug
 from hookviz.engine.explain import explain
 from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, _weights_note, model_settings, parse_methods
+from hookviz.jobs.common import BaseJob, _weights_note, parse_methods
 from hookviz.methods import MethodOptions
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)

@@ -14,8 +14,9 @@ from hookviz.core.hooks import logits_of
 from hookviz.engine.explain import ranking
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, _weights_note, model_settings, predicted
+from hookviz.jobs.common import BaseJob, _weights_note, predicted
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 from hookviz.training.gradients import gradient_flow
 from hookviz.training.regularize import drop_block
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from hookviz.errors import UsageError, WeightsError
+from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.hf_dense import HfDetector, HfSegmenter
 from hookviz.models.scores import ImageTextSource
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
-from hookviz.models.weights import apply_state_dict, file_digest, load_state_dict_file
+from hookviz.models.weights import apply_state_dict, load_state_dict_file
 
 
 def _first_line(exc: BaseException) -> str:

@@ -17,9 +17,10 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, SetupError, UsageError, WeightsError, close_matches
+from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
-from hookviz.models.weights import apply_state_dict, file_digest, load_state_dict_file
+from hookviz.models.weights import apply_state_dict, load_state_dict_file
 
 
 def _nets() -> Any:

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from hookviz.errors import SetupError, UsageError, WeightsError
+from hookviz.io.files import file_digest
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
 from hookviz.models.weights import (
     apply_state_dict,
-    file_digest,
     is_torchscript,
     load_state_dict_file,
     values_digest,

@@ -13,10 +13,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
+from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.models.torchvision import imagenet_categories
-from hookviz.models.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
+from hookviz.models.weights import apply_state_dict, classifier_out, load_state_dict_file
 
 
 def _timm() -> Any:

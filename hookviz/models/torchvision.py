@@ -15,10 +15,11 @@ from typing import Any
 from torch import nn
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
+from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.io.video import VideoPreprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
-from hookviz.models.weights import apply_state_dict, classifier_out, file_digest, load_state_dict_file
+from hookviz.models.weights import apply_state_dict, classifier_out, load_state_dict_file
 from hookviz.options import Task
 
 _IMAGENET_CLASSES = 1000

@@ -25,10 +25,11 @@ from torch import Tensor, nn
 
 from hookviz.core.detections import Found
 from hookviz.errors import UsageError, WeightsError
+from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.facade import Facade, photos_uint8
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
-from hookviz.models.weights import apply_state_dict, file_digest, load_state_dict_file
+from hookviz.models.weights import apply_state_dict, load_state_dict_file
 
 #: ultralytics' ``predict`` defaults.
 IOU = 0.7

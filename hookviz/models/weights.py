@@ -16,16 +16,6 @@ from torch import nn
 
 from hookviz.errors import WeightsError
 
-
-def file_digest(path: Path) -> str:
-    """The first 16 hex digits of a file's SHA-256: its content, whatever its name or time stamp."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 _CHECKPOINT_KEYS = ("state_dict", "model", "model_state_dict", "net", "network")
 
 

@@ -1,6 +1,7 @@
 """What the report shows of the concept commands' files in a folder: each channel's sheet of best inputs
-(``channels.json``), the TCAV table (``tcav.json``), the feature visualisations (``visualize.*.json``). Only
-files inside the folder are linked; a file that cannot be read is left out, and ``warn`` is told."""
+(``channels.KEY.json``), the TCAV table (``tcav.KEY.json``), the feature visualisations
+(``visualize.*.json``). Only files inside the folder are linked; a file that cannot be read is left out, and
+``warn`` is told."""
 
 from __future__ import annotations
 
@@ -36,9 +37,16 @@ def _read(path: Path, warn: Warn) -> Any:
         return None
 
 
+def _newest(out: Path, kind: str, warn: Warn) -> Any:
+    """The newest ``KIND.KEY.json`` in ``out`` (one per run's settings; an older version's ``KIND.json``)."""
+    found = [p for p in (*out.glob(f"{kind}.*.json"), out / f"{kind}.json") if p.is_file()]
+    return _read(max(found, key=lambda p: p.stat().st_mtime_ns), warn) if found else None
+
+
 def channels(out: Path, warn: Warn) -> list[dict[str, Any]]:
-    """Per layer of ``channels.json``: its sheets (channel, link) and, with a target, its top channels."""
-    data = _read(out / "channels.json", warn) if (out / "channels.json").is_file() else None
+    """Per layer of the newest ``channels.KEY.json``: its sheets (channel, link) and, with a target, its top
+    channels."""
+    data = _newest(out, "channels", warn)
     if not isinstance(data, dict) or not isinstance(data.get("layers"), dict):
         return []
     shown = []
@@ -57,7 +65,7 @@ def channels(out: Path, warn: Warn) -> list[dict[str, Any]]:
 
 
 def tcav(out: Path, warn: Warn) -> dict[str, Any] | None:
-    data = _read(out / "tcav.json", warn) if (out / "tcav.json").is_file() else None
+    data = _newest(out, "tcav", warn)
     if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
         return None
     rows = []

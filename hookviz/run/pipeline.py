@@ -7,7 +7,6 @@ The pipeline touches the file system but never the console: it yields one record
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +23,7 @@ from hookviz.errors import HookvizError, UsageError
 from hookviz.io import timing
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
 from hookviz.io.inputs import Item, _real, expand_inputs, read_input
-from hookviz.io.outputs import MANIFEST, UNSAFE, Output, finite, safe_name, to_json
+from hookviz.io.outputs import MANIFEST, UNSAFE, Output, finite, safe_name, settings_key, to_json
 from hookviz.io.video import clip_suffix
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
@@ -46,12 +45,6 @@ def output_stem(path: Path) -> str:
     name = path.name[: -len(".nii.gz")] if path.name.lower().endswith(".nii.gz") else path.stem
     stem = UNSAFE.sub("_", name).lstrip("-._")[:60] or "image"
     return f"{stem}-{digest}"
-
-
-def settings_key(settings: dict[str, Any]) -> str:
-    """8 hex digits that change whenever anything in ``settings`` (what changes the pixels) changes."""
-    text = json.dumps(settings, sort_keys=True, ensure_ascii=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def output_prefix(path: Path, model: str, key: str) -> str:

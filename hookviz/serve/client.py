@@ -41,7 +41,15 @@ def run_on_server(argv: list[str]) -> int | None:
         sock.close()
         return None
     try:
-        request = {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "pid": os.getpid()}
+        request = {
+            "op": "run",
+            "argv": argv,
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "pid": os.getpid(),
+            "path": sys.path,  # where this process finds modules (PYTHONPATH, its folder): the child's too
+            "prefix": sys.prefix,
+        }
         send(sock, request, _std_fds())
         try:
             answer = reply(sock)

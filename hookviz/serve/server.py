@@ -17,6 +17,7 @@ bytes."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -27,11 +28,12 @@ import socket
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hookviz.serve.paths import private_dir
+from hookviz.serve.paths import claim, identity, private_dir
 
 #: What a client's environment may not change in a child: the server's own state.
 _KEEP = ("HOOKVIZ_SERVER",)
@@ -83,6 +85,8 @@ class Server:
     #: Children running at once; more requests wait in the socket's queue.
     max_children: int = max(2, os.cpu_count() or 2)
     log: io.TextIOBase | None = None
+    #: Called once the socket listens (a client connecting from then on is served).
+    on_listen: Callable[[], None] | None = None
     children: dict[int, _Child] = field(default_factory=dict)
     #: The models kept warm, least recently used first: key -> bytes.
     warm: OrderedDict[Any, int] = field(default_factory=OrderedDict)
@@ -102,14 +106,14 @@ class Server:
         torch.set_num_threads(1)  # see the module's notes: the children get the real count
         self.host.prepare()
         private_dir(self.path.parent)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a socket left by a server that died (a live one answered our check)
+        claim(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
             listener.bind(str(self.path))  # created 0600
         finally:
             os.umask(old)
+        bound = identity(self.path)
         listener.listen(64)
         listener.setblocking(False)
         wake_r, wake_w = os.pipe()
@@ -124,6 +128,8 @@ class Server:
         self.selector.register(listener, selectors.EVENT_READ, "accept")
         self.selector.register(wake_r, selectors.EVENT_READ, "wake")
         self._say(f"listening on {self.path} (pid {os.getpid()})")
+        if self.on_listen is not None:
+            self.on_listen()
         last = time.monotonic()
         try:
             while not (self._stopping and not self.children):
@@ -150,8 +156,9 @@ class Server:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            if bound is not None and identity(self.path) == bound:  # ours still: never another's file
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
 
     def stop(self) -> None:
         """Finish the requests running, take no more, exit."""
@@ -344,6 +351,20 @@ def _die_with_parent() -> None:
         raise KeyboardInterrupt
 
 
+def _client_path(request: dict[str, Any]) -> None:
+    """Find modules where the client would (``--model pkg.mod:FN`` from its ``PYTHONPATH`` or folder, not the
+    server's): its ``sys.path`` when it runs this Python; otherwise the server's with its own ``PYTHONPATH``
+    entries swapped for the client's."""
+    path = request.get("path")
+    if isinstance(path, list) and request.get("prefix") == sys.prefix:
+        sys.path[:] = [str(p) for p in path]
+    else:
+        ours = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        theirs = [p for p in dict(request.get("env") or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = theirs + [p for p in sys.path if p not in ours or p in theirs]
+    importlib.invalidate_caches()
+
+
 def _child(
     host: Host,
     request: dict[str, Any],
@@ -380,6 +401,7 @@ def _child(
         env = {k: str(v) for k, v in dict(request.get("env") or {}).items()}
         for k in _KEEP:
             env.pop(k, None)
+        _client_path(request)  # before the environment is the client's: the server's PYTHONPATH is read
         os.environ.clear()
         os.environ.update(env)
         import torch

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -158,6 +159,8 @@ class Monitor:
         #: The first module that turned non-finite (None while every value is finite).
         self.first_nonfinite: Nonfinite | None = None
         self._watch = Watch(model) if watch else None
+        #: Logging parts that failed (maps, features, statistics, gradients) and how often: never raised.
+        self.failures: dict[str, int] = {}
 
     # -- the public steps -------------------------------------------------------------------------------
     def step(self, step: int) -> None:
@@ -178,11 +181,23 @@ class Monitor:
         """Log the maps, grids, statistics and gradient norms of the probe batch now."""
         paused = self._watch.paused() if self._watch is not None else _nothing()
         with torch.random.fork_rng(devices=_cuda(self.probe)), paused:
-            self._maps(step)
-            self._features(step)
-            self._statistics(step)
-            self._gradients(step)
-        self.sink.flush()
+            for part in (self._maps, self._features, self._statistics, self._gradients):
+                try:
+                    part(step)
+                except Exception as exc:  # a monitor never stops the training it watches
+                    self._failed(part.__name__.strip("_"), exc, step)
+        with contextlib.suppress(Exception):
+            self.sink.flush()
+
+    def _failed(self, part: str, exc: Exception, step: int) -> None:
+        """Say once per part that its logging failed (the training goes on); later failures are counted."""
+        self.failures[part] = self.failures.get(part, 0) + 1
+        if self.failures[part] > 1:
+            return
+        text = f"{part} not logged at step {step} ({type(exc).__name__}: {exc}); training goes on"
+        warnings.warn(f"hookviz.Monitor: {text}", RuntimeWarning, stacklevel=3)
+        with contextlib.suppress(Exception):
+            self.sink.text("hookviz/monitor", text, step)
 
     def close(self) -> None:
         """Remove the hooks; close the writer if this monitor opened it."""
@@ -222,10 +237,16 @@ class Monitor:
     def _statistics(self, step: int) -> None:
         modules = dict(self.model.named_modules())
         for name, out in _outputs(self.model, self.probe, self.stats).items():
-            for key, value in activation_stats(out, _BOUNDS.get(type(modules[name]))).items():
-                if value is not None:
-                    self.sink.scalar(f"activations/{name}/{key}", value, step)
-            self.sink.histogram(f"activations/{name}", out.flatten().float(), step)
+            values = out.flatten().float()
+            finite = values.isfinite()
+            share = 1.0 - float(finite.float().mean()) if values.numel() else 0.0
+            self.sink.scalar(f"activations/{name}/nonfinite", share, step)
+            if share == 0.0:
+                for key, value in activation_stats(out, _BOUNDS.get(type(modules[name]))).items():
+                    if value is not None:
+                        self.sink.scalar(f"activations/{name}/{key}", value, step)
+            if bool(finite.any()):  # a histogram of nothing is an error to TensorBoard
+                self.sink.histogram(f"activations/{name}", values[finite], step)
 
     def _gradients(self, step: int) -> None:
         labels = self.labels

@@ -8,6 +8,10 @@ and, for a gradient, the backward pass again from the gradient that reached the 
 ``torch.autograd.grad``: no ``.grad`` is touched); in the replay every module's output and passed-back
 gradient is summed (a sum is NaN or inf when a value is), and the first non-finite one names the module.
 
+A value made non-finite inside a module's own code (a composite's softmax, the model's ``forward``) names
+that module and the children it ran between, not the next module it reaches: the module blamed is the
+innermost whose output is non-finite while its inputs were finite.
+
 A gradient that turns non-finite before any parameter sees it (in a module ahead of every parameter) changes
 no weight and is not reported; neither is ``-inf`` inside the model that leaves its output finite (a masked
 softmax). With several outputs, the gradient is replayed through the first.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -103,13 +108,17 @@ class Watch:
         if self._call is None:
             return None
         args, kwargs, states = self._call
-        outputs: list[tuple[str, Tensor]] = []
+        calls: list[_Call] = []  # every module's call, in the order they finished
         grads: list[tuple[str, Tensor]] = []
-        handles = [
-            module.register_forward_hook(_summing(name, outputs, grads if backward else None))
-            for name, module in self.model.named_modules()
-            if name and not list(module.children()) and not isinstance(module, PASS_THROUGH)
-        ]
+        handles: list[RemovableHandle] = []
+        for name, module in self.model.named_modules():
+            leaf = not list(module.children())
+            if leaf and isinstance(module, PASS_THROUGH):
+                continue
+            started: list[tuple[bool, int]] = []
+            handles.append(module.register_forward_pre_hook(_entering(started, calls), with_kwargs=True))
+            leaving = _leaving(name, started, calls, grads if backward and leaf and name else None)
+            handles.append(module.register_forward_hook(leaving, with_kwargs=True))
         self._replaying = True
         try:
             with (
@@ -120,7 +129,7 @@ class Watch:
                 _set_rng_states(states, args)
                 with torch.enable_grad() if backward else torch.no_grad():
                     out = self.model(*args, **kwargs)
-                found = next(((n, "output") for n, s in outputs if not bool(s.isfinite())), None)
+                found = _first_made(calls)
                 first = _first_tensor(out)
                 if found is None and backward and first is not None and self._out_grad is not None:
                     torch.autograd.grad(first, self.params, self._out_grad, allow_unused=True)
@@ -188,18 +197,57 @@ def _module_of(sums: list[tuple[str, Tensor]]) -> str:
     return name.rpartition(".")[0] or name
 
 
-def _summing(
-    name: str, outputs: list[tuple[str, Tensor]], grads: list[tuple[str, Tensor]] | None
+@dataclass
+class _Call:
+    """One module's call in the replay: whether its inputs and its output were finite, and the calls
+    that finished inside it (its children's among them)."""
+
+    name: str
+    inputs_finite: bool
+    output_finite: bool
+    inside: list[_Call]
+
+
+def _entering(started: list[tuple[bool, int]], calls: list[_Call]) -> Callable[..., None]:
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        started.append((_finite(args) and _finite(kwargs), len(calls)))
+
+    return hook
+
+
+def _leaving(
+    name: str, started: list[tuple[bool, int]], calls: list[_Call], grads: list[tuple[str, Tensor]] | None
 ) -> Callable[..., None]:
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        if not isinstance(output, Tensor) or not output.is_floating_point():
-            return
-        outputs.append((name, output.detach().sum(dtype=torch.float32)))
+    def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        finite_in, begun = started.pop() if started else (True, len(calls))
+        calls.append(_Call(name, finite_in, _finite(output), calls[begun:]))
         first = args[0] if args and isinstance(args[0], Tensor) else None
         if grads is not None and first is not None and first.requires_grad:
             first.register_hook(lambda g: grads.append((name, g.sum(dtype=torch.float32))))
 
     return hook
+
+
+def _first_made(calls: list[_Call]) -> tuple[str, str] | None:
+    """The innermost module whose output turned non-finite from finite inputs (the first such call to
+    finish): a leaf, or a composite module or the model whose own code made it, named with the children it
+    happened between (``attn (its own code, between attn.qkv and attn.proj)``)."""
+    call = next((c for c in calls if c.inputs_finite and not c.output_finite), None)
+    if call is None:
+        return None
+    depth = call.name.count(".") + 1 if call.name else 0
+    prefix = f"{call.name}." if call.name else ""
+    children = [c for c in call.inside if c.name.startswith(prefix) and c.name.count(".") == depth and c.name]
+    if not children and call.name:
+        return call.name, "output"
+    before = [c.name for c in children if c.output_finite and c.inputs_finite]
+    after = next((c.name for c in children if not c.inputs_finite), None)
+    where = (
+        f"between {before[-1]} and {after}" if before and after else
+        f"after {before[-1]}" if before else f"before {after}" if after else "before any module ran"
+    )  # fmt: skip
+    own = f"{call.name}'s own code" if call.name else "the model's forward"
+    return f"{call.name or '(forward)'} ({own}, {where})", "output"
 
 
 def _finite(value: Any) -> bool:

@@ -1,0 +1,37 @@
+"""What about a loaded model changes an output: the part of every output's settings key the model gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookviz.models.heads import head_settings
+from hookviz.models.loaded import LoadedModel
+
+
+def model_settings(loaded: LoadedModel) -> dict[str, Any]:
+    """What about the model changes an output's pixels: architecture, weights' values, class names, input."""
+    p = loaded.preprocess
+    return {
+        "model": loaded.name,
+        "weights": loaded.weights_id or loaded.weights,
+        "labels": loaded.labels_id or None,
+        "input": {
+            "crop_size": p.crop_size,
+            "resize_size": p.resize_size,
+            "resize": str(p.resize),
+            "interpolation": p.interpolation,
+            # PIL's antialiased resize of the whole photo, then the crop (the model's own transform)
+            "resampler": "PIL",
+            "crop_round": p.crop_round,
+            "mean": [round(float(v), 6) for v in p.mean],
+            "std": [round(float(v), 6) for v in p.std],
+        },
+        **({"video": loaded.video.settings()} if loaded.video is not None else {}),
+        **({"volume": {"size": loaded.volume.size}} if loaded.volume is not None else {}),
+        **(
+            {"inputs": dict(zip(loaded.several.names, loaded.several.bands, strict=True))}
+            if loaded.several is not None
+            else {}
+        ),
+        **head_settings(loaded.model),
+    }

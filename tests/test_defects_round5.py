@@ -1,0 +1,538 @@
+"""The defects a careful user found in round 5 (issue #46), each reproduced first: a server that changed or
+deleted what was not its own and served stale models, several inputs paired wrongly, outputs replaced by later
+runs, a monitor that stopped the training it watched, inputs read otherwise than their libraries read them,
+and the small slips."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hookviz.serve.wire import ask
+from tests.conftest import ROOT, invoke, write_image
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+unix_only = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets only")
+
+
+# --- the warm server ----------------------------------------------------------------------------------------
+
+
+def _env(sock: Path, pythonpath: str = str(ROOT)) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return env | {"HOOKVIZ_SERVER": str(sock), "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
+
+
+def _hookviz(sock: Path, *args: str, pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hookviz", *args], cwd=ROOT, env=_env(sock, pythonpath),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _server(sock: Path, pythonpath: str = str(ROOT)) -> Iterator[subprocess.Popen[str]]:
+    cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock), "--idle-timeout", "300"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock, pythonpath), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while ask(sock, {"op": "status"}, timeout=2.0) is None:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        yield proc
+    finally:
+        ask(sock, {"op": "stop"})
+        try:
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            if proc.stderr:
+                proc.stderr.close()
+
+
+@unix_only
+def test_serve_never_changes_a_folder_it_did_not_create(tmp_path: Path) -> None:
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chmod(team, 0o2775)
+    r = _hookviz(tmp_path / "x.sock", "serve", "--socket", str(team / "hv.sock"))
+    assert r.returncode == 3, r.stderr
+    assert "open to others" in r.stderr and "mkdir -m 700" in r.stderr
+    assert stat.S_IMODE(team.stat().st_mode) == 0o2775 and not (team / "hv.sock").exists()
+
+
+@unix_only
+def test_serve_replaces_no_file_at_its_socket_path(tmp_path: Path) -> None:
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    results = private / "results.json"
+    results.write_text('{"auc": 0.9}')
+    r = _hookviz(tmp_path / "x.sock", "serve", "--socket", str(results))
+    assert r.returncode == 3 and "not a socket of yours" in r.stderr, r.stderr
+    assert results.read_text() == '{"auc": 0.9}'
+
+
+@unix_only
+def test_a_server_removes_only_its_own_socket_on_the_way_out(tmp_path: Path) -> None:
+    """A file put where the socket was while the server ran is left there when the server stops."""
+    from hookviz.serve.paths import claim, identity
+
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    sock = private / "s.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock))  # a socket of a server that died: claimed
+    stale.close()
+    claim(sock)
+    assert not sock.exists()
+    with _server(sock) as proc:
+        bound = identity(sock)
+        assert bound is not None
+        sock.unlink()
+        sock.write_text("someone else's")
+        ask(sock, {"op": "stop"})  # no answer: the path is not a socket any more
+        proc.send_signal(15)
+        proc.wait(timeout=60)
+    assert sock.read_text() == "someone else's"
+
+
+@unix_only
+def test_serving_on_is_said_once_the_server_listens(tmp_path: Path) -> None:
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    sock = private / "s.sock"
+    cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        while True:
+            line = proc.stderr.readline()
+            assert line, "the server exited"
+            if "serving on" in line:
+                break
+        # The line comes once a client is served: a status asked at once is answered.
+        assert ask(sock, {"op": "status"}, timeout=5.0) is not None
+    finally:
+        ask(sock, {"op": "stop"})
+        proc.communicate(timeout=60)
+
+
+def _vit(folder: Path, seed: int) -> None:
+    import torch
+    import transformers
+
+    config = transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
+        patch_size=8, num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    transformers.ViTForImageClassification(config).save_pretrained(folder)
+
+
+def _module(folder: Path, classes: int) -> None:
+    pkg = folder / "hvround5pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text(
+        f"from tests.conftest import TinyCNN\n\n\ndef net():\n    return TinyCNN(classes={classes})\n"
+    )
+
+
+@unix_only
+@pytest.mark.slow
+def test_the_server_serves_the_files_and_modules_the_client_names(tmp_path: Path, photos: Path) -> None:
+    """Warm models keyed by their files' content (#5, #6), the client's PYTHONPATH (#7)."""
+    pytest.importorskip("transformers")
+    four, seven = tmp_path / "four", tmp_path / "seven"
+    _module(four, 4)
+    _module(seven, 7)
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    sock = private / "s.sock"
+    photo = str(photos / "p0.png")
+    with _server(sock, pythonpath=f"{ROOT}{os.pathsep}{four}"):
+        # 7: the client's module, not the server's.
+        model = [
+            "--model",
+            "hvround5pkg.mod:net",
+            "--weights",
+            "none",
+            "--input-size",
+            "32",
+            "--device",
+            "cpu",
+        ]
+        r = _hookviz(sock, "gradcam", photo, *model, "--target", "6", "--json", "-q", "--out",
+                     str(tmp_path / "m"), pythonpath=f"{ROOT}{os.pathsep}{seven}")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[0])["target"]["index"] == 6
+
+        # 5: an hf:DIR re-saved into its folder is loaded again.
+        folder = tmp_path / "vit"
+        _vit(folder, 0)
+        hf = ["--model", f"hf:{folder}", "--device", "cpu", "--save-raw", "--json", "-q"]
+        first = _hookviz(sock, "gradcam", photo, *hf, "--out", str(tmp_path / "h1"))
+        assert first.returncode == 0, first.stderr
+        _vit(folder, 1)
+        served = _hookviz(sock, "gradcam", photo, *hf, "--out", str(tmp_path / "h2"))
+        here = _hookviz(sock, "gradcam", photo, *hf, "--no-server", "--out", str(tmp_path / "h3"))
+        a, b = (json.loads(x.stdout.splitlines()[0]) for x in (served, here))
+        assert a["key"] == b["key"] != json.loads(first.stdout.splitlines()[0])["key"]
+        assert a["target"] == b["target"]
+        raw = [np.load(next(Path(r["outputs"][0]).parent.glob("*.npy"))) for r in (a, b)]
+        np.testing.assert_allclose(raw[0], raw[1], atol=1e-5)
+
+        # 6: a weights file copied over with its size and time kept (cp -p) is loaded again.
+        import torch
+        import torchvision
+
+        w1, w2, weights = tmp_path / "w1.pt", tmp_path / "w2.pt", tmp_path / "weights.pt"
+        tv = ["--model", "resnet18", "--input-size", "32", "--device", "cpu", "--json", "-q", "--weights"]
+        for w, seed in ((w1, 0), (w2, 1)):
+            torch.manual_seed(seed)
+            torch.save(torchvision.models.resnet18(num_classes=5).state_dict(), w)
+        shutil.copy2(w1, weights)
+        st = weights.stat()
+        one = _hookviz(sock, "gradcam", photo, *tv, str(weights), "--out", str(tmp_path / "w1"))
+        shutil.copy2(w2, weights)
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert weights.stat().st_size == st.st_size and weights.stat().st_mtime_ns == st.st_mtime_ns
+        two = _hookviz(sock, "gradcam", photo, *tv, str(weights), "--out", str(tmp_path / "w2"))
+        ref = _hookviz(
+            sock, "gradcam", photo, *tv, str(weights), "--no-server", "--out", str(tmp_path / "w3")
+        )
+        assert one.returncode == two.returncode == ref.returncode == 0, (one.stderr, two.stderr)
+        r1, r2, r3 = (json.loads(x.stdout.splitlines()[0]) for x in (one, two, ref))
+        assert r2["key"] == r3["key"] != r1["key"]
+        assert r2["target"]["score"] == pytest.approx(r3["target"]["score"], abs=1e-5)
+        assert r1["target"]["score"] != pytest.approx(r2["target"]["score"], abs=1e-5)
+
+
+# --- several inputs -----------------------------------------------------------------------------------------
+
+
+def _touch(*paths: Path) -> None:
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_image(p, np.zeros((8, 8, 3), np.uint8))
+
+
+def test_two_files_of_one_name_make_their_sample_fail_naming_both(tmp_path: Path) -> None:
+    from hookviz.io.samples import pair_inputs
+
+    rgb, depth = tmp_path / "rgb", tmp_path / "depth"
+    _touch(rgb / "001.png", rgb / "001.jpg", rgb / "002.png", depth / "001.png", depth / "002.png",
+           depth / "002.jpg")  # fmt: skip
+    items = {Path(i.name).stem: i for i in pair_inputs([("rgb", str(rgb)), ("depth", str(depth))])}
+    assert set(items) == {"001", "002"}
+    assert "001.png" in items["001"].error and "001.jpg" in items["001"].error
+    assert "one rgb sample" in items["001"].error
+    assert "depth partner is ambiguous" in items["002"].error
+    assert "002.png" in items["002"].error and "002.jpg" in items["002"].error
+    assert all(i.path is None for i in items.values())
+
+
+def test_the_stem_pairs_only_where_it_is_unique_and_never_twice(tmp_path: Path) -> None:
+    from hookviz.io.samples import pair_inputs
+
+    rgb, depth = tmp_path / "rgb", tmp_path / "depth"
+    _touch(rgb / "a" / "001.png", rgb / "c" / "001.png", depth / "b" / "001.png", rgb / "a" / "007.png",
+           depth / "x" / "007.png", rgb / "k" / "009.png", depth / "k" / "009.png")  # fmt: skip
+    items = pair_inputs([("rgb", str(rgb)), ("depth", str(depth))])
+    partners = [dict(i.partners)["depth"] for i in items if i.error is None]
+    assert len(partners) == len(set(partners))  # no depth map given to two photos
+    ok = {str(Path(i.name).relative_to(rgb)): dict(i.partners)["depth"] for i in items if i.error is None}
+    assert ok == {"a/007.png": depth / "x" / "007.png", "k/009.png": depth / "k" / "009.png"}
+    failed = {Path(i.name) for i in items if i.error is not None}
+    assert failed == {rgb / "a" / "001.png", rgb / "c" / "001.png", depth / "b" / "001.png"}
+
+
+# --- concept outputs keyed like every output --------------------------------------------------------------
+
+
+def _tcav_folders(root: Path) -> tuple[str, str, list[str]]:
+    """Inputs, a concept and five random folders of noise photos (32 px); the concept is a copy of random
+    folder 0 under another path (its CAVs cannot beat chance)."""
+    rng = np.random.default_rng(5)
+
+    def folder(name: str, n: int = 10) -> str:
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            write_image(root / name / f"{i}.png", rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+        return str(root / name)
+
+    inputs = folder("inputs", 6)
+    randoms = [folder(f"random{i}") for i in range(5)]
+    shutil.copytree(randoms[0], root / "concept")
+    return inputs, str(root / "concept"), randoms
+
+
+def test_tcav_outputs_are_keyed_a_rerun_skipped_and_folders_distinct(tmp_path: Path) -> None:
+    inputs, concept, randoms = _tcav_folders(tmp_path)
+    rand = [a for r in randoms for a in ("--random", r)]
+    head = ["tcav", inputs, *TINY, "--target", "1", "--layer", "features.4"]
+    args = [*head, "--concept", f"c={concept}", *rand, "--out", str(tmp_path / "out")]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    (one,) = (tmp_path / "out").glob("tcav.*.json")
+    data = json.loads(one.read_text())
+    assert one.name == f"tcav.{data['key']}.json"
+    # A copy of a random folder: CAVs at chance, never significant, said so.
+    (c,) = data["layers"][0]["concepts"]
+    assert c["meaningful"] is False and c["significant"] is False and c["cav_accuracy"] <= 0.65
+    assert "not meaningful" in first.output
+    before = one.read_bytes()
+    again = invoke(*args)
+    assert again.exit_code == 0 and "skipped" in again.output and one.read_bytes() == before
+    other = invoke(*args[:-2], "--seed", "1", "--out", str(tmp_path / "out"))
+    assert other.exit_code == 0, other.output
+    assert len(list((tmp_path / "out").glob("tcav.*.json"))) == 2 and one.read_bytes() == before
+    # The same random folder five times, a concept that is a random folder, or inside one: refused.
+    for bad, why in (
+        ([a for _ in range(5) for a in ("--random", randoms[1])], "the same folder as --random"),
+        (["--random", concept, *rand[2:]], "the same folder as --concept c"),
+        (["--random", str(tmp_path), *rand[2:]], "overlaps"),
+    ):
+        r = invoke(*head, "--concept", f"c={concept}", *bad, "--out", str(tmp_path / "bad"))
+        assert r.exit_code == 2 and why in r.output, r.output
+    twice = invoke(*head, "--concept", f"c={concept}", "--concept", f"c={randoms[1]}", *rand[4:])
+    assert twice.exit_code == 2 and "given twice" in twice.output
+
+
+def test_a_concept_its_cavs_tell_apart_is_meaningful() -> None:
+    """The chance test passes a real concept: bright photos against noise."""
+    import torch
+
+    from hookviz.concepts.tcav import Seeds, above_chance, train_cav
+
+    g = torch.Generator().manual_seed(0)
+    noise = [torch.rand(30, 16, generator=g) for _ in range(3)]
+    bright = torch.rand(30, 16, generator=g) + 0.6
+    seeds = Seeds(0)
+    assert above_chance([train_cav(bright, n, seeds=seeds) for n in noise]) is True
+    assert above_chance([train_cav(noise[0], n, seeds=seeds) for n in noise[1:]]) is False
+    assert above_chance([train_cav(bright, n, method="mean") for n in noise]) is None
+
+
+def test_channels_outputs_of_other_settings_stand_side_by_side(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    base = ["channels", str(photos), *TINY, "--layer", "features.4", "--out", str(out), "-q"]
+    assert invoke(*base, "--top", "2").exit_code == 0
+    assert invoke(*base, "--top", "3").exit_code == 0
+    found = sorted(out.glob("channels.*.json"))
+    assert len(found) == 2
+    tops = sorted(json.loads(f.read_text())["top"] for f in found)
+    assert tops == [2, 3]
+    for f in found:
+        data = json.loads(f.read_text())
+        sheets = {c["sheet"] for c in data["layers"]["features.4"]["channels"] if "sheet" in c}
+        assert sheets and all(s.startswith(f"{f.stem}/") and (out / s).is_file() for s in sheets)
+
+
+def test_visualize_names_hold_its_settings(tmp_path: Path) -> None:
+    import torch
+
+    from tests.conftest import TinyCNN
+
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        w = tmp_path / f"w{seed}.pt"
+        torch.save(TinyCNN().state_dict(), w)
+        paths.append(w)
+    base = ["visualize", "--model", "tests.conftest:TinyCNN", "--input-size", "48", "--device", "cpu",
+            "--layer", "features.4", "--channel", "3", "--size", "32",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    runs = [
+        [*base, "--weights", str(paths[0]), "--steps", "4"],
+        [*base, "--weights", str(paths[1]), "--steps", "4"],  # another checkpoint
+        [*base, "--weights", str(paths[1]), "--steps", "5"],
+        [*base, "--weights", str(paths[1]), "--steps", "5", "--lr", "0.1"],
+        [*base, "--weights", str(paths[1]), "--steps", "5", "--lr", "0.1", "--size", "40"],
+    ]
+    for args in runs:
+        r = invoke(*args)
+        assert r.exit_code == 0, r.output
+    assert len(list((tmp_path / "o").glob("visualize.*.png"))) == len(runs)
+
+
+# --- visualize --direction --------------------------------------------------------------------------------
+
+
+def test_a_bad_direction_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "text.npy").write_text("0.1, 0.2\n")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "nan.npy", np.array([1.0, np.nan, *[0.0] * 14], np.float32))
+    np.save(tmp_path / "square.npy", np.ones((4, 4), np.float32))
+    np.save(tmp_path / "zeros.npy", np.zeros(16, np.float32))
+    base = ["visualize", *TINY, "--layer", "features.1", "--steps", "2", "--size", "16",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    for name, why in (
+        ("missing.npy", "no such file"),
+        ("text.npy", "not a .npy array of numbers"),
+        ("objects.npy", "not a .npy array of numbers"),
+        ("nan.npy", "NaN or infinity"),
+        ("square.npy", "(4, 4) array is not a vector"),
+        ("zeros.npy", "every value is 0"),
+    ):
+        r = invoke(*base, "--direction", str(tmp_path / name))
+        assert r.exit_code == 2, (name, r.exit_code, r.output)
+        assert (why in r.output and "numpy.save" in r.output) or name == "missing.npy", r.output
+        assert not (tmp_path / "o").exists()
+    np.save(tmp_path / "column.npy", np.ones((16, 1, 1), np.float32))
+    r = invoke(*base, "--direction", str(tmp_path / "column.npy"))
+    assert r.exit_code == 0, r.output
+    (record,) = (tmp_path / "o").glob("*.json")
+    json.loads(record.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+
+def test_a_dead_unit_says_so(tmp_path: Path) -> None:
+    """A channel whose ReLU gives 0 to every picture: objective 0.0 with a note, not silence."""
+    import torch
+
+    from tests.conftest import TinyCNN
+
+    model = TinyCNN()
+    with torch.no_grad():
+        model.features[1].weight[2] = 0.0
+        model.features[1].bias[2] = -1.0  # channel 2 after the ReLU is 0 everywhere
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    r = invoke("visualize", "--model", "tests.conftest:TinyCNN", "--weights", str(tmp_path / "w.pt"),
+               "--input-size", "32", "--device", "cpu", "--layer", "features.2", "--channel", "2", "--steps",
+               "3", "--size", "16", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "stayed at 0" in r.output and "dead unit" in r.output
+    (record,) = (tmp_path / "o").glob("*.json")
+    assert "dead unit" in json.loads(record.read_text())["note"]
+
+
+# --- the training monitor -------------------------------------------------------------------------------
+
+
+class _Block(torch.nn.Module):
+    """An attention-like block whose own code makes the NaN: a softmax over a row masked whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.armed = False
+
+    def forward(self, x: Any) -> Any:
+        h = self.qkv(x)
+        if self.armed:
+            h = h.masked_fill(h == h, float("-inf"))  # every position masked
+        return self.proj(h.softmax(-1))
+
+
+def _train(model: Any, steps: int, arm: Any, tmp_path: Path, every: int = 100) -> Any:
+    import torch
+
+    from hookviz.training.monitor import Monitor
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    probe = torch.randn(2, 3, 4, generator=g)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Monitor(model, probe, layer="0", every=every, log_dir=tmp_path) as mon:
+            for step in range(steps):
+                arm(step)
+                loss = model(torch.randn(5, 3, 4, generator=g)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                mon.step(step)
+    return mon, [str(w.message) for w in said]
+
+
+def test_a_nan_made_in_a_composite_modules_own_code_names_that_module(tmp_path: Path) -> None:
+    import torch
+
+    block = _Block()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), block, torch.nn.Linear(4, 2))
+
+    def arm(step: int) -> None:
+        block.armed = step == 2
+
+    mon, said = _train(model, 4, arm, tmp_path)
+    assert mon.first_nonfinite is not None and mon.first_nonfinite.step == 2
+    assert mon.first_nonfinite.module == "1 (1's own code, between 1.qkv and 1.proj)"
+    assert any("1's own code, between 1.qkv and 1.proj" in s for s in said)
+
+
+def test_a_nan_made_in_the_models_forward_is_said_to_be_there(tmp_path: Path) -> None:
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+            self.armed = False
+
+        def forward(self, x: Any) -> Any:
+            h = self.a(x)
+            return self.b(h * float("nan") if self.armed else h)
+
+    net = Net()
+    mon, _ = _train(torch.nn.Sequential(net), 3, lambda s: setattr(net, "armed", s == 1), tmp_path)
+    assert mon.first_nonfinite is not None
+    assert mon.first_nonfinite.module == "0 (0's own code, between 0.a and 0.b)"
+
+
+def test_a_nan_that_persists_across_logging_steps_never_stops_the_training(tmp_path: Path) -> None:
+    """Weights turned NaN at step 1: every later logging step sees only NaN activations."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    def arm(step: int) -> None:
+        if step == 1:
+            with torch.no_grad():
+                model[0].weight.fill_(float("nan"))
+
+    mon, _ = _train(model, 7, arm, tmp_path, every=2)  # logs at 0, 2, 4, 6
+    assert mon.first_nonfinite is not None and mon.first_nonfinite.module.startswith("0")
+    ea = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "histograms": 0})
+    ea.Reload()
+    share = {e.step: e.value for e in ea.Scalars("activations/0/nonfinite")}
+    assert share == {0: 0.0, 2: 1.0, 4: 1.0, 6: 1.0}
+    assert [e.step for e in ea.Histograms("activations/0")] == [0]  # none of nothing
+    assert [e.step for e in ea.Scalars("activations/0/mean")] == [0]
+
+
+# --- detectors -------------------------------------------------------------------------------------------
+
+
+def test_every_detector_method_on_a_photo_without_detections(tmp_path: Path) -> None:
+    from hookviz.engine.detection import detection_methods
+
+    photo = write_image(tmp_path / "grey.png", np.full((96, 128, 3), 127, np.uint8))
+    methods = detection_methods()
+    model = ["--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--weights", "none", "--device", "cpu"]
+    r = invoke("gradcam", str(photo), *model, "--method", ",".join(methods), "--out", str(tmp_path / "o"),
+               "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.splitlines()[0])
+    assert rec["status"] == "ok" and rec["detections"] == [] and rec["predicted"] is None
+    from hookviz.jobs.detection import _per_photo
+
+    whole = {m for m in methods if _per_photo(m)}
+    assert whole and {m["method"] for m in rec["maps"]} == whole  # no box, so only the whole-photo maps
+    for m in rec["maps"]:  # a class-agnostic map of the whole photo, explaining no box
+        assert m["box"] is None and m["target"] is None and m["finite"]
