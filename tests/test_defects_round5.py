@@ -536,3 +536,99 @@ def test_every_detector_method_on_a_photo_without_detections(tmp_path: Path) -> 
     assert whole and {m["method"] for m in rec["maps"]} == whole  # no box, so only the whole-photo maps
     for m in rec["maps"]:  # a class-agnostic map of the whole photo, explaining no box
         assert m["box"] is None and m["target"] is None and m["finite"]
+
+
+def test_a_box_beyond_the_right_or_bottom_edge_is_left_out_with_a_note(photos: Path, tmp_path: Path) -> None:
+    (tmp_path / "labels.txt").write_text("square\ndisc\ncross\n")
+    rows = [
+        "file,class,x0,y0,x1,y1",
+        "p0.png,disc,50,5,90,20",
+        "p1.png,disc,5,60,20,90",
+        "p2.png,1,8,8,30,30",
+        "p3.png,2,10,10,30,30",
+    ]
+    (tmp_path / "b.csv").write_text("\n".join(rows))
+    r = invoke("evaluate", str(photos), *TINY, "--labels", str(tmp_path / "labels.txt"), "--resize", "squash",
+               "--boxes", str(tmp_path / "b.csv"), "--metric", "localisation", "--out",
+               str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert (
+        "a box lies wholly outside its photo and is left out" in r.stderr and "the photo is 40x40" in r.stderr
+    )
+    from tests.conftest import records
+
+    by = {Path(x["input"]).name: x for x in records(tmp_path / "o")}
+    assert by["p0.png"]["objects"] == [] and by["p1.png"]["objects"] == []
+    assert [o["class"]["index"] for o in by["p2.png"]["objects"]] == [1]
+
+
+# --- reading inputs as their libraries read them ---------------------------------------------------------
+
+
+def test_a_yolo_reads_an_rgba_png_as_predict_does(tmp_path: Path) -> None:
+    """Shapes painted under a transparent alpha: predict (cv2.imread) sees them, a viewer does not; the
+    boxes hookviz explains are predict's."""
+    from hookviz.models.ultralytics import process_kept
+
+    with process_kept():
+        pytest.importorskip("ultralytics")
+        from ultralytics import YOLO
+    import cv2
+
+    from hookviz.io.inputs import Item, read_input
+    from hookviz.io.shapes import shapes_scene
+    from hookviz.models.sources import Options
+    from hookviz.models.ultralytics import build
+
+    fixture = ROOT / "tests" / "fixtures" / "shapes_yolo.pt"
+    built = build(f"ultralytics:{fixture}", "DEFAULT", Options())
+    rng = np.random.default_rng(4)
+    compared = 0
+    for i in range(3):
+        img, *_ = shapes_scene(rng, 130, 200, 3, (9, 16))
+        rgb = (img * 255).round().astype(np.uint8)
+        alpha = np.full(rgb.shape[:2], 255, np.uint8)
+        alpha[:, : rgb.shape[1] // 2] = 0  # the left half transparent
+        path = tmp_path / f"s{i}.png"
+        cv2.imwrite(str(path), np.dstack([rgb[..., ::-1], alpha]))
+        drawn, _, _ = read_input(Item(str(path), path), built.preprocess, 10**8)
+        np.testing.assert_array_equal(drawn, cv2.imread(str(path))[..., ::-1])
+        ours = built.model.detect([torch.from_numpy(drawn.copy()).permute(2, 0, 1).float() / 255], 0.25)[0]
+        theirs = YOLO(str(fixture)).predict(str(path), conf=0.25, verbose=False)[0].boxes
+        assert ours.labels.tolist() == theirs.cls.long().tolist()
+        assert torch.allclose(ours.boxes, theirs.xyxy, atol=0.1)
+        compared += len(theirs)
+    assert compared >= 3
+
+
+def test_a_png_cut_short_is_said_to_be_truncated(tmp_path: Path) -> None:
+    from hookviz.errors import InputError
+    from hookviz.io.images import load_rgb
+
+    whole = write_image(tmp_path / "whole.png", np.zeros((40, 40, 3), np.uint8)).read_bytes()
+    for n in (12, 30, len(whole) // 2):
+        (tmp_path / "cut.png").write_bytes(whole[:n])
+        with pytest.raises(InputError, match="cut short|truncated"):
+            load_rgb(tmp_path / "cut.png")
+    (tmp_path / "text.png").write_text("not a picture at all")
+    with pytest.raises(InputError, match="not an image file"):
+        load_rgb(tmp_path / "text.png")
+
+
+# --- cost -------------------------------------------------------------------------------------------------
+
+
+def test_method_all_holds_the_cheap_ones_its_words_promise() -> None:
+    from hookviz.methods.registry import REGISTRY, MethodOptions, parse
+
+    chosen = parse(["all"])
+    options = MethodOptions()
+    for name in chosen:
+        passes = REGISTRY[name].passes
+        if passes is None:
+            continue
+        for k in (64, 512):  # whatever the layer's width
+            forward, backward = passes(k, 3, options, (224, 224))
+            assert forward <= 1 and backward <= 2 * 3, (name, k, forward, backward)
+    assert "scorecam" not in chosen and "fullgrad" not in chosen
+    assert {"gradcam", "hirescam", "eigencam", "saliency"} <= set(chosen)

@@ -46,16 +46,17 @@ def quote(path: object) -> str:
     return repr(str(path))
 
 
-def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, alpha: str = "white") -> np.ndarray:
     """Read an image file as upright RGB ``uint8``.
 
-    Handles grayscale, palette, CMYK, 16-bit and alpha images (alpha is composited over white,
-    which is what the image looks like in a viewer) and applies the EXIF orientation.
+    Handles grayscale, palette, CMYK, 16-bit and alpha images and applies the EXIF orientation. ``alpha``:
+    ``white`` composites over white (what the image looks like in a viewer); ``drop`` keeps the colours as
+    stored under it (what OpenCV's ``imread`` gives, so what ultralytics' ``predict`` sees of a file).
 
     Raises:
         InputError: the file is missing, not an image, truncated, or larger than ``max_pixels``.
     """
-    return _decode(Path(path), max_pixels, None)[0]
+    return _decode(Path(path), max_pixels, None, alpha)[0]
 
 
 def load_rgb_within(
@@ -79,7 +80,9 @@ def load_rgb_within(
     return rgb, scale
 
 
-def _decode(path: Path, max_pixels: int, draft: int | None) -> tuple[np.ndarray, tuple[int, int]]:
+def _decode(
+    path: Path, max_pixels: int, draft: int | None, alpha: str = "white"
+) -> tuple[np.ndarray, tuple[int, int]]:
     """The upright RGB picture and the photo's upright (width, height); ``draft``: a JPEG may be decoded
     at a fraction of its size whose longer side is still at least this."""
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -101,7 +104,7 @@ def _decode(path: Path, max_pixels: int, draft: int | None) -> tuple[np.ndarray,
                 f = max(w, h) / draft  # the reduced picture keeps at least `draft` on its longer side
                 img.draft(img.mode, (max(1, int(img.size[0] / f)), max(1, int(img.size[1] / f))))
             img.load()
-            return _to_rgb(ImageOps.exif_transpose(img)), (w, h)
+            return _to_rgb(ImageOps.exif_transpose(img), alpha), (w, h)
     except InputError:
         raise
     except FileNotFoundError:
@@ -111,6 +114,10 @@ def _decode(path: Path, max_pixels: int, draft: int | None) -> tuple[np.ndarray,
     except PermissionError:
         raise InputError(f"{quote(path)}: permission denied") from None
     except UnidentifiedImageError:
+        if _signed(path):
+            raise InputError(
+                f"{quote(path)}: an image file cut short or corrupt (its header is there, the picture is not)"
+            ) from None
         raise InputError(f"{quote(path)}: not an image file (or an unsupported format)") from None
     except Image.DecompressionBombError as exc:
         raise InputError(f"{quote(path)}: refused as a decompression bomb ({exc})") from None
@@ -156,7 +163,21 @@ def load_bands(
     return bands, np.ascontiguousarray(picture)
 
 
-def _to_rgb(img: object) -> np.ndarray:
+#: The first bytes of the image formats a photo comes in: a file that starts so is an image, cut short.
+_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*", b"BM")
+
+
+def _signed(path: Path) -> bool:
+    """Whether ``path`` starts as an image file does (PNG, JPEG, GIF, TIFF, BMP or WebP)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return head.startswith(_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+
+
+def _to_rgb(img: object, alpha: str = "white") -> np.ndarray:
     from PIL import Image
 
     assert isinstance(img, Image.Image)
@@ -167,7 +188,7 @@ def _to_rgb(img: object) -> np.ndarray:
         gray = np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
         return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
     has_alpha = mode in ("RGBA", "LA", "PA", "La", "RGBa") or (mode == "P" and "transparency" in img.info)
-    if has_alpha:
+    if has_alpha and alpha == "white":
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         img = Image.alpha_composite(white, rgba)
@@ -224,6 +245,9 @@ class Preprocess:
     #: The bands the model's first layer takes: 3 (an RGB photo), else the image's own bands as they are
     #: (greyscale, 16-bit, 4-band), read by :func:`load_bands` and resized band by band.
     channels: int = 3
+    #: How a photo's alpha is read (:func:`load_rgb`): ``white`` as a viewer shows it, ``drop`` as OpenCV
+    #: reads it (ultralytics' models).
+    alpha: str = "white"
 
     def __post_init__(self) -> None:
 

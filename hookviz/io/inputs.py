@@ -224,7 +224,9 @@ def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.nd
         if channels != 3:  # a model that takes the image's own bands (greyscale, 16-bit, 4-band)
             bands, rgb = load_bands(item.path, channels, max_pixels=max_pixels)
         else:
-            rgb = bands = load_rgb(item.path, max_pixels=max_pixels)
+            rgb = bands = load_rgb(
+                item.path, max_pixels=max_pixels, alpha=getattr(preprocess, "alpha", "white")
+            )
     with timing.stage("preprocess"):
         x, box = preprocess(bands)
     return rgb, x, box

@@ -124,7 +124,13 @@ class EvaluateJob(BaseJob):
                 self._note_once("resize", f"masks of another size than their photo are resized (nearest), "
                                 f"e.g. {item.name}'s {mw}x{mh} to {w}x{h}")  # fmt: skip
             k = resolve(r.label, self.loaded.categories, self._classes)
-            merged[k] = merged.get(k, np.zeros((h, w), bool)) | r.draw(h, w)
+            drawn = r.draw(h, w)
+            if r.box is not None and not r.polygons and not drawn.any():  # beyond the right or bottom edge
+                box = ",".join(f"{v:g}" for v in r.box)
+                self._note_once("beyond", f"a box lies wholly outside its photo and is left out, e.g. "
+                                f"{item.name}: {r.label} at {box} (the photo is {w}x{h})")  # fmt: skip
+                continue
+            merged[k] = merged.get(k, np.zeros((h, w), bool)) | drawn
         masks = {k: input_mask(m, box, size) for k, m in merged.items()}
         lost = [k for k, m in masks.items() if not m.any() and merged[k].any()]
         if lost:

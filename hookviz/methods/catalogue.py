@@ -75,7 +75,7 @@ register_method(
     "scorecam", title="Score-CAM", family="perturbation", needs={"activations", "masked_passes"},
     cost="one masked forward pass per channel", paper="Wang et al., CVPRW 2020",
     formula="softmax-weighted channels from masked forward passes", function=f"{_C}:scorecam",
-    passes=lambda k, t, o, hw: (k, 0), options=("batch",),
+    passes=lambda k, t, o, hw: (k, 0), options=("batch",), in_all=False,
 )  # fmt: skip
 register_method(
     "guidedbackprop", title="Guided Backprop", family="input-gradient", needs={"own_passes"},
@@ -194,7 +194,7 @@ register_method(
     paper="Srinivas & Fleuret, NeurIPS 2019",
     formula="|x ⊙ ∂y/∂x| + Σ_layers |b ⊙ ∂y/∂z| over every conv/BatchNorm bias, each channel min-max "
     "scaled and upsampled",
-    function=f"{_X}:fullgrad", resolution="input",
+    function=f"{_X}:fullgrad", resolution="input", in_all=False,
 )  # fmt: skip
 for _name, _title, _formula in (
     ("smoothgrad", "SmoothGrad", "max over colours of |mean over noisy copies of ∂y/∂x|"),

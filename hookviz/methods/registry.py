@@ -110,7 +110,9 @@ class Method:
     function: Callable[..., Any] | str | None = field(repr=False)
     paper: str = ""
     formula: str = ""
-    #: Part of ``--method all`` (every cheap method); slow ones are asked for by name.
+    #: Part of ``--method all``: every cheap method (at most one extra forward pass and two backward passes
+    #: per target, whatever the layer's width); Score-CAM, FullGrad's gradient at every biased layer, the
+    #: samplers and the perturbations are asked for by name.
     in_all: bool = True
     #: Why its formula assumes non-negative activations, if it does (a note on signed tensors).
     assumes_nonnegative: str | None = None

@@ -207,11 +207,15 @@ def build(spec: str, weights: str, options: Options) -> Built:
     name = f"ultralytics:{path.name if local else where}"
     if TASKS[kind] == "classification":
         # ultralytics' classify_transforms: the shorter side to imgsz, the centre square, no normalisation.
-        pre = Preprocess(crop_size=imgsz, resize_size=imgsz, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+        pre = Preprocess(
+            crop_size=imgsz, resize_size=imgsz, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), alpha="drop"
+        )
         return Built(YoloClassifier(yolo), name, label, pretrained, weights_id, categories, pre)
+    # A file as predict reads it (cv2.imread: alpha dropped, not composited).
     pre = Preprocess(
-        crop_size=imgsz, resize_size=imgsz, resize="model", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)
-    )
+        crop_size=imgsz, resize_size=imgsz, resize="model", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+        alpha="drop",
+    )  # fmt: skip
     return Built(Yolo(yolo, imgsz), name, label, pretrained, weights_id, categories, pre, task="detection")
 
 
