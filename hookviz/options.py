@@ -58,6 +58,8 @@ class Resize(Choice):
     shorter = "shorter"
     #: The photo as it is, in [0, 1]: the model resizes and normalises it itself (detectors).
     model = "model"
+    #: Both sides by the one scale nearer 1 of those that reach the input size (DPT's keep_aspect_ratio).
+    fit = "fit"
 
 
 class Task(Choice):

@@ -632,3 +632,149 @@ def test_method_all_holds_the_cheap_ones_its_words_promise() -> None:
             assert forward <= 1 and backward <= 2 * 3, (name, k, forward, backward)
     assert "scorecam" not in chosen and "fullgrad" not in chosen
     assert {"gradcam", "hirescam", "eigencam", "saliency"} <= set(chosen)
+
+
+# --- volumes ------------------------------------------------------------------------------------------------
+
+
+def _header_only(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .nii.gz whose header names ``shape`` and whose voxels are cut short (nothing to decode)."""
+    import gzip
+
+    import nibabel as nib
+
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(np.uint8)
+    header["vox_offset"] = 352
+    path.write_bytes(gzip.compress(header.binaryblock + b"\0" * 4 + b"\0" * 1024))
+    return path
+
+
+def test_a_huge_nifti_is_refused_by_its_header_before_decoding(tmp_path: Path) -> None:
+    pytest.importorskip("nibabel")
+    from hookviz.errors import InputError
+    from hookviz.io.volume import DEFAULT_MAX_VOXELS, read_volume
+
+    started = time.monotonic()
+    with pytest.raises(InputError, match=r"2048x2048x2048 is 8,589,934,592 voxels, over the limit") as got:
+        read_volume(_header_only(tmp_path / "huge.nii.gz", (2048, 2048, 2048)), DEFAULT_MAX_VOXELS)
+    assert time.monotonic() - started < 5 and "--input-size" not in str(got.value)
+    # An .npy's header names its shape too (a sparse file: nothing written past the header).
+    big = np.lib.format.open_memmap(tmp_path / "wide.npy", "w+", np.uint8, (1, 600, 600, 600))
+    del big
+    with pytest.raises(InputError, match="over the limit"):
+        read_volume(tmp_path / "wide.npy", DEFAULT_MAX_VOXELS)
+
+
+def test_the_default_limit_fits_a_plain_ct(tmp_path: Path) -> None:
+    """512x512x320 passes the size check with the default --max-pixels (then fails: its voxels are cut)."""
+    pytest.importorskip("nibabel")
+    from hookviz.errors import InputError
+    from hookviz.io.images import DEFAULT_MAX_PIXELS
+    from hookviz.io.inputs import Item
+    from hookviz.tasks.volume import VOLUME
+
+    ct = _header_only(tmp_path / "ct.nii.gz", (512, 512, 320))
+    with pytest.raises(InputError) as got:
+        VOLUME.read(Item(str(ct), ct), None, DEFAULT_MAX_PIXELS)
+    assert "over the limit" not in str(got.value) and "cannot be read" in str(got.value)
+    with pytest.raises(InputError, match="over the limit of 1,000,000"):
+        VOLUME.read(Item(str(ct), ct), None, 1_000_000)  # a limit given is the limit
+
+
+def test_a_dicom_series_with_a_missing_or_doubled_slice(tmp_path: Path) -> None:
+    pytest.importorskip("pydicom")
+    from hookviz.errors import InputError
+    from hookviz.io.volume import read_volume
+    from tests.test_volume import _dicom_series
+
+    v = np.round(np.random.default_rng(5).uniform(-50, 50, (8, 8, 10)) * 2) / 2
+    _dicom_series(tmp_path / "gap", v, (1.0, 1.0, 2.5))
+    (tmp_path / "gap" / "im4.dcm").unlink()
+    said = r"not evenly spaced: 5 mm between slices 4 and 5 .* 2.5 mm apart \(a missing slice\?\)"
+    with pytest.raises(InputError, match=said):
+        read_volume(tmp_path / "gap")
+    _dicom_series(tmp_path / "twice", v, (1.0, 1.0, 2.5))
+    shutil.copy(tmp_path / "twice" / "im3.dcm", tmp_path / "twice" / "zz_copy.dcm")
+    got = read_volume(tmp_path / "twice")
+    assert got.shape == (8, 8, 10) and got.spacing[2] == pytest.approx(2.5)
+    np.testing.assert_allclose(got.data[0], v, atol=1e-4)
+    assert got.notes == ("1 DICOM slice(s) given twice (the same pixels at one position) were dropped",)
+    import pydicom
+
+    other = pydicom.dcmread(tmp_path / "twice" / "zz_copy.dcm")
+    other.PixelData = bytes(len(other.PixelData))
+    other.save_as(tmp_path / "twice" / "zz_copy.dcm")
+    with pytest.raises(InputError, match="two different slices at position"):
+        read_volume(tmp_path / "twice")
+
+
+def test_volume_errors_name_their_file_and_maps_keep_the_inputs_codes(tmp_path: Path) -> None:
+    nib = pytest.importorskip("nibabel")
+    from tests.test_volume import FIXTURE, NET
+
+    fmri = tmp_path / "run.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((12, 12, 12, 100), np.float32), np.eye(4)), str(fmri))
+    out = tmp_path / "o"
+    r = invoke("gradcam", str(fmri), "--model", NET, "--weights", str(FIXTURE), "-o", str(out))
+    assert r.exit_code == 1
+    assert "run.nii.gz" in r.output and "fMRI" in r.output and "img.slicer" in r.output, r.output
+    img = nib.Nifti1Image(np.random.default_rng(0).normal(size=(24, 24, 24)).astype(np.float32), np.eye(4))
+    img.header.set_sform(np.diag([2.0, 2.0, 2.0, 1.0]), code=4)  # MNI space
+    img.header.set_qform(np.diag([2.0, 2.0, 2.0, 1.0]), code=1)
+    nib.save(img, str(tmp_path / "aligned.nii.gz"))
+    r = invoke("gradcam", str(tmp_path / "aligned.nii.gz"), "--model", NET, "--weights", str(FIXTURE), "-o",
+               str(tmp_path / "o2"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    from tests.conftest import records
+
+    (rec,) = records(tmp_path / "o2")
+    written = nib.load(str(tmp_path / "o2" / rec["maps"][0]["nifti"])).header
+    assert (int(written["sform_code"]), int(written["qform_code"])) == (4, 1)
+
+
+# --- Hugging Face segmenters' inputs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        "Mask2FormerImageProcessor(size={'shortest_edge': 64, 'longest_edge': 96})",
+        "Mask2FormerImageProcessor(size={'shortest_edge': 800, 'longest_edge': 1333})",
+        "MaskFormerImageProcessor(size={'shortest_edge': 64, 'longest_edge': 128}, size_divisor=32)",
+        "DPTImageProcessor(size={'height': 64, 'width': 64}, keep_aspect_ratio=True, ensure_multiple_of=14)",
+        "DPTImageProcessor(size={'height': 96, 'width': 96}, keep_aspect_ratio=True, ensure_multiple_of=32)",
+        "DPTImageProcessor(size={'height': 64, 'width': 64}, keep_aspect_ratio=False, ensure_multiple_of=32)",
+        "SegformerImageProcessor(size={'height': 64, 'width': 64})",
+    ],
+)
+def test_a_segmenters_input_is_the_shape_its_processor_gives(make: str, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    import transformers  # noqa: F401  (the processors named by ``make``)
+
+    from hookviz.io.images import Preprocess
+    from hookviz.models.hf import _preprocessing
+
+    processor = eval(f"transformers.{make}")
+    processor.save_pretrained(tmp_path)
+    built = SimpleNamespace(preprocess=Preprocess())
+    _preprocessing(built, str(tmp_path), None)  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)
+    sizes = [
+        (100, 300),
+        (300, 100),
+        (64, 64),
+        (37, 211),
+        (480, 640),
+        *[tuple(rng.integers(20, 700, 2)) for _ in range(6)],
+    ]
+    for h, w in sizes:
+        photo = rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8)
+        want = processor(images=photo, return_tensors="pt")["pixel_values"][0]
+        x, box = built.preprocess(photo)
+        assert x.shape == tuple(want.shape), (make, (h, w), x.shape, tuple(want.shape))
+        assert (box.x0, box.y0, box.x1, box.y1) == (0, 0, int(w), int(h))  # the whole photo, as they see it
+        assert float(np.abs(x - want.numpy()).mean()) < 0.25  # the same picture (resamplers differ a little)

@@ -76,7 +76,9 @@ def test_nifti_in_nifti_out_with_the_same_affine_and_grid(tmp_path: Path) -> Non
     (m,) = rec["maps"]
     overlay = nib.load(str(out / m["nifti"]))
     np.testing.assert_allclose(overlay.affine, AFFINE, atol=1e-6)
-    assert overlay.shape == (24, 24, 24) and int(overlay.header["sform_code"]) == 1
+    codes = (int(nib.load(str(scan)).header["sform_code"]), int(nib.load(str(scan)).header["qform_code"]))
+    assert overlay.shape == (24, 24, 24)  # and the scan's own sform and qform codes (nibabel's 2 and 0)
+    assert (int(overlay.header["sform_code"]), int(overlay.header["qform_code"])) == codes
     full = np.load(out / m["file"].replace(".png", ".full.npy"))
     np.testing.assert_allclose(np.asarray(overlay.dataobj), full, rtol=1e-6)
     # The peak voxel lies in the cube, and its world coordinate is the affine's.

@@ -141,7 +141,8 @@ ResizeOpt = Annotated[
         "--resize",
         help="crop: centre crop, torchvision's eval transform (the map covers the part the model saw); "
         "squash: whole image resized to a square; shorter: shorter side to --input-size, aspect kept "
-        "(segmentation); model: the photo as it is (detectors resize it). Default: the model's own.",
+        "(segmentation); fit: both sides by the one scale nearer 1 (DPT's keep_aspect_ratio); model: the "
+        "photo as it is (detectors resize it). Default: the model's own.",
         rich_help_panel=MODEL,
     ),
 ]

@@ -7,6 +7,7 @@ inside :func:`encode_png` (OpenCV's byte order).
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,13 @@ class Preprocess:
     #: The bands the model's first layer takes: 3 (an RGB photo), else the image's own bands as they are
     #: (greyscale, 16-bit, 4-band), read by :func:`load_bands` and resized band by band.
     channels: int = 3
+    #: ``shorter``: the longer side's cap (the shorter side then shrinks with it), as Mask(2)Former's and
+    #: DETR's processors resize (``shortest_edge`` with ``longest_edge``).
+    longest: int | None = None
+    #: The resized sides made multiples of this: ``ceil`` (Mask(2)Former's ``size_divisor``) or ``round``
+    #: (DPT's ``ensure_multiple_of``, to the nearest).
+    multiple: int = 1
+    multiple_rounding: str = "ceil"
     #: How a photo's alpha is read (:func:`load_rgb`): ``white`` as a viewer shows it, ``drop`` as OpenCV
     #: reads it (ultralytics' models).
     alpha: str = "white"
@@ -269,17 +277,36 @@ class Preprocess:
         if self.resize == "model":
             return height, width
         if self.resize == "squash":
-            return self.resize_size, self.resize_size
+            return self._multiple(self.resize_size), self._multiple(self.resize_size)
+        if self.resize == "fit":  # DPT's keep_aspect_ratio: the scale nearer 1 of the two, for both sides
+            sy, sx = self.resize_size / height, self.resize_size / width
+            scale = sx if abs(1 - sx) < abs(1 - sy) else sy
+            return self._multiple(scale * height), self._multiple(scale * width)
+        size, raw = self.resize_size, None
         short, long = (height, width) if height <= width else (width, height)
-        new_long = max(1, int(self.resize_size * long / short))
-        return (self.resize_size, new_long) if height <= width else (new_long, self.resize_size)
+        if self.longest is not None and long / short * size > self.longest:
+            raw = self.longest * short / long
+            size = round(raw)
+        if short == size:
+            rh, rw = height, width
+        else:
+            new_long = max(1, int((raw if raw is not None else size) * long / short))
+            rh, rw = (size, new_long) if height <= width else (new_long, size)
+        return self._multiple(rh), self._multiple(rw)
+
+    def _multiple(self, side: float) -> int:
+        """A side made a multiple of :attr:`multiple` as the model's processor does."""
+        m = max(1, self.multiple)
+        if self.multiple_rounding == "round":  # DPT's constrain_to_multiple_of (Python's rounding)
+            return max(m, int(round(side / m) * m))
+        return max(1, int(math.ceil(side / m) * m)) if m > 1 else max(1, int(side))
 
     def _crop(self, height: int, width: int) -> tuple[int, int, int, int]:
         """``(top, left, h, w)`` of the crop taken from the resized photo."""
-        if self.resize in ("model", "shorter"):
+        if self.resize in ("model", "shorter", "fit"):
             return 0, 0, height, width
         c = self.crop_size
-        if self.resize == "squash" and c >= height:
+        if self.resize == "squash" and (c >= height or self.multiple > 1):
             return 0, 0, height, width
 
         def start(margin: int) -> int:

@@ -66,6 +66,11 @@ class Volume:
     data: np.ndarray
     affine: np.ndarray
     kind: str
+    #: A NIfTI's sform and qform codes (what its affine means: 1 scanner, 2 aligned, ...), kept in the maps
+    #: written back; 1 (scanner) for DICOM and arrays.
+    codes: tuple[int, int] = (1, 1)
+    #: What reading it changed, in words (a DICOM slice given twice and dropped).
+    notes: tuple[str, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -108,11 +113,11 @@ def read_volume(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
     suffix = volume_suffix(path)
     try:
         if suffix in (".nii", ".nii.gz"):
-            volume = _read_nifti(path)
+            volume = _read_nifti(path, max_voxels)
         elif suffix == ".npy":
-            volume = _read_npy(path)
+            volume = _read_npy(path, max_voxels)
         elif is_dicom_folder(path):
-            volume = _read_dicom(path)
+            volume = _read_dicom(path, max_voxels)
         else:
             raise InputError(
                 f"{quote(path)}: not a volume; give a .nii, .nii.gz, .npy or a DICOM series folder"
@@ -122,15 +127,24 @@ def read_volume(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
     except Exception as exc:  # each reader raises its own kinds on a damaged file
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise InputError(f"{quote(path)}: cannot be read as a volume ({first})") from None
-    voxels = int(np.prod(volume.data.shape[1:]))
-    if voxels > max_voxels:
-        raise InputError(
-            f"{quote(path)}: {voxels:,} voxels is over the limit of {max_voxels:,}; raise --max-pixels or "
-            "give --input-size D,H,W"
-        )
     if not np.isfinite(volume.data).all():
         raise InputError(f"{quote(path)}: holds NaN or infinite values; replace them before explaining")
     return volume
+
+
+def _check_size(path: Path, shape: Sequence[int], max_voxels: int) -> None:
+    """Refuse a volume by its header's shape, before a byte of it is decoded.
+
+    Raises:
+        InputError: more voxels (in its three spatial axes) than ``max_voxels``.
+    """
+    voxels = int(np.prod([int(v) for v in shape[:3]]))
+    if voxels > max_voxels:
+        shown = "x".join(str(int(v)) for v in shape)
+        raise InputError(
+            f"{quote(path)}: {shown} is {voxels:,} voxels, over the limit of {max_voxels:,}; raise "
+            "--max-pixels (for a volume it counts voxels) if the machine has the memory"
+        )
 
 
 def _channels_first(data: np.ndarray, path: Path, layout: str) -> np.ndarray:
@@ -144,23 +158,28 @@ def _channels_first(data: np.ndarray, path: Path, layout: str) -> np.ndarray:
     )
 
 
-def _read_nifti(path: Path) -> Volume:
+def _read_nifti(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
     try:
         import nibabel as nib
     except ImportError:
         raise SetupError(
             "reading NIfTI needs nibabel, which is not installed: pip install 'hookviz[volume]'"
         ) from None
-    img: Any = nib.load(str(path))
+    img: Any = nib.load(str(path))  # the header only: the voxels are read below
+    _check_size(path, img.shape, max_voxels)
     data = np.asarray(img.dataobj, dtype=np.float32)  # scl_slope/scl_inter applied
     if data.ndim == 5 and data.shape[3] == 1:  # NIfTI's (X, Y, Z, time=1, components)
         data = data[:, :, :, 0]
-    return Volume(
-        np.ascontiguousarray(_channels_first(data, path, "last")), np.asarray(img.affine, np.float64), "nifti"
-    )
+    header = img.header
+    codes = (int(header["sform_code"]), int(header["qform_code"])) if "sform_code" in header else (1, 1)
+    values = np.ascontiguousarray(_channels_first(data, path, "last"))
+    return Volume(values, np.asarray(img.affine, np.float64), "nifti", codes)
 
 
-def _read_npy(path: Path) -> Volume:
+def _read_npy(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
+    header = np.load(path, mmap_mode="r", allow_pickle=False)  # its shape, nothing read yet
+    shape = header.shape if header.ndim != 4 else header.shape[1:]
+    _check_size(path, shape, max_voxels)
     data = np.load(path, allow_pickle=False)
     if not np.issubdtype(data.dtype, np.number) or np.iscomplexobj(data):
         raise InputError(f"{quote(path)}: a {data.dtype} array; a volume holds real numbers")
@@ -169,7 +188,7 @@ def _read_npy(path: Path) -> Volume:
     )
 
 
-def _read_dicom(folder: Path) -> Volume:
+def _read_dicom(folder: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
     try:
         import pydicom
     except ImportError:
@@ -179,7 +198,7 @@ def _read_dicom(folder: Path) -> Volume:
     slices = []
     for f in sorted(folder.iterdir()):
         if f.is_file() and _is_dicom(f):
-            ds = pydicom.dcmread(f)
+            ds = pydicom.dcmread(f, defer_size="64 KB")  # the pixels are read when used, not before
             if "PixelData" in ds and "ImagePositionPatient" in ds:
                 slices.append(ds)
     if not slices:
@@ -187,11 +206,13 @@ def _read_dicom(folder: Path) -> Volume:
     series = {str(getattr(ds, "SeriesInstanceUID", "")) for ds in slices}
     if len(series) > 1:
         raise InputError(f"{quote(folder)}: holds {len(series)} DICOM series; give each its own folder")
+    _check_size(folder, (int(slices[0].Columns), int(slices[0].Rows), len(slices)), max_voxels)
     row, col = (
         np.array(v, float) for v in np.reshape(np.array(slices[0].ImageOrientationPatient, float), (2, 3))
     )
     normal = np.cross(row, col)
     slices.sort(key=lambda ds: float(np.dot(normal, np.array(ds.ImagePositionPatient, float))))
+    slices, notes = _one_per_position(folder, slices, normal)
     first, last = (np.array(s.ImagePositionPatient, float) for s in (slices[0], slices[-1]))
     dr, dc = (float(v) for v in slices[0].PixelSpacing)  # between rows, between columns
     step = (
@@ -209,7 +230,44 @@ def _read_dicom(folder: Path) -> Volume:
         for ds in slices
     ]
     data = np.stack([p.T for p in planes], axis=-1)  # (columns, rows, slices) = (X, Y, Z)
-    return Volume(np.ascontiguousarray(data[None]), affine, "dicom")
+    return Volume(np.ascontiguousarray(data[None]), affine, "dicom", notes=notes)
+
+
+def _one_per_position(
+    folder: Path, slices: list[Any], normal: np.ndarray
+) -> tuple[list[Any], tuple[str, ...]]:
+    """The sorted slices checked: exact copies at one position dropped (with a note), and the positions
+    evenly spaced, since one step per slice is what the affine can say.
+
+    Raises:
+        InputError: two different slices at one position, or a gap (a missing slice) or uneven spacing.
+    """
+    where = [float(np.dot(normal, np.array(ds.ImagePositionPatient, float))) for ds in slices]
+    kept, kept_at, dropped = [slices[0]], [where[0]], 0
+    for ds, z in zip(slices[1:], where[1:], strict=True):
+        if abs(z - kept_at[-1]) < 1e-4:
+            if ds.PixelData != kept[-1].PixelData:
+                raise InputError(
+                    f"{quote(folder)}: two different slices at position {z:g} mm (a second acquisition in "
+                    "one series?); give a folder with one slice per position"
+                )
+            dropped += 1
+            continue
+        kept.append(ds)
+        kept_at.append(z)
+    if len(kept) > 2:
+        steps = np.diff(kept_at)
+        usual = float(np.median(steps))
+        off = int(np.argmax(np.abs(steps - usual)))
+        if abs(steps[off] - usual) > max(1e-3, 0.01 * usual):
+            missing = " (a missing slice?)" if steps[off] > 1.5 * usual else ""
+            raise InputError(
+                f"{quote(folder)}: slices are not evenly spaced: {steps[off]:g} mm between slices "
+                f"{off + 1} and {off + 2} (at {kept_at[off]:g} and {kept_at[off + 1]:g} mm) where the others "
+                f"are {usual:g} mm apart{missing}; give a complete series"
+            )
+    notes = (f"{dropped} DICOM slice(s) given twice (the same pixels at one position) were dropped",)
+    return kept, notes if dropped else ()
 
 
 @dataclass(frozen=True)
@@ -225,9 +283,15 @@ class VolumePreprocess:
     def __call__(self, volume: Volume) -> tuple[np.ndarray, Box]:
         data = volume.data
         if data.shape[0] != self.channels:
+            n = data.shape[0]
+            if volume.kind == "nifti":  # NIfTI's 4th axis is time: an fMRI run, not channels
+                raise InputError(
+                    f"a 4-D NIfTI of {n} volumes along its 4th axis (time: an fMRI run?) and the model takes "
+                    f"{self.channels} channel(s); give one volume (nibabel: img.slicer[..., t])"
+                )
             raise InputError(
-                f"the volume has {data.shape[0]} channel(s) and the model takes {self.channels}; give a "
-                f"volume of {self.channels} channel(s)"
+                f"the volume has {n} channel(s) and the model takes {self.channels}; give a volume of "
+                f"{self.channels} channel(s)"
             )
         mean = np.asarray(self.mean, np.float32).reshape(-1, 1, 1, 1)
         std = np.asarray(self.std, np.float32).reshape(-1, 1, 1, 1)
@@ -251,14 +315,16 @@ def resample(values: np.ndarray, size: Sequence[int]) -> np.ndarray:
     return (out[0] if three else out).numpy()
 
 
-def nifti_bytes(values: np.ndarray, affine: np.ndarray, *, description: str = "") -> bytes:
-    """``values`` ``(X, Y, Z)`` as a gzipped NIfTI-1 file with ``affine`` (as both its sform and qform,
-    code 1: scanner), byte for byte the same for the same values."""
+def nifti_bytes(
+    values: np.ndarray, affine: np.ndarray, *, description: str = "", codes: tuple[int, int] = (1, 1)
+) -> bytes:
+    """``values`` ``(X, Y, Z)`` as a gzipped NIfTI-1 file with ``affine`` as both its sform and qform, with
+    the input's ``codes`` (sform, qform; 1: scanner), byte for byte the same for the same values."""
     import nibabel as nib
 
     img = nib.Nifti1Image(np.asarray(values, np.float32), affine)
-    img.header.set_sform(affine, code=1)
-    img.header.set_qform(affine, code=1)
+    img.header.set_sform(affine, code=codes[0])
+    img.header.set_qform(affine, code=codes[1])
     img.header["descrip"] = description.encode()[:79]
     return gzip.compress(img.to_bytes(), compresslevel=6, mtime=0)
 

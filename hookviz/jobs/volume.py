@@ -118,6 +118,7 @@ class VolumeCamJob(CamJob):
             "spacing": [round(s, 6) for s in volume.spacing],
             "kind": volume.kind,
             "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
+            **({"notes": list(volume.notes)} if volume.notes else {}),
         }
         return files, self._fields(ex, index, records, volume=fields)
 
@@ -135,7 +136,10 @@ class VolumeCamJob(CamJob):
             (f"{base}.png", encode_png(draw.orthogonal(volume, unit, peak, head, **style))),
             (f"{base}.slices.png", encode_png(draw.mosaic(volume, unit, head, **style))),
             (f"{base}.webm", encode_webm(draw.sweep(volume, unit, head[:1], **style), SWEEP_FPS)),
-            (f"{base}.nii.gz", nifti_bytes(full, volume.affine, description=f"hookviz {method}")),
+            (
+                f"{base}.nii.gz",
+                nifti_bytes(full, volume.affine, description=f"hookviz {method}", codes=volume.codes),
+            ),
         ]
         if self.save_raw:
             files += [(f"{base}.npy", _npy(cam.astype(np.float32))), (f"{base}.full.npy", _npy(full))]

@@ -212,10 +212,14 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
             )
         return int(d["height"])
 
+    longest, multiple, rounding = None, 1, "ceil"
     if "height" in size and "width" in size:  # resized straight to H x W (ViT, DeiT: 256, then crop 224)
         resize_size = square(size, "size")
         crop = square(crop_to, "crop_size") if do_crop else resize_size
         resize = "squash"
+        if getattr(proc, "ensure_multiple_of", None):  # DPT: each side to a multiple, aspect kept or not
+            multiple, rounding = int(proc.ensure_multiple_of), "round"
+            resize = "fit" if getattr(proc, "keep_aspect_ratio", False) else "squash"
     elif "shortest_edge" in size:
         edge = int(size["shortest_edge"])
         if crop_pct is not None and not crop_to:
@@ -228,9 +232,11 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
                 resize = "squash"
         elif do_crop:  # CLIP: the shorter side to edge, then the centre crop
             crop, resize_size, resize = square(crop_to, "crop_size"), edge, "crop"
-        else:  # the shorter side to edge, aspect kept: the whole photo
+        else:  # the shorter side to edge, aspect kept, the longer capped: the whole photo
             crop = resize_size = edge
             resize = "shorter"
+            longest = int(size["longest_edge"]) if size.get("longest_edge") else None
+            multiple = int(getattr(proc, "size_divisor", 0) or 1)  # Mask(2)Former: sides rounded up
     elif getattr(config, "image_size", None):
         side = config.image_size
         crop = resize_size = int(side[0] if isinstance(side, (list, tuple)) else side)
@@ -249,4 +255,7 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
         resize=resize,
         interpolation=filters.get(int(resample), "bilinear") if resample is not None else "bilinear",
         crop_round="floor",  # transformers' center_crop: (height - crop) // 2
+        longest=longest,
+        multiple=multiple,
+        multiple_rounding=rounding,
     )

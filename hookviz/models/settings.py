@@ -25,7 +25,10 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             "crop_round": p.crop_round,
             "mean": [round(float(v), 6) for v in p.mean],
             "std": [round(float(v), 6) for v in p.std],
-            **({"alpha": p.alpha} if p.alpha != "white" else {}),  # the keys of other models unchanged
+            # Set for some models only: the keys of the others unchanged.
+            **({"alpha": p.alpha} if p.alpha != "white" else {}),
+            **({"longest": p.longest} if p.longest is not None else {}),
+            **({"multiple": [p.multiple, p.multiple_rounding]} if p.multiple > 1 else {}),
         },
         **({"video": loaded.video.settings()} if loaded.video is not None else {}),
         **({"volume": {"size": loaded.volume.size}} if loaded.volume is not None else {}),

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from hookviz.io.images import Box, Preprocess
+from hookviz.errors import InputError
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
 from hookviz.io.inputs import Item
-from hookviz.io.volume import VolumePreprocess, read_volume
+from hookviz.io.volume import DEFAULT_MAX_VOXELS, VolumePreprocess, read_volume
 from hookviz.jobs.volume import VolumeCamJob
 from hookviz.models.loaded import LoadedModel
 from hookviz.tasks.registry import Task, register_task
@@ -57,8 +58,13 @@ class Volume(Task):
 
     def read(self, item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
         assert item.path is not None
-        volume = read_volume(item.path, max_voxels=max_pixels)
-        x, box = preprocess(volume)
+        # The photos' default limit (80 M pixels) refuses a plain CT (512x512x320): volumes get theirs.
+        limit = DEFAULT_MAX_VOXELS if max_pixels == DEFAULT_MAX_PIXELS else max_pixels
+        volume = read_volume(item.path, max_voxels=limit)
+        try:
+            x, box = preprocess(volume)
+        except InputError as exc:
+            raise InputError(f"{quote(item.path)}: {exc}") from None
         return volume, x, box
 
     def fields(self, loaded: LoadedModel) -> dict[str, Any]:
