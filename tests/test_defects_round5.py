@@ -721,8 +721,8 @@ def test_volume_errors_name_their_file_and_maps_keep_the_inputs_codes(tmp_path: 
     assert r.exit_code == 1
     assert "run.nii.gz" in r.output and "fMRI" in r.output and "img.slicer" in r.output, r.output
     img = nib.Nifti1Image(np.random.default_rng(0).normal(size=(24, 24, 24)).astype(np.float32), np.eye(4))
-    img.header.set_sform(np.diag([2.0, 2.0, 2.0, 1.0]), code=4)  # MNI space
-    img.header.set_qform(np.diag([2.0, 2.0, 2.0, 1.0]), code=1)
+    img.set_sform(np.diag([2.0, 2.0, 2.0, 1.0]), code=4)  # MNI space
+    img.set_qform(np.diag([2.0, 2.0, 2.0, 1.0]), code=1)
     nib.save(img, str(tmp_path / "aligned.nii.gz"))
     r = invoke("gradcam", str(tmp_path / "aligned.nii.gz"), "--model", NET, "--weights", str(FIXTURE), "-o",
                str(tmp_path / "o2"))  # fmt: skip
