@@ -778,3 +778,23 @@ def test_a_segmenters_input_is_the_shape_its_processor_gives(make: str, tmp_path
         assert x.shape == tuple(want.shape), (make, (h, w), x.shape, tuple(want.shape))
         assert (box.x0, box.y0, box.x1, box.y1) == (0, 0, int(w), int(h))  # the whole photo, as they see it
         assert float(np.abs(x - want.numpy()).mean()) < 0.25  # the same picture (resamplers differ a little)
+
+
+def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8))
+    model = [
+        "--model",
+        "tests.conftest:TinyCNN",
+        "--weights",
+        "none",
+        "--input-size",
+        "448",
+        "--device",
+        "cpu",
+    ]
+    r = invoke("gradcam", str(photo), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1 MB" in r.stderr
+    assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
+    fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
+    assert fits.exit_code == 0 and "alone holds" not in fits.stderr

@@ -6,6 +6,7 @@ on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from hookviz import render
 from tests.conftest import ROOT, invoke, write_image
 from tests.golden_compare import TEXT_SUFFIXES, compare_file
 
@@ -71,6 +73,27 @@ def threads() -> Iterator[None]:
 def _run_everything(tmp_path: Path, run: Callable[..., Any] = invoke) -> dict[str, bytes]:
     """Every command on one photo: ``{command/file name: content}``, times, paths and path hashes masked;
     ``run(*args)`` runs one command (in process by default) and returns its exit code, stdout and stderr."""
+    with _text_as_codes():
+        return _run_all(tmp_path, run)
+
+
+@contextlib.contextmanager
+def _text_as_codes() -> Iterator[None]:
+    """Captions and labels drawn as their characters' codes (``hookviz.render.TEST_TEXT``): the pictures are
+    compared by their text, whatever OpenCV's fonts (5.1 draws and wraps otherwise than 5.0). A served run
+    gets it through the client's environment."""
+    before = os.environ.get(render.TEST_TEXT)
+    os.environ[render.TEST_TEXT] = "codes"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(render.TEST_TEXT, None)
+        else:
+            os.environ[render.TEST_TEXT] = before
+
+
+def _run_all(tmp_path: Path, run: Callable[..., Any]) -> dict[str, bytes]:
     rng = np.random.default_rng(7)
     photo = write_image(tmp_path / "photo.png", rng.integers(0, 256, (40, 52, 3), dtype=np.uint8))
     labels = tmp_path / "labels.txt"

@@ -125,38 +125,64 @@ def enlarge_small(image: np.ndarray, min_width: int = MIN_CAPTION_WIDTH) -> np.n
     return np.repeat(np.repeat(image, k, axis=0), k, axis=1)
 
 
+#: ``HOOKVIZ_TEST_TEXT=codes`` draws each character of a caption or label as its code, in bits, in a cell
+#: of a fixed width: pictures whose text can be compared across OpenCV versions (whose Hershey fonts and
+#: text widths differ: 5.1 draws and wraps otherwise than 5.0). For tests; never set for a user.
+TEST_TEXT = "HOOKVIZ_TEST_TEXT"
+
+
+def _codes() -> bool:
+    import os
+
+    return os.environ.get(TEST_TEXT) == "codes"
+
+
+def text_size(text: str, scale: float) -> tuple[int, int]:
+    """``(width, height)`` in pixels of ``text`` drawn at ``scale`` (OpenCV's Hershey simplex)."""
+    if _codes():
+        return len(text) * max(2, round(16 * scale)), max(8, round(22 * scale))
+    import cv2
+
+    (w, h), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+    return int(w), int(h)
+
+
+def put_text(image: np.ndarray, text: str, origin: tuple[int, int], scale: float) -> None:
+    """``text`` in white at ``origin`` (its baseline's left end), antialiased, into ``image``."""
+    if _codes():
+        cw, h = text_size("x", scale)
+        x0, base = origin
+        for i, ch in enumerate(text):
+            bits = [(ord(ch) >> b) & 1 for b in range(8)]
+            for b, on in enumerate(bits):
+                y = base - h + b * (h // 8)
+                if on and y >= 0:
+                    image[y : y + max(1, h // 8 - 1), x0 + i * cw : x0 + (i + 1) * cw - 1] = 255
+        return
+    import cv2
+
+    cv2.putText(image, text, origin, cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA)
+
+
 def _text_scale(width: int) -> float:
     return max(0.4, min(1.0, width / 900))
 
 
 def caption(image: np.ndarray, lines: Sequence[str], *, top: bool = False) -> np.ndarray:
     """Add a dark band with white text below (or above) ``image``; long lines wrap at spaces."""
-    import cv2
-
     w = image.shape[1]
     scale = _text_scale(w)
     wrapped = [part for line in lines for part in _wrap(line, w - 12, scale)]
     line_h = int(28 * scale) + 6
     band = np.full((line_h * len(wrapped) + 8, w, 3), 24, dtype=np.uint8)
     for i, text in enumerate(wrapped):
-        cv2.putText(
-            band,
-            text,
-            (6, 4 + line_h * (i + 1) - 8),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            scale,
-            (255, 255, 255),
-            1,
-            cv2.LINE_AA,
-        )
+        put_text(band, text, (6, 4 + line_h * (i + 1) - 8), scale)
     return np.concatenate([band, image] if top else [image, band], axis=0)
 
 
 def _wrap(text: str, max_w: int, scale: float) -> list[str]:
-    import cv2
-
     def width(t: str) -> int:
-        return int(cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)[0][0])
+        return text_size(t, scale)[0]
 
     # Hershey fonts are ASCII only: anything else would come out as '?' boxes.
     words = text.encode("ascii", "replace").decode("ascii").split(" ")
@@ -291,13 +317,9 @@ def sheet(
 
 def label(image: np.ndarray, text: str, x: int, y: int, scale: float = 0.45) -> None:
     """White text on a black box at ``(x, y)`` (top-left), drawn into ``image``."""
-    import cv2
-
-    (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+    tw, th = text_size(text, scale)
     image[y : y + th + 6, x : x + tw + 6] = 0
-    cv2.putText(
-        image, text, (x + 3, y + th + 2), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA
-    )
+    put_text(image, text, (x + 3, y + th + 2), scale)
 
 
 def _line_width(image: np.ndarray) -> int:
@@ -332,7 +354,7 @@ def draw_box(image: np.ndarray, box: Sequence[float], text: str, *, strong: bool
     cv2.rectangle(image, (x0, y0), (x1, y1), colour, width)
     if text:
         scale = 0.45 * max(1.0, min(image.shape[:2]) / 400)
-        (_, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+        _, th = text_size(text, scale)
         ty = y0 - th - 8 if y0 - th - 8 >= 0 else y0 + width
         label(image, text, max(0, min(x0, image.shape[1] - 1)), max(0, ty), scale)
 

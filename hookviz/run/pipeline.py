@@ -201,16 +201,27 @@ class _Run:
 
     def split(self, members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
         """``members`` in batches whose estimated memory stays under the budget."""
-        est = self.job.memory((len(members), *shape)) if len(members) > 1 else None
+        est = self.job.memory((len(members), *shape))
         if est is None:
             return [members]
         n = est.fitting(self.budget, len(members))
-        if n < len(members) and self.note is not None and shape not in self.said_split:
+        alone = est.total(1) > self.budget  # nothing left to split: said, and run
+        if self.note is not None and shape not in self.said_split and (alone or n < len(members)):
             self.said_split.add(shape)
-            self.note(
-                f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
-                f"--max-memory {human(self.budget)}: running {n} at a time"
-            )
+            said = []
+            if n < len(members):
+                said.append(
+                    f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
+                    f"--max-memory {human(self.budget)}: running {n} at a time"
+                )
+            if alone:
+                side = "x".join(str(v) for v in shape[1:])
+                said.append(
+                    f"one input of {side} alone holds about {human(est.total(1))}, over --max-memory "
+                    f"{human(self.budget)}: it runs anyway; a smaller --input-size or fewer methods and "
+                    "layers would fit"
+                )
+            self.note("; ".join(said))
         return [members[i : i + n] for i in range(0, len(members), n)]
 
     def record(self, item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
