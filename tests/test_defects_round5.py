@@ -798,3 +798,37 @@ def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
     assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
     fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
     assert fits.exit_code == 0 and "alone holds" not in fits.stderr
+
+
+# --- what the captions and messages say ----------------------------------------------------------------
+
+
+def test_top_k_on_a_model_of_one_output_says_there_is_one_value(tmp_path: Path) -> None:
+    from tests.test_heads import REGRESSOR
+
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(1).integers(0, 256, (32, 32, 3), np.uint8))
+    args = ["--model", REGRESSOR, "--weights", "DEFAULT", "--input-size", "32", "--head", "raw"]
+    r = invoke("gradcam", str(photo), *args, "--target", "top3", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "has one output, so there is one value to explain" in r.output, r.output
+    assert "top1..top1" not in r.output
+    assert (
+        invoke("gradcam", str(photo), *args, "--target", "top1", "--out", str(tmp_path / "o")).exit_code == 0
+    )
+
+
+def test_a_segmenter_that_finds_only_background_says_so(tmp_path: Path) -> None:
+    """Every pixel background: the caption's prediction is the background, not "disc 0.0 % of pixels"."""
+    from types import SimpleNamespace
+
+    from hookviz.jobs.cam import CamJob
+
+    names = ["background", "square", "disc"]
+    job = SimpleNamespace(
+        loaded=SimpleNamespace(describe=lambda k: f"{names[k]} ({k})"),
+        _scored=lambda ex, score: f"{score:.1%} of pixels",
+    )
+    only = SimpleNamespace(labels=torch.zeros(1, 8, 8, dtype=torch.long))
+    said = CamJob._predicted(job, only, 0, 2, 0.0)  # type: ignore[arg-type]
+    assert said == "nothing but background (0) (every pixel; disc (2), the likeliest other class, has none)"
+    some = SimpleNamespace(labels=torch.tensor([[[0, 2], [2, 2]]]))
+    assert CamJob._predicted(job, some, 0, 2, 0.75) == "disc (2) 75.0% of pixels"  # type: ignore[arg-type]

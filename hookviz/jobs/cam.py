@@ -336,6 +336,17 @@ class CamJob(BaseJob):
         maps = terms.maps[index].numpy()
         return render.overlay_row(rgb, box, maps, labels, title, self.alpha, self.colormap), shown
 
+    def _predicted(self, ex: Any, index: int, pred: int, score: float) -> str:
+        """The caption's prediction; for a segmentation whose every pixel is one class (the background),
+        that class, not the "likeliest other" class that has no pixel."""
+        if ex.labels is not None and not bool((ex.labels[index] == pred).any()):
+            only = int(ex.labels[index].flatten()[0])
+            return (
+                f"nothing but {self.loaded.describe(only)} (every pixel; {self.loaded.describe(pred)}, the "
+                "likeliest other class, has none)"
+            )
+        return f"{self.loaded.describe(pred)} {self._scored(ex, score)}"
+
     def _scored(self, ex: Any, score: float) -> str:
         """A score as a caption says it: a probability, a segmentation's share of the pixels, a cosine."""
         if ex.score_kind == "identity":
@@ -373,7 +384,7 @@ class CamJob(BaseJob):
         where = "fused " + "+".join(self.layers) if layer == FUSED else layer
         lines = [
             f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
-            f"predicted: {lm.describe(pred)} {self._scored(ex, p_score)}",
+            f"predicted: {self._predicted(ex, index, pred, p_score)}",
             f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}" + _region_note(region, ex.region),
         ]
         if scale is not None or not self.relu:

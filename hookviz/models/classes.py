@@ -107,6 +107,11 @@ def parse_targets(spec: str, loaded: LoadedModel, num_classes: int, threshold: f
         return Positive(threshold)
     if text.startswith("top"):
         k = text[3:]
+        if num_classes == 1 and not (_DIGITS.match(k) and int(k) == 1):
+            raise TargetError(
+                f"--target {spec!r}: {loaded.name} has one output, so there is one value to explain; leave "
+                "--target out"
+            )
         if not _DIGITS.match(k) or not 1 <= int(k) <= num_classes:
             raise TargetError(f"--target {spec!r}: use top1..top{num_classes}, a class index or a class name")
         return None if int(k) == 1 else f"top{int(k)}"
