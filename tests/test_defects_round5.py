@@ -832,3 +832,21 @@ def test_a_segmenter_that_finds_only_background_says_so(tmp_path: Path) -> None:
     assert said == "nothing but background (0) (every pixel; disc (2), the likeliest other class, has none)"
     some = SimpleNamespace(labels=torch.tensor([[[0, 2], [2, 2]]]))
     assert CamJob._predicted(job, some, 0, 2, 0.75) == "disc (2) 75.0% of pixels"  # type: ignore[arg-type]
+
+
+def test_prompts_that_differ_only_past_the_limit_are_said_to_read_as_one() -> None:
+    from hookviz.models.scores import _truncated
+
+    class Tok:
+        model_max_length = 5
+
+        def __call__(self, texts: list[str], truncation: bool = False) -> dict[str, Any]:
+            return {"input_ids": [t.split() for t in texts]}
+
+        def decode(self, ids: list[str], skip_special_tokens: bool = True) -> str:
+            return " ".join(ids)
+
+    notes = _truncated(Tok(), ["a photo of a cat on a mat", "a photo of a cat in a hat", "a dog"])
+    assert "2 prompt(s) are longer" in notes[0] and "cut after 'a photo of a cat'" in notes[0]
+    assert notes[1].startswith("prompts 1 and 2 differ only past the 5-token limit")
+    assert len(_truncated(Tok(), ["a photo of a cat on a mat", "a b"])) == 1

@@ -10,10 +10,11 @@ they were found: the embedding is read by a hook that lives for one forward call
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -240,19 +241,49 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
 
 
 def _truncated(tokenizer: Any, prompts: Sequence[str]) -> tuple[str, ...]:
-    """A note naming the prompts longer than the tokenizer's limit (the model reads only their start)."""
+    """Notes naming the prompts longer than the tokenizer's limit (the model reads only their start), where
+    each is cut, and the prompts that are the same once cut (their scores are equal)."""
     limit = getattr(tokenizer, "model_max_length", None)
     if not isinstance(limit, int) or limit > 100_000:
         return ()
-    lengths = [len(ids) for ids in tokenizer(list(prompts), truncation=False)["input_ids"]]
-    long = [(p, n) for p, n in zip(prompts, lengths, strict=True) if n > limit]
+    with _quiet_transformers():  # its own warning says less than the notes below
+        ids = [list(i) for i in tokenizer(list(prompts), truncation=False)["input_ids"]]
+    long = [(p, len(i), i) for p, i in zip(prompts, ids, strict=True) if len(i) > limit]
     if not long:
         return ()
-    p, n = long[0]
-    return (
+    p, n, first = long[0]
+    decode = getattr(tokenizer, "decode", None)
+    kept = decode(first[:limit], skip_special_tokens=True) if callable(decode) else None
+    where = f", cut after {str(kept)[-40:]!r}" if kept else ""
+    notes = [
         f"{len(long)} prompt(s) are longer than the text model's {limit} tokens and are cut to their first "
-        f"{limit} (the model reads no more), e.g. {p[:60]!r}... ({n} tokens); shorten them",
-    )
+        f"{limit} (the model reads no more), e.g. {p[:60]!r}... ({n} tokens{where}); shorten them"
+    ]
+    seen: dict[tuple[Any, ...], int] = {}
+    for k, i in enumerate(ids):
+        cut = tuple(i[:limit])
+        if cut in seen and prompts[seen[cut]] != prompts[k]:
+            notes.append(
+                f"prompts {seen[cut] + 1} and {k + 1} differ only past the {limit}-token limit: the model "
+                "reads them as one, so their scores and maps are equal"
+            )
+        seen.setdefault(cut, k)
+    return tuple(notes)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def from_options(
