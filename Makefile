@@ -10,7 +10,7 @@ TORCH_PIN := torch==2.9.1 torchvision==0.24.1
 else
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 endif
-# OpenCV draws the captions: 5.1 wraps them differently from 5.0, and the golden runs hold 5.0's.
+# OpenCV pinned for reproducible pictures; the golden runs compare captions by their text and hold on 5.0 and 5.1.
 CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
 
