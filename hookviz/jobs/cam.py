@@ -29,6 +29,7 @@ from hookviz.jobs.common import (
     _npy,
     _weights_note,
     parse_methods,
+    region_note,
 )
 from hookviz.methods import REGISTRY, MethodOptions, cams, get, passes
 from hookviz.methods import title as method_title
@@ -37,17 +38,6 @@ from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Fuse, Normalize, Region
-
-
-def _region_note(region: str | None, asked: str | None) -> str:
-    """The caption's account of which pixels a segmentation score sums."""
-    if region is None:
-        return ""
-    if region == "class":
-        return ", its score summed over its pixels (outlined)"
-    if asked == "class":
-        return ", its score summed over all pixels (the model gives it none)"
-    return ", its score summed over all pixels (its own outlined)"
 
 
 def method_family(name: str) -> str:
@@ -385,7 +375,7 @@ class CamJob(BaseJob):
         lines = [
             f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
             f"predicted: {self._predicted(ex, index, pred, p_score)}",
-            f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}" + _region_note(region, ex.region),
+            f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}" + region_note(region, ex.region),
         ]
         if scale is not None or not self.relu:
             span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"

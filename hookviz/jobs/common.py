@@ -144,3 +144,14 @@ class Job(Protocol):
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         """Files ``(name, bytes)`` and manifest fields for image ``index`` of the batch."""
         ...
+
+
+def region_note(region: str | None, asked: str | None) -> str:
+    """The caption's account of which pixels a segmentation score sums."""
+    if region is None:
+        return ""
+    if region == "class":
+        return ", its score summed over its pixels (outlined)"
+    if asked == "class":
+        return ", its score summed over all pixels (the model gives it none)"
+    return ", its score summed over all pixels (its own outlined)"
