@@ -9,6 +9,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "hookviz"
 
 #: The layers, lowest first: a module imports only from its own layer and those before it.
@@ -161,6 +163,7 @@ def test_the_layers_import_downwards() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.slow  # imports every module in fresh processes (about 50 s): make test runs it
 def test_an_import_inside_a_function_only_defers_a_heavy_package() -> None:
     """hookviz's own imports sit at the top of the file; one inside a function must load a heavy package that
     the importing module does not (the command line loads torch only when a command runs)."""

@@ -88,6 +88,7 @@ def test_serve_replaces_no_file_at_its_socket_path(tmp_path: Path) -> None:
 
 
 @unix_only
+@pytest.mark.slow
 def test_a_server_removes_only_its_own_socket_on_the_way_out(tmp_path: Path) -> None:
     """A file put where the socket was while the server ran is left there when the server stops."""
     from hookviz.serve.paths import claim, identity
@@ -112,6 +113,7 @@ def test_a_server_removes_only_its_own_socket_on_the_way_out(tmp_path: Path) -> 
 
 
 @unix_only
+@pytest.mark.slow
 def test_serving_on_is_said_once_the_server_listens(tmp_path: Path) -> None:
     private = tmp_path / "p"
     private.mkdir(mode=0o700)
@@ -282,6 +284,7 @@ def _tcav_folders(root: Path) -> tuple[str, str, list[str]]:
     return inputs, str(root / "concept"), randoms
 
 
+@pytest.mark.slow
 def test_tcav_outputs_are_keyed_a_rerun_skipped_and_folders_distinct(tmp_path: Path) -> None:
     inputs, concept, randoms = _tcav_folders(tmp_path)
     rand = [a for r in randoms for a in ("--random", r)]
