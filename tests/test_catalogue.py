@@ -45,6 +45,7 @@ def test_every_class_specific_cam_peaks_on_the_explained_shape(
     assert min(rates.values()) >= 0.95, rates
 
 
+@pytest.mark.slow  # 15 s: make test runs it
 def test_perturbation_cams_and_pixel_maps_find_the_shape_far_above_chance(
     trained: Trained, held_out: tuple[torch.Tensor, torch.Tensor, np.ndarray]
 ) -> None:
@@ -123,6 +124,7 @@ class Concat(nn.Module):
         return self.head(torch.cat([s, self.layer(s)], dim=1).mean(dim=(2, 3)))
 
 
+@pytest.mark.slow  # 13 s each: make test runs it
 @pytest.mark.parametrize("kind", ["broadcast", "concat"])
 def test_ablationcam_equals_ablating_each_channel_by_hand(kind: str) -> None:
     """Only the network after the layer runs per channel (earlier tensors broadcast over the copies), or
