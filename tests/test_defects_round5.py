@@ -5,7 +5,6 @@ and the small slips."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -15,7 +14,6 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,26 +41,10 @@ def _hookviz(sock: Path, *args: str, pythonpath: str = str(ROOT)) -> subprocess.
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-@contextlib.contextmanager
-def _server(sock: Path, pythonpath: str = str(ROOT)) -> Iterator[subprocess.Popen[str]]:
-    cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock), "--idle-timeout", "300"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock, pythonpath), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
-        while ask(sock, {"op": "status"}, timeout=2.0) is None:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        yield proc
-    finally:
-        ask(sock, {"op": "stop"})
-        try:
-            proc.wait(timeout=60)
-        finally:
-            proc.kill()
-            if proc.stderr:
-                proc.stderr.close()
+def _server(sock: Path, pythonpath: str = str(ROOT)) -> Any:
+    from tests.test_serve import running_server
+
+    return running_server(sock, ["-m", "hookviz"], "--idle-timeout", "300", pythonpath=pythonpath)
 
 
 @unix_only

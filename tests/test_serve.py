@@ -27,9 +27,9 @@ pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix soc
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
 
 
-def _env(sock: Path | str) -> dict[str, str]:
+def _env(sock: Path | str, pythonpath: str = str(ROOT)) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env |= {"HOOKVIZ_SERVER": str(sock), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env |= {"HOOKVIZ_SERVER": str(sock), "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     return env
 
 
@@ -41,18 +41,21 @@ def hookviz(sock: Path | str, *args: str, **kw: object) -> subprocess.CompletedP
 
 
 @contextlib.contextmanager
-def running_server(sock: Path, python: list[str], *flags: str) -> Iterator[Path]:
-    """A server started by ``python`` (``-m hookviz`` or a script) at ``sock``, stopped on the way out."""
+def running_server(
+    sock: Path, python: list[str], *flags: str, pythonpath: str = str(ROOT)
+) -> Iterator[subprocess.Popen[str]]:
+    """A server started by ``python`` (``-m hookviz`` or a script) at ``sock`` with ``pythonpath``, stopped on
+    the way out; its process is given."""
     cmd = [sys.executable, *python, "serve", "--socket", str(sock), *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock, pythonpath), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while ask(sock, {"op": "status"}, timeout=2.0) is None:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
-        yield sock
+        yield proc
     finally:
         ask(sock, {"op": "stop"})
         try:
