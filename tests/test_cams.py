@@ -23,7 +23,7 @@ def ag() -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
     return a, grad, a.numpy(), grad.numpy()
 
 
-def _relu(x: float) -> float:
+def rectify(x: float) -> float:
     return max(x, 0.0)
 
 
@@ -56,7 +56,7 @@ def test_gradcampp_formula(ag: tuple) -> None:
                     gg = gn[b, k, i, j]
                     denom = 2 * gg**2 + s * gg**3
                     alpha = gg**2 / denom if denom != 0 else 0.0
-                    total += alpha * _relu(gg)
+                    total += alpha * rectify(gg)
             w.append(total)
         ref = np.maximum(_loop_map(lambda k, i, j: w[k], an, b), 0)
         np.testing.assert_allclose(cams.grad_cam_pp(a, g)[b].numpy(), ref, atol=1e-12)
@@ -73,7 +73,7 @@ def test_xgradcam_formula(ag: tuple) -> None:
 def test_layercam_and_hirescam_formulas(ag: tuple) -> None:
     a, g, an, gn = ag
     for b in range(B):
-        layer = np.maximum(_loop_map(lambda k, i, j: _relu(gn[b, k, i, j]), an, b), 0)
+        layer = np.maximum(_loop_map(lambda k, i, j: rectify(gn[b, k, i, j]), an, b), 0)
         hires = np.maximum(_loop_map(lambda k, i, j: gn[b, k, i, j], an, b), 0)
         np.testing.assert_allclose(cams.layer_cam(a, g)[b].numpy(), layer, atol=1e-12)
         np.testing.assert_allclose(cams.hires_cam(a, g)[b].numpy(), hires, atol=1e-12)

@@ -185,14 +185,14 @@ def test_signed_tensor_is_said(
     assert share > 0.3
     (note,) = job.take_notes()
     assert "of the activation mass of _bn1 is negative" in note and "Grad-CAM++ and XGrad-CAM" in note
-    _, fields = job.render(batch, 0, np.zeros((48, 48, 3), np.uint8), _box(), "s")
+    _, fields = job.render(batch, 0, np.zeros((48, 48, 3), np.uint8), photo_box(), "s")
     flagged = {(m["method"], m["layer"]) for m in fields["maps"] if m.get("assumption_broken")}
     assert flagged == {("gradcampp", "_bn1"), ("xgradcam", "_bn1")}
     assert all(m["negative_mass"] == 0.0 for m in fields["maps"] if m["layer"] == "_avg_pooling:input")
     assert job.take_notes() == []  # said once
 
 
-def _box() -> object:
+def photo_box() -> object:
     from hookviz.io.images import Box
 
     return Box(0, 0, 48, 48)

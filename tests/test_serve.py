@@ -276,7 +276,7 @@ def test_warm_models_are_kept_under_the_budget_least_recently_used_first(tmp_pat
         srv._keep_warm(user)  # the user's own code: loaded afresh by every call, never kept
         assert [k[0].model for k in srv.warm] == ["resnet34"] and loading.warm_key(user) is None
         # A child finds the warm model: the very object, no second load.
-        assert loading._load(big, quiet=True) is loading.WARM[loading.warm_key(big)]
+        assert loading.load_warm(big, quiet=True) is loading.WARM[loading.warm_key(big)]
     finally:
         loading.WARM.clear()
         loading.USED.clear()

@@ -2,142 +2,63 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.app import (
-    MAPS,
-    BatchSize,
-    Debug,
-    Device,
-    Inputs,
-    JsonOut,
-    Labels,
-    MaxMemory,
-    MaxPixels,
-    MeanOpt,
-    Model,
-    Null,
-    Out,
-    Overwrite,
-    Quiet,
-    ReportOpt,
-    ResizeOpt,
-    SkipExisting,
-    StdOpt,
-    TrustPickle,
-    Weights,
-    WeightsKey,
-    Workers,
-    _guard,
-)
-from hookviz.cli.groups import model_options, run_options
-from hookviz.cli.kinds import InputSize
+from hookviz.cli.flags import MAPS, Inputs
 from hookviz.cli.loading import load_options
-from hookviz.cli.runner import _Reporter, _run_then, _warn
+from hookviz.cli.options import ModelOptions, RunOptions, grouped, omit
+from hookviz.cli.runner import run_command, warn
 from hookviz.errors import UsageError
 from hookviz.io.outputs import settings_key
 from hookviz.report import build_report, latest_records
 
-if TYPE_CHECKING:
-    from hookviz.jobs import Job
-    from hookviz.models.loaded import LoadedModel
+#: What the concept commands take of the model options (a classifier's head as it is).
+ConceptModel = Annotated[ModelOptions, omit("head", "task", "negate")]
 
-ChannelsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--channels",
-        help="channels given a sheet: 0,5,9 or 0-15. Default: every channel.",
-        rich_help_panel=MAPS,
-    ),
-]
+ChannelsOpt = Annotated[str | None, typer.Option("--channels", rich_help_panel=MAPS,
+    help="channels given a sheet: 0,5,9 or 0-15. Default: every channel.")]  # fmt: skip
+ConceptLayers = Annotated[list[str] | None, typer.Option("--layer", "--layers", "-l", rich_help_panel=MAPS,
+    help="layers (repeatable). Default: the CAM layer.")]  # fmt: skip
+Top = Annotated[int, typer.Option("--top", "-k", min=1, help="best inputs kept per channel.",
+    rich_help_panel=MAPS)]  # fmt: skip
+Reduce = Annotated[str, typer.Option("--reduce", rich_help_panel=MAPS,
+    help="a channel's score on an input: max or mean of its map.")]  # fmt: skip
+DrivenTarget = Annotated[str | None, typer.Option("--target", rich_help_panel=MAPS, help="a class (index or "
+    "name): rank the channels by their contribution to it (gradient x activation), per input and "
+    "summed.")]  # fmt: skip
 
 
+@grouped
 def channels(
     inputs: Inputs,
-    model: Model = "resnet18",
-    weights: Weights = "DEFAULT",
-    weights_key: WeightsKey = None,
-    labels: Labels = None,
-    input_size: InputSize = None,
-    resize: ResizeOpt = None,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    trust_pickle: TrustPickle = False,
-    layers: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--layer",
-            "--layers",
-            "-l",
-            help="layers (repeatable). Default: the CAM layer.",
-            rich_help_panel=MAPS,
-        ),
-    ] = None,
-    top: Annotated[
-        int, typer.Option("--top", "-k", min=1, help="best inputs kept per channel.", rich_help_panel=MAPS)
-    ] = 8,
-    reduce: Annotated[
-        str,
-        typer.Option(
-            "--reduce", help="a channel's score on an input: max or mean of its map.", rich_help_panel=MAPS
-        ),
-    ] = "max",
+    model: ConceptModel = ModelOptions(),
+    layers: ConceptLayers = None,
+    top: Top = 8,
+    reduce: Reduce = "max",
     chosen: ChannelsOpt = None,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target",
-            help="a class (index or name): rank the channels by their contribution to it "
-            "(gradient x activation), per input and summed.",
-            rich_help_panel=MAPS,
-        ),
-    ] = None,
-    out: Out = Path("out"),
-    overwrite: Overwrite = False,
-    skip_existing: SkipExisting = False,
-    quiet: Quiet = False,
-    as_json: JsonOut = False,
-    batch_size: BatchSize = 8,
-    workers: Workers = 2,
-    device: Device = "auto",
-    max_pixels: MaxPixels = 80_000_000,
-    max_memory: MaxMemory = None,
-    report: ReportOpt = False,
-    null: Null = False,
-    debug: Debug = False,
+    target: DrivenTarget = None,
+    run: RunOptions = RunOptions(),
 ) -> None:
     """Each channel's best inputs over a folder of any size: OUT/channels.KEY.json and a sheet of crops per
     channel (resumable, torchrun-sharded); with --target, the channels that drive a class."""
-    p = locals()
-    m, r = model_options(p), run_options(p, lines=False, report=False)  # the page comes after the sheets
-    made: list[Any] = []
-    with _guard(debug):
-        _run_then(partial(_channels_job, p, made), m, r, partial(_gathered, made, out, p))
+    from hookviz.jobs.build import made_by
+    from hookviz.jobs.channels import channels_job  # loads torch: only once the command runs
+
+    def gathered(job: Any) -> None:
+        _write_channels(job, run.out, top, chosen, run.quiet, run.as_json)
+        if run.report:  # the page comes after the sheets
+            typer.echo(f"hookviz: report: {build_report(run.out, warn=warn)}", err=True)
+
+    job = made_by(channels_job, layers=layers, reduce=reduce, target=target, chosen=chosen, top=top)
+    run_command(job, model, run, inputs, summarise=gathered, lines=False, report=False)
 
 
-def _gathered(made: list[Any], out: Path, p: dict[str, Any]) -> None:
-    if made:
-        _write_channels(made[0], out, p, p["quiet"])
-    if p["report"]:
-        typer.echo(f"hookviz: report: {build_report(out, warn=_warn)}", err=True)
-
-
-def _channels_job(p: dict[str, Any], made: list[Any], loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-    from hookviz.jobs.channels import channels_job
-
-    job = channels_job(
-        loaded, p["layers"], reduce=p["reduce"], target=p["target"], chosen=p["chosen"], top=p["top"]
-    )
-    made.append(job)
-    return job
-
-
-def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None:
+def _write_channels(job: Any, out: Path, top: int, chosen: str | None, quiet: bool, as_json: bool) -> None:
     """OUT/channels.KEY.json and OUT/channels.KEY/LAYER.cC.png from the run's records (KEY: the settings')."""
     from hookviz.concepts import dataset
     from hookviz.run import pipeline
@@ -146,23 +67,23 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
     manifest = out / pipeline.MANIFEST
     lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines() if manifest.exists() else []
     recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
-    found = dataset.gather(recs, job.layers, p["top"], feed=job.feed)
+    found = dataset.gather(recs, job.layers, top, feed=job.feed)
     if not found.layers:
         typer.echo("hookviz: channels: no input was read; nothing to gather", err=True)
         return
-    chosen = {e.layer: dataset.parse_channels(p["chosen"], len(e.top)) for e in found.layers}
-    data = dataset.summary(found, chosen, job.fields)
+    sheets_of = {e.layer: dataset.parse_channels(chosen, len(e.top)) for e in found.layers}
+    data = dataset.summary(found, sheets_of, job.fields)
     by_input = {str(x["input"]): x for x in recs}
 
     def field_px(name: str, layer: str) -> tuple[int, int]:
         h, w = by_input[name].get("fields", {}).get(layer, job.fields[layer])
         return int(h), int(w)
 
-    gather = {"top": p["top"], "channels": p["chosen"]}  # the records' key, and what gathering chooses
+    gather = {"top": top, "channels": chosen}  # the records' key, and what gathering chooses
     json_name, sheets_name = dataset.gathered_names(settings_key({"run": key, **gather}))
     sheets = out / sheets_name
     dataset.write_sheets(found, data, sheets, job.loaded.name, job.reduce, field_px, dataset.Photos())
-    data = {"key": key, "settings": job.settings(), "top": p["top"], **data}
+    data = {"key": key, "settings": job.settings(), "top": top, **data}
     dataset.write_json(out / json_name, data)
     if not quiet:
         lines_out = [f"{len(found.layers)} layer(s) over {found.inputs} input(s)"]
@@ -175,101 +96,64 @@ def _write_channels(job: Any, out: Path, p: dict[str, Any], quiet: bool) -> None
                 )
         written = sum("sheet" in c for layer in data["layers"].values() for c in layer["channels"])
         lines_out.append(f"wrote {out / json_name} and {written} sheets in {sheets}")
-        typer.echo("\n".join(lines_out), err=p["as_json"])
+        typer.echo("\n".join(lines_out), err=as_json)
 
 
+Concept = Annotated[list[str], typer.Option("--concept", help="NAME=FOLDER of the concept's examples "
+    "(repeatable).", rich_help_panel=MAPS)]  # fmt: skip
+RandomFolders = Annotated[list[str], typer.Option("--random", rich_help_panel=MAPS,
+    help="a folder of random examples (repeatable; five or more for the test).")]  # fmt: skip
+TcavTarget = Annotated[str, typer.Option("--target", help="the class (index or name).", rich_help_panel=MAPS)]
+Cav = Annotated[str, typer.Option("--cav", rich_help_panel=MAPS,
+    help="linear (captum's SGD classifier) or mean (difference of means).")]  # fmt: skip
+CavSeed = Annotated[int, typer.Option("--seed", help="the CAVs' split and training.", rich_help_panel=MAPS)]
+Alpha = Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="significance level of the t-test.",
+    rich_help_panel=MAPS)]  # fmt: skip
+
+
+@grouped
 def tcav(
     inputs: Inputs,
-    concept: Annotated[
-        list[str],
-        typer.Option(
-            "--concept", help="NAME=FOLDER of the concept's examples (repeatable).", rich_help_panel=MAPS
-        ),
-    ],
-    random_folders: Annotated[
-        list[str],
-        typer.Option(
-            "--random",
-            help="a folder of random examples (repeatable; five or more for the test).",
-            rich_help_panel=MAPS,
-        ),
-    ],
-    target: Annotated[str, typer.Option("--target", help="the class (index or name).", rich_help_panel=MAPS)],
-    model: Model = "resnet18",
-    weights: Weights = "DEFAULT",
-    weights_key: WeightsKey = None,
-    labels: Labels = None,
-    input_size: InputSize = None,
-    resize: ResizeOpt = None,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    trust_pickle: TrustPickle = False,
-    layers: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--layer",
-            "--layers",
-            "-l",
-            help="layers (repeatable). Default: the CAM layer.",
-            rich_help_panel=MAPS,
-        ),
-    ] = None,
-    cav: Annotated[
-        str,
-        typer.Option(
-            "--cav",
-            help="linear (captum's SGD classifier) or mean (difference of means).",
-            rich_help_panel=MAPS,
-        ),
-    ] = "linear",
-    seed: Annotated[
-        int, typer.Option("--seed", help="the CAVs' split and training.", rich_help_panel=MAPS)
-    ] = 0,
-    alpha: Annotated[
-        float,
-        typer.Option(
-            "--alpha", min=0.0, max=1.0, help="significance level of the t-test.", rich_help_panel=MAPS
-        ),
-    ] = 0.05,
-    out: Out = Path("out"),
-    overwrite: Overwrite = False,
-    quiet: Quiet = False,
-    as_json: JsonOut = False,
-    batch_size: BatchSize = 8,
-    device: Device = "auto",
-    max_pixels: MaxPixels = 80_000_000,
-    debug: Debug = False,
+    concept: Concept,
+    random_folders: RandomFolders,
+    target: TcavTarget,
+    model: ConceptModel = ModelOptions(),
+    layers: ConceptLayers = None,
+    cav: Cav = "linear",
+    seed: CavSeed = 0,
+    alpha: Alpha = 0.05,
+    run: Annotated[RunOptions, omit("skip_existing", "workers", "max_memory", "report", "null")] = (
+        RunOptions()
+    ),
 ) -> None:
     """TCAV: how much each concept (a folder of examples) matters to a class at a layer, against random
     folders, with a t-test; a table and OUT/tcav.KEY.json (KEY: the settings'; a rerun is skipped)."""
-    p = locals()
-    m = model_options(p)
-    with _guard(debug):
-        from hookviz.concepts.dataset import write_json
-        from hookviz.concepts.tcav import tcav_plan, tcav_report
+    from hookviz.concepts.dataset import write_json
+    from hookviz.concepts.tcav import tcav_plan, tcav_report
 
-        named = _concepts(concept, random_folders)
-        loaded = load_options(m, quiet)
-        spec = dict(layers=layers, method=cav, seed=seed, alpha=alpha)
-        _, _, settings = tcav_plan(loaded, inputs, target, named, random_folders, **spec)  # type: ignore[arg-type]
-        path = out / f"tcav.{settings_key(settings)}.json"
-        if path.is_file() and not overwrite:
-            data, status = json.loads(path.read_text(encoding="utf-8")), "skipped"
-        else:
-            data, said = tcav_report(
-                loaded, inputs, target, named, random_folders, **spec, batch=batch_size,  # type: ignore[arg-type]
-                max_pixels=max_pixels,
-            )  # fmt: skip
-            for text in said:
-                typer.echo(f"hookviz: note: {text}", err=True)
-            out.mkdir(parents=True, exist_ok=True)
-            write_json(path, data)
-            status = "ok"
-        if as_json:
-            typer.echo(json.dumps({"status": status, "output": str(path), **data}))
-        if not quiet:
-            done = f"wrote {path}" if status == "ok" else f"skipped: {path} exists (--overwrite redoes it)"
-            typer.echo("\n".join([*_tcav_table(data), done]), err=as_json)
+    out, quiet, as_json = run.out, run.quiet, run.as_json
+    named = _concepts(concept, random_folders)
+    loaded = load_options(dataclasses.replace(model, device=run.device), quiet)
+    spec = dict(layers=layers, method=cav, seed=seed, alpha=alpha)
+    _, _, settings = tcav_plan(loaded, inputs, target, named, random_folders, **spec)  # type: ignore[arg-type]
+    path = out / f"tcav.{settings_key(settings)}.json"
+    if path.is_file() and not run.overwrite:
+        data, status = json.loads(path.read_text(encoding="utf-8")), "skipped"
+    else:
+        data, said = tcav_report(
+            loaded, inputs, target, named, random_folders, **spec, batch=run.batch_size,  # type: ignore[arg-type]
+            max_pixels=run.max_pixels,
+        )  # fmt: skip
+        for text in said:
+            typer.echo(f"hookviz: note: {text}", err=True)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(path, data)
+        status = "ok"
+    if as_json:
+        typer.echo(json.dumps({"status": status, "output": str(path), **data}))
+    if not quiet:
+        done = f"wrote {path}" if status == "ok" else f"skipped: {path} exists (--overwrite redoes it)"
+        typer.echo("\n".join([*_tcav_table(data), done]), err=as_json)
 
 
 def _concepts(specs: list[str], randoms: list[str]) -> dict[str, str]:

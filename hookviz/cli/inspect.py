@@ -3,118 +3,58 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated, Any, cast
 
 import typer
 
-from hookviz.cli.app import (
-    EXIT_USAGE,
+from hookviz.cli.app import EXIT_USAGE, fail, guarded
+from hookviz.cli.flags import (
     MAPS,
     MODEL,
-    BatchSize,
+    ClipLen,
     Debug,
-    Device,
     Inputs,
-    JsonOut,
-    Labels,
-    MaxMemory,
-    MaxPixels,
+    InputSize,
     MeanOpt,
     Model,
-    Null,
-    Out,
     Overwrite,
-    Quiet,
-    ReportOpt,
-    ResizeOpt,
-    SkipExisting,
     StdOpt,
     TrustPickle,
-    Weights,
-    WeightsKey,
-    Workers,
-    _fail,
-    _guard,
 )
-from hookviz.cli.groups import model_options, run_options
-from hookviz.cli.kinds import ClipLen, ClipsOpt, FrameStride, InputSize
 from hookviz.cli.loading import with_sampling
-from hookviz.cli.runner import _Reporter, _run_job
+from hookviz.cli.options import ModelOptions, RunOptions, Sampling, grouped, omit
+from hookviz.cli.runner import run_command
 from hookviz.io.files import atomic_write
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
-if TYPE_CHECKING:
-    from hookviz.jobs import Job
-    from hookviz.models.loaded import LoadedModel
+FeatureLayers = Annotated[list[str] | None, typer.Option("--layers", "--layer", "-l",
+    rich_help_panel=MAPS,
+    help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d that runs.")]  # fmt: skip
+StageOpt = Annotated[Stage, typer.Option("--stage", help="the layer's input, output or both.",
+    rich_help_panel=MAPS)]  # fmt: skip
+MaxChannels = Annotated[int, typer.Option("--max-channels", min=1, help="channels per grid.",
+    rich_help_panel=MAPS)]  # fmt: skip
+ChannelColours = Annotated[Colormap, typer.Option("--colormap", help="channel colours.",
+    rich_help_panel=MAPS)]  # fmt: skip
 
 
+@grouped
 def featuremaps(
     inputs: Inputs,
-    model: Model = "resnet18",
-    weights: Weights = "DEFAULT",
-    weights_key: WeightsKey = None,
-    labels: Labels = None,
-    input_size: InputSize = None,
-    resize: ResizeOpt = None,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    trust_pickle: TrustPickle = False,
-    layers: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--layers",
-            "--layer",
-            "-l",
-            help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d that runs.",
-            rich_help_panel=MAPS,
-        ),
-    ] = None,
-    stage: Annotated[
-        Stage, typer.Option("--stage", help="the layer's input, output or both.", rich_help_panel=MAPS)
-    ] = (Stage.output),
-    max_channels: Annotated[
-        int, typer.Option("--max-channels", min=1, help="channels per grid.", rich_help_panel=MAPS)
-    ] = 64,
-    colormap: Annotated[
-        Colormap, typer.Option("--colormap", help="channel colours.", rich_help_panel=MAPS)
-    ] = (Colormap.viridis),
-    out: Out = Path("out"),
-    overwrite: Overwrite = False,
-    skip_existing: SkipExisting = False,
-    quiet: Quiet = False,
-    as_json: JsonOut = False,
-    batch_size: BatchSize = 8,
-    workers: Workers = 2,
-    device: Device = "auto",
-    max_pixels: MaxPixels = 80_000_000,
-    max_memory: MaxMemory = None,
-    report: ReportOpt = False,
-    null: Null = False,
-    clip_len: ClipLen = None,
-    frame_stride: FrameStride = None,
-    clips: ClipsOpt = None,
-    debug: Debug = False,
+    model: Annotated[ModelOptions, omit("head", "task", "negate")] = ModelOptions(),
+    layers: FeatureLayers = None,
+    stage: StageOpt = Stage.output,
+    max_channels: MaxChannels = 64,
+    colormap: ChannelColours = Colormap.viridis,
+    run: RunOptions = RunOptions(),
+    sampling: Sampling = Sampling(),
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
-    p = locals()
-    m, r = model_options(p), run_options(p)
-    with _guard(debug):
+    from hookviz.jobs.build import featuremap_job, made_by  # loads torch: only once the command runs
 
-        def make(loaded: LoadedModel, reporter: _Reporter | None) -> Job:
-            from hookviz.core.layers import map_layers
-            from hookviz.jobs import FeatureMapJob
-            from hookviz.models.loaded import probe
-
-            names = map_layers(loaded.model, layers, probe(loaded), loaded.name)
-            return FeatureMapJob(
-                loaded=loaded,
-                layers=names,
-                stage=str(stage),
-                max_channels=max_channels,
-                colormap=str(colormap),
-            )
-
-        _run_job(make, m, r)
+    job = made_by(featuremap_job, layers=layers, stage=str(stage), max_channels=max_channels,
+                  colormap=str(colormap))  # fmt: skip
+    run_command(job, model, run, inputs, sampling=sampling)
 
 
 def layers(
@@ -134,7 +74,8 @@ def layers(
     debug: Debug = False,
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
-    with _guard(debug):
+    with guarded(debug):
+        from hookviz.core.hooks import pool_of
         from hookviz.core.layers import default_cam_layer
         from hookviz.models.loaded import probe
         from hookviz.tasks import load_model
@@ -164,7 +105,7 @@ def layers(
                 f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}"
             )
         if default not in {c.name for c in calls} and not any(default == f"{c.name}:input" for c in calls):
-            pool = getattr(calls, "pool", None)
+            pool = pool_of(calls)
             shape = "x".join(map(str, pool.shape)) if pool is not None else "-"
             typer.echo(
                 f"default Grad-CAM tensor: {default} ({shape}), the input of {loaded.name}'s global pooling "
@@ -221,15 +162,15 @@ def summary(
     size = _parse_size(input_size) if input_size is not None else None
     if plot is not None:
         if plot.exists() and not overwrite:
-            _fail(f"--plot {str(plot)!r}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
+            fail(f"--plot {str(plot)!r}: the file exists; pass --overwrite to replace it", EXIT_USAGE)
         if not plot.parent.is_dir():
-            _fail(
+            fail(
                 f"--plot {str(plot)!r}: the folder {str(plot.parent)!r} does not exist; create it first",
                 EXIT_USAGE,
             )
         if plot.suffix.lower() != ".png":
-            _fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
-    with _guard(debug):
+            fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
+    with guarded(debug):
         from hookviz.summary import summarize
         from hookviz.tasks import load_model
 
@@ -243,7 +184,7 @@ def summary(
             )
         except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            _fail(
+            fail(
                 f"--input-size {input_size}: {model} cannot run on an input of shape "
                 f"({batch_size}, {', '.join(map(str, size))}) ({first}); give the C,H,W it expects, "
                 "e.g. 3,224,224",

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import typer
-
+from hookviz.cli.options import ModelOptions
 from hookviz.errors import UsageError
 from hookviz.io.files import file_digest
 from hookviz.startup import release_collector
@@ -19,57 +17,6 @@ if TYPE_CHECKING:  # for annotations only: importing it here would load torch fo
     from hookviz.models.loaded import LoadedModel
 
 __all__ = ["USED", "WARM", "ModelOptions", "load_options", "warm_key", "with_sampling"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelOptions:
-    """How to get the model: the options every per-image command shares."""
-
-    model: str
-    weights: str
-    device: str = "auto"
-    input_size: int | tuple[int, ...] | None = None
-    resize: str | None = None
-    labels: Path | None = None
-    weights_key: str | None = None
-    #: Per channel, or per input of several (``NAME=values``: pairs of a name and its values).
-    mean: tuple[float, ...] | tuple[tuple[str, tuple[float, ...]], ...] | None = None
-    std: tuple[float, ...] | tuple[tuple[str, tuple[float, ...]], ...] | None = None
-    trust_pickle: bool = False
-    #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
-    head: str = "auto"
-    negate: bool = False
-    #: ``--task``, and whether every input is a volume (a 3-D CNN is then a volume model, not a video one).
-    task: str | None = None
-    volumes: bool = False
-    #: The names of a model's several inputs (``--input NAME=PATH``), in order.
-    inputs: tuple[str, ...] = ()
-    #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
-    clip_len: int | None = None
-    frame_stride: int | None = None
-    clips: str | None = None
-
-
-def _rgb(text: str | None, option: str) -> Any:
-    """Numbers per channel: three (R,G,B) for a photo model, one per band for another (checked on load); or,
-    for a model of several inputs, ``NAME=values`` per input (``depth=0.5 rgb=0.485,0.456,0.406``)."""
-    if text is None:
-        return None
-    if "=" in text:
-        pairs = []
-        for part in text.replace(";", " ").split():
-            name, _, numbers = part.partition("=")
-            pairs.append((name.strip(), _rgb(numbers, option)))
-        return tuple(pairs)
-    try:
-        values = [float(v) for v in text.replace(" ", ",").split(",") if v]
-    except ValueError:
-        values = []
-    if not values or (option == "--std" and min(values) <= 0):
-        raise typer.BadParameter(
-            f"{text!r}: give a number per channel, R,G,B for a photo (0.485,0.456,0.406)", param_hint=option
-        )
-    return tuple(values)
 
 
 #: Models kept warm by ``hookviz serve`` (a forked child finds them here), by :func:`warm_key`.
@@ -146,7 +93,7 @@ def _per_input(values: Any) -> Any:
     return dict(values) if values and isinstance(values[0], tuple) else values
 
 
-def _load(m: ModelOptions, quiet: bool) -> LoadedModel:
+def load_warm(m: ModelOptions, quiet: bool) -> LoadedModel:
     USED.append(m)
     key = warm_key(m) if WARM else None
     if key is not None and key in WARM:

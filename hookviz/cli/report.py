@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from hookviz.cli.app import Debug, _guard
-from hookviz.cli.runner import _warn
+from hookviz.cli.app import guarded
+from hookviz.cli.flags import Debug
+from hookviz.cli.runner import warn
 from hookviz.report import build_report
 
 
@@ -18,5 +19,5 @@ def report(
     debug: Debug = False,
 ) -> None:
     """Write OUT/index.html: one static page to browse, filter and sort a run's maps (opens from file://)."""
-    with _guard(debug):
-        typer.echo(str(build_report(out, title=title, warn=_warn)))
+    with guarded(debug):
+        typer.echo(str(build_report(out, title=title, warn=warn)))

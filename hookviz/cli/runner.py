@@ -3,9 +3,9 @@ run over inputs (one process, or one torchrun rank's shard), and the run-then-su
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -16,50 +16,31 @@ from hookviz.cli.app import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
-    _fail,
-    _stdout_reserved,
+    fail,
+    stdout_reserved,
 )
-from hookviz.cli.loading import ModelOptions, _load
+from hookviz.cli.loading import load_warm
+from hookviz.cli.options import RUNNING, ModelOptions, Prompts, RunOptions, Sampling
 from hookviz.errors import HookvizError
 from hookviz.models.classes import class_label
 from hookviz.report import build_report
 from hookviz.run import distributed
 
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
-    from torch import Tensor
-
+    from hookviz.io.inputs import Item
+    from hookviz.io.outputs import Output
     from hookviz.jobs import Job
+    from hookviz.jobs.build import BuiltJob, RunContext
     from hookviz.models.loaded import LoadedModel
     from hookviz.run.distributed import Dist
+    from hookviz.run.kinds import InputKind
 
-#: Builds a command's job once the model is loaded (the reporter gives it the first images, and rank 0's
-#: choices under torchrun).
-JobFactory = Callable[["LoadedModel", "_Reporter | None"], "Job"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    """How to run over the inputs and where results go."""
-
-    inputs: list[str]
-    out: Path
-    batch_size: int = 8
-    workers: int = 2
-    overwrite: bool = False
-    skip_existing: bool = False
-    max_pixels: int = 80_000_000
-    #: Bytes a batch may hold (None: half of what is available).
-    max_memory: int | None = None
-    null: bool = False
-    quiet: bool = False
-    as_json: bool = False
-    debug: bool = False
-    report: bool = False
-    #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
-    lines: bool = True
+#: Builds a command's job once the model is loaded (:data:`hookviz.jobs.build.JobFactory`): given the model
+#: and the run's context, a job or a :class:`hookviz.jobs.build.BuiltJob` with the notes to say.
+JobFactory = Callable[["LoadedModel", "RunContext"], Any]
 
 
-class _Reporter:
+class Reporter:
     """Progress on stderr (a bar on a terminal), result lines on ``out``; counts ok and failed inputs.
 
     Lines bound for the same terminal as the bar are printed through the bar's console, so they scroll
@@ -74,12 +55,6 @@ class _Reporter:
         self._inner: Any = None
         #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
         self.count_from: Callable[[], int] | None = None
-        #: ``first_images(n)``: the first ``n`` readable inputs, preprocessed, as one batch (or None).
-        self.first_images: Callable[[int], Tensor | None] = lambda n: None
-        #: Whether this process speaks for the run (rank 0 under torchrun, or the only process).
-        self.lead = True
-        #: ``agree(value)``: rank 0's value on every rank under torchrun (a choice made from data).
-        self.agree: Callable[[Any], Any] = lambda value: value
 
     def start(self, total: int) -> None:
         """Show the bar (on a terminal, unless quiet) for ``total`` inputs."""
@@ -151,7 +126,7 @@ class _Reporter:
             self.bar.stop()
 
 
-def _warn(text: str) -> None:
+def warn(text: str) -> None:
     typer.echo(f"hookviz: warning: {text}", err=True)
 
 
@@ -191,7 +166,7 @@ def _describe(rec: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
+def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions, command: str | None = None) -> None:
     """The shared body of the per-image commands: inputs → model → job → pipeline → records.
 
     Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
@@ -206,21 +181,21 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
         )
     dist = distributed.from_env()
     if dist is None:
-        _run_shard(job_factory, m, r, None)
+        _run_shard(job_factory, m, r, None, command)
         return
     if "-" in r.inputs:  # said once, by rank 0; every rank stops with the same code
         if dist.rank != 0:
             raise typer.Exit(EXIT_USAGE)
-        _fail(
+        fail(
             "reading paths from stdin is not supported under torchrun (each rank has its own stdin); "
             "pass files, folders or globs",
             EXIT_USAGE,
         )
     distributed.init(dist)
-    m = ModelOptions(**{**m.__dict__, "device": distributed.device_and_threads(dist, m.device)})
+    m = dataclasses.replace(m, device=distributed.device_and_threads(dist, m.device))
     code = 0
     try:
-        _run_shard(job_factory, m, r, dist)
+        _run_shard(job_factory, m, r, dist, command)
     except typer.Exit as exc:
         code = int(exc.exit_code or 0)
     except KeyboardInterrupt:
@@ -246,7 +221,7 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions) -> None:
             sys.stdout.write(added)
             sys.stdout.flush()
         if r.report:
-            typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
+            typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
     # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
     # which could cut rank 0's merge short. torchrun exits with rank 0's code.
     if worst and dist.rank == 0:
@@ -263,41 +238,72 @@ def _setup_notes(job: Job, loaded: LoadedModel) -> list[str]:
     return notes + tasks.hints(loaded)
 
 
-def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None) -> None:
-    """One process's run (the whole run, or one torchrun rank's shard of it)."""
-    from hookviz import tasks
-    from hookviz.run import pipeline, runner
+def _built(made: Any) -> BuiltJob:
+    from hookviz.jobs.build import BuiltJob
 
-    lead = dist is None or dist.rank == 0
+    return made if isinstance(made, BuiltJob) else BuiltJob(job=made)
+
+
+def _said(built: BuiltJob, lead: bool, quiet: bool, reporter: Reporter) -> Job:
+    """The built job, once what its building found is said: how ``--layer auto`` chose (a result: said even
+    with -q, by rank 0), its notes, and a bar over its slow methods' passes."""
+    from hookviz.jobs.build import auto_line
+
+    if built.auto is not None and lead:
+        typer.echo(f"hookviz: {auto_line(built.auto)}", err=True)
+    if not quiet:
+        for note in built.notes:
+            typer.echo(f"hookviz: {note}", err=True)
+    if built.slow:
+        built.job.progress = reporter.inner("extra passes of " + ", ".join(built.slow))
+    return built.job
+
+
+def _check_out(r: RunOptions) -> None:
+    """``--out`` may not be one of the input folders (outputs would be read back as inputs)."""
     real_out = r.out.resolve()
     for spec in r.inputs:
         if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
-            _fail(
+            fail(
                 f"--out {str(r.out)!r} is also an input folder; outputs would be read back as inputs. "
                 "Choose another --out",
                 EXIT_USAGE,
             )
+
+
+def _run_shard(
+    job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None, command: str | None = None
+) -> None:
+    """One process's run (the whole run, or one torchrun rank's shard of it)."""
+    from hookviz import tasks
+    from hookviz.jobs.build import RunContext
+    from hookviz.run import pipeline
+    from hookviz.run.kinds import input_kind_of
+
+    _check_out(r)
+    lead = dist is None or dist.rank == 0
     output = pipeline.Output(
         r.out, overwrite=r.overwrite, manifest=dist.part_name if dist is not None else pipeline.MANIFEST
     )
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
-    with _stdout_reserved() as stdout:
-        loaded = _load(m, quiet)
-        everything = runner.find_inputs(
-            loaded, r.inputs, stdin=sys.stdin if "-" in r.inputs else None, exclude=r.out, null=r.null
-        )
+    with stdout_reserved() as stdout:
+        loaded = load_warm(m, quiet)
+        kind = input_kind_of(loaded, r.inputs)
+        stdin = sys.stdin if "-" in r.inputs else None
+        everything = kind.find(loaded, r.inputs, stdin=stdin, exclude=r.out, null=r.null)
         # By file: a video's clips stay on one rank.
-        items = runner.clips_of(loaded, distributed.shard(everything, dist), r.max_pixels)
+        items = kind.items(loaded, distributed.shard(everything, dist), r.max_pixels)
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
-        reporter = _Reporter(stdout, quiet, r.as_json and dist is None)
+        reporter = Reporter(stdout, quiet, r.as_json and dist is None)
         reporter.lines = r.lines
-        reporter.lead = lead
         # The first images of the whole input list, not of this rank's shard: every rank sees the same.
-        reporter.first_images = lambda n: runner.first_images(everything, loaded, n, r.max_pixels)
+        context = RunContext(first_images=lambda n: kind.first_images(everything, loaded, n, r.max_pixels))
         if dist is not None:
-            reporter.agree = distributed.agree
+            context = dataclasses.replace(context, agree=distributed.agree)
         try:
-            job = job_factory(loaded, reporter)
+            if command is not None:
+                tasks.refuse(loaded, command)
+            job = _said(_built(job_factory(loaded, context)), lead, quiet, reporter)
             tasks.refuse(loaded, job.kind)
             if not quiet:
                 for text in _setup_notes(job, loaded):
@@ -307,30 +313,12 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
             output.prepare()
             if dist is not None:
                 reporter.count_from = lambda: distributed.global_progress(r.out, dist)
-            reporter.start(len(everything) if loaded.video is None else len(items))
-            records = runner.run_job(
-                job,
-                loaded,
-                items,
-                output,
-                batch_size=r.batch_size,
-                workers=r.workers,
-                skip_existing=r.skip_existing,
-                max_pixels=r.max_pixels,
-                max_memory=r.max_memory,
-                note=None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True),
-            )
-            for done, rec in enumerate(records, start=1):
-                for text in job.take_notes():
-                    if not quiet:
-                        reporter.say(f"hookviz: note: {text}", err=True)
-                reporter.add(rec)
-                if dist is not None:
-                    distributed.write_progress(r.out, dist, done)
+            reporter.start(len(items) if kind.cuts else len(everything))
+            _report_records(job, loaded, kind, items, output, r, dist, reporter)
         finally:
             reporter.close()
     if r.report and dist is None:
-        typer.echo(f"hookviz: report: {build_report(r.out, warn=_warn)}", err=True)
+        typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
     if reporter.failed:
         where = f"rank {dist.rank}: " if dist is not None else ""
         typer.echo(
@@ -341,13 +329,131 @@ def _run_shard(job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Di
         raise typer.Exit(EXIT_INPUTS_FAILED)
 
 
-def _run_then(job_factory: JobFactory, m: ModelOptions, r: RunOptions, summarise: Callable[[], None]) -> None:
+def _report_records(
+    job: Job,
+    loaded: LoadedModel,
+    kind: InputKind,
+    items: list[Item],
+    output: Output,
+    r: RunOptions,
+    dist: Dist | None,
+    reporter: Reporter,
+) -> None:
+    """The job run over ``items``, each record said as it comes (and the notes the job takes on the way)."""
+    from hookviz.run import runner
+
+    quiet = reporter.quiet
+    records = runner.run_job(
+        job,
+        loaded,
+        items,
+        output,
+        kind=kind,
+        batch_size=r.batch_size,
+        workers=r.workers,
+        skip_existing=r.skip_existing,
+        max_pixels=r.max_pixels,
+        max_memory=r.max_memory,
+        note=None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True),
+    )
+    for done, rec in enumerate(records, start=1):
+        for text in job.take_notes():
+            if not quiet:
+                reporter.say(f"hookviz: note: {text}", err=True)
+        reporter.add(rec)
+        if dist is not None:
+            distributed.write_progress(r.out, dist, done)
+
+
+def prepared(
+    model: ModelOptions,
+    run: RunOptions,
+    inputs: list[str] | None,
+    several: list[str] | None = None,
+    sampling: Sampling | None = None,
+    **fixed: Any,
+) -> tuple[ModelOptions, RunOptions]:
+    """The model and run options of a command over ``inputs`` (or ``--input NAME=PATH`` specs, ``several``):
+    completed with what the run decides for the model (the device, the inputs' kind and names, the sampling);
+    ``fixed`` sets run options a command does not let the user choose."""
+    if several:  # a model of several inputs: the NAME=PATH specs are its inputs
+        if inputs:
+            raise typer.BadParameter("give the inputs as --input NAME=PATH only, not also as arguments")
+        inputs = list(several)
+    elif not inputs:
+        raise typer.BadParameter("give files, folders, globs or - (stdin); or --input NAME=PATH for a model "
+                                 "of several inputs", param_hint="INPUTS")  # fmt: skip
+    run = dataclasses.replace(run, inputs=list(inputs), **fixed)
+    model = dataclasses.replace(
+        model,
+        device=run.device,
+        volumes=all_volumes(inputs),
+        inputs=tuple(s.partition("=")[0].strip() for s in several or ()),
+        **(dataclasses.asdict(sampling) if sampling is not None else {}),
+    )
+    return model, run
+
+
+def all_volumes(inputs: list[str]) -> bool:
+    """Whether every input names a volume (a NIfTI or ``.npy`` file, a DICOM folder, a folder of volumes)."""
+    from hookviz.io.volume import is_volume, volume_suffix  # loads numpy: only once a command runs
+
+    def one(spec: str) -> bool:
+        path = Path(spec).expanduser()
+        if is_volume(path):
+            return True
+        return path.is_dir() and any(volume_suffix(f) for f in path.iterdir())
+
+    return bool(inputs) and "-" not in inputs and all(one(s) for s in inputs)
+
+
+def run_command(
+    job_factory: JobFactory,
+    model: ModelOptions,
+    run: RunOptions,
+    inputs: list[str] | None,
+    several: list[str] | None = None,
+    sampling: Sampling | None = None,
+    *,
+    prompts: Prompts | None = None,
+    announce: Callable[[Job], None] | None = None,
+    summarise: Callable[[Job], None] | None = None,
+    **fixed: Any,
+) -> None:
+    """A per-image command's whole body: its options completed (:func:`prepared`), the job run over inputs.
+    The command running (:data:`hookviz.cli.options.RUNNING`) is refused first where the model's task does
+    not take it; ``prompts`` replace the model's classes; ``announce(job)`` speaks before the run (unless
+    quiet), and ``summarise(job)`` after it, even when some inputs failed (on rank 0 under torchrun)."""
+    m, r = prepared(model, run, inputs, several, sampling, **fixed)
+    built: list[Job] = []
+
+    def factory(loaded: LoadedModel, context: RunContext) -> Any:
+        made = job_factory(prompts.apply(loaded) if prompts is not None else loaded, context)
+        built.append(_built(made).job)
+        if announce is not None and not r.quiet:
+            announce(built[-1])
+        return made
+
+    command = RUNNING.get()
+    if summarise is None:
+        _run_job(factory, m, r, command)
+    else:
+        _run_then(factory, m, r, lambda: summarise(built[0]) if built else None, command)
+
+
+def _run_then(
+    job_factory: JobFactory,
+    m: ModelOptions,
+    r: RunOptions,
+    summarise: Callable[[], None],
+    command: str | None = None,
+) -> None:
     """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
     some inputs failed; the run's exit code stands."""
 
     failed: typer.Exit | None = None
     try:
-        _run_job(job_factory, m, r)
+        _run_job(job_factory, m, r, command)
     except typer.Exit as exc:
         failed = exc
     dist = distributed.from_env()

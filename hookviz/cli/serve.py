@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.app import EXIT_SETUP, _fail, app, memory_size
+from hookviz.cli.app import EXIT_SETUP, app, fail
+from hookviz.cli.flags import memory_size
 from hookviz.cli.loading import USED, WARM, load_options, warm_key
 from hookviz.serve.paths import claim, private_dir, server_socket, socket_dir
 from hookviz.serve.server import Server
@@ -153,7 +154,7 @@ def serve(
         private_dir(path.parent)
         claim(path)
     except PermissionError as exc:
-        _fail(str(exc), EXIT_SETUP)
+        fail(str(exc), EXIT_SETUP)
     budget = memory_size(max_memory) or 4 * 2**30
     if detach:
         _detach(path, idle_timeout, budget)
@@ -196,4 +197,4 @@ def _detach(path: Path, idle_timeout: float, budget: int) -> None:
             typer.echo(f"hookviz: server {answer.get('pid')} listening on {path} (log: {log})", err=True)
             return
         time.sleep(0.1)
-    _fail(f"the server did not start; see {log}", EXIT_SETUP)
+    fail(f"the server did not start; see {log}", EXIT_SETUP)

@@ -15,7 +15,7 @@ from hookviz.io.files import atomic_write
 from hookviz.report import latest_records
 
 
-def _announce(job: Any) -> None:
+def announce(job: Any) -> None:
     """One line on stderr before the run: what each family costs in forward passes per image."""
     maps = len(job.methods) * len(job.layers) + 2
     cost = job.passes_per_image(maps, job.loaded.input_shape)
@@ -79,7 +79,7 @@ def _table(rows: list[dict[str, Any]], families: list[str], label: bool = False)
     return out
 
 
-def _write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
+def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
     annotations) and OUT/evaluation.json."""
     from hookviz.evaluation.summary import summarise_by_class, summarise_evaluation

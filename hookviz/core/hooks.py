@@ -414,6 +414,11 @@ class Trace(list[ModuleCall]):
     pool: PoolSite | None = None
 
 
+def pool_of(calls: Sequence[ModuleCall]) -> PoolSite | None:
+    """Where the head's global pooling takes its input, when ``calls`` is a :class:`Trace` that found one."""
+    return calls.pool if isinstance(calls, Trace) else None
+
+
 def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
     """Run ``x`` through ``model`` (eval mode, no grad) and report every module's input and output shape, in
     call order, and where the head's global pooling takes its input (``.pool``, see :mod:`hookviz.core.taps`).

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from torch import Tensor, nn
 
 from hookviz.core import taps
-from hookviz.core.hooks import ModuleCall
+from hookviz.core.hooks import ModuleCall, pool_of
 from hookviz.core.layout import Layout, layout_of
 from hookviz.errors import LayerError, UsageError, close_matches
 
@@ -178,7 +178,7 @@ def tensor_of(
             f"({_listing(model_name)}; NAME:input takes a module's input)"
         )
     if ref.function is not None:
-        pool = getattr(calls, "pool", None)
+        pool = pool_of(calls)
         if pool is None or pool.name != name:
             found = f"; the head's pooling input is {pool.name!r}" if pool is not None else ""
             raise LayerError(f"{name!r}: {model_name} makes no such functional global pooling call{found}")
@@ -348,7 +348,7 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
         UsageError: no module has a spatial output.
     """
     prefix = backbone_prefix(model)
-    pool = getattr(calls, "pool", None)
+    pool = pool_of(calls)
     if prefix is None and pool is not None:
         try:
             if layout_of(model, pool.name, pool.shape, calls).kind in ("nchw", "ncthw", "tokens"):
@@ -391,7 +391,7 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
 
 def default_reason(calls: Sequence[ModuleCall], layer: str) -> str:
     """Why ``layer`` is the default (for the note the CLI prints)."""
-    pool = getattr(calls, "pool", None)
+    pool = pool_of(calls)
     if pool is not None and pool.name == layer:
         return f"the tensor entering its global pooling ({pool.pooled_by})"
     return "its last spatial stage"
@@ -425,7 +425,7 @@ def candidate_layers(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]
         chosen = [_climb(c.name, info) for c in by_size.values()]
     rank = {n: i for i, n in enumerate(module_names(model))}
     chosen = sorted(dict.fromkeys(chosen), key=lambda n: rank[n])
-    pool = getattr(calls, "pool", None)
+    pool = pool_of(calls)
     if pool is not None and pool.name not in chosen and backbone_prefix(model) is None:
         try:
             layout_of(model, pool.name, pool.shape, calls)

@@ -31,6 +31,10 @@ class Layout:
     time: int = 0
 
 
+#: A convolutional layer's layout, ``(B, C, H, W)``: the default.
+NCHW = Layout("nchw")
+
+
 def to_spatial(t: Tensor, layout: Layout | str) -> Tensor:
     """``(B, C, H, W)`` from a layer output in ``layout``."""
     kind = layout if isinstance(layout, str) else layout.kind

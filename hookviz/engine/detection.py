@@ -240,6 +240,18 @@ def drise(
     return torch.einsum("nm,mhw->nhw", weights, masks.float().cpu()) / (options.masks * 0.5)
 
 
+def _kept(
+    scores: Tensor, labels: Tensor, threshold: float, classes: Sequence[int] | None, max_boxes: int
+) -> Tensor:
+    """The boxes explained: scoring at least ``threshold``, of ``classes`` when given, best first, at most
+    ``max_boxes``."""
+    keep = scores.detach() >= threshold
+    if classes is not None:
+        keep &= torch.isin(labels, torch.as_tensor(list(classes), device=labels.device))
+    kept = keep.nonzero()[:, 0]
+    return kept[scores.detach()[kept].argsort(descending=True, stable=True)][:max_boxes]
+
+
 def _explain_one(
     model: nn.Module,
     image: Tensor,
@@ -270,11 +282,7 @@ def _explain_one(
                 acts[layer] = single_call(found, layer)
                 _spatial(detector, acts[layer], out.canvas, layer)  # a map, or a clear error
             scores, labels, boxes = out.scores, out.labels, out.boxes
-            keep = scores.detach() >= threshold
-            if classes is not None:
-                keep &= torch.isin(labels, torch.as_tensor(list(classes), device=labels.device))
-            kept = keep.nonzero()[:, 0]
-            kept = kept[scores.detach()[kept].argsort(descending=True, stable=True)][:max_boxes]
+            kept = _kept(scores, labels, threshold, classes, max_boxes)
             grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
             taps = [acts[layer] for layer in layers]
             regions = _class_regions(out, kept)

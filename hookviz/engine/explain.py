@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz import methods as registry
+from hookviz.core import conventions
 from hookviz.core.hooks import (
     autograd_enabled,
     capture,
@@ -94,7 +95,7 @@ class CamResult:
 def score_kind(model: nn.Module) -> str:
     """How a model's scores become what records report: ``softmax``, or ``identity`` for a similarity
     (:class:`hookviz.models.scores.Similarity` says so)."""
-    return str(getattr(model, "score_kind", None) or getattr(type(model), "score_kind", "softmax"))
+    return conventions.score_kind(model)
 
 
 def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:

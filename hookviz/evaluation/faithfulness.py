@@ -74,7 +74,7 @@ def chunk_size(x: Tensor, chunk: int | None = None) -> int:
     return chunk or (64 if x.device.type == "cuda" else 8)
 
 
-def _probabilities(
+def probabilities(
     model: nn.Module,
     images: Tensor,
     targets: Tensor,
@@ -149,10 +149,10 @@ def faithfulness(
         t = targets.to(x.device)
         reps = t.repeat(steps + 1)
         rows = torch.arange(b, device=x.device).repeat(steps + 1)
-        d = _probabilities(model, torch.cat(deleted), reps, chunk, passes, scorer, rows)
-        ins = _probabilities(model, torch.cat(inserted), reps, chunk, passes, scorer, rows)
+        d = probabilities(model, torch.cat(deleted), reps, chunk, passes, scorer, rows)
+        ins = probabilities(model, torch.cat(inserted), reps, chunk, passes, scorer, rows)
         d, ins = d.reshape(steps + 1, b).T, ins.reshape(steps + 1, b).T
-        p_masked = _probabilities(model, masked, t, chunk, passes, scorer)
+        p_masked = probabilities(model, masked, t, chunk, passes, scorer)
     p = d[:, 0]  # nothing deleted yet: the original image
     drop = (p - p_masked).clamp_min(0) / p.clamp_min(1e-12) * 100
     return Faithfulness(

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from hookviz.core.hooks import logits_of, preserved
 from hookviz.core.readout import Scorer
-from hookviz.evaluation.faithfulness import _probabilities, chunk_size, image_generators, upsample
+from hookviz.evaluation.faithfulness import chunk_size, image_generators, probabilities, upsample
 
 #: ROAD's fractions of pixels removed, in %: pytorch-grad-cam's ROADCombined uses these nine.
 ROAD_PERCENTAGES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
@@ -202,7 +202,7 @@ def _curve(
     for s0 in range(0, steps, per):
         group = [perturbed(s) for s in range(s0, min(steps, s0 + per))]
         rows = torch.arange(b, device=targets.device).repeat(len(group))
-        p = _probabilities(model, torch.cat(group), targets.repeat(len(group)), chunk, passes, scorer, rows)
+        p = probabilities(model, torch.cat(group), targets.repeat(len(group)), chunk, passes, scorer, rows)
         out.append(p.reshape(len(group), b))
     return torch.cat(out).T.cpu()
 
@@ -291,7 +291,7 @@ def region_perturbation(
     with torch.no_grad(), preserved(model):
         model.eval()
         t = targets.to(x.device)
-        p0 = _probabilities(model, x, t, chunk, passes, scorer).cpu()
+        p0 = probabilities(model, x, t, chunk, passes, scorer).cpu()
         probs = _curve(model, removed, steps, t, chunk, passes, scorer)
     drops = p0[:, None] - probs
     return Curve(curve=drops, summary=drops.mean(dim=1), forward_passes=passes[0])

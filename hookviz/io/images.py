@@ -321,7 +321,7 @@ class Preprocess:
 
     def box(self, height: int, width: int) -> Box:
         """The region of an ``height`` x ``width`` photo that becomes the model input."""
-        return _box(height, width, self._plan(height, width))
+        return photo_box(height, width, self._plan(height, width))
 
     def input_size(self, height: int, width: int) -> tuple[int, int]:
         """The model input's ``(height, width)`` for an ``height`` x ``width`` photo."""
@@ -342,7 +342,7 @@ class Preprocess:
         x = region.astype(np.float32) / 255.0
         x -= np.asarray(self.mean, dtype=np.float32)
         x /= np.asarray(self.std, dtype=np.float32)
-        return np.ascontiguousarray(x.transpose(2, 0, 1)), _box(height, width, plan)
+        return np.ascontiguousarray(x.transpose(2, 0, 1)), photo_box(height, width, plan)
 
     def _bands(self, bands: np.ndarray) -> tuple[np.ndarray, Box]:
         """An image of any number of bands (float in [0, 1], :func:`load_bands`) as the model's input."""
@@ -357,7 +357,7 @@ class Preprocess:
             top : top + h, left : left + w
         ]
         x = (region - np.asarray(self.mean, dtype=np.float32)) / np.asarray(self.std, dtype=np.float32)
-        return np.ascontiguousarray(x.transpose(2, 0, 1)), _box(height, width, plan)
+        return np.ascontiguousarray(x.transpose(2, 0, 1)), photo_box(height, width, plan)
 
 
 def _resample(bands: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
@@ -376,7 +376,7 @@ def _resample(bands: np.ndarray, size: tuple[int, int], interpolation: str) -> n
     return out.reshape(h, w, -1)
 
 
-def _box(height: int, width: int, plan: tuple[int, int, int, int, int, int]) -> Box:
+def photo_box(height: int, width: int, plan: tuple[int, int, int, int, int, int]) -> Box:
     """Where a crop of the resized photo lies on the original photo (rounded to pixels, never empty)."""
     rh, rw, top, left, h, w = plan
     sy, sx = height / rh, width / rw

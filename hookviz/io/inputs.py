@@ -16,7 +16,15 @@ import numpy as np
 
 from hookviz.errors import InputError
 from hookviz.io import timing
-from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, image_suffixes, load_bands, load_rgb, quote
+from hookviz.io.images import (
+    DEFAULT_MAX_PIXELS,
+    Box,
+    Preprocess,
+    image_suffixes,
+    load_bands,
+    load_rgb,
+    quote,
+)
 from hookviz.io.video import (
     VIDEO_SUFFIXES,
     Clip,
@@ -49,7 +57,7 @@ def _has_glob(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
-def _scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: bool = False) -> list[Path]:
+def scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: bool = False) -> list[Path]:
     """Image files under ``root``, sorted; hidden files and folders (``.x``, ``._x.jpg``) are skipped.
 
     Symlinked folders are followed, each real folder once (a link back to an ancestor, or two links to
@@ -62,12 +70,14 @@ def _scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: boo
     visited: set[Path] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         here = Path(dirpath)
-        real = _real(here)
+        real = real_path(here)
         if real in visited:
             dirnames[:] = []
             continue
         visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and _real(here / d) not in visited)
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and real_path(here / d) not in visited
+        )
         ours = exclude is not None and real == exclude  # the output folder: its photos count, ours do not
         if video and not ours and frame_files(here):  # a folder of frames is one video
             found.append(here)
@@ -95,7 +105,7 @@ def _scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: boo
 OUTPUT_NAME = re.compile(r"-[0-9a-f]{8}\.[\w.-]+\.[0-9a-f]{8}\.")
 
 
-def _real(p: Path) -> Path:
+def real_path(p: Path) -> Path:
     try:
         return p.resolve()
     except (OSError, RuntimeError):  # a symlink loop
@@ -125,7 +135,7 @@ def expand_inputs(
     once. A spec that finds nothing (a missing file, an empty folder, empty stdin) becomes an ``Item`` with
     an ``error``, so the caller reports it and goes on.
     """
-    exclude = _real(exclude) if exclude is not None else None
+    exclude = real_path(exclude) if exclude is not None else None
     names: list[str] = []
     stdin_empty = False
     for spec in specs:
@@ -147,7 +157,7 @@ def expand_inputs(
     seen: set[Path] = set()
 
     def add(name: str, path: Path) -> None:
-        real = _real(path)
+        real = real_path(path)
         if exclude is not None and real.parent == exclude and OUTPUT_NAME.search(path.name):
             return  # an output of an earlier run, matched by a glob
         if real not in seen:
@@ -159,7 +169,7 @@ def expand_inputs(
         if path.is_dir() and volume and is_dicom_folder(path):
             add(name, path)
         elif path.is_dir():
-            files = _scan_dir(path, exclude, video, volume)
+            files = scan_dir(path, exclude, video, volume)
             if not files:
                 what = "videos or folders of frames" if video else "volumes" if volume else "images"
                 items.append(Item(name, None, f"{quote(name)}: no {what} found in this folder"))
@@ -219,13 +229,14 @@ def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.nd
         fps = (item.info.fps if item.info is not None and item.info.fps else 0.0) or 0.0
         rate = fps / preprocess.step(fps or None) if fps else 8.0
         return ClipFrames(frames, times, item.clip, rate), x, box
-    channels = getattr(preprocess, "channels", 3)
+    own = preprocess if isinstance(preprocess, Preprocess) else None  # a photo model's (a user's: RGB)
+    channels = own.channels if own is not None else 3
     with timing.stage("decode"):
         if channels != 3:  # a model that takes the image's own bands (greyscale, 16-bit, 4-band)
             bands, rgb = load_bands(item.path, channels, max_pixels=max_pixels)
         else:
             rgb = bands = load_rgb(
-                item.path, max_pixels=max_pixels, alpha=getattr(preprocess, "alpha", "white")
+                item.path, max_pixels=max_pixels, alpha=own.alpha if own is not None else "white"
             )
     with timing.stage("preprocess"):
         x, box = preprocess(bands)

@@ -20,7 +20,7 @@ import numpy as np
 
 from hookviz.errors import InputError, UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, load_bands, load_rgb, quote
-from hookviz.io.inputs import Item, _scan_dir
+from hookviz.io.inputs import Item, scan_dir
 
 
 def parse_specs(specs: Sequence[str]) -> list[tuple[str, str]]:
@@ -63,13 +63,26 @@ def _files(path: str, exclude: Path | None) -> dict[str, list[Path]] | None:
     if not p.is_dir():
         return None
     found: dict[str, list[Path]] = {}
-    for f in _scan_dir(p, exclude):
+    for f in scan_dir(p, exclude):
         found.setdefault(str(f.relative_to(p).with_suffix("")), []).append(f)
     return found
 
 
 def _both(paths: Sequence[Path]) -> str:
     return " and ".join(quote(p) for p in paths)
+
+
+def _unique_stems(
+    folders: dict[str, dict[str, list[Path]]],
+) -> tuple[dict[str, dict[str, list[Path]]], set[str]]:
+    """Each input's files by stem, and the stems that name one file in every input's folder."""
+    stems: dict[str, dict[str, list[Path]]] = {}
+    for n, files in folders.items():
+        for paths in files.values():
+            for path in paths:
+                stems.setdefault(n, {}).setdefault(path.stem, []).append(path)
+    unique = set.intersection(*({s for s, ps in stems.get(n, {}).items() if len(ps) == 1} for n in folders))
+    return stems, unique
 
 
 def pair_inputs(pairs: Sequence[tuple[str, str]], exclude: Path | None = None) -> list[Item]:
@@ -92,12 +105,7 @@ def pair_inputs(pairs: Sequence[tuple[str, str]], exclude: Path | None = None) -
         raise UsageError(
             f"--input {one} is one file and the others are folders; give folders for all, or files"
         )
-    stems: dict[str, dict[str, list[Path]]] = {}
-    for n, files in folders.items():
-        for paths in files.values():
-            for path in paths:
-                stems.setdefault(n, {}).setdefault(path.stem, []).append(path)
-    unique = set.intersection(*({s for s, ps in stems.get(n, {}).items() if len(ps) == 1} for n in folders))
+    stems, unique = _unique_stems(folders)
     used: dict[str, set[Path]] = {n: set() for n in rest}
     # Exact keys first, so that a stem never takes a file that its own path pairs elsewhere.
     for n in rest:

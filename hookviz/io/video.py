@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hookviz.errors import InputError, UsageError
-from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, _box, image_suffixes, load_rgb, quote
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, image_suffixes, load_rgb, photo_box, quote
 
 #: Containers read as videos (animated GIFs too, for a video model).
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".avi", ".mov", ".mkv", ".webm", ".gif", ".mpg", ".mpeg", ".wmv"})
@@ -154,7 +154,7 @@ class VideoPreprocess:
 
     def box(self, height: int, width: int) -> Box:
         """The region of a ``height`` x ``width`` frame that the model sees."""
-        return _box(height, width, self._plan(height, width))
+        return photo_box(height, width, self._plan(height, width))
 
     def __call__(self, frames: np.ndarray) -> tuple[np.ndarray, Box]:
         """``(3, T, h, w)`` float32 from ``(T, H, W, 3)`` uint8 frames, and the box each frame is cut to."""
@@ -172,7 +172,7 @@ class VideoPreprocess:
         std = torch.tensor(self.std).view(1, 3, 1, 1)
         vid = (vid - mean) / std
         x = vid.permute(1, 0, 2, 3).contiguous().numpy()
-        return x, _box(height, width, (rh, rw, top, left, h, w))
+        return x, photo_box(height, width, (rh, rw, top, left, h, w))
 
 
 def _natural(path: Path) -> list[object]:

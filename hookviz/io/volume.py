@@ -327,10 +327,3 @@ def nifti_bytes(
     img.header.set_qform(affine, code=codes[1])
     img.header["descrip"] = description.encode()[:79]
     return gzip.compress(img.to_bytes(), compresslevel=6, mtime=0)
-
-
-def read_nifti_bytes(data: bytes) -> Any:
-    """A NIfTI image from the bytes :func:`nifti_bytes` wrote (for tests and the report)."""
-    import nibabel as nib
-
-    return nib.Nifti1Image.from_bytes(gzip.decompress(data))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import FUSED, Job, parse_methods, predicted
+from hookviz.jobs.common import FUSED, Job, predicted
 from hookviz.jobs.detection import DetectionJob
 from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.features import FeatureMapJob
@@ -24,6 +24,5 @@ __all__ = [
     "Job",
     "SanityJob",
     "model_settings",
-    "parse_methods",
     "predicted",
 ]

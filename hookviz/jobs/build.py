@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookviz.core.conventions import declared_kind, default_layers
 from hookviz.core.hooks import ModuleCall
 from hookviz.core.layers import (
     cam_layer,
@@ -20,16 +22,24 @@ from hookviz.core.layers import (
     channels,
     default_cam_layer,
     default_reason,
+    is_pattern,
+    map_layers,
+    output_layers,
+    resolve_layers,
     token_blocks,
 )
 from hookviz.core.targets import Positive
 from hookviz.errors import UsageError
 from hookviz.evaluation import choose_layer
+from hookviz.evaluation.families import parse_metrics
+from hookviz.io.annotation import load as load_annotations
 from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
 from hookviz.jobs.evaluate import EvaluateJob
+from hookviz.jobs.features import FeatureMapJob
 from hookviz.jobs.sanity import SanityJob
 from hookviz.jobs.several import SeveralCamJob
+from hookviz.jobs.training import DropBlockJob, GradFlowJob
 from hookviz.methods import MethodOptions, get, parse, passes
 from hookviz.methods.attention import APPLY
 from hookviz.models.classes import TargetSpec, parse_target, parse_targets
@@ -79,6 +89,18 @@ class CamSettings:
     compare: str | None = None
 
 
+def carried(settings: CamSettings, job_class: type) -> dict[str, Any]:
+    """The settings a job of ``job_class`` takes as they are (its look, normalisation, smoothing...): every
+    field of :class:`CamSettings` the job has by the same name, but those the builder decides."""
+    decided = {"layers", "methods", "target", "options"}
+    own = {f.name for f in dataclasses.fields(job_class)}
+    return {
+        f.name: getattr(settings, f.name)
+        for f in dataclasses.fields(settings)
+        if f.name in own and f.name not in decided
+    }
+
+
 def method_options(loaded: LoadedModel, options: MethodOptions, compare: str | None = None) -> MethodOptions:
     """``options`` completed for ``loaded``: the input tensor of a black pixel (from its normalisation) and
     the ``--compare`` classes as indices.
@@ -100,11 +122,100 @@ def method_options(loaded: LoadedModel, options: MethodOptions, compare: str | N
 class BuiltJob:
     """A job ready to run, and what to tell the user about how it was built (one line each)."""
 
-    job: CamJob | DetectionJob
+    job: Any
     #: ``using layer ...``, the method a detector gets, Score-CAM's cost.
     notes: tuple[str, ...] = ()
     #: How ``--layer auto`` chose (its record); said even when quiet, as it is a result.
     auto: dict[str, Any] | None = None
+
+    @property
+    def slow(self) -> list[str]:
+        """The job's methods slow enough for a progress bar of their own passes."""
+        if not isinstance(self.job, (CamJob, DetectionJob)):
+            return []
+        return expensive(self.job.methods, self.job.options)
+
+
+def _no_images(n: int) -> Tensor | None:
+    return None
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What building a job may ask of the run it is for."""
+
+    #: ``first_images(n)``: the first ``n`` readable inputs of the whole run, preprocessed, as one batch.
+    first_images: Callable[[int], Tensor | None] = _no_images
+    #: ``agree(value)``: rank 0's value on every rank under torchrun (a choice made from data).
+    agree: Callable[[Any], Any] = _as_is
+
+
+#: A command's job for a loaded model and the run it is for: a job, or a :class:`BuiltJob` with notes.
+JobFactory = Callable[[LoadedModel, RunContext], Any]
+
+
+def made_by(build: Callable[..., Any], **settings: Any) -> JobFactory:
+    """The job factory that calls ``build(loaded, **settings)`` (a builder that needs nothing of the run)."""
+
+    def factory(loaded: LoadedModel, context: RunContext) -> Any:
+        return build(loaded, **settings)
+
+    return factory
+
+
+def featuremap_job(
+    loaded: LoadedModel,
+    layers: Sequence[str] | None = None,
+    *,
+    stage: str = "output",
+    max_channels: int = 64,
+    colormap: str = "viridis",
+) -> FeatureMapJob:
+    """The ``featuremaps`` job: ``layers`` as names or globs (default: every Conv2d that runs)."""
+    names = map_layers(loaded.model, list(layers) if layers else None, probe(loaded), loaded.name)
+    return FeatureMapJob(
+        loaded=loaded, layers=names, stage=stage, max_channels=max_channels, colormap=colormap
+    )
+
+
+def gradflow_job(
+    loaded: LoadedModel,
+    *,
+    target: str = "top1",
+    label: str | None = None,
+    layers: Sequence[str] | None = None,
+) -> GradFlowJob:
+    """The ``gradflow`` job: the gradient of ``target``'s score, or the cross-entropy against ``label``, at
+    ``layers`` (names or globs; default: every module with parameters).
+
+    Raises:
+        UsageError: ``label`` names no class; TargetError, LayerError: a bad target or layer.
+    """
+    n = num_classes(loaded)
+    names = resolve_layers(loaded.model, list(layers), model_name=loaded.name) if layers else None
+    lab = parse_target(label, loaded, n, "--label") if label is not None else None
+    if label is not None and lab is None:
+        raise UsageError(f"--label {label}: give a class index or name")
+    return GradFlowJob(loaded=loaded, target=parse_target(target, loaded, n), label=lab, layers=names)
+
+
+def dropblock_job(loaded: LoadedModel, layer: str | None = None, **fields: Any) -> DropBlockJob:
+    """The ``dropblock`` job at ``layer`` (one module name; default: the CAM default), ``fields`` as
+    :class:`DropBlockJob` takes them (drop_prob, block_size, shared, seed, max_channels).
+
+    Raises:
+        UsageError: a pattern for ``layer``; LayerError: a bad layer.
+    """
+    calls = probe(loaded)
+    chosen = layer or default_cam_layer(loaded.model, calls)
+    if is_pattern(chosen):
+        raise UsageError(f"--layer {chosen}: takes one module name, not a pattern")
+    (name,) = output_layers(loaded.model, [chosen], calls, loaded.name)
+    return DropBlockJob(loaded=loaded, layer=name, **fields)
 
 
 def classifier_job(
@@ -141,7 +252,7 @@ def classifier_job(
         raise UsageError(
             f"--target positive is for a classifier's multi-label head, not a {loaded.task_name} model"
         )
-    if isinstance(targets, Positive) and getattr(loaded.model, "score_kind", None) != "sigmoid":
+    if isinstance(targets, Positive) and declared_kind(loaded.model) != "sigmoid":
         raise UsageError(
             f"--target positive explains the labels of a multi-label head; {loaded.name} is read as a "
             "softmax over its classes (give --head sigmoid if its outputs are independent labels)"
@@ -173,27 +284,9 @@ def classifier_job(
     if loaded.several is not None and job_class is CamJob:  # each layer drawn over the input it sees
         job_class = SeveralCamJob
     job = job_class(
-        loaded=loaded,
-        layers=chosen,
-        methods=list(s.methods or ("gradcam",)),
-        targets=targets,
-        alpha=s.alpha,
-        colormap=s.colormap,
-        relu=s.relu,
-        save_raw=s.save_raw,
-        normalize=s.normalize,
-        vmax=s.vmax,
-        fuse=s.fuse,
-        sheet=s.sheet,
-        scorecam_batch=s.scorecam_batch,
-        options=options,
-        metrics=s.metrics,
-        eigen_smooth=s.eigen_smooth,
-        aug_smooth=s.aug_smooth,
-        region=s.region,
-        dense=dense,
-        channel_terms=s.channel_terms,
-    )
+        loaded=loaded, layers=chosen, methods=list(s.methods or ("gradcam",)), targets=targets,
+        options=options, dense=dense, **carried(s, job_class),
+    )  # fmt: skip
     job.auto_layer = auto
     per_layer = {name: channels(loaded.model, name, calls) for name in chosen}
     size = _input_hw(calls)
@@ -272,15 +365,13 @@ def detection_job(
         raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
     notes = []
     fuse, fused_only = s.fuse, False
-    own = tuple(
-        getattr(loaded.model, "default_layers", ())
-    )  # another library's detector says (a YOLO's neck)
+    own, what = default_layers(loaded.model)  # another library's detector says (a YOLO's neck)
     if s.layers:
         chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(s.layers)]
     elif len(own) > 1:
         chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in own]
         fuse, fused_only = fuse or "mean", True
-        what = getattr(loaded.model, "layers_note", "its default layers")
+        what = what or "its default layers"
         notes.append(
             f"using the {fuse} of the maps at {', '.join(chosen)} ({what}; each scaled to [0, 1] first); "
             "--layer to see one"
@@ -322,11 +413,9 @@ def detection_job(
 def default_layer(loaded: LoadedModel, calls: list[ModuleCall]) -> tuple[list[str], str]:
     """The default CAM layer and why: the one a model from another library names (``default_layers``: a
     Hugging Face segmenter's classifier input), else the one found from the traced shapes."""
-    own = tuple(getattr(loaded.model, "default_layers", ()))
+    own, why = default_layers(loaded.model)
     if own:
-        return [cam_layer(loaded.model, own[0], calls, loaded.name)], str(
-            getattr(loaded.model, "layers_note", "")
-        )
+        return [cam_layer(loaded.model, own[0], calls, loaded.name)], why
     chosen = default_cam_layer(loaded.model, calls)
     return [chosen], default_reason(calls, chosen)
 
@@ -346,14 +435,26 @@ def evaluate_job(
     target: str = "top1",
     options: MethodOptions | None = None,
     compare: str | None = None,
+    metric: Sequence[str] | None = None,
+    boxes: Path | None = None,
+    mask_dir: Path | None = None,
+    mask_kind: str = "auto",
     **fields: Any,
 ) -> EvaluateJob:
     """The ``evaluate`` job: ``layers`` (default: the CAM default), one class per image (``target``: top1 or
-    a class), ``fields`` as :class:`EvaluateJob` takes them (steps, metrics, annotations, seed...).
+    a class), the metric families ``metric`` as ``--metric`` names them (default: faithfulness, and
+    localisation where ``boxes`` or ``mask_dir`` say where the objects are), ``fields`` as
+    :class:`EvaluateJob` takes them (steps, metric_settings, seed...).
 
     Raises:
-        UsageError: a ``topK`` target; LayerError, TargetError: a bad layer or class.
+        UsageError: a ``topK`` target, an unknown family; LayerError, TargetError: a bad layer or class;
+        AnnotationError: boxes or masks that cannot be read.
     """
+    annotations = fields.pop("annotations", None)
+    if boxes is not None or mask_dir is not None:
+        annotations = load_annotations(boxes, mask_dir, mask_kind)
+    if "metrics" not in fields:
+        fields["metrics"] = parse_metrics(metric, annotated=annotations is not None)
     calls = probe(loaded)
     chosen = chosen_layers(loaded, layers, calls)
     targets = parse_targets(target, loaded, num_classes(loaded))
@@ -365,6 +466,7 @@ def evaluate_job(
         methods=[str(m) for m in (methods or ["gradcam"])],
         targets=targets,
         options=method_options(loaded, options or MethodOptions(), compare),
+        annotations=annotations,
         **fields,
     )
 

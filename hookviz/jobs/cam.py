@@ -12,6 +12,7 @@ import numpy as np
 
 from hookviz import render
 from hookviz.concepts.examples import channel_terms
+from hookviz.core.conventions import sign
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
@@ -23,15 +24,15 @@ from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
-    _check_finite,
-    _finite_stat,
-    _full_map,
-    _npy,
-    _weights_note,
-    parse_methods,
+    check_finite,
+    finite_stat,
+    full_map,
+    npy_bytes,
     region_note,
+    weights_note,
 )
 from hookviz.methods import REGISTRY, MethodOptions, cams, get, passes
+from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.classes import TargetSpec
@@ -294,7 +295,7 @@ class CamJob(BaseJob):
         self, result: CamBatch, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         ex = result.explanation
-        _check_finite(ex, index)
+        check_finite(ex, index)
         files: list[tuple[str, bytes]] = []
         records = []
         cells: dict[tuple[str, str, int], np.ndarray] = {}
@@ -342,7 +343,7 @@ class CamJob(BaseJob):
         if ex.score_kind == "identity":
             return f"cos={score:.3f}"
         if ex.score_kind == "raw":  # a regression's value (negated when --negate: the explained quantity)
-            return f"value={score * getattr(self.loaded.model, 'sign', 1):.4g}"
+            return f"value={score * sign(self.loaded.model):.4g}"
         return f"{score:.1%} of pixels" if ex.labels is not None else f"p={score:.3f}"
 
     def _one_map(
@@ -373,14 +374,14 @@ class CamJob(BaseJob):
             region = "class" if ex.region == "class" and own.any() else "all"
         where = "fused " + "+".join(self.layers) if layer == FUSED else layer
         lines = [
-            f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
+            f"{lm.name} | {method_title(method)} at {where} | {weights_note(lm)}",
             f"predicted: {self._predicted(ex, index, pred, p_score)}",
             f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}" + region_note(region, ex.region),
         ]
         if scale is not None or not self.relu:
             span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
-            sign = "signed: blue < 0 < red" if not self.relu else "ReLU"
-            lines.append(f"colour scale {span}, {sign}")
+            signed = "signed: blue < 0 < red" if not self.relu else "ReLU"
+            lines.append(f"colour scale {span}, {signed}")
         faith = None
         if result.metrics is not None:
             f = result.metrics[(method, layer)][j]
@@ -395,8 +396,8 @@ class CamJob(BaseJob):
         # A photo of a few pixels is enlarged, so that its caption can be read.
         files = [(f"{base}.png", encode_png(render.caption(render.enlarge_small(picture), lines)))]
         if self.save_raw:
-            files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
-            files.append((f"{base}.full.npy", _npy(_full_map(cam, rgb, box))))
+            files.append((f"{base}.npy", npy_bytes(cam.astype(np.float32))))
+            files.append((f"{base}.full.npy", npy_bytes(full_map(cam, rgb, box))))
         cell = picture[box.y0 : box.y1, box.x0 : box.x1]
         if faith is not None:
             cell = cell.copy()
@@ -422,9 +423,7 @@ class CamJob(BaseJob):
                 label = f"{layer} | {lm.describe(tgt)} {self._scored(ex, float(ex.target_scores[index, j]))}"
                 rows.append((label, [cells[(m, layer, j)] for m in self.methods]))
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
-        title = f"{lm.name} | predicted {lm.describe(pred)} {self._scored(ex, p_score)} | " + _weights_note(
-            lm
-        )
+        title = f"{lm.name} | predicted {lm.describe(pred)} {self._scored(ex, p_score)} | " + weights_note(lm)
         return render.sheet(rows, [method_title(m) for m in self.methods], title=title)
 
     def _fields(self, ex: Any, index: int, records: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
@@ -478,7 +477,7 @@ class CamJob(BaseJob):
         """A regression output's value (the score is the explained quantity: negated with --negate)."""
         if ex.score_kind != "raw":
             return {}
-        return {"value": round(score * getattr(self.loaded.model, "sign", 1), 6)}
+        return {"value": round(score * sign(self.loaded.model), 6)}
 
     def _map_record(
         self, file: str, method: str, layer: str, target: int, score: float, cam: np.ndarray
@@ -491,8 +490,8 @@ class CamJob(BaseJob):
             "target": {"index": target, "name": self.loaded.class_name(target), "score": round(score, 6)},
             # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
             "finite": bool(np.isfinite(cam).all()),
-            "min": _finite_stat(np.min, cam),
-            "max": _finite_stat(np.max, cam),
+            "min": finite_stat(np.min, cam),
+            "max": finite_stat(np.max, cam),
         }
 
     def _cost_fields(self, method: str, layer: str, targets: int, result: CamBatch) -> dict[str, Any]:

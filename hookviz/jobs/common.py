@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hookviz import methods as registry
 from hookviz import render
+from hookviz.core.conventions import score_kind
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.engine.explain import ranking
@@ -48,14 +48,8 @@ class BaseJob:
         return None
 
 
-def _weights_note(loaded: LoadedModel) -> str:
+def weights_note(loaded: LoadedModel) -> str:
     return "RANDOM WEIGHTS (--weights none)" if not loaded.pretrained else f"weights {loaded.weights}"
-
-
-def parse_methods(methods: Sequence[str]) -> list[str]:
-    """Method names validated (a typo is a :class:`UsageError`), ``all`` expanded, duplicates dropped."""
-
-    return registry.parse(methods)
 
 
 def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | None:
@@ -66,7 +60,7 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
         return None
     row = logits[index : index + 1].float()
     top = int(ranking(row)[0, 0])
-    kind = str(getattr(loaded.model, "score_kind", "softmax"))
+    kind = score_kind(loaded.model)
     score = float(scorer(kind=kind)(row, torch.zeros(1, dtype=torch.long))[0, top])  # as the records read it
     return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
 
@@ -74,7 +68,7 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
 FUSED = "fused"
 
 
-def _full_map(cam: np.ndarray, rgb: np.ndarray, box: Box) -> np.ndarray:
+def full_map(cam: np.ndarray, rgb: np.ndarray, box: Box) -> np.ndarray:
     """``cam`` upsampled onto the photo's pixels where the model saw them, NaN elsewhere (float32)."""
 
     full = np.full(rgb.shape[:2], np.nan, dtype=np.float32)
@@ -82,7 +76,7 @@ def _full_map(cam: np.ndarray, rgb: np.ndarray, box: Box) -> np.ndarray:
     return full
 
 
-def _check_finite(ex: Any, index: int) -> None:
+def check_finite(ex: Any, index: int) -> None:
     """Refuse an image whose scores are not finite: its "prediction" would be an arbitrary class.
 
     Raises:
@@ -97,12 +91,12 @@ def _check_finite(ex: Any, index: int) -> None:
         )
 
 
-def _finite_stat(fn: Any, cam: np.ndarray) -> float | None:
+def finite_stat(fn: Any, cam: np.ndarray) -> float | None:
     values = cam[np.isfinite(cam)]
     return float(fn(values)) if values.size else None
 
 
-def _npy(array: np.ndarray) -> bytes:
+def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array)
     return buf.getvalue()

@@ -17,13 +17,13 @@ from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
-    _finite_stat,
-    _full_map,
-    _npy,
-    _weights_note,
-    parse_methods,
+    finite_stat,
+    full_map,
+    npy_bytes,
+    weights_note,
 )
 from hookviz.methods import REGISTRY, MethodOptions, cams
+from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
@@ -182,13 +182,13 @@ class DetectionJob(BaseJob):
             name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
             what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
         where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
-        head = f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}"
+        head = f"{lm.name} | {method_title(method)} at {where} | {weights_note(lm)}"
         files = [
             (name, encode_png(render.caption(render.enlarge_small(picture), [head, f"explained: {what}"])))
         ]
         if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
-            files.append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
-            files.append((name[: -len(".png")] + ".full.npy", _npy(_full_map(cam, rgb, box))))
+            files.append((name[: -len(".png")] + ".npy", npy_bytes(cam.astype(np.float32))))
+            files.append((name[: -len(".png")] + ".full.npy", npy_bytes(full_map(cam, rgb, box))))
         per_photo = _per_photo(method)  # a class-agnostic map stands with no detection too
         target = None if per_photo else {
             "index": int(ex.labels[i]),
@@ -202,8 +202,8 @@ class DetectionJob(BaseJob):
             "box": None if per_photo else i + 1,
             "target": target,
             "finite": bool(np.isfinite(cam).all()),
-            "min": _finite_stat(np.min, cam),
-            "max": _finite_stat(np.max, cam),
+            "min": finite_stat(np.min, cam),
+            "max": finite_stat(np.max, cam),
         }
         return name, files, record
 
@@ -224,21 +224,21 @@ class DetectionJob(BaseJob):
                 count = int((ex.labels == k).sum())
                 where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
                 lines = [
-                    f"{lm.name} | {method_title(method)} at {where} | {_weights_note(lm)}",
+                    f"{lm.name} | {method_title(method)} at {where} | {weights_note(lm)}",
                     f"explained: class region {lm.describe(k)}: {count} instance(s), scores summed "
                     f"{float(ex.region_scores[r]):.3f} (outlined: their masks)",
                 ]
                 got["files"].append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
                 if self.save_raw:
-                    got["files"].append((name[: -len(".png")] + ".npy", _npy(cam.astype(np.float32))))
+                    got["files"].append((name[: -len(".png")] + ".npy", npy_bytes(cam.astype(np.float32))))
                 outputs[r].append(name)
                 score = round(float(ex.region_scores[r]), 6)
                 got["maps"].append(
                     {
                         "file": name, "method": method, "layer": layer, "box": None, "region": k,
                         "target": {"index": k, "name": lm.class_name(k), "score": score},
-                        "finite": bool(np.isfinite(cam).all()), "min": _finite_stat(np.min, cam),
-                        "max": _finite_stat(np.max, cam),
+                        "finite": bool(np.isfinite(cam).all()), "min": finite_stat(np.min, cam),
+                        "max": finite_stat(np.max, cam),
                     }
                 )  # fmt: skip
         for r, k in enumerate(ex.region_labels.tolist()):
@@ -280,7 +280,7 @@ class DetectionJob(BaseJob):
             )
         kept = f"{n} detection(s) with score >= {self.score_threshold:g}"
         lines = [
-            f"{lm.name} | {_weights_note(lm)}",
+            f"{lm.name} | {weights_note(lm)}",
             kept
             + (f" (best {self.max_boxes} kept)" if n == self.max_boxes else "")
             + f"; {ex.found} returned",

@@ -14,9 +14,10 @@ from hookviz.errors import InputError, UsageError
 from hookviz.evaluation.families import FIGURES, PIXEL_FAMILIES, MetricSettings, parse_metrics
 from hookviz.io.annotation import input_mask, resolve
 from hookviz.io.images import Box
-from hookviz.jobs.common import BaseJob, _check_finite, parse_methods
+from hookviz.jobs.common import BaseJob, check_finite
 from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
+from hookviz.methods import parse as parse_methods
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.models.settings import model_settings
@@ -165,7 +166,7 @@ class EvaluateJob(BaseJob):
             if isinstance(objects[index], str):
                 raise InputError(f"annotation refused: {objects[index]}")
             raise InputError(f"not in the annotations ({self.annotations.source}): no object to localise")
-        _check_finite(ex, index)
+        check_finite(ex, index)
         lm = self.loaded
         pred, tgt = int(ex.predicted[index]), int(ex.targets[index, 0])
         metrics = {

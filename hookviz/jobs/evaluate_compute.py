@@ -4,7 +4,7 @@ annotations), then each ``--metric`` family on each map and on the chance baseli
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -17,10 +17,24 @@ from hookviz.evaluation import localisation as loc
 from hookviz.evaluation import perturbation as pert
 from hookviz.evaluation import ssim
 from hookviz.evaluation.robustness import robustness, uniform_noise
-from hookviz.models.loaded import num_classes
+from hookviz.methods import MethodOptions
+from hookviz.models.loaded import LoadedModel, num_classes
 
-if TYPE_CHECKING:
-    from hookviz.jobs.evaluate import EvaluateJob
+
+class EvaluateJob(Protocol):
+    """What the computation reads of an ``evaluate`` job (:class:`hookviz.jobs.evaluate.EvaluateJob`)."""
+
+    loaded: LoadedModel
+    layers: Sequence[str]
+    methods: Sequence[str]
+    targets: Any
+    options: MethodOptions
+    metrics: Sequence[str]
+    metric_settings: Any
+    steps: int
+    seed: int
+    chunk: int | None
+
 
 Objects = list[list[tuple[int | None, np.ndarray]] | None] | None
 #: Objects as the job hands them over: an image whose annotation was refused has the reason instead.

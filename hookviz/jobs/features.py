@@ -11,7 +11,7 @@ import numpy as np
 from hookviz import render
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, _weights_note, predicted
+from hookviz.jobs.common import BaseJob, predicted, weights_note
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Stage
@@ -67,7 +67,7 @@ class FeatureMapJob(BaseJob):
             title = (
                 f"{self.loaded.name} {fm.layer} {fm.stage}{call} {tuple(fm.tensor.shape[1:])} | "
                 f"top {len(channels)}/{t.shape[0]} channels by spatial std{_strips(fm.tensor)} | "
-                f"{_weights_note(self.loaded)}"
+                f"{weights_note(self.loaded)}"
             )
             grid = render.feature_grid(t.numpy(), channels, title=title, colormap=self.colormap)
             suffix = f".call{fm.call}" if fm.call > 1 else ""

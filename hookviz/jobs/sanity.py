@@ -13,8 +13,11 @@ from hookviz.core.taps import slug
 from hookviz.engine.explain import explain
 from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, _weights_note, parse_methods
+from hookviz.io.samples import Sample
+from hookviz.io.video import ClipFrames
+from hookviz.jobs.common import BaseJob, weights_note
 from hookviz.methods import MethodOptions
+from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
@@ -90,12 +93,11 @@ class SanityJob(BaseJob):
 
         steps, target = result
         original = steps[0][1]
-        if hasattr(rgb, "pictures"):  # a sample of several inputs: the first one's picture
-            sample: Any = rgb
-            first = next(iter(sample.pictures))
-            rgb, box = sample.pictures[first], sample.boxes[first]
-        clip = getattr(rgb, "frames", None)  # a video's clip: its middle frame shows the middle time step
-        frame = clip[len(clip) // 2] if clip is not None else rgb
+        if isinstance(rgb, Sample):  # a sample of several inputs: the first one's picture
+            first = next(iter(rgb.pictures))
+            rgb, box = rgb.pictures[first], rgb.boxes[first]
+        # A video's clip: its middle frame shows the middle time step.
+        frame = rgb.frames[len(rgb.frames) // 2] if isinstance(rgb, ClipFrames) else rgb
         crop = frame[box.y0 : box.y1, box.x0 : box.x1]
 
         def similarity(a: Any, b: Any) -> tuple[float, float]:
@@ -138,7 +140,7 @@ class SanityJob(BaseJob):
         title = (
             f"{self.loaded.name} | sanity check at {self.layer}: parameters randomised "
             f"{'from the head down' if self.order == 'cascading' else 'one block at a time'} | "
-            f"explaining {self.loaded.describe(t)} | {_weights_note(self.loaded)}"
+            f"explaining {self.loaded.describe(t)} | {weights_note(self.loaded)}"
         )
         strip = render.sheet(rows, columns, title=title, cell=140)
         name = f"{stem}.sanity.{slug(self.layer)}.png"

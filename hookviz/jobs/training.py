@@ -14,7 +14,7 @@ from hookviz.core.hooks import logits_of
 from hookviz.engine.explain import ranking
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, _weights_note, predicted
+from hookviz.jobs.common import BaseJob, predicted, weights_note
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
 from hookviz.training.gradients import gradient_flow
@@ -79,7 +79,7 @@ class GradFlowJob(BaseJob):
         )
         title = (
             f"{self.loaded.name}: gradient norms per layer, loss = {objective} ({flow.loss:.4g}) | "
-            f"{_weights_note(self.loaded)}"
+            f"{weights_note(self.loaded)}"
         )
         picture = render.grad_flow_plot(
             names,
@@ -145,7 +145,7 @@ class DropBlockJob(BaseJob):
         block = max(1, min(self.block_size, h, w))
         dropped = float(1.0 - keep.float().mean())
         shape = f"({c}, {h}, {w})"
-        note = _weights_note(self.loaded)
+        note = weights_note(self.loaded)
         panels = [
             render.feature_grid(
                 before.numpy(), channels, title=f"{self.layer} output {shape} before DropBlock | {note}"

@@ -21,7 +21,7 @@ from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.io.video import encode_webm
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import _check_finite, _full_map, _npy, _weights_note
+from hookviz.jobs.common import check_finite, full_map, npy_bytes, weights_note
 from hookviz.methods import REGISTRY
 from hookviz.methods import title as method_title
 
@@ -84,14 +84,24 @@ class VideoCamJob(CamJob):
     def _sheet_name(self, stem: str) -> str | None:
         return f"{stem}.frames.png"  # the contact sheet, always
 
+    def _clip_files(
+        self, base: str, video: list[np.ndarray], clip: Any, cam: np.ndarray, over_time: np.ndarray, box: Box
+    ) -> list[tuple[str, bytes]]:
+        """One map's overlay video, and its raw maps (``--save-raw``: the clip's grid, and each frame's)."""
+        files = [(f"{base}.webm", encode_webm(_even(video), clip.fps))]
+        if self.save_raw:
+            files.append((f"{base}.npy", npy_bytes(cam.astype(np.float32))))
+            full = np.stack([full_map(m, clip.frames[0], box) for m in over_time])
+            files.append((f"{base}.full.npy", npy_bytes(full)))
+        return files
+
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-
         clip = rgb  # a ClipFrames
         frames: np.ndarray = clip.frames
         lm, ex = self.loaded, result.explanation
-        _check_finite(ex, index)
+        check_finite(ex, index)
         self.clip_probs[stem] = ex.probs[index].numpy()
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         n = len(frames)
@@ -109,7 +119,7 @@ class VideoCamJob(CamJob):
                 unit = self._unit(over_time, result.scales[(method, layer)], method)
                 tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
                 head = [
-                    f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}",
+                    f"{lm.name} | {method_title(method)} at {layer} | {weights_note(lm)}",
                     f"clip {clip.clip.number + 1}/{clip.clip.of} "
                     f"predicted: {lm.describe(pred)} p={p_score:.3f}",
                     f"explained: {lm.describe(tgt)} p={t_score:.3f}",
@@ -125,15 +135,7 @@ class VideoCamJob(CamJob):
                     for k, p in enumerate(pictures)
                 ]
                 base = self._name(stem, method, layer, suffix)
-                files.append((f"{base}.webm", encode_webm(_even(video), clip.fps)))
-                if self.save_raw:
-                    files.append((f"{base}.npy", _npy(cam.astype(np.float32))))
-                    files.append(
-                        (
-                            f"{base}.full.npy",
-                            _npy(np.stack([_full_map(m, frames[0], box) for m in over_time])),
-                        )
-                    )
+                files += self._clip_files(base, video, clip, cam, over_time, box)
                 rows.append(
                     (f"{method_title(method)} at {layer} | {lm.describe(tgt)} p={t_score:.3f}",
                      [pictures[k][box.y0 : box.y1, box.x0 : box.x1] for k in shown])
@@ -150,7 +152,7 @@ class VideoCamJob(CamJob):
                 )
         title = (
             f"{lm.name} | clip {clip.clip.number + 1}/{clip.clip.of} | predicted {lm.describe(pred)} "
-            f"p={p_score:.3f} | {_weights_note(lm)}"
+            f"p={p_score:.3f} | {weights_note(lm)}"
         )
         sheet = render.sheet(rows, [stamps[k] for k in shown], title=title, cell=160)
         files.append((f"{stem}.frames.png", encode_png(sheet)))

@@ -20,7 +20,7 @@ from hookviz.io.images import Box, encode_png
 from hookviz.io.video import encode_webm
 from hookviz.io.volume import Volume, nifti_bytes, resample
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import _check_finite, _npy, _weights_note
+from hookviz.jobs.common import check_finite, npy_bytes, weights_note
 from hookviz.jobs.video import video_methods
 from hookviz.methods import title as method_title
 from hookviz.render import sheet as render_sheet
@@ -75,7 +75,7 @@ class VolumeCamJob(CamJob):
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         volume: Volume = rgb
         lm, ex = self.loaded, result.explanation
-        _check_finite(ex, index)
+        check_finite(ex, index)
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         files: list[tuple[str, bytes]] = []
         records, rows = [], []
@@ -84,7 +84,7 @@ class VolumeCamJob(CamJob):
                 cam = maps[index, j]  # (d, h, w) at the layer
                 tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
                 head = [
-                    f"{lm.name} | {method_title(method)} at {layer} | {_weights_note(lm)}",
+                    f"{lm.name} | {method_title(method)} at {layer} | {weights_note(lm)}",
                     f"predicted: {lm.describe(pred)} {self._scored(ex, p_score)}",
                     f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}",
                 ]
@@ -108,7 +108,7 @@ class VolumeCamJob(CamJob):
         sheet = self._sheet_name(stem)
         if sheet is not None:
             title = (
-                f"{lm.name} | predicted {lm.describe(pred)} {self._scored(ex, p_score)} | {_weights_note(lm)}"
+                f"{lm.name} | predicted {lm.describe(pred)} {self._scored(ex, p_score)} | {weights_note(lm)}"
             )
             axes = ["X", "Y", "Z"] if volume.kind != "npy" else ["axis 0", "axis 1", "axis 2"]
             files.append((sheet, encode_png(render_sheet(rows, axes, title=title, cell=200))))
@@ -142,5 +142,8 @@ class VolumeCamJob(CamJob):
             ),
         ]
         if self.save_raw:
-            files += [(f"{base}.npy", _npy(cam.astype(np.float32))), (f"{base}.full.npy", _npy(full))]
+            files += [
+                (f"{base}.npy", npy_bytes(cam.astype(np.float32))),
+                (f"{base}.full.npy", npy_bytes(full)),
+            ]
         return files, peak, tiles

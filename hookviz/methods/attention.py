@@ -45,7 +45,7 @@ class AttentionPass:
 
 def _layout(p: LayerPass) -> tuple[int, tuple[int, int]]:
     layout = p.layout
-    if getattr(layout, "kind", layout) != "tokens" or layout.grid is None:
+    if layout.kind != "tokens" or layout.grid is None:
         raise LayerError(
             f"layer {p.layer!r} is not a transformer's token layer: attention maps live on the patch grid of "
             f"its tokens; pick an encoder block (or leave --layer out); {APPLY}"

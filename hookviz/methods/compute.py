@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.core.layout import NCHW, Layout
 from hookviz.errors import UsageError
 from hookviz.methods import MethodOptions, cams
 
@@ -50,7 +51,7 @@ class LayerPass:
     input_saliency: Callable[[], Tensor] = field(default=lambda: torch.empty(0))
     maps: dict[str, Tensor] = field(default_factory=dict)
     options: MethodOptions = field(default_factory=MethodOptions)
-    layout: Any = "nchw"
+    layout: Layout = NCHW
     score_of: Callable[[Any], Tensor] = field(default=lambda output: output)
     scorer: Callable[[Tensor, Tensor], Tensor] = field(default=lambda output, rows: output.softmax(1))
     advance: Callable[[int], None] = field(default=lambda n: None)
@@ -146,7 +147,7 @@ def segeigencam(p: LayerPass) -> Tensor:
         proj = _projection(g.abs() * p.activations)
         lo, hi = proj.flatten(1).amin(1), proj.flatten(1).amax(1)
         flip = torch.where(lo.abs() > hi.abs(), -1.0, 1.0).to(proj.dtype)
-        return _relu(proj * flip[:, None, None], p.relu)
+        return rectify(proj * flip[:, None, None], p.relu)
 
     return p.per_target(one)
 
@@ -160,7 +161,7 @@ def _projection(a: Tensor) -> Tensor:
     return cams.first_component(centred).reshape(b, h, w).to(a.dtype)
 
 
-def _relu(m: Tensor, relu: bool) -> Tensor:
+def rectify(m: Tensor, relu: bool) -> Tensor:
     return torch.relu(m) if relu else m
 
 
@@ -181,7 +182,7 @@ def kpcacam(p: LayerPass) -> Tensor:
     biggest = vec.gather(1, vec.abs().argmax(dim=1, keepdim=True))
     vec = vec * torch.sign(biggest).where(biggest != 0, torch.ones_like(biggest))
     proj = (vec * top.sqrt()[:, None]).reshape(b, h, w).to(p.activations.dtype)
-    return p.same_for_targets(_relu(proj, p.relu))
+    return p.same_for_targets(rectify(proj, p.relu))
 
 
 def fem(p: LayerPass, k: float = 2.0) -> Tensor:
@@ -191,7 +192,7 @@ def fem(p: LayerPass, k: float = 2.0) -> Tensor:
     mean = a.mean(dim=(2, 3), keepdim=True)
     std = a.std(dim=(2, 3), keepdim=True, correction=0)
     weights = (a > mean + k * std).to(a.dtype).mean(dim=(2, 3), keepdim=True)
-    return p.same_for_targets(_relu((weights * a).sum(1), p.relu))
+    return p.same_for_targets(rectify((weights * a).sum(1), p.relu))
 
 
 def cam(p: LayerPass) -> Tensor:
@@ -211,7 +212,7 @@ def cam(p: LayerPass) -> Tensor:
                 "use gradcam (its generalisation) or the tensor entering the pooling (the default layer)"
             )
         hw = g.shape[2] * g.shape[3]
-        return _relu((flat.mean(2)[:, :, None, None] * hw * p.activations).sum(1), p.relu)
+        return rectify((flat.mean(2)[:, :, None, None] * hw * p.activations).sum(1), p.relu)
 
     return p.per_target(one)
 
@@ -224,7 +225,7 @@ def randomcam(p: LayerPass) -> Tensor:
     b, k = p.activations.shape[:2]
     w = np.random.RandomState(p.options.seed).uniform(-1, 1, size=(1, k)).repeat(b, 0)
     weights = torch.as_tensor(w, dtype=p.activations.dtype, device=p.activations.device)
-    return p.same_for_targets(_relu((weights[:, :, None, None] * p.activations).sum(1), p.relu))
+    return p.same_for_targets(rectify((weights[:, :, None, None] * p.activations).sum(1), p.relu))
 
 
 def refinecam(p: LayerPass) -> Tensor:

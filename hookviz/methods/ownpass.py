@@ -14,7 +14,7 @@ from hookviz.core.hooks import capture
 from hookviz.core.layers import single_call
 from hookviz.core.layout import to_spatial
 from hookviz.methods.catalogue import NOISE, SAMPLES
-from hookviz.methods.compute import LayerPass, _relu
+from hookviz.methods.compute import LayerPass, rectify
 
 
 @contextmanager
@@ -40,7 +40,7 @@ def objective_cam(p: LayerPass, objective: Callable[[Tensor, Tensor], Tensor]) -
         for j in range(p.targets.shape[1]):
             (g,) = torch.autograd.grad(objective(scores, p.targets[:, j]).sum(), tap, retain_graph=True)
             w = spatial(p, g.detach()).mean(dim=(2, 3), keepdim=True)
-            maps.append(_relu((w * p.activations).sum(1), p.relu))
+            maps.append(rectify((w * p.activations).sum(1), p.relu))
     p.advance(p.x.shape[0])
     return torch.stack(maps, dim=1)
 
@@ -90,7 +90,7 @@ def shapleycam(p: LayerPass) -> Tensor:
             )
             hvp = torch.zeros_like(g) if hvp is None else hvp
             w = spatial(p, (g - 0.5 * hvp).detach()).mean(dim=(2, 3), keepdim=True)
-            maps.append(_relu((w * p.activations).sum(1), p.relu))
+            maps.append(rectify((w * p.activations).sum(1), p.relu))
     p.advance(p.x.shape[0])
     return torch.stack(maps, dim=1)
 
@@ -144,5 +144,5 @@ def smoothgradcampp(p: LayerPass) -> Tensor:
         g1, g2, g3 = (s / n for s in sums[j])
         alpha = g2 / (2 * g2 + (g3 * a).sum(dim=(2, 3), keepdim=True) + 1e-8)
         w = (alpha * torch.relu(g1)).sum(dim=(2, 3), keepdim=True)
-        maps.append(_relu((w * a).sum(1), p.relu))
+        maps.append(rectify((w * a).sum(1), p.relu))
     return torch.stack(maps, dim=1)

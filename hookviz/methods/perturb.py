@@ -22,7 +22,7 @@ from hookviz.core.hooks import capture, logits_of
 from hookviz.errors import UsageError
 from hookviz.methods._utils import baseline, in_fast_layout
 from hookviz.methods.catalogue import NOISE, SAMPLES
-from hookviz.methods.compute import LayerPass, _relu
+from hookviz.methods.compute import LayerPass, rectify
 
 
 class _Substitute(capture):
@@ -69,7 +69,7 @@ def ablationcam(p: LayerPass) -> Tensor:
     """Ablation-CAM: ``w_k = (y − y_k) / y`` with ``y_k`` the target score when channel ``k`` of the layer is
     ablated (set to 0, or for a signed tensor to its minimum − 1e7 as the reference does), then
     ``ReLU(Σ_k w_k A^k)``."""
-    if p.layout != "nchw" and getattr(p.layout, "kind", None) != "nchw":
+    if p.layout.kind != "nchw":
         raise UsageError(
             f"--method ablationcam needs a convolutional (B, C, H, W) tensor; {p.layer} is not one"
         )
@@ -89,7 +89,9 @@ def ablationcam(p: LayerPass) -> Tensor:
             p.advance(rows.shape[0])
     y = base.gather(1, p.targets)[:, :, None]
     w = (y - weights) / y
-    return torch.stack([_relu((w[:, j, :, None, None] * a).sum(1), p.relu) for j in range(w.shape[1])], dim=1)
+    return torch.stack(
+        [rectify((w[:, j, :, None, None] * a).sum(1), p.relu) for j in range(w.shape[1])], dim=1
+    )
 
 
 def _normalised_masks(p: LayerPass) -> Tensor:
@@ -123,7 +125,7 @@ def _score_weighted(p: LayerPass, total: Tensor) -> Tensor:
     """``ReLU(Σ_k softmax_k(total) A^k)`` per target, ``total`` ``(B, T, K)``."""
     w = torch.softmax(total, dim=2).to(p.activations.dtype)
     return torch.stack(
-        [_relu((w[:, j, :, None, None] * p.activations).sum(1), p.relu) for j in range(w.shape[1])], dim=1
+        [rectify((w[:, j, :, None, None] * p.activations).sum(1), p.relu) for j in range(w.shape[1])], dim=1
     )
 
 

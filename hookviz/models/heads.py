@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from hookviz.core.conventions import declared_kind, score_kind, sign
 from hookviz.core.hooks import logits_of
 from hookviz.errors import UsageError
 from hookviz.models.facade import Facade
@@ -39,9 +40,9 @@ class Head(Facade):
 def found_head(loaded: LoadedModel) -> str:
     """The head a model says it has: a Hugging Face config's ``problem_type`` (multi-label or regression),
     a single output (regression), else a softmax over classes."""
-    own = getattr(loaded.model, "score_kind", None)
+    own = declared_kind(loaded.model)
     if own is not None:
-        return str(own)
+        return own
     problem = getattr(getattr(loaded.model, "config", None), "problem_type", None)
     if problem == "multi_label_classification":
         return "sigmoid"
@@ -73,14 +74,14 @@ def with_head(loaded: LoadedModel, head: str = "auto", negate: bool = False) -> 
             f"--negate explains what lowers a regression output; {loaded.name} is read as {kind} "
             "(give --head raw for a regression head)"
         )
-    if kind == "softmax" or (kind == getattr(loaded.model, "score_kind", None) and not negate):
+    if kind == "softmax" or (kind == declared_kind(loaded.model) and not negate):
         return loaded
     return dataclasses.replace(loaded, model=Head(loaded.model, kind, negate))
 
 
 def head_settings(model: Any) -> dict[str, Any]:
     """What records say of a head other than a softmax one (nothing for the default)."""
-    kind = getattr(model, "score_kind", "softmax")
+    kind = score_kind(model)
     if kind in ("softmax", "identity"):
         return {}
-    return {"head": kind, **({"negate": True} if getattr(model, "sign", 1) < 0 else {})}
+    return {"head": kind, **({"negate": True} if sign(model) < 0 else {})}

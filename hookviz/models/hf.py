@@ -189,6 +189,28 @@ def _sizes(value: Any) -> dict[str, int]:
     return {k: int(v) for k in keys if (v := getattr(value, k, None)) is not None}
 
 
+def _square(d: dict[str, Any], what: str, where: str) -> int:
+    """The side of a square size in the image processor's config (a UsageError for another)."""
+    if int(d["height"]) != int(d["width"]):
+        raise UsageError(
+            f"{where}: the image processor's {what} is {d['height']}x{d['width']}; hookviz takes square "
+            "inputs (give --input-size N to use N x N)"
+        )
+    return int(d["height"])
+
+
+def _normalisation(
+    proc: Any, mean: tuple[float, ...], std: tuple[float, ...]
+) -> tuple[tuple[float, ...], tuple[float, ...], str]:
+    """The image processor's mean, std (``mean`` and ``std`` when it gives none) and resampling filter."""
+    if proc is not None and getattr(proc, "image_mean", None) and getattr(proc, "image_std", None):
+        mean = tuple(float(v) for v in proc.image_mean)
+        std = tuple(float(v) for v in proc.image_std)
+    resample = getattr(proc, "resample", None)
+    filters = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+    return mean, std, filters.get(int(resample), "bilinear") if resample is not None else "bilinear"
+
+
 def _preprocessing(built: Built, where: str, config: Any) -> None:
     """Input size, resize mode, mean and std from the image processor's config (defaults: ImageNet, 224)."""
     try:
@@ -205,12 +227,7 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
     crop_pct = getattr(proc, "crop_pct", None)
 
     def square(d: dict[str, Any], what: str) -> int:
-        if int(d["height"]) != int(d["width"]):
-            raise UsageError(
-                f"{where}: the image processor's {what} is {d['height']}x{d['width']}; hookviz takes square "
-                "inputs (give --input-size N to use N x N)"
-            )
-        return int(d["height"])
+        return _square(d, what, where)
 
     longest, multiple, rounding = None, 1, "ceil"
     if "height" in size and "width" in size:  # resized straight to H x W (ViT, DeiT: 256, then crop 224)
@@ -241,19 +258,14 @@ def _preprocessing(built: Built, where: str, config: Any) -> None:
         side = config.image_size
         crop = resize_size = int(side[0] if isinstance(side, (list, tuple)) else side)
         resize = "squash"
-    mean, std = p.mean, p.std
-    if proc is not None and getattr(proc, "image_mean", None) and getattr(proc, "image_std", None):
-        mean = tuple(float(v) for v in proc.image_mean)
-        std = tuple(float(v) for v in proc.image_std)
-    resample = getattr(proc, "resample", None)
-    filters = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+    mean, std, interpolation = _normalisation(proc, p.mean, p.std)
     built.preprocess = Preprocess(
         crop_size=crop,
         resize_size=resize_size,
         mean=mean,
         std=std,
         resize=resize,
-        interpolation=filters.get(int(resample), "bilinear") if resample is not None else "bilinear",
+        interpolation=interpolation,
         crop_round="floor",  # transformers' center_crop: (height - crop) // 2
         longest=longest,
         multiple=multiple,

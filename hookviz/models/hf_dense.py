@@ -39,7 +39,7 @@ class _Processed(Facade):
     def inputs(self, images: Tensor | Sequence[Tensor]) -> dict[str, Tensor]:
         """What the processor makes of the photos, on the model's device and in its dtype."""
         first = next(self.parameters())
-        size = {"size": self.size} if getattr(self, "size", None) else {}
+        size = {"size": self.size} if self.size else {}
         batch = self.processor(images=photos_uint8(images), return_tensors="pt", **size)
         return {
             k: v.to(first.device, first.dtype if v.is_floating_point() else v.dtype)

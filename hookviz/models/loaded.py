@@ -20,7 +20,7 @@ from hookviz.io.images import Preprocess
 from hookviz.io.samples import SeveralPreprocess
 from hookviz.io.video import VideoPreprocess
 from hookviz.io.volume import VolumePreprocess
-from hookviz.models.classes import class_label, read_labels
+from hookviz.models.labels import class_label, read_labels
 from hookviz.models.sources import Built
 from hookviz.models.torchvision import imagenet_categories
 

@@ -41,6 +41,36 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     return name, kwargs
 
 
+def _data_config(timm: Any, model: Any, name: str, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The input side and data config of the model as built: an ``img_size`` argument overrides the
+    pretrained config's."""
+    given = kwargs.get("img_size")
+    override = {}
+    if given is not None:
+        side = given if isinstance(given, int) else tuple(given)
+        if not isinstance(side, int) and len(set(side)) != 1:
+            raise UsageError(f"timm:{name}: img_size={given}: hookviz takes square inputs; give one size")
+        n = side if isinstance(side, int) else side[0]
+        override = {"input_size": (3, int(n), int(n))}
+    data = timm.data.resolve_data_config(override, model=model)
+    return int(data["input_size"][-1]), data
+
+
+def _pretrained(timm: Any, name: str, kwargs: dict[str, Any]) -> tuple[Any, str, bool, str]:
+    """The model with its pretrained weights from the hub, its weights' label and their id."""
+    try:
+        model = timm.create_model(name, pretrained=True, **kwargs)
+    except Exception as exc:  # the hub client raises many kinds when offline
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise WeightsError(
+            f"cannot get the pretrained weights for timm:{name} from the Hugging Face hub ({first}); "
+            "use --weights PATH for a local file or --weights none for random weights"
+        ) from None
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    tag = cfg.get("hf_hub_id") or cfg.get("tag") or "default"
+    return model, f"DEFAULT ({tag})", True, f"timm:{name}:{tag}"
+
+
 def build(spec: str, weights: str, options: Options) -> Built:
     """A timm model; ``timm:NAME?img_size=384`` passes arguments to ``create_model`` (a fine-tuned model
     must be built as it was trained, or its checkpoint will not fit)."""
@@ -56,17 +86,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         model = seeded(lambda: timm.create_model(name, pretrained=False, **kwargs))
         label, pretrained, weights_id = "none (random init)", False, "none"
     elif weights.upper() == WEIGHTS_DEFAULT:
-        try:
-            model = timm.create_model(name, pretrained=True, **kwargs)
-        except Exception as exc:  # the hub client raises many kinds when offline
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise WeightsError(
-                f"cannot get the pretrained weights for timm:{name} from the Hugging Face hub ({first}); "
-                "use --weights PATH for a local file or --weights none for random weights"
-            ) from None
-        cfg = getattr(model, "pretrained_cfg", {}) or {}
-        tag = cfg.get("hf_hub_id") or cfg.get("tag") or "default"
-        label, pretrained, weights_id = f"DEFAULT ({tag})", True, f"timm:{name}:{tag}"
+        model, label, pretrained, weights_id = _pretrained(timm, name, kwargs)
     else:
         path = Path(weights).expanduser()
         if not path.is_file():
@@ -83,17 +103,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         )
         key = f"[{options.weights_key}]" if options.weights_key else ""
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
-    # The data config of the model as built: an ``img_size`` argument overrides the pretrained config's.
-    given = kwargs.get("img_size")
-    override = {}
-    if given is not None:
-        side = given if isinstance(given, int) else tuple(given)
-        if not isinstance(side, int) and len(set(side)) != 1:
-            raise UsageError(f"timm:{name}: img_size={given}: hookviz takes square inputs; give one size")
-        n = side if isinstance(side, int) else side[0]
-        override = {"input_size": (3, int(n), int(n))}
-    data = timm.data.resolve_data_config(override, model=model)
-    crop = int(data["input_size"][-1])
+    crop, data = _data_config(timm, model, name, kwargs)
     categories: tuple[str, ...] = ()
     if classifier_out(model) == 1000:
         categories = imagenet_categories()

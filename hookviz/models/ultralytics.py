@@ -153,6 +153,20 @@ def process_kept() -> Iterator[None]:
             setattr(owner, name, value)
 
 
+def _loaded(yolo_class: Any, spec: str, where: str, path: Path) -> Any:
+    """ultralytics' network for ``where``: a .yaml built with random weights (seeded), a checkpoint, or a
+    name looked up in ultralytics' cache (a WeightsError when it cannot be had)."""
+    try:
+        with _quiet():
+            return seeded(lambda: _network(yolo_class(str(path) if path.is_file() else where)))
+    except Exception as exc:  # missing files, a download refused, a corrupt checkpoint
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise WeightsError(
+            f"--model {spec}: ultralytics cannot load it ({first}); give a local .pt or .yaml file "
+            "(a name needs ultralytics' cache or the network)"
+        ) from None
+
+
 def build(spec: str, weights: str, options: Options) -> Built:
     try:
         with process_kept():
@@ -166,16 +180,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         )
     path = Path(where).expanduser()
     local = path.is_file()
-    try:
-        # A .yaml is built with random weights (seeded); a name is looked up in ultralytics' cache.
-        with _quiet():
-            yolo: Any = seeded(lambda: _network(YOLO(str(path) if local else where)))
-    except Exception as exc:  # missing files, a download refused, a corrupt checkpoint
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise WeightsError(
-            f"--model {spec}: ultralytics cannot load it ({first}); give a local .pt or .yaml file "
-            "(a name needs ultralytics' cache or the network)"
-        ) from None
+    yolo = _loaded(YOLO, spec, where, path)
     yolo = yolo.float().eval()
     kind = str(getattr(yolo, "task", None) or _task_of(yolo))
     if kind not in TASKS:

@@ -15,7 +15,7 @@ from hookviz.io.images import Box
 from hookviz.options import Colormap
 
 if TYPE_CHECKING:
-    from hookviz.summary.data import ModelSummary
+    from hookviz.summary.data import SummaryData as ModelSummary
 
 #: Colormap names accepted by ``--colormap`` (OpenCV's built-in maps).
 COLORMAPS = tuple(c.value for c in Colormap)
@@ -42,12 +42,6 @@ def normalize(values: np.ndarray, lo: float | None = None, hi: float | None = No
     if not np.isfinite(hi - lo) or hi - lo <= 1e-12 * max(1.0, abs(hi)):
         return np.zeros_like(v)
     return np.clip((v - lo) / (hi - lo), 0.0, 1.0)
-
-
-def apply_lut(unit: np.ndarray, lut: np.ndarray) -> np.ndarray:
-    """Colour a ``[0, 1]`` array with a LUT → RGB ``uint8``."""
-    idx = np.clip(np.rint(unit * 255.0), 0, 255).astype(np.uint8)
-    return lut[idx]
 
 
 def overlay(

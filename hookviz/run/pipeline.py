@@ -22,7 +22,7 @@ from hookviz.core.memory import default_budget, human
 from hookviz.errors import HookvizError, UsageError
 from hookviz.io import timing
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
-from hookviz.io.inputs import Item, _real, expand_inputs, read_input
+from hookviz.io.inputs import Item, expand_inputs, read_input, real_path
 from hookviz.io.outputs import MANIFEST, UNSAFE, Output, finite, safe_name, settings_key, to_json
 from hookviz.io.video import clip_suffix
 
@@ -41,7 +41,7 @@ def output_stem(path: Path) -> str:
     Two ``cat.jpg`` in different folders get different names; the name holds only ``[A-Za-z0-9_.-]``,
     never starts with ``-`` or ``.``, and cannot contain a path separator.
     """
-    digest = hashlib.sha1(str(_real(path)).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    digest = hashlib.sha1(str(real_path(path)).encode("utf-8", "surrogateescape")).hexdigest()[:8]
     name = path.name[: -len(".nii.gz")] if path.name.lower().endswith(".nii.gz") else path.stem
     stem = UNSAFE.sub("_", name).lstrip("-._")[:60] or "image"
     return f"{stem}-{digest}"

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 from hookviz.core.hooks import HookGroup, preserved, probe_input, unwrap_compiled
 from hookviz.errors import UsageError
 from hookviz.summary.counting import _Counter, op_macs
-from hookviz.summary.data import ModelSummary, Row
+from hookviz.summary.data import Row
+from hookviz.summary.formatting import ModelSummary
 
 __all__ = ["ModelSummary", "Row", "op_macs", "summarize"]
 
@@ -40,6 +41,19 @@ def _tensors(value: Any) -> list[Tensor]:
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
     return []
+
+
+def _on_meta(model: nn.Module, input_size: Sequence[int], **how: Any) -> ModelSummary | None:
+    """:func:`summarize` of a copy of ``model`` on the ``meta`` device, or None where it cannot run there."""
+    import copy
+
+    try:
+        meta = copy.deepcopy(unwrap_compiled(model)).to("meta")
+        return summarize(meta, input_size, device="meta", **how)
+    except UsageError:
+        raise
+    except Exception:  # not every model runs on meta: count it for real
+        return None
 
 
 def summarize(
@@ -76,17 +90,9 @@ def summarize(
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if on_meta and str(device or "meta") == "meta":
-        import copy
-
-        try:
-            meta = copy.deepcopy(unwrap_compiled(model)).to("meta")
-            return summarize(
-                meta, input_size, batch_size=batch_size, depth=depth, device="meta", dtype=dtype, name=name
-            )
-        except UsageError:
-            raise
-        except Exception:  # not every model runs on meta: count it for real
-            pass
+        counted = _on_meta(model, input_size, batch_size=batch_size, depth=depth, dtype=dtype, name=name)
+        if counted is not None:
+            return counted
     if len(input_size) not in (3, 4) or any(int(v) < 1 for v in input_size):
         raise UsageError(
             f"--input-size {tuple(input_size)}: give C,H,W (a video model: C,T,H,W) with positive sizes, "

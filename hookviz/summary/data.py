@@ -6,8 +6,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hookviz.summary.formatting import csv_text, markdown, table
-
 
 @dataclass(frozen=True)
 class Row:
@@ -28,8 +26,8 @@ class Row:
 
 
 @dataclass(frozen=True)
-class ModelSummary:
-    """A model's per-module statistics and totals; ``str()`` draws the table.
+class SummaryData:
+    """A model's per-module statistics and totals (:class:`hookviz.summary.ModelSummary` prints them).
 
     ``macs`` count multiply-accumulates (1 MAC = 2 FLOPs), for the given batch.
     """
@@ -100,15 +98,3 @@ class ModelSummary:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
-
-    def __str__(self) -> str:
-
-        return table(self)
-
-    def to_markdown(self) -> str:
-
-        return markdown(self)
-
-    def to_csv(self) -> str:
-
-        return csv_text(self)

@@ -6,13 +6,12 @@ import csv
 import io
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:  # the data module calls these functions: no import cycle at run time
-    from hookviz.summary.data import ModelSummary
+from hookviz.summary.data import SummaryData
 
 
-def _table_rows(s: ModelSummary) -> list[list[str]]:
+def _table_rows(s: SummaryData) -> list[list[str]]:
     out = []
     for r, params, macs in s.visible_rows():
         label = ("  " * r.depth + (r.name.rsplit(".", 1)[-1] if r.name else s.model)) if r.depth else s.model
@@ -28,11 +27,11 @@ def _table_rows(s: ModelSummary) -> list[list[str]]:
     return out
 
 
-def _has_attention(s: ModelSummary) -> bool:
+def _has_attention(s: SummaryData) -> bool:
     return any(r.attention_macs for r in s.rows)
 
 
-def _headers(s: ModelSummary) -> tuple[tuple[str, ...], set[int]]:
+def _headers(s: SummaryData) -> tuple[tuple[str, ...], set[int]]:
     """Column titles and the indices of right-aligned (numeric) columns."""
     if _has_attention(s):
         return (*HEADERS[:7], "attention MACs", HEADERS[7]), {4, 6, 7, 8}
@@ -42,7 +41,7 @@ def _headers(s: ModelSummary) -> tuple[tuple[str, ...], set[int]]:
 HEADERS = ("layer", "type", "input", "output", "params", "trainable", "MACs", "output size")
 
 
-def table(s: ModelSummary) -> str:
+def table(s: SummaryData) -> str:
     """The summary as an aligned text table with the totals below."""
     rows = _table_rows(s)
     headers, right = _headers(s)
@@ -59,7 +58,7 @@ def table(s: ModelSummary) -> str:
     return "\n".join(body + _totals(s))
 
 
-def _totals(s: ModelSummary) -> list[str]:
+def _totals(s: SummaryData) -> list[str]:
     dtypes = ", ".join(f"{k} {_bytes(v)}" for k, v in sorted(s.param_bytes_by_dtype.items()))
     shape = "x".join(map(str, [s.batch_size, *s.input_size]))
     lines = [
@@ -77,7 +76,7 @@ def _totals(s: ModelSummary) -> list[str]:
     return lines + [f"note: {n}" for n in s.notes]
 
 
-def markdown(s: ModelSummary) -> str:
+def markdown(s: SummaryData) -> str:
     """The table as Markdown, the totals as a list."""
     rows = _table_rows(s)
     headers, right = _headers(s)
@@ -89,7 +88,7 @@ def markdown(s: ModelSummary) -> str:
     return "\n".join([head, sep, *body, "", *(f"- {t}" for t in _totals(s))])
 
 
-def csv_text(s: ModelSummary) -> str:
+def csv_text(s: SummaryData) -> str:
     """One CSV line per visible row."""
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -141,3 +140,20 @@ def _bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+@dataclass(frozen=True)
+class ModelSummary(SummaryData):
+    """A model's per-module statistics and totals; ``str()`` draws the table.
+
+    ``macs`` count multiply-accumulates (1 MAC = 2 FLOPs), for the given batch.
+    """
+
+    def __str__(self) -> str:
+        return table(self)
+
+    def to_markdown(self) -> str:
+        return markdown(self)
+
+    def to_csv(self) -> str:
+        return csv_text(self)

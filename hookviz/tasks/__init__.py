@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-from hookviz.tasks.api import describe, hints, load_model, make_cam_job, refuse, with_options
+from hookviz.tasks.api import cam_job, describe, hints, load_model, make_cam_job, refuse, with_options
 from hookviz.tasks.classification import CLASSIFICATION
 from hookviz.tasks.detection import DETECTION
 from hookviz.tasks.registry import (
-    COMMANDS,
     Task,
     get_task,
     register_task,
@@ -23,12 +22,12 @@ from hookviz.tasks.volume import VOLUME
 
 __all__ = [
     "CLASSIFICATION",
-    "COMMANDS",
     "DETECTION",
     "SEGMENTATION",
     "VIDEO",
     "VOLUME",
     "Task",
+    "cam_job",
     "describe",
     "get_task",
     "hints",

@@ -12,7 +12,7 @@ import torch
 from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
 from hookviz.io.samples import check_names
-from hookviz.jobs.build import BuiltJob, CamSettings
+from hookviz.jobs.build import BuiltJob, CamSettings, RunContext
 from hookviz.models.build import build
 from hookviz.models.classes import parse_targets
 from hookviz.models.heads import with_head
@@ -109,6 +109,7 @@ def make_cam_job(
     calls: list[ModuleCall] | None = None,
     first_images: Callable[[int], Tensor | None] | None = None,
     agree: Callable[[Any], Any] | None = None,
+    context: RunContext | None = None,
 ) -> BuiltJob:
     """The ``gradcam`` job for ``loaded``'s task, with its layers chosen and the notes to print.
 
@@ -120,14 +121,22 @@ def make_cam_job(
         calls: the model's traced shapes (:func:`hookviz.models.loaded.probe`), if already at hand.
         first_images: ``first_images(n)``: the first ``n`` readable inputs as one batch (``--layer auto``).
         agree: under torchrun, rank 0's value on every rank (one ``--layer auto`` choice per job).
+        context: the run's (gives ``first_images`` and ``agree`` when they are not given).
 
     Raises:
         UsageError: options that do not apply to the task, ``--layer auto`` without a readable image.
         LayerError, TargetError: a bad layer or target.
     """
+    if context is not None:
+        first_images, agree = first_images or context.first_images, agree or context.agree
     calls = calls if calls is not None else probe(loaded)
     targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold)
     return task_of(loaded).cam_job(loaded, settings, calls, targets, first_images=first_images, agree=agree)
+
+
+def cam_job(settings: CamSettings, loaded: LoadedModel, context: RunContext) -> BuiltJob:
+    """:func:`make_cam_job` as a command's job factory takes it: ``partial(cam_job, settings)``."""
+    return make_cam_job(loaded, settings, context=context)
 
 
 def refuse(loaded: LoadedModel, command: str) -> None:
@@ -137,11 +146,11 @@ def refuse(loaded: LoadedModel, command: str) -> None:
         UsageError: the command does not apply.
     """
     task = task_of(loaded)
-    if command in task.commands:
+    if task.takes(command):
         return
-    works = plural_list([t.plural for t in _TASKS.values() if command in t.commands])
-    others = [f"`{c}`" for c in ORDER if c in task.commands and c != "gradcam"] + ["`layers`", "`summary`"]
-    explains = "`hookviz gradcam` explains it (and " if "gradcam" in task.commands else "("
+    works = plural_list([t.plural for t in _TASKS.values() if t.takes(command)])
+    others = [f"`{c}`" for c in ORDER if task.takes(c) and c != "gradcam"] + ["`layers`", "`summary`"]
+    explains = "`hookviz gradcam` explains it (and " if task.takes("gradcam") else "("
     raise UsageError(
         f"`hookviz {command}` works on {works}, and {loaded.name} is {task.noun}; "
         f"{explains}{', '.join(others)} work on it)"

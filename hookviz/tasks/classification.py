@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hookviz.core.conventions import declared_kind
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.weights import classifier_out
 from hookviz.tasks.registry import Task, register_task
@@ -18,7 +19,7 @@ class Classification(Task):
 
     def hints(self, loaded: LoadedModel) -> list[str]:
         own = super().hints(loaded)
-        if getattr(loaded.model, "score_kind", None) == "raw":
+        if declared_kind(loaded.model) == "raw":
             own.append(
                 f"{loaded.name}'s outputs are read as regression values (--head sigmoid if they are logits "
                 "of independent labels, such as one binary logit)"

@@ -16,7 +16,7 @@ from hookviz.jobs.build import BuiltJob, CamSettings, detection_job
 from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.torchvision import dense_classes, task_preprocess
-from hookviz.tasks.registry import COMMANDS, Task, register_task
+from hookviz.tasks.registry import Task, register_task
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,7 +34,7 @@ class Detection(Task):
     name = "detection"
     noun = "a detector"
     plural = "detectors"
-    commands = COMMANDS - {"gradflow", "evaluate", "sanity", "channels"}
+    refuses = frozenset({"gradflow", "evaluate", "sanity", "channels"})
 
     def claims(self, model: nn.Module) -> bool:
         return isinstance(model, (*DETECTORS, Detects))

@@ -29,15 +29,16 @@ from hookviz.jobs.build import BuiltJob, CamSettings, classifier_job
 from hookviz.jobs.cam import CamJob
 from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel, photo_shape
+from hookviz.models.several import Several
 from hookviz.models.sources import Built
 from hookviz.models.weights import classifier_out
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-#: The per-image commands a task can take, in the order a refusal lists them.
+#: The per-image commands hookviz has, in the order a refusal lists the ones a task takes. A task takes every
+#: command but those it refuses, so a new command runs on every task that does not name it.
 ORDER = ("gradcam", "featuremaps", "channels", "dropblock", "evaluate", "sanity", "gradflow")
-COMMANDS = frozenset(ORDER)
 
 
 class Task:
@@ -48,8 +49,16 @@ class Task:
     #: How a line names one model of it, and several.
     noun: ClassVar[str] = "a classifier"
     plural: ClassVar[str] = "classifiers"
-    #: The per-image commands that apply (the others refuse it with one line).
-    commands: ClassVar[frozenset[str]] = COMMANDS
+    #: The per-image commands that do not apply (each refuses it with one line); every other one does, so a
+    #: new command runs on a task that does not name it. ``commands``, when a task sets it, lists instead
+    #: the only ones that apply.
+    refuses: ClassVar[frozenset[str]] = frozenset()
+    commands: ClassVar[frozenset[str] | None] = None
+
+    @classmethod
+    def takes(cls, command: str) -> bool:
+        """Whether ``command`` applies to a model of this task."""
+        return command in cls.commands if cls.commands is not None else command not in cls.refuses
     #: Whether text prompts and ``--similar-to`` may replace its classes.
     prompts: ClassVar[bool] = False
     #: The job of the default :meth:`cam_job` (a subclass of ``CamJob``: a video model's), and whether a
@@ -124,7 +133,7 @@ class Task:
         p = loaded.preprocess
         if loaded.several is not None:
             model = loaded.model
-            how = "by name" if getattr(model, "by_name", False) else "in this order"
+            how = "by name" if isinstance(model, Several) and model.by_name else "in this order"
             each = "; ".join(
                 f"{n}: {q.channels} band(s), mean {list(q.mean)}, std {list(q.std)}"
                 for n, q in zip(loaded.several.names, loaded.several.each, strict=True)

@@ -7,7 +7,7 @@ from torchvision.models import segmentation
 
 from hookviz.io.images import Preprocess
 from hookviz.models.torchvision import dense_classes, task_preprocess
-from hookviz.tasks.registry import COMMANDS, Task, register_task
+from hookviz.tasks.registry import Task, register_task
 
 
 class Segmentation(Task):
@@ -15,7 +15,7 @@ class Segmentation(Task):
     noun = "a segmentation model"
     plural = "segmentation models"
     dense = True
-    commands = COMMANDS - {"gradflow"}
+    refuses = frozenset({"gradflow"})
 
     def claims(self, model: nn.Module) -> bool:
         return isinstance(model, (segmentation.FCN, segmentation.DeepLabV3, segmentation.LRASPP))

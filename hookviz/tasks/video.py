@@ -7,7 +7,7 @@ from torch import nn
 from hookviz.io.video import VideoPreprocess
 from hookviz.jobs.video import VideoCamJob
 from hookviz.models.sources import Built
-from hookviz.tasks.registry import COMMANDS, Task, register_task
+from hookviz.tasks.registry import Task, register_task
 
 
 class Video(Task):
@@ -15,7 +15,7 @@ class Video(Task):
     noun = "a video model"
     plural = "video models"
     job_class = VideoCamJob
-    commands = COMMANDS - {"channels"}  # a clip's (C, T, H, W) maps: dataset examples are per photo
+    refuses = frozenset({"channels"})  # a clip's (C, T, H, W) maps: dataset examples are per photo
 
     def claims(self, model: nn.Module) -> bool:
         """A clip classifier: its first layer is a ``Conv3d``."""

@@ -33,7 +33,7 @@ class Volume(Task):
     noun = "a volume model"
     plural = "volume models"
     job_class = VolumeCamJob
-    commands = frozenset({"gradcam", "evaluate", "sanity"})
+    refuses = frozenset({"featuremaps", "channels", "dropblock", "gradflow"})
 
     def claims(self, model: nn.Module) -> bool:
         """A ``Conv3d`` first that takes other than three channels (three: a video model's clips)."""

@@ -1,0 +1,449 @@
+# ruff: noqa: RUF001
+"""Every shared option of the command line, declared once (its names, help, panel and type), and the parsers
+of the ones that take a structured value. The option groups (:mod:`hookviz.cli.options`) and the commands
+with options of their own take them from here; nothing here imports torch, so ``--help`` stays instant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookviz.core.memory import parse_size
+from hookviz.options import Colormap, Fuse, Normalize, Region, Resize
+
+# Help panels: options grouped by what they are about.
+MODEL, MAPS, OUTPUT, RUN = "Model", "Maps", "Output", "Run"
+DENSE = "Segmentation and detection"
+TARGETS = "Prompts and similarity"
+VIDEO = "Video"
+SETTINGS = "Method settings"
+
+# Options shared by several commands.
+Model = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="torchvision name (hookviz models), timm:NAME, hf:DIR, ultralytics:FILE.pt, file.py:FN, "
+        "pkg.mod:FN, or FILE.pt.",
+        rich_help_panel=MODEL,
+    ),
+]
+Weights = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        "-w",
+        help="DEFAULT (pretrained, downloaded once into the torch hub cache), a weights name "
+        "(IMAGENET1K_V2), none (random init), or the path of a state_dict/checkpoint.",
+        rich_help_panel=MODEL,
+    ),
+]
+WeightsKey = Annotated[
+    str | None,
+    typer.Option(
+        "--weights-key",
+        help="the key of the state_dict inside a checkpoint dict (ema, model_ema; a.b for nested).",
+        rich_help_panel=MODEL,
+    ),
+]
+Labels = Annotated[
+    Path | None,
+    typer.Option(
+        "--labels",
+        help="class names for the head: one per line, or a JSON list (fine-tuned models).",
+        rich_help_panel=MODEL,
+    ),
+]
+_HEAD = "softmax (one class), sigmoid (multi-label), raw (regression); auto: the model's own (problem_type)"
+HeadOpt = Annotated[str, typer.Option("--head", help=_HEAD, rich_help_panel=MODEL)]
+Negate = Annotated[
+    bool, typer.Option("--negate", help="regression: explain what lowers it.", rich_help_panel=MODEL)
+]
+Device = Annotated[
+    str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.", rich_help_panel=RUN)
+]
+Out = Annotated[
+    Path,
+    typer.Option(
+        "--out", "-o", help="output folder; manifest.jsonl is appended there.", rich_help_panel=OUTPUT
+    ),
+]
+BatchSize = Annotated[
+    int, typer.Option("--batch-size", "-b", min=1, help="images per forward pass.", rich_help_panel=RUN)
+]
+Workers = Annotated[
+    int,
+    typer.Option(
+        "--workers", min=1, help="threads decoding, rendering and writing images.", rich_help_panel=RUN
+    ),
+]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="recompute and replace existing outputs.", rich_help_panel=OUTPUT)
+]
+SkipExisting = Annotated[
+    bool,
+    typer.Option(
+        "--skip-existing",
+        help="also complete inputs whose outputs exist only in part (a killed run).",
+        rich_help_panel=OUTPUT,
+    ),
+]
+Quiet = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="no progress bar and no per-input lines.", rich_help_panel=OUTPUT),
+]
+JsonOut = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="print the manifest records, and nothing else, on stdout.", rich_help_panel=OUTPUT
+    ),
+]
+Debug = Annotated[bool, typer.Option("--debug", help="show tracebacks.", rich_help_panel=RUN)]
+
+
+ResizeOpt = Annotated[
+    Resize | None,
+    typer.Option(
+        "--resize",
+        help="crop: centre crop, torchvision's eval transform (the map covers the part the model saw); "
+        "squash: whole image resized to a square; shorter: shorter side to --input-size, aspect kept "
+        "(segmentation); fit: both sides by the one scale nearer 1 (DPT's keep_aspect_ratio); model: the "
+        "photo as it is (detectors resize it). Default: the model's own.",
+        rich_help_panel=MODEL,
+    ),
+]
+
+
+def numbers_per_channel(text: str | None, option: str) -> Any:
+    """Numbers per channel: three (R,G,B) for a photo model, one per band for another (checked on load); or,
+    for a model of several inputs, ``NAME=values`` per input (``depth=0.5 rgb=0.485,0.456,0.406``)."""
+    if text is None:
+        return None
+    if "=" in text:
+        pairs = []
+        for part in text.replace(";", " ").split():
+            name, _, numbers = part.partition("=")
+            pairs.append((name.strip(), numbers_per_channel(numbers, option)))
+        return tuple(pairs)
+    try:
+        values = [float(v) for v in text.replace(" ", ",").split(",") if v]
+    except ValueError:
+        values = []
+    if not values or (option == "--std" and min(values) <= 0):
+        raise typer.BadParameter(
+            f"{text!r}: give a number per channel, R,G,B for a photo (0.485,0.456,0.406)", param_hint=option
+        )
+    return tuple(values)
+
+
+# --mean and --std hold their parsed numbers once read (a tuple, or pairs of a name and a tuple).
+MeanOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mean", help="input normalisation mean R,G,B (default: the model's).", rich_help_panel=MODEL,
+        callback=lambda value: numbers_per_channel(value, "--mean"),
+    ),
+]  # fmt: skip
+StdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--std", help="input normalisation std R,G,B (default: the model's).", rich_help_panel=MODEL,
+        callback=lambda value: numbers_per_channel(value, "--std"),
+    ),
+]  # fmt: skip
+TrustPickle = Annotated[
+    bool,
+    typer.Option(
+        "--trust-pickle",
+        help="allow --model FILE.pt holding a whole pickled model (unpickling runs code from the file).",
+        rich_help_panel=MODEL,
+    ),
+]
+MaxPixels = Annotated[
+    int,
+    typer.Option(
+        "--max-pixels", min=1, help="refuse images larger than this many pixels.", rich_help_panel=RUN
+    ),
+]
+
+
+def memory_size(text: str | None) -> int | None:
+    """``--max-memory`` in bytes (None: the default budget)."""
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--max-memory") from None
+
+
+# --max-memory holds the bytes once read (None: the default budget).
+MaxMemory = Annotated[str | None, typer.Option("--max-memory", rich_help_panel=RUN, callback=memory_size,
+    help="memory a batch may hold (4G, 512M): a batch estimated over it runs in smaller parts. Default: half "
+    "the memory available at the start (the GPU's free memory on CUDA).")]  # fmt: skip
+
+
+ReportOpt = Annotated[
+    bool,
+    typer.Option(
+        "--report", help="write OUT/index.html to browse the run (hookviz report).", rich_help_panel=OUTPUT
+    ),
+]
+Null = Annotated[
+    bool,
+    typer.Option("--null", "-0", help="stdin paths are NUL-separated (find -print0).", rich_help_panel=RUN),
+]
+
+Methods = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--method",
+        help="method, all (every cheap one: at most a forward and two backward passes per target) or a "
+        "family: gradient, activation, cams, perturbation, pixel, control, attention (transformers); "
+        "repeatable or comma-separated (default gradcam). The README's table gives each one's cost.",
+        rich_help_panel=MAPS,
+    ),
+]
+Seed = Annotated[
+    int,
+    typer.Option(
+        "--seed", help="random stream of the stochastic methods (recorded).", rich_help_panel=SETTINGS
+    ),
+]
+Samples = Annotated[
+    int | None,
+    typer.Option(
+        "--samples", min=1, help="noisy copies or steps: SmoothGrad 25, SS-CAM 35, IS-CAM 10, Smooth "
+        "Grad-CAM++ 4.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+Noise = Annotated[
+    float | None,
+    typer.Option(
+        "--noise", min=0.0, help="noise σ: SmoothGrad's as a share of the image's range (0.15); SS-CAM's "
+        "(2) and Smooth Grad-CAM++'s (0.3) in input units.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+IgSteps = Annotated[
+    int,
+    typer.Option(
+        "--ig-steps", min=1, help="Integrated Gradients' integration points.", rich_help_panel=SETTINGS
+    ),
+]
+Baseline = Annotated[
+    str,
+    typer.Option(
+        "--baseline", help="what removed pixels become (Integrated Gradients, Occlusion): black, mean (the "
+        "data mean) or blur.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+Window = Annotated[
+    int,
+    typer.Option("--window", min=1, help="Occlusion's square, in input pixels.", rich_help_panel=SETTINGS),
+]
+Stride = Annotated[
+    int, typer.Option("--stride", min=1, help="Occlusion's step, in input pixels.", rich_help_panel=SETTINGS)
+]
+Masks = Annotated[int, typer.Option("--rise-masks", "--masks", min=1, rich_help_panel=SETTINGS,
+                                    help="RISE's random masks (--masks: the old spelling).")]  # fmt: skip
+Cells = Annotated[
+    int, typer.Option("--cells", min=1, help="RISE's grid: cells per side.", rich_help_panel=SETTINGS)
+]
+Compare = Annotated[
+    str | None,
+    typer.Option(
+        "--compare", help="Finer-CAM: classes to tell the target from (comma list of indices or names; "
+        "default the 3 with the nearest logits).", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+HeadFusion = Annotated[
+    str,
+    typer.Option(
+        "--head-fusion", help="attention rollout: how a block's heads are fused (mean, max or min).",
+        rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+DiscardRatio = Annotated[
+    float,
+    typer.Option(
+        "--discard-ratio", min=0.0, max=0.99, help="attention rollout: the share of each fused attention "
+        "matrix's lowest values set to 0.", rich_help_panel=SETTINGS,
+    ),
+]  # fmt: skip
+MaskedBatch = Annotated[
+    int,
+    typer.Option(
+        "--masked-batch", "--scorecam-batch", min=1,
+        help="changed inputs per forward pass of the perturbation methods.", rich_help_panel=RUN,
+    ),
+]  # fmt: skip
+
+
+Prompt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--prompt", help="an image-text model (CLIP, SigLIP: --model hf:DIR): explain its similarity to this "
+        "sentence; repeatable (top1, topK and --target choose among the prompts).", rich_help_panel=TARGETS,
+    ),
+]  # fmt: skip
+PromptsFile = Annotated[
+    Path | None,
+    typer.Option("--prompts", help="a text file of prompts, one per line.", rich_help_panel=TARGETS),
+]
+SimilarTo = Annotated[
+    Path | None,
+    typer.Option(
+        "--similar-to", help="explain each photo's cosine similarity to this photo: the parts that make it "
+        "look like it (the embedding: the head's input, an image-text model's image embedding, or "
+        "--embedding).", rich_help_panel=TARGETS,
+    ),
+]  # fmt: skip
+Embedding = Annotated[
+    str | None,
+    typer.Option(
+        "--embedding", help="--similar-to: the layer whose output is the embedding (averaged over positions "
+        "or tokens).", rich_help_panel=TARGETS,
+    ),
+]  # fmt: skip
+
+
+Inputs = Annotated[
+    list[str],
+    typer.Argument(help="image files, folders (searched recursively), globs, or - to read paths from stdin."),
+]
+
+
+MaybeInputs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="image files, folders (searched recursively), globs, or - to read paths from stdin (none with "
+        "--input).",
+        show_default=False,
+    ),
+]
+InputOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--input",
+        metavar="NAME=PATH",
+        help="one input of a model that takes several (RGB + depth, two views), repeated, in the model's "
+        "order (by name when its forward() names them): folders paired by file path or stem, or a file each.",
+        rich_help_panel=MODEL,
+    ),
+]
+
+TaskOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        help="what the model's output is, where the model and inputs do not tell: volume or video for a 3-D "
+        "CNN (default: volume when every input is a volume), or a registered task.",
+        rich_help_panel=MODEL,
+    ),
+]
+
+
+def _input_size(value: str | None) -> int | tuple[int, ...] | None:
+    """``--input-size``: one side (a square photo), or ``D,H,W`` (a volume's three sides)."""
+    if value is None:
+        return None
+    try:
+        sides = tuple(int(v) for v in str(value).replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        sides = ()
+    if len(sides) not in (1, 3) or min(sides) < 1:
+        raise typer.BadParameter(f"{value!r}: give one side (224), or D,H,W for a volume (96,96,64)")
+    return sides[0] if len(sides) == 1 else sides
+
+
+InputSize = Annotated[
+    str | None,
+    typer.Option(
+        "--input-size",
+        callback=_input_size,
+        help="model input side (default: the weights'); D,H,W for a volume model (default: each volume's "
+        "own).",
+        rich_help_panel=MODEL,
+    ),
+]
+
+ClipLen = Annotated[
+    int | None,
+    typer.Option(
+        "--clip-len",
+        min=1,
+        help="video: frames per clip (default: the weights', 16 for r3d_18).",
+        rich_help_panel=VIDEO,
+    ),
+]
+FrameStride = Annotated[
+    int | None,
+    typer.Option(
+        "--frame-stride",
+        min=1,
+        help="video: take every Nth frame (default: resample to the weights' frame rate, 15 fps for most).",
+        rich_help_panel=VIDEO,
+    ),
+]
+ClipsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--clips",
+        metavar="N|all",
+        help="video: N evenly spaced clips per video, or all of them back to back (default: the weights').",
+        rich_help_panel=VIDEO,
+    ),
+]
+
+
+def top_channels(text: str | None) -> int:
+    """``--channels topK`` -> K (0 without it)."""
+    if text is None:
+        return 0
+    k = text.strip().lower().removeprefix("top")
+    if not k.isdigit() or int(k) < 1:
+        raise typer.BadParameter(f"{text!r}: give topK, like top4", param_hint="--channels")
+    return int(k)
+
+
+# gradcam's maps and their look.
+NormalizeOpt = Annotated[Normalize, typer.Option("--normalize", rich_help_panel=MAPS, help="image: each map "
+    "min-max; batch: one scale per batch; none: the fixed scale 0..--vmax.")]  # fmt: skip
+Vmax = Annotated[float | None, typer.Option("--vmax", rich_help_panel=MAPS,
+    help="with --normalize none: the map value drawn as full colour.")]  # fmt: skip
+FuseOpt = Annotated[Fuse | None, typer.Option("--fuse", help="also fuse the maps of all layers.",
+    rich_help_panel=MAPS)]  # fmt: skip
+SheetOpt = Annotated[bool | None, typer.Option("--sheet/--no-sheet", rich_help_panel=OUTPUT,
+    help="comparison sheet (default: when >1 map).")]  # fmt: skip
+Probe = Annotated[int, typer.Option("--probe", min=1, rich_help_panel=MAPS,
+    help="with --layer auto: images of the first batch that choose the layer.")]  # fmt: skip
+EigenSmooth = Annotated[bool, typer.Option("--eigen-smooth", rich_help_panel=MAPS,
+    help="gradient methods: first principal component of the weighted activations.")]  # fmt: skip
+AugSmooth = Annotated[bool, typer.Option("--aug-smooth", rich_help_panel=MAPS,
+    help="average over flips and brightness 0.9/1.0/1.1 (6 passes).")]  # fmt: skip
+MetricsOpt = Annotated[bool, typer.Option("--metrics", rich_help_panel=MAPS,
+    help="deletion and insertion AUC of every map (record, caption, sheet).")]  # fmt: skip
+# --channels topK holds K once read (0: none).
+TopChannels = Annotated[str | None, typer.Option("--channels", callback=top_channels, rich_help_panel=MAPS,
+    help="topK: also the first target's Grad-CAM through each of the K channels adding most to it.",
+)]  # fmt: skip
+RegionOpt = Annotated[Region, typer.Option("--region", rich_help_panel=DENSE,
+    help="segmentation: explain the class's score over its predicted pixels, or over all pixels.",
+)]  # fmt: skip
+ScoreThreshold = Annotated[float, typer.Option("--score-threshold", min=0.0, max=1.0, rich_help_panel=DENSE,
+    help="detection: explain the boxes scoring at least this.")]  # fmt: skip
+Threshold = Annotated[float, typer.Option("--threshold", min=0.0, max=1.0, rich_help_panel=MAPS,
+    help="--target positive: explain every label whose sigmoid reaches this (a multi-label head).",
+)]  # fmt: skip
+MaxBoxes = Annotated[int, typer.Option("--max-boxes", min=1, rich_help_panel=DENSE,
+    help="detection: at most this many boxes, best first.")]  # fmt: skip
+Alpha = Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.",
+    rich_help_panel=MAPS)]  # fmt: skip
+ColormapOpt = Annotated[Colormap, typer.Option("--colormap", help="heatmap colours.", rich_help_panel=MAPS)]
+NoRelu = Annotated[bool, typer.Option("--no-relu", help="signed maps: negative evidence in blue.",
+    rich_help_panel=MAPS)]  # fmt: skip
+SaveRaw = Annotated[bool, typer.Option("--save-raw", rich_help_panel=OUTPUT,
+    help="also write raw maps as .npy (feature and photo resolution).")]  # fmt: skip

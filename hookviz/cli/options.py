@@ -1,0 +1,371 @@
+"""The option groups, each declared once: a frozen dataclass whose fields carry their option (from
+:mod:`hookviz.cli.flags`) and default. A command names the groups it takes as parameters (``model:
+ModelOptions``); :func:`grouped` splices each group's fields into the signature Typer reads, in place, and
+hands the command typed objects. ``Annotated[RunOptions, omit("report")]`` leaves fields out of a command
+(they keep their defaults).
+
+Example:
+    >>> @grouped
+    ... def hello(name: str, run: Annotated[RunOptions, omit("report")]) -> None: ...
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from typer.models import ParameterInfo
+
+from hookviz.cli.app import guarded
+from hookviz.cli.flags import (
+    Alpha,
+    AugSmooth,
+    Baseline,
+    BatchSize,
+    Cells,
+    ClipLen,
+    ClipsOpt,
+    ColormapOpt,
+    Compare,
+    Debug,
+    Device,
+    DiscardRatio,
+    EigenSmooth,
+    Embedding,
+    FrameStride,
+    FuseOpt,
+    HeadFusion,
+    HeadOpt,
+    IgSteps,
+    InputSize,
+    JsonOut,
+    Labels,
+    MaskedBatch,
+    Masks,
+    MaxBoxes,
+    MaxMemory,
+    MaxPixels,
+    MeanOpt,
+    MetricsOpt,
+    Model,
+    Negate,
+    Noise,
+    NoRelu,
+    NormalizeOpt,
+    Null,
+    Out,
+    Overwrite,
+    Probe,
+    Prompt,
+    PromptsFile,
+    Quiet,
+    RegionOpt,
+    ReportOpt,
+    ResizeOpt,
+    Samples,
+    SaveRaw,
+    ScoreThreshold,
+    Seed,
+    SheetOpt,
+    SimilarTo,
+    SkipExisting,
+    StdOpt,
+    Stride,
+    TaskOpt,
+    Threshold,
+    TopChannels,
+    TrustPickle,
+    Vmax,
+    Weights,
+    WeightsKey,
+    Window,
+    Workers,
+)
+from hookviz.methods import MethodOptions
+from hookviz.options import Colormap, Normalize, Region
+
+__all__ = [
+    "CamLook",
+    "CamMaps",
+    "MethodFlags",
+    "ModelOptions",
+    "Prompts",
+    "RunOptions",
+    "Sampling",
+    "grouped",
+    "omit",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+#: The command running (its function's name, which is its name on the command line), for the runner to
+#: refuse where the model's task does not take it.
+RUNNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("hookviz_command", default=None)
+
+#: The option groups (:func:`group` adds one).
+GROUPS: set[type] = set()
+
+
+def group(cls: type) -> type:
+    """Mark a frozen dataclass as an option group (its annotated fields are options)."""
+    GROUPS.add(cls)
+    return cls
+
+
+@dataclass(frozen=True)
+class omit:
+    """The fields of a group a command leaves out (they keep their defaults)."""
+
+    names: tuple[str, ...]
+
+    def __init__(self, *names: str) -> None:
+        object.__setattr__(self, "names", names)
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """How to get the model: the options every per-image command shares, and what the run sets (the device,
+    the inputs' kind and names, a video's sampling)."""
+
+    model: Model = "resnet18"
+    weights: Weights = "DEFAULT"
+    weights_key: WeightsKey = None
+    labels: Labels = None
+    input_size: InputSize = None
+    resize: ResizeOpt = None
+    #: Per channel, or per input of several (pairs of a name and its values), as ``--mean`` parses them.
+    mean: MeanOpt = None
+    std: StdOpt = None
+    trust_pickle: TrustPickle = False
+    #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
+    head: HeadOpt = "auto"
+    #: ``--task``: what the output is, where the model and the inputs do not tell.
+    task: TaskOpt = None
+    negate: Negate = False
+    device: str = "auto"
+    #: The input kind every input is of (``volume``), where it decides the task (a 3-D CNN).
+    volumes: bool = False
+    #: The names of a model's several inputs (``--input NAME=PATH``), in order.
+    inputs: tuple[str, ...] = ()
+    #: A video model's sampling (None: its weights'): frames per clip, every Nth frame, clips per video.
+    clip_len: int | None = None
+    frame_stride: int | None = None
+    clips: str | None = None
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """A video model's clip sampling (``--clip-len``, ``--frame-stride``, ``--clips``)."""
+
+    clip_len: ClipLen = None
+    frame_stride: FrameStride = None
+    clips: ClipsOpt = None
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How to run over the inputs and where results go."""
+
+    out: Out = Path("out")
+    overwrite: Overwrite = False
+    skip_existing: SkipExisting = False
+    quiet: Quiet = False
+    as_json: JsonOut = False
+    batch_size: BatchSize = 8
+    workers: Workers = 2
+    device: Device = "auto"
+    max_pixels: MaxPixels = 80_000_000
+    #: Bytes a batch may hold (None: half of what is available).
+    max_memory: MaxMemory = None
+    report: ReportOpt = False
+    null: Null = False
+    debug: Debug = False
+    #: The inputs as given (files, folders, globs, ``-``; ``NAME=PATH`` specs for a model of several).
+    inputs: list[str] = dataclasses.field(default_factory=list)
+    #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
+    lines: bool = True
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class MethodFlags:
+    """The methods' settings (``--seed``, ``--samples``, ``--rise-masks``, ...), Finer-CAM's ``--compare``."""
+
+    masked_batch: MaskedBatch = 64
+    seed: Seed = 0
+    samples: Samples = None
+    noise: Noise = None
+    ig_steps: IgSteps = 50
+    baseline: Baseline = "black"
+    window: Window = 16
+    stride: Stride = 8
+    masks: Masks = 2000
+    cells: Cells = 7
+    head_fusion: HeadFusion = "mean"
+    discard_ratio: DiscardRatio = 0.0
+    compare: Compare = None
+
+    def options(self) -> MethodOptions:
+        """The :class:`hookviz.methods.MethodOptions` these give (checked: a bad one is a usage error)."""
+        return MethodOptions(
+            seed=self.seed, samples=self.samples, noise=self.noise, steps=self.ig_steps,
+            baseline=self.baseline.strip().lower(), window=self.window, stride=self.stride, masks=self.masks,
+            cells=self.cells, batch=self.masked_batch, head_fusion=self.head_fusion.strip().lower(),
+            discard=self.discard_ratio,
+        )  # fmt: skip
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class Prompts:
+    """What replaces the classes: text prompts, or the similarity to a photo."""
+
+    prompt: Prompt = None
+    prompts_file: PromptsFile = None
+    similar_to: SimilarTo = None
+    embedding: Embedding = None
+
+    def apply(self, loaded: Any) -> Any:
+        """``loaded`` explaining them (its task allowing)."""
+        from hookviz import tasks  # loads torch: only once a command runs
+
+        return tasks.with_options(loaded, self.prompt, self.prompts_file, self.similar_to, self.embedding)
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class CamMaps:
+    """How ``gradcam`` makes its maps beyond the layers, methods and targets."""
+
+    normalize: NormalizeOpt = Normalize.image
+    vmax: Vmax = None
+    fuse: FuseOpt = None
+    sheet: SheetOpt = None
+    probe_images: Probe = 8
+    eigen_smooth: EigenSmooth = False
+    aug_smooth: AugSmooth = False
+    metrics: MetricsOpt = False
+    #: ``--channels topK``, as K (0: none).
+    channels: TopChannels = None
+    region: RegionOpt = Region.class_
+    score_threshold: ScoreThreshold = 0.5
+    threshold: Threshold = 0.5
+    max_boxes: MaxBoxes = 10
+
+
+@group
+@dataclass(frozen=True, kw_only=True)
+class CamLook:
+    """How ``gradcam``'s overlays look, and the raw maps."""
+
+    alpha: Alpha = 0.5
+    colormap: ColormapOpt = Colormap.jet
+    no_relu: NoRelu = False
+    save_raw: SaveRaw = False
+
+
+def cam_settings(
+    layers: list[str] | None,
+    methods: list[str] | None,
+    target: str,
+    maps: CamMaps,
+    look: CamLook,
+    method: MethodFlags,
+) -> Any:
+    """The :class:`hookviz.jobs.build.CamSettings` of ``gradcam``'s options."""
+    from hookviz.jobs.build import CamSettings  # loads torch: only once a command runs
+
+    return CamSettings(
+        layers=tuple(layers or ()), methods=tuple(methods or ()), target=target, alpha=look.alpha,
+        colormap=str(look.colormap), relu=not look.no_relu, save_raw=look.save_raw,
+        normalize=str(maps.normalize), vmax=maps.vmax, fuse=str(maps.fuse) if maps.fuse is not None else None,
+        sheet=maps.sheet, scorecam_batch=method.masked_batch, metrics=maps.metrics,
+        eigen_smooth=maps.eigen_smooth, aug_smooth=maps.aug_smooth, region=str(maps.region),
+        probe_images=maps.probe_images, score_threshold=maps.score_threshold, max_boxes=maps.max_boxes,
+        compare=method.compare, threshold=maps.threshold, channel_terms=maps.channels or 0,
+        options=method.options(),
+    )  # fmt: skip
+
+
+def _group_of(hint: Any) -> tuple[type | None, tuple[str, ...]]:
+    """The option group a parameter's annotation names (None for a plain parameter), and what it omits."""
+    left: tuple[str, ...] = ()
+    if typing.get_origin(hint) is Annotated:
+        hint, *extras = typing.get_args(hint)
+        left = tuple(name for extra in extras if isinstance(extra, omit) for name in extra.names)
+    if hint in GROUPS:
+        return hint, left
+    return None, ()
+
+
+def _options_of(cls: type, left: tuple[str, ...]) -> list[inspect.Parameter]:
+    """The group's fields that are options (annotated with one), as keyword parameters in their order."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    unknown = set(left) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"omit({', '.join(sorted(unknown))}): not fields of {cls.__name__}")
+    found = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        is_option = typing.get_origin(hint) is Annotated and any(
+            isinstance(a, ParameterInfo) for a in typing.get_args(hint)[1:]
+        )
+        if is_option and f.name not in left:
+            default: Any = f.default
+            if default is dataclasses.MISSING:  # a required option
+                factory = f.default_factory
+                default = inspect.Parameter.empty if factory is dataclasses.MISSING else factory()
+            kind = inspect.Parameter.KEYWORD_ONLY
+            found.append(inspect.Parameter(f.name, kind, default=default, annotation=hint))
+    return found
+
+
+def grouped(command: F) -> F:
+    """``command`` as Typer sees it: each option group parameter replaced, in place, by the group's options;
+    called, it gets the group objects back, and its errors become one line and an exit code (tracebacks with
+    ``--debug``)."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    params: list[inspect.Parameter] = []
+    plan: list[tuple[str, type | None, list[str]]] = []
+    for p in inspect.signature(command).parameters.values():
+        cls, left = _group_of(hints[p.name])
+        if cls is None:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name]))
+            plan.append((p.name, None, [p.name]))
+            continue
+        fields = _options_of(cls, left)
+        params += fields
+        plan.append((p.name, cls, [f.name for f in fields]))
+    names = [p.name for p in params]
+    twice = {n for n in names if names.count(n) > 1}
+    if twice:
+        raise TypeError(f"{command.__name__}: options given twice: {', '.join(sorted(twice))}")
+
+    @functools.wraps(command)
+    def run(**given: Any) -> Any:
+        running = RUNNING.set(command.__name__)
+        try:
+            with guarded(bool(given.get("debug"))):  # a library error: one line and its exit code
+                call = {
+                    name: given[name] if cls is None else cls(**{f: given[f] for f in fields})
+                    for name, cls, fields in plan
+                }
+                return command(**call)
+        finally:
+            RUNNING.reset(running)
+
+    del run.__wrapped__  # Typer reads the signature below, not the command's
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return typing.cast(F, run)
