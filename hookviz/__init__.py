@@ -23,10 +23,13 @@ _EXPORTS = {
     "CamResult": "hookviz.engine.explain",
     "Explanation": "hookviz.engine.explain",
     "explain_detections": "hookviz.engine.detection",
+    "explain_inputs": "hookviz.run.runner",
     "explain_videos": "hookviz.run.runner",
     "explain_volumes": "hookviz.run.runner",
     "explain_samples": "hookviz.run.runner",
     "read_volume": "hookviz.io.volume",
+    "InputKind": "hookviz.run.kinds",
+    "register_input_kind": "hookviz.run.kinds",
     "evaluate": "hookviz.jobs.evaluate",
     "DetectionExplanation": "hookviz.engine.detection",
     "summarize": "hookviz.summary",
@@ -65,7 +68,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models.loaded import LoadedModel
     from hookviz.options import Normalize, Stage
-    from hookviz.run.runner import explain_samples, explain_videos, explain_volumes
+    from hookviz.run.kinds import InputKind, register_input_kind
+    from hookviz.run.runner import explain_inputs, explain_samples, explain_videos, explain_volumes
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
     from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
@@ -79,6 +83,7 @@ __all__ = [
     "FeatureMap",
     "GlobalNormClipper",
     "HookvizError",
+    "InputKind",
     "LoadedModel",
     "Method",
     "MethodOptions",
@@ -95,6 +100,7 @@ __all__ = [
     "evaluate",
     "explain",
     "explain_detections",
+    "explain_inputs",
     "explain_samples",
     "explain_videos",
     "explain_volumes",
@@ -105,6 +111,7 @@ __all__ = [
     "load_rgb",
     "preserved",
     "read_volume",
+    "register_input_kind",
     "register_method",
     "resolve_layers",
     "summarize",

@@ -11,14 +11,11 @@ import typer
 
 from hookviz.cli.flags import MAPS, Inputs
 from hookviz.cli.loading import load_options
-from hookviz.cli.options import ModelOptions, RunOptions, grouped, omit
+from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command, warn
 from hookviz.errors import UsageError
 from hookviz.io.outputs import settings_key
 from hookviz.report import build_report, latest_records
-
-#: What the concept commands take of the model options (a classifier's head as it is).
-ConceptModel = Annotated[ModelOptions, omit("head", "task", "negate")]
 
 ChannelsOpt = Annotated[str | None, typer.Option("--channels", rich_help_panel=MAPS,
     help="channels given a sheet: 0,5,9 or 0-15. Default: every channel.")]  # fmt: skip
@@ -36,7 +33,7 @@ DrivenTarget = Annotated[str | None, typer.Option("--target", rich_help_panel=MA
 @grouped
 def channels(
     inputs: Inputs,
-    model: ConceptModel = ModelOptions(),
+    model: PlainModel = ModelOptions(),
     layers: ConceptLayers = None,
     top: Top = 8,
     reduce: Reduce = "max",
@@ -117,7 +114,7 @@ def tcav(
     concept: Concept,
     random_folders: RandomFolders,
     target: TcavTarget,
-    model: ConceptModel = ModelOptions(),
+    model: PlainModel = ModelOptions(),
     layers: ConceptLayers = None,
     cav: Cav = "linear",
     seed: CavSeed = 0,

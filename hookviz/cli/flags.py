@@ -139,21 +139,15 @@ def numbers_per_channel(text: str | None, option: str) -> Any:
     return tuple(values)
 
 
-# --mean and --std hold their parsed numbers once read (a tuple, or pairs of a name and a tuple).
-MeanOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--mean", help="input normalisation mean R,G,B (default: the model's).", rich_help_panel=MODEL,
-        callback=lambda value: numbers_per_channel(value, "--mean"),
-    ),
-]  # fmt: skip
-StdOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--std", help="input normalisation std R,G,B (default: the model's).", rich_help_panel=MODEL,
-        callback=lambda value: numbers_per_channel(value, "--std"),
-    ),
-]  # fmt: skip
+def _per_channel(option: str, what: str) -> Any:
+    """``--mean`` or ``--std``: held as the parsed numbers once read (a tuple, or pairs of a name and one)."""
+    help = f"input normalisation {what} R,G,B (default: the model's)."
+    parse = lambda value: numbers_per_channel(value, option)  # noqa: E731
+    return Annotated[str | None, typer.Option(option, help=help, rich_help_panel=MODEL, callback=parse)]
+
+
+MeanOpt = _per_channel("--mean", "mean")
+StdOpt = _per_channel("--std", "std")
 TrustPickle = Annotated[
     bool,
     typer.Option(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, cast
 
 import typer
 
-from hookviz.cli.app import EXIT_USAGE, fail, guarded
+from hookviz.cli.app import EXIT_USAGE, fail
 from hookviz.cli.flags import (
     MAPS,
     MODEL,
@@ -22,7 +23,7 @@ from hookviz.cli.flags import (
     TrustPickle,
 )
 from hookviz.cli.loading import with_sampling
-from hookviz.cli.options import ModelOptions, RunOptions, Sampling, grouped, omit
+from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, Sampling, group, grouped
 from hookviz.cli.runner import run_command
 from hookviz.io.files import atomic_write
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
@@ -41,7 +42,7 @@ ChannelColours = Annotated[Colormap, typer.Option("--colormap", help="channel co
 @grouped
 def featuremaps(
     inputs: Inputs,
-    model: Annotated[ModelOptions, omit("head", "task", "negate")] = ModelOptions(),
+    model: PlainModel = ModelOptions(),
     layers: FeatureLayers = None,
     stage: StageOpt = Stage.output,
     max_channels: MaxChannels = 64,
@@ -57,6 +58,26 @@ def featuremaps(
     run_command(job, model, run, inputs, sampling=sampling)
 
 
+@group
+@dataclass(frozen=True, kw_only=True)
+class Looking:
+    """What ``layers`` and ``summary`` take of the model beyond its name and weights."""
+
+    trust_pickle: TrustPickle = False
+    mean: MeanOpt = None
+    std: StdOpt = None
+    clip_len: ClipLen = None
+    debug: Debug = False
+
+    def load(self, model: str, weights: str, **how: Any) -> Any:
+        """The model, loaded (with ``--clip-len`` for a video model)."""
+        from hookviz.tasks import load_model  # loads torch: only once the command runs
+
+        loaded = load_model(model, weights, trust_pickle=self.trust_pickle, **how)
+        return with_sampling(loaded, self.clip_len, None, None)
+
+
+@grouped
 def layers(
     model: Model = "resnet18",
     weights: Annotated[
@@ -67,50 +88,37 @@ def layers(
     depth: Annotated[
         int | None, typer.Option("--depth", min=1, help="only names with at most this many dots + 1.")
     ] = None,
-    trust_pickle: TrustPickle = False,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    clip_len: ClipLen = None,
-    debug: Debug = False,
+    looking: Looking = Looking(),
 ) -> None:
     """List a model's hookable modules: name, type, output shape; marks the default Grad-CAM layer."""
-    with guarded(debug):
-        from hookviz.core.hooks import pool_of
-        from hookviz.core.layers import default_cam_layer
-        from hookviz.models.loaded import probe
-        from hookviz.tasks import load_model
+    from hookviz.core.hooks import pool_of
+    from hookviz.core.layers import default_cam_layer
+    from hookviz.models.loaded import probe
 
-        loaded = with_sampling(
-            load_model(model, weights, input_size=cast(Any, input_size), trust_pickle=trust_pickle),
-            clip_len,
-            None,
-            None,
+    loaded = looking.load(model, weights, input_size=cast(Any, input_size))
+    calls = probe(loaded)
+    default = default_cam_layer(loaded.model, calls)
+    params = {n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in loaded.model.named_modules()}
+    width = max(len(c.name) for c in calls)
+    typer.echo(f"{'name':<{width}}  {'type':<22} {'output shape':<22} {'params':>10}")
+    for c in calls:
+        if depth is not None and c.name.count(".") + 1 > depth:
+            continue
+        shape = "x".join(map(str, c.output_shape)) if c.output_shape else "-"
+        calls_note = f" (runs {c.calls}x)" if c.calls > 1 else " (not run)" if c.calls == 0 else ""
+        mark = "  <- default Grad-CAM layer" if c.name == default else ""
+        if default == f"{c.name}:input":
+            mark = f"  <- its input is the default Grad-CAM tensor ({default})"
+        typer.echo(
+            f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}"
         )
-        calls = probe(loaded)
-        default = default_cam_layer(loaded.model, calls)
-        params = {
-            n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in loaded.model.named_modules()
-        }
-        width = max(len(c.name) for c in calls)
-        typer.echo(f"{'name':<{width}}  {'type':<22} {'output shape':<22} {'params':>10}")
-        for c in calls:
-            if depth is not None and c.name.count(".") + 1 > depth:
-                continue
-            shape = "x".join(map(str, c.output_shape)) if c.output_shape else "-"
-            calls_note = f" (runs {c.calls}x)" if c.calls > 1 else " (not run)" if c.calls == 0 else ""
-            mark = "  <- default Grad-CAM layer" if c.name == default else ""
-            if default == f"{c.name}:input":
-                mark = f"  <- its input is the default Grad-CAM tensor ({default})"
-            typer.echo(
-                f"{c.name:<{width}}  {c.type:<22} {shape:<22} {params.get(c.name, 0):>10,}{calls_note}{mark}"
-            )
-        if default not in {c.name for c in calls} and not any(default == f"{c.name}:input" for c in calls):
-            pool = pool_of(calls)
-            shape = "x".join(map(str, pool.shape)) if pool is not None else "-"
-            typer.echo(
-                f"default Grad-CAM tensor: {default} ({shape}), the input of {loaded.name}'s global pooling "
-                "in its forward (no module outputs it); --layer takes it by this name"
-            )
+    if default not in {c.name for c in calls} and not any(default == f"{c.name}:input" for c in calls):
+        pool = pool_of(calls)
+        shape = "x".join(map(str, pool.shape)) if pool is not None else "-"
+        typer.echo(
+            f"default Grad-CAM tensor: {default} ({shape}), the input of {loaded.name}'s global pooling "
+            "in its forward (no module outputs it); --layer takes it by this name"
+        )
 
 
 def _parse_size(text: str) -> list[int]:
@@ -132,6 +140,7 @@ def _parse_size(text: str) -> list[int]:
     return parts
 
 
+@grouped
 def summary(
     model: Model = "resnet18",
     weights: Annotated[
@@ -152,11 +161,7 @@ def summary(
         Path | None, typer.Option("--plot", help="also write a bar chart of params and MACs (PNG).")
     ] = None,
     overwrite: Overwrite = False,
-    trust_pickle: TrustPickle = False,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    clip_len: ClipLen = None,
-    debug: Debug = False,
+    looking: Looking = Looking(),
 ) -> None:
     """Shapes, parameters and MACs per module, totals, memory; attention and functional ops included."""
     size = _parse_size(input_size) if input_size is not None else None
@@ -170,35 +175,33 @@ def summary(
             )
         if plot.suffix.lower() != ".png":
             fail(f"--plot {str(plot)!r}: the plot is a PNG; give a path ending in .png", EXIT_USAGE)
-    with guarded(debug):
-        from hookviz.summary import summarize
-        from hookviz.tasks import load_model
+    from hookviz.summary import summarize
 
-        loaded = with_sampling(load_model(model, weights, trust_pickle=trust_pickle), clip_len, None, None)
-        if size is None:
-            size = list(loaded.input_shape)
-            input_size = ",".join(map(str, size))
-        try:
-            result = summarize(
-                loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name, on_meta=True
-            )
-        except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            fail(
-                f"--input-size {input_size}: {model} cannot run on an input of shape "
-                f"({batch_size}, {', '.join(map(str, size))}) ({first}); give the C,H,W it expects, "
-                "e.g. 3,224,224",
-                EXIT_USAGE,
-            )
-        formats = {"markdown": result.to_markdown, "json": result.to_json, "csv": result.to_csv}
-        text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
-        typer.echo(text.rstrip("\n"))
-        if plot is not None:
-            from hookviz.io.images import encode_png
-            from hookviz.render import summary_plot
+    loaded = looking.load(model, weights)
+    if size is None:
+        size = list(loaded.input_shape)
+        input_size = ",".join(map(str, size))
+    try:
+        result = summarize(
+            loaded.model, size, batch_size=batch_size, depth=depth, name=loaded.name, on_meta=True
+        )
+    except RuntimeError as exc:  # the model cannot take that shape (channels, too small a side)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        fail(
+            f"--input-size {input_size}: {model} cannot run on an input of shape "
+            f"({batch_size}, {', '.join(map(str, size))}) ({first}); give the C,H,W it expects, "
+            "e.g. 3,224,224",
+            EXIT_USAGE,
+        )
+    formats = {"markdown": result.to_markdown, "json": result.to_json, "csv": result.to_csv}
+    text = str(result) if fmt == SummaryFormat.table else formats[str(fmt)]()
+    typer.echo(text.rstrip("\n"))
+    if plot is not None:
+        from hookviz.io.images import encode_png
+        from hookviz.render import summary_plot
 
-            atomic_write(plot, encode_png(summary_plot(result)))  # never half a PNG
-            typer.echo(f"hookviz: wrote {plot}", err=True)
+        atomic_write(plot, encode_png(summary_plot(result)))  # never half a PNG
+        typer.echo(f"hookviz: wrote {plot}", err=True)
 
 
 def models(

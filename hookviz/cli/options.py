@@ -96,6 +96,7 @@ __all__ = [
     "CamMaps",
     "MethodFlags",
     "ModelOptions",
+    "PlainModel",
     "Prompts",
     "RunOptions",
     "Sampling",
@@ -160,6 +161,11 @@ class ModelOptions:
     clip_len: int | None = None
     frame_stride: int | None = None
     clips: str | None = None
+
+
+#: The model options of the commands that read a model's classes as they are (no ``--head``, ``--task``,
+#: ``--negate``): featuremaps, channels, tcav, gradflow, dropblock.
+PlainModel = Annotated[ModelOptions, omit("head", "task", "negate")]
 
 
 @group

@@ -7,11 +7,10 @@ from typing import Annotated
 import typer
 
 from hookviz.cli.flags import MAPS, Inputs
-from hookviz.cli.options import ModelOptions, RunOptions, grouped, omit
+from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command
 
-#: What these commands take of the model and run options (one image at a time, no report, no video).
-TrainingModel = Annotated[ModelOptions, omit("head", "task", "negate")]
+#: What these commands take of the run options (one image at a time, no report, no video).
 TrainingRun = Annotated[RunOptions, omit("batch_size", "workers", "report")]
 
 FlowTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
@@ -25,7 +24,7 @@ FlowLayers = Annotated[list[str] | None, typer.Option("--layers", "-l", rich_hel
 @grouped
 def gradflow(
     inputs: Inputs,
-    model: TrainingModel = ModelOptions(),
+    model: PlainModel = ModelOptions(),
     target: FlowTarget = "top1",
     label: FlowLabel = None,
     layers: FlowLayers = None,
@@ -51,7 +50,7 @@ Shown = Annotated[int, typer.Option("--max-channels", min=1, help="channels show
 @grouped
 def dropblock(
     inputs: Inputs,
-    model: TrainingModel = ModelOptions(),
+    model: PlainModel = ModelOptions(),
     layer: BlockLayer = None,
     drop_prob: DropProb = 0.1,
     block_size: BlockSize = 7,

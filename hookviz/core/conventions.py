@@ -1,8 +1,9 @@
 """What a model may declare to hookviz, as protocols: how its scores are read (``score_kind``), whether a
-regression is negated (``sign``), and the layers its CAM defaults to (``default_layers`` and why,
-``layers_note``). hookviz's own wrappers (heads, prompt scorers, other libraries' detectors and segmenters)
-declare them as attributes, and so may a user's model; every reader goes through the functions here, so the
-conventions are named once and read one way.
+regression is negated (``sign``), the layers its CAM defaults to (``default_layers`` and why,
+``layers_note``); and what an input drawn frame by frame offers (``frames``). hookviz's own wrappers (heads,
+prompt scorers, other libraries' detectors and segmenters) declare them as attributes, and so may a user's
+model; every reader goes through the protocols and functions here, so each convention is named once and read
+one way.
 
 Example:
     >>> class Regressor(nn.Module):
@@ -40,6 +41,14 @@ class Layered(Protocol):
 
     default_layers: tuple[str, ...]
     layers_note: str
+
+
+@runtime_checkable
+class Framed(Protocol):
+    """An input drawn on frame by frame (a video's clip, a volume's slices): ``frames`` ``(T, H, W, 3)``."""
+
+    @property
+    def frames(self) -> Any: ...
 
 
 def score_kind(model: Any, default: str = "softmax") -> str:

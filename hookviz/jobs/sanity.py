@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from hookviz import evaluation, render
+from hookviz.core.conventions import Framed
 from hookviz.core.taps import slug
 from hookviz.engine.explain import explain
 from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
 from hookviz.io.samples import Sample
-from hookviz.io.video import ClipFrames
 from hookviz.jobs.common import BaseJob, weights_note
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
@@ -97,7 +97,7 @@ class SanityJob(BaseJob):
             first = next(iter(rgb.pictures))
             rgb, box = rgb.pictures[first], rgb.boxes[first]
         # A video's clip: its middle frame shows the middle time step.
-        frame = rgb.frames[len(rgb.frames) // 2] if isinstance(rgb, ClipFrames) else rgb
+        frame = rgb.frames[len(rgb.frames) // 2] if isinstance(rgb, Framed) else rgb
         crop = frame[box.y0 : box.y1, box.x0 : box.x1]
 
         def similarity(a: Any, b: Any) -> tuple[float, float]:

@@ -59,6 +59,7 @@ class Task:
     def takes(cls, command: str) -> bool:
         """Whether ``command`` applies to a model of this task."""
         return command in cls.commands if cls.commands is not None else command not in cls.refuses
+
     #: Whether text prompts and ``--similar-to`` may replace its classes.
     prompts: ClassVar[bool] = False
     #: The job of the default :meth:`cam_job` (a subclass of ``CamJob``: a video model's), and whether a

@@ -1,0 +1,209 @@
+"""The rooms inside, used from outside the package: an input kind, a command and a task's refusal added by a
+test with no package file touched; ``--method all`` gives a map per registered method and layer; option groups
+declared once reach the library whole."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pytest
+import torch
+import typer
+
+from hookviz import methods
+from hookviz.cli import app
+from hookviz.cli.flags import Inputs
+from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped
+from hookviz.cli.runner import run_command
+from hookviz.io.inputs import Item
+from hookviz.io.shapes import SHAPES, draw_shape
+from hookviz.models.loaded import LoadedModel
+from hookviz.run.kinds import InputKind, input_kind_of, register_input_kind, unregister_input_kind
+from hookviz.tasks import Task, register_task, unregister_task
+from tests.conftest import TinyCNN, Trained, invoke, records, write_image
+
+SIZE = 48
+
+
+def read_grid(item: Item, preprocess: Any, max_pixels: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """A ``.grid`` file: rows of grey values in [0, 1], one number a pixel; drawn on as an RGB photo."""
+    assert item.path is not None
+    grey = np.loadtxt(item.path, dtype=np.float32, ndmin=2)
+    rgb = (np.repeat(grey[..., None], 3, axis=2) * 255).round().astype(np.uint8)
+    x, box = preprocess(rgb)
+    return rgb, x, box
+
+
+class Grids(InputKind):
+    """The toy kind: a text file of grey values is a photo."""
+
+    name = "grid"
+
+    def claims(self, loaded: LoadedModel, specs: Any) -> bool:
+        return bool(specs) and all(str(s).endswith(".grid") for s in specs)
+
+    def find(self, loaded: LoadedModel, specs: Any, **where: Any) -> list[Item]:
+        return [Item(s, Path(s)) if Path(s).is_file() else Item(s, None, f"{s}: no such file") for s in specs]
+
+    def read(self, loaded: LoadedModel) -> Any:
+        return read_grid
+
+    def fields(self, loaded: LoadedModel) -> dict[str, Any]:
+        return {"input_kind": self.name}
+
+
+@pytest.fixture
+def grids() -> Iterator[Grids]:
+    kind = register_input_kind(Grids())
+    yield kind
+    unregister_input_kind("grid")
+
+
+@pytest.fixture(scope="module")
+def shapes_weights(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("weights") / "shapes.pt"
+    torch.save(trained.model.state_dict(), path)
+    return path
+
+
+def _shapes_model(weights: Path, labels: Path) -> list[str]:
+    labels.write_text("\n".join(SHAPES))
+    return ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--labels", str(labels),
+            "--input-size", str(SIZE), "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1"]  # fmt: skip
+
+
+def test_an_input_kind_from_outside_runs_through_gradcam_the_manifest_and_the_report(
+    grids: Grids, shapes_weights: Path, tmp_path: Path
+) -> None:
+    img, mask = draw_shape(1, SIZE, np.random.default_rng(3))  # a disc, in grey
+    grid = tmp_path / "disc.grid"
+    np.savetxt(grid, img.mean(axis=2), fmt="%.4f")
+    out = tmp_path / "out"
+    model = _shapes_model(shapes_weights, tmp_path / "labels.txt")
+    r = invoke("gradcam", str(grid), str(tmp_path / "gone.grid"), *model, "--save-raw", "--report",
+               "--out", str(out))  # fmt: skip
+    assert r.exit_code == 1, r.stderr  # the missing file fails alone; the other is done
+    ok, failed = sorted(records(out), key=lambda rec: rec["status"] != "ok")
+    assert failed["status"] == "error" and "gone.grid: no such file" in failed["error"]
+    assert ok["status"] == "ok" and ok["input_kind"] == "grid" and ok["predicted"]["name"] == "disc"
+    # The map is the trained model's evidence for the disc, read through the kind's reader: it lies on it.
+    full = np.load(next(p for p in map(Path, ok["outputs"]) if p.name.endswith(".full.npy")))
+    inside, outside = float(np.nanmean(full[mask])), float(np.nanmean(full[~mask]))
+    assert inside > 2 * outside, (inside, outside)
+    page = (out / "index.html").read_text()
+    assert '"predicted": "disc"' in page and f'"file": "{Path(ok["maps"][0]["file"]).name}"' in page
+
+
+def test_explain_inputs_takes_a_registered_kind(grids: Grids, shapes_weights: Path, tmp_path: Path) -> None:
+    import hookviz
+    from hookviz.jobs.build import CamSettings
+
+    img, _ = draw_shape(2, SIZE, np.random.default_rng(5))  # a cross
+    grid = tmp_path / "cross.grid"
+    np.savetxt(grid, img.mean(axis=2), fmt="%.4f")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(SHAPES))
+    loaded = hookviz.load_model("tests.conftest:TinyCNN", str(shapes_weights), input_size=SIZE,
+                                resize="squash", mean=(0.0,) * 3, std=(1.0,) * 3, labels=labels)  # fmt: skip
+    assert input_kind_of(loaded, [str(grid)]).name == "grid" and input_kind_of(loaded).name == "photo"
+    (rec,) = hookviz.explain_inputs(loaded, grid, tmp_path / "out", CamSettings(), kind="grid")
+    assert rec["predicted"]["name"] == "cross" and rec["input_kind"] == "grid"
+    with pytest.raises(hookviz.HookvizError, match="takes photos, not videos"):
+        hookviz.explain_inputs(loaded, grid, tmp_path / "o2", kind="video")
+
+
+def peek(
+    inputs: Inputs,
+    model: PlainModel = ModelOptions(),
+    layer: Annotated[str | None, typer.Option("--layer", "-l", help="the layer.")] = None,
+    run: RunOptions = RunOptions(),
+) -> None:
+    """The toy command: four channels of one layer's feature maps."""
+    from hookviz.jobs.build import featuremap_job, made_by
+
+    run_command(
+        made_by(featuremap_job, layers=[layer] if layer else None, max_channels=4), model, run, inputs
+    )
+
+
+class PickyNet(TinyCNN):
+    """A classifier of a task that refuses the toy command."""
+
+
+class Picky(Task):
+    name = "picky"
+    noun = "a picky classifier"
+    plural = "picky classifiers"
+    refuses = frozenset({"peek"})
+
+    def claims(self, model: torch.nn.Module) -> bool:
+        return isinstance(model, PickyNet)
+
+
+@pytest.fixture
+def peek_command() -> Iterator[None]:
+    before = list(app.registered_commands)
+    app.command()(grouped(peek))
+    register_task(Picky())
+    yield
+    app.registered_commands[:] = before
+    unregister_task("picky")
+
+
+def test_a_command_from_outside_runs_on_a_classifier_and_a_task_may_refuse_it(
+    peek_command: None, tmp_path: Path
+) -> None:
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (40, 50, 3), np.uint8))
+    r = invoke("peek", "--help")
+    assert (
+        r.exit_code == 0
+        and "--layer" in r.stdout
+        and "--weights-key" in r.stdout
+        and "--head" not in r.stdout
+    )
+    out = tmp_path / "out"
+    r = invoke("peek", str(photo), "--model", "tests.conftest:TinyCNN", "--weights", "none", "--layer",
+               "features.4", "--out", str(out), "--json")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (rec,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rec["status"] == "ok" and rec["layers"] == ["features.4"] and len(rec["outputs"]) == 1
+    assert all(Path(o).is_file() for o in rec["outputs"])
+    r = invoke("peek", str(photo), "--model", "tests.test_rooms:PickyNet", "--weights", "none",
+               "--out", str(tmp_path / "o2"))  # fmt: skip
+    assert r.exit_code == 2, r.stderr
+    assert "`hookviz peek` works on" in r.stderr and "PickyNet is a picky classifier" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_method_all_gives_one_map_per_registered_method_and_layer(tmp_path: Path) -> None:
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(1).integers(0, 256, (40, 40, 3), np.uint8))
+    layers = ["features.2", "features.6"]
+    r = invoke("gradcam", str(photo), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "32", "--method", "all", "--layer", layers[0], "--layer", layers[1],
+               "--out", str(tmp_path / "out"), "--json", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (rec,) = [json.loads(line) for line in r.stdout.splitlines()]
+    expected = methods.parse(["all"])
+    got = {(m["method"], m["layer"]) for m in rec["maps"]}
+    # Methods at photo resolution give one map whatever the layers; the others one per layer.
+    at_layer = [m for m in expected if methods.get(m).resolution == "layer"]
+    at_photo = [m for m in expected if methods.get(m).resolution != "layer"]
+    assert {(m, la) for m in at_layer for la in layers} <= got
+    assert {m for m, _ in got} == set(expected) and all(any(m == g for g, _ in got) for m in at_photo)
+    assert len(rec["maps"]) == len(got)  # one map each, none twice
+
+
+def test_the_option_groups_reach_the_library_whole() -> None:
+    """``gradcam``'s groups become one CamSettings, the method flags one MethodOptions."""
+    from hookviz.cli.options import CamLook, CamMaps, MethodFlags, cam_settings
+    from hookviz.methods import MethodOptions
+
+    flags = MethodFlags(seed=3, samples=5, baseline=" Blur ", masked_batch=16, compare="1,2")
+    s = cam_settings(["a"], ["gradcam"], "top2", CamMaps(channels=4), CamLook(no_relu=True), flags)
+    assert s.layers == ("a",) and s.relu is False and s.channel_terms == 4 and s.scorecam_batch == 16
+    assert s.options == MethodOptions(seed=3, samples=5, baseline="blur", batch=16)
+    assert s.compare == "1,2"
