@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hookviz.models import hf, monai, python, timm, torchvision, ultralytics
+from hookviz.models import hf, monai, python, sources, timm, torchvision, ultralytics
 from hookviz.models.sources import Built, Options, source_of
 
-#: Each source's builder: ``build(spec, weights, options)``.
-SOURCES: dict[str, Callable[[str, str, Options], Built]] = {
+#: How a source builds a model: ``build(spec, weights, options)``.
+Builder = Callable[[str, str, Options], Built]
+
+#: Each source's builder, by name (a scheme's name is the one ``--model SCHEME:...`` gives).
+SOURCES: dict[str, Builder] = {
     "torchvision": torchvision.build,
     "timm": timm.build,
     "hf": hf.build,
@@ -18,6 +21,19 @@ SOURCES: dict[str, Callable[[str, str, Options], Built]] = {
     "python": python.build,
     "pickle": python.build,
 }
+
+
+def register_source(scheme: str, builder: Builder, *, replace: bool = False) -> Builder:
+    """Make ``--model SCHEME:REST`` build with ``builder`` (``replace`` swaps a registered one).
+
+    Example:
+        >>> register_source("onnx", onnx_build)  # --model onnx:model.onnx
+    """
+    if not scheme.isidentifier() or (scheme in SOURCES and not replace):
+        raise ValueError(f"source {scheme!r}: give a new name (an identifier), or replace=True")
+    SOURCES[scheme] = builder
+    sources.SCHEMES.add(scheme)
+    return builder
 
 
 def build(spec: str, weights: str, options: Options) -> Built:

@@ -10,8 +10,8 @@
 ``model.pt``                           a whole pickled module, with ``trust_pickle`` only
 =====================================  =====================================================
 
-A new family is one module here with a ``build(spec, weights, options) -> Built`` function and one
-line in :func:`source_of`.
+A new family is one ``build(spec, weights, options) -> Built`` function and one
+:func:`hookviz.models.build.register_source` call naming its scheme (``onnx`` for ``onnx:FILE``).
 """
 
 from __future__ import annotations
@@ -74,16 +74,17 @@ def seeded(make: Callable[[], nn.Module]) -> nn.Module:
 _MODULE_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+#: The sources named by a scheme before a colon (``timm:convnext_tiny``); :func:`hookviz.models.build.
+#: register_source` adds one.
+SCHEMES: set[str] = {"timm", "hf", "ultralytics", "monai"}
+
+
 def source_of(spec: str) -> str:
-    """Which source a ``--model`` spec names: torchvision, timm, hf, python or pickle."""
-    if spec.startswith("timm:"):
-        return "timm"
-    if spec.startswith("hf:"):
-        return "hf"
-    if spec.startswith("ultralytics:"):
-        return "ultralytics"
-    if spec.startswith("monai:"):
-        return "monai"
+    """Which source a ``--model`` spec names: a registered scheme's (``timm:NAME``), else python (a function
+    in the user's code), pickle (a file) or torchvision (a name)."""
+    scheme = spec.partition(":")[0]
+    if ":" in spec and scheme in SCHEMES:
+        return scheme
     head, sep, tail = spec.rpartition(":")
     if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
         return "python"
