@@ -22,7 +22,7 @@ from hookviz.cli.app import (
 from hookviz.cli.loading import load_warm
 from hookviz.cli.options import RUNNING, ModelOptions, Prompts, RunOptions, Sampling
 from hookviz.errors import HookvizError
-from hookviz.models.classes import class_label
+from hookviz.models.labels import class_label
 from hookviz.report import build_report
 from hookviz.run import distributed
 
