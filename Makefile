@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN) $(CV_PIN)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,demo]'
 	# lucent, the feature-visualisation reference (tests and bench only): its pins would downgrade torch
 	$(PY) -m pip install -q --no-deps torch-lucent==0.1.8 kornia==0.4.1
 	$(PY) -m pip install -q decorator ipython

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# make demo: pretrained weights where they can be had, otherwise an honest rerun with random weights.
+# make demo: a trained network's maps. resnet18's pretrained weights where they can be downloaded; otherwise
+# EfficientNet-Lite0, trained on ImageNet, whose weights hookviz[demo] installs (no download at run time).
 set -u
 hv=$1; out=$2
-run() {
-  "$hv" gradcam sample_images --model resnet18 --out "$out" --overwrite "$@" &&
-  "$hv" featuremaps sample_images/cat.jpg --model resnet18 --layers 'layer*.0.conv1' --out "$out" --overwrite "$@"
-}
-run; rc=$?
+model=resnet18; layers='layer*.0.conv1'
+methods=(--method gradcam --method gradcampp --method layercam)
+"$hv" gradcam sample_images --model "$model" "${methods[@]}" --out "$out" --overwrite; rc=$?
 if [ $rc -eq 3 ]; then
-  echo
-  echo "demo: the pretrained resnet18 weights could not be downloaded here, so the demo reruns with" >&2
-  echo "demo: --weights none (RANDOM weights: the maps show the mechanics, not what a trained network sees)." >&2
-  echo
-  run --weights none; rc=$?
+  model=efficientnet_lite0; layers='_blocks.[0-9]._project_conv'
+  echo >&2
+  echo "demo: resnet18's pretrained weights could not be downloaded here; the demo uses $model instead:" >&2
+  echo "demo: trained on ImageNet (top-1 75.1 % published), its weights packaged by hookviz[demo]." >&2
+  echo >&2
+  "$hv" gradcam sample_images --model "$model" "${methods[@]}" --out "$out" --overwrite; rc=$?
+fi
+if [ $rc -eq 0 ]; then
+  "$hv" featuremaps sample_images/cat.jpg --model "$model" --layers "$layers" --out "$out" --overwrite; rc=$?
 fi
 if [ $rc -eq 0 ]; then
   # Detection, offline, with trained weights: the shapes detector the tests use (scripts/train_shapes_detector.py).
@@ -21,8 +24,8 @@ if [ $rc -eq 0 ]; then
     --method hirescam --method eigencam --out "$out" --overwrite; rc=$?
 fi
 if [ $rc -eq 0 ]; then
-  report=$("$hv" report "$out" --title "hookviz demo: sample_images") || exit $?
-  echo "demo: outputs are in $out/ (manifest: $out/manifest.jsonl)"
+  report=$("$hv" report "$out" --title "hookviz demo: sample_images ($model)") || exit $?
+  echo "demo: the model: $model (trained on ImageNet); outputs are in $out/ (manifest: $out/manifest.jsonl)"
   echo "demo: browse them: $report"
 fi
 exit $rc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hookviz.models import hf, monai, python, sources, timm, torchvision, ultralytics
+from hookviz.models import hf, lite, monai, python, sources, timm, torchvision, ultralytics
 from hookviz.models.sources import Built, Options, source_of
 
 #: How a source builds a model: ``build(spec, weights, options)``.
@@ -18,6 +18,7 @@ SOURCES: dict[str, Builder] = {
     "hf": hf.build,
     "ultralytics": ultralytics.build,
     "monai": monai.build,
+    "lite": lite.build,
     "python": python.build,
     "pickle": python.build,
 }

@@ -8,6 +8,7 @@
 ``monai:DenseNet121?spatial_dims=3``   a MONAI network (:mod:`.monai`, ``hookviz[monai]``; 3-D: volumes)
 ``net.py:make_net``, ``pkg.mod:Net``   a function or class in the user's code (:mod:`.python`)
 ``model.pt``                           a whole pickled module, with ``trust_pickle`` only
+``efficientnet_lite0``                 the trained ImageNet classifier of ``hookviz[demo]`` (:mod:`.lite`)
 =====================================  =====================================================
 
 A new family is one ``build(spec, weights, options) -> Built`` function and one
@@ -77,6 +78,9 @@ _MODULE_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 #: The sources named by a scheme before a colon (``timm:convnext_tiny``); :func:`hookviz.models.build.
 #: register_source` adds one.
 SCHEMES: set[str] = {"timm", "hf", "ultralytics", "monai"}
+#: Models named without a scheme that a source other than torchvision builds (``efficientnet_lite0``: the
+#: trained classifier hookviz[demo] ships).
+NAMED: dict[str, str] = {"efficientnet_lite0": "lite"}
 
 
 def source_of(spec: str) -> str:
@@ -85,6 +89,8 @@ def source_of(spec: str) -> str:
     scheme = spec.partition(":")[0]
     if ":" in spec and scheme in SCHEMES:
         return scheme
+    if spec in NAMED:
+        return NAMED[spec]
     head, sep, tail = spec.rpartition(":")
     if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
         return "python"
