@@ -14,7 +14,7 @@ endif
 CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
 
-.PHONY: help install browser demo test test-fast check lint bench clean
+.PHONY: help install browser demo docs test test-fast check lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN) $(CV_PIN)
-	$(PY) -m pip install -q -e '.[dev,demo]'
+	$(PY) -m pip install -q -e '.[dev,demo,docs]'
 	# lucent, the feature-visualisation reference (tests and bench only): its pins would downgrade torch
 	$(PY) -m pip install -q --no-deps torch-lucent==0.1.8 kornia==0.4.1
 	$(PY) -m pip install -q decorator ipython
@@ -65,3 +65,7 @@ bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
 
 clean:  ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
+
+docs: $(STAMP)  ## build the documentation site into site/ (offline; open site/index.html)
+	$(PY) scripts/cli_docs.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet

@@ -3,11 +3,11 @@
 # EfficientNet-Lite0, trained on ImageNet, whose weights hookviz[demo] installs (no download at run time).
 set -u
 hv=$1; out=$2
-model=resnet18; layers='layer*.0.conv1'
+model=resnet18; layers=(--layers 'layer*.0.conv1')
 methods=(--method gradcam --method gradcampp --method layercam)
 "$hv" gradcam sample_images --model "$model" "${methods[@]}" --out "$out" --overwrite; rc=$?
 if [ $rc -eq 3 ]; then
-  model=efficientnet_lite0; layers='_blocks.[0-9]._project_conv'
+  model=efficientnet_lite0; layers=(--layers _conv_stem --layers _blocks.1._project_conv)
   echo >&2
   echo "demo: resnet18's pretrained weights could not be downloaded here; the demo uses $model instead:" >&2
   echo "demo: trained on ImageNet (top-1 75.1 % published), its weights packaged by hookviz[demo]." >&2
@@ -15,7 +15,7 @@ if [ $rc -eq 3 ]; then
   "$hv" gradcam sample_images --model "$model" "${methods[@]}" --out "$out" --overwrite; rc=$?
 fi
 if [ $rc -eq 0 ]; then
-  "$hv" featuremaps sample_images/cat.jpg --model "$model" --layers "$layers" --out "$out" --overwrite; rc=$?
+  "$hv" featuremaps sample_images/cat.jpg --model "$model" "${layers[@]}" --out "$out" --overwrite; rc=$?
 fi
 if [ $rc -eq 0 ]; then
   # Detection, offline, with trained weights: the shapes detector the tests use (scripts/train_shapes_detector.py).

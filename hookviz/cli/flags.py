@@ -197,7 +197,7 @@ Methods = Annotated[
         "--method",
         help="method, all (every cheap one: at most a forward and two backward passes per target) or a "
         "family: gradient, activation, cams, perturbation, pixel, control, attention (transformers); "
-        "repeatable or comma-separated (default gradcam). The README's table gives each one's cost.",
+        "repeatable or comma-separated (default gradcam). docs/methods.md gives each one's cost.",
         rich_help_panel=MAPS,
     ),
 ]

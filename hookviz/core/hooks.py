@@ -63,7 +63,7 @@ def preserved(model: nn.Module, *, buffers: bool = False) -> Iterator[nn.Module]
     and with ``buffers`` the values of every buffer (a training-mode forward updates BatchNorm's running
     statistics and ``num_batches_tracked``).
 
-    Example:
+    Examples:
         >>> with preserved(model):
         ...     model.eval()
         ...     model(x)
@@ -236,7 +236,7 @@ class capture:
     A module called several times in one forward (a shared ``ReLU``) is recorded once per call;
     a tap on such a module is an error, because its gradient would be ambiguous.
 
-    Example:
+    Examples:
         >>> with capture(model, ["layer4"], grad_layers=["layer4"]) as cap, torch.no_grad():
         ...     logits = model(x)
         >>> torch.autograd.grad(logits[:, 3].sum(), cap.captured.taps["layer4"][0])

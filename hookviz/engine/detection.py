@@ -161,7 +161,7 @@ def explain_detections(
         UsageError: a method that needs more than a gradient (Score-CAM, guided), or bad limits.
         LayerError: a layer that does not run once with a ``(1, C, h, w)`` output.
 
-    Example:
+    Examples:
         >>> [ex] = explain_detections(model, [photo], ["backbone.body.layer4"], score_threshold=0.7)
         >>> ex.boxes, ex.maps[("gradcam", "backbone.body.layer4")].shape  # (N, 4), (N, h, w)
     """

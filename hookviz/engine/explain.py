@@ -179,7 +179,7 @@ def explain(
         UsageError: an unknown method. LayerError: a layer that does not run, runs twice, or has no
         spatial output. TargetError: targets out of range.
 
-    Example:
+    Examples:
         >>> ex = explain(model, x, ["layer3", "layer4"], ["gradcam", "layercam"], "top5")
         >>> ex.maps[("gradcam", "layer4")].shape  # (B, 5, 7, 7)
     """
@@ -499,7 +499,7 @@ def grad_cam(
         target: ``None`` for each image's predicted class, one class index for all, or one per image.
         relu: ``False`` keeps negative evidence (signed map).
 
-    Example:
+    Examples:
         >>> res = grad_cam(model, x, "layer4")
         >>> res.maps.shape  # (B, 7, 7) for a 224x224 resnet input
     """

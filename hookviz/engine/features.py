@@ -50,7 +50,7 @@ def feature_maps(
     Raises:
         LayerError: a layer does not run, or its tensor is not a ``(B, C, H, W)`` feature map.
 
-    Example:
+    Examples:
         >>> maps = feature_maps(model, x, ["layer1.0.conv1"], stage="both")
         >>> [(m.stage, tuple(m.tensor.shape)) for m in maps]
     """

@@ -3,7 +3,7 @@
 A registration says what the method is (name, title, family, paper), what it needs from the explain pass
 (activations, layer gradients, input gradients, masked forward passes), whether its map depends on the
 class, and what it costs. Everything else is generated from this table: the CLI's ``--method`` choices and
-help, ``--method all``, sheet order, titles in captions and the report, the cost note, the README's method
+help, ``--method all``, sheet order, titles in captions and the report, the cost note, the docs' method
 table (``python -m hookviz.methods``). The model to follow is timm's ``register_model``.
 
 A method's function takes a :class:`hookviz.methods.compute.LayerPass` (the pass's activations, gradients,

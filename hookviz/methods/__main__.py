@@ -1,4 +1,4 @@
-"""``python -m hookviz.methods``: the README's method table, from the registry."""
+"""``python -m hookviz.methods``: the method table of docs/methods.md, from the registry."""
 
 from hookviz.methods import table
 

@@ -264,7 +264,7 @@ def passes(
 
 
 def table() -> str:
-    """The README's method table (Markdown), from the registry."""
+    """The method table of docs/methods.md (Markdown), from the registry."""
     rows = [
         "| `--method` | family | paper | map | cost per image (resnet18 layer4: 512 channels, 1 target) |",
         "|---|---|---|---|---|",

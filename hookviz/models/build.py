@@ -27,7 +27,7 @@ SOURCES: dict[str, Builder] = {
 def register_source(scheme: str, builder: Builder, *, replace: bool = False) -> Builder:
     """Make ``--model SCHEME:REST`` build with ``builder`` (``replace`` swaps a registered one).
 
-    Example:
+    Examples:
         >>> register_source("onnx", onnx_build)  # --model onnx:model.onnx
     """
     if not scheme.isidentifier() or (scheme in SOURCES and not replace):

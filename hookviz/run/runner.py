@@ -92,7 +92,7 @@ def explain_inputs(
     Raises:
         UsageError: a model that does not take ``kind``, settings that do not apply to it.
 
-    Example:
+    Examples:
         >>> records = explain_inputs(load_model("r3d_18"), "videos/", "out/")
         >>> [r["video"]["name"] for r in records if "video" in r]
     """

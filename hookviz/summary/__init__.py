@@ -74,7 +74,8 @@ def summarize(
         input_size: ``(C, H, W)`` of one input, ``(C, T, H, W)`` of one clip for a video model.
         batch_size: MACs and activation sizes are for this many inputs.
         depth: rows shown by ``str()``/markdown/csv (0 = the model only); the data keeps every row.
-        device, dtype: of the probe input; by default the model's (its first floating-point tensor's).
+        device: of the probe input; by default the model's (its first floating-point tensor's).
+        dtype: of the probe input, likewise.
         on_meta: count on a copy of the model on PyTorch's ``meta`` device: every shape and MAC without
             computing a value (swin3d_b's 141 GMACs in under a second instead of 9 s); a model that cannot
             run there (a data-dependent branch) is counted by a real pass instead. ``model`` is untouched.
@@ -82,7 +83,7 @@ def summarize(
     Raises:
         UsageError: a bad input size or batch size.
 
-    Example:
+    Examples:
         >>> s = summarize(torchvision.models.resnet18())
         >>> s.total_params, s.macs  # 11689512, 1.81e9
         >>> print(s)

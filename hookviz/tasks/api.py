@@ -60,7 +60,8 @@ def load_model(
             for a volume model: each volume resized to them (default: each at its own size).
         resize: ``crop`` (centre crop, torchvision's eval transform) or ``squash`` (whole image, aspect
             not kept); defaults to the source's.
-        mean, std: input normalisation; default the source's (ImageNet's for custom models).
+        mean: input normalisation's mean; default the source's (ImageNet's for custom models).
+        std: its standard deviation, likewise.
         labels: class names for the head (a file, see :func:`hookviz.models.classes.read_labels`, a
             sequence, or ``imagenet``: the ImageNet-1k names, for any 1000-way head); they replace the
             source's names in captions, records and ``--target NAME``.
@@ -113,7 +114,7 @@ def make_cam_job(
 ) -> BuiltJob:
     """The ``gradcam`` job for ``loaded``'s task, with its layers chosen and the notes to print.
 
-    Example:
+    Examples:
         >>> built = make_cam_job(loaded, CamSettings(methods=("gradcam", "layercam"), target="top3"))
         >>> built.job.layers, built.notes
 

@@ -92,7 +92,7 @@ def gradient_flow(
     is left as found: nothing is accumulated into ``.grad``; mode, hooks and buffers (BatchNorm's
     running statistics, which a training-mode forward updates) restored.
 
-    Example:
+    Examples:
         >>> flow = gradient_flow(model, x, lambda logits: F.cross_entropy(logits, y))
         >>> [(s.name, s.norm) for s in flow.params][:3]
     """
@@ -153,7 +153,7 @@ class GlobalNormClipper(HookGroup):
 
     A backward that raises half-way leaves no state behind: the next one clips as usual.
 
-    Example:
+    Examples:
         >>> with GlobalNormClipper(model, max_norm=1.0) as clipper:
         ...     loss.backward()          # clipped when backward ends
         ...     clipper.last_norm        # the norm before clipping

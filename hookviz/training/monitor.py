@@ -109,7 +109,8 @@ class Monitor:
         stats: layers whose activation statistics are logged (default: every leaf module with parameters,
             and every bounded activation).
         every: log every this many steps (and at step 0).
-        log_dir, writer: a TensorBoard directory, or a writer: a ``SummaryWriter`` or a W&B run.
+        log_dir: a TensorBoard directory.
+        writer: instead of ``log_dir``, a writer: a ``SummaryWriter`` or a W&B run.
         images: the probe as pictures ``(B, H, W, 3)`` uint8 for the overlays (default: the probe scaled).
         watch: watch every module's output and gradient for NaN and inf at every step.
     """

@@ -165,7 +165,7 @@ def attach_dropblock(
     Raises:
         LayerError: a name without a 4-D output, or a glob matching none.
 
-    Example:
+    Examples:
         >>> with attach_dropblock(model, ["layer3", "layer4"], 0.1, 7, schedule_steps=5000):
         ...     train(model)
     """
