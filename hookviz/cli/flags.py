@@ -201,79 +201,32 @@ Methods = Annotated[
         rich_help_panel=MAPS,
     ),
 ]
-Seed = Annotated[
-    int,
-    typer.Option(
-        "--seed", help="random stream of the stochastic methods (recorded).", rich_help_panel=SETTINGS
-    ),
-]
-Samples = Annotated[
-    int | None,
-    typer.Option(
-        "--samples", min=1, help="noisy copies or steps: SmoothGrad 25, SS-CAM 35, IS-CAM 10, Smooth "
-        "Grad-CAM++ 4.", rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
-Noise = Annotated[
-    float | None,
-    typer.Option(
-        "--noise", min=0.0, help="noise σ: SmoothGrad's as a share of the image's range (0.15); SS-CAM's "
-        "(2) and Smooth Grad-CAM++'s (0.3) in input units.", rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
-IgSteps = Annotated[
-    int,
-    typer.Option(
-        "--ig-steps", min=1, help="Integrated Gradients' integration points.", rich_help_panel=SETTINGS
-    ),
-]
-Baseline = Annotated[
-    str,
-    typer.Option(
-        "--baseline", help="what removed pixels become (Integrated Gradients, Occlusion): black, mean (the "
-        "data mean) or blur.", rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
-Window = Annotated[
-    int,
-    typer.Option("--window", min=1, help="Occlusion's square, in input pixels.", rich_help_panel=SETTINGS),
-]
-Stride = Annotated[
-    int, typer.Option("--stride", min=1, help="Occlusion's step, in input pixels.", rich_help_panel=SETTINGS)
-]
-Masks = Annotated[int, typer.Option("--rise-masks", "--masks", min=1, rich_help_panel=SETTINGS,
-                                    help="RISE's random masks (--masks: the old spelling).")]  # fmt: skip
-Cells = Annotated[
-    int, typer.Option("--cells", min=1, help="RISE's grid: cells per side.", rich_help_panel=SETTINGS)
-]
-Compare = Annotated[
-    str | None,
-    typer.Option(
-        "--compare", help="Finer-CAM: classes to tell the target from (comma list of indices or names; "
-        "default the 3 with the nearest logits).", rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
-HeadFusion = Annotated[
-    str,
-    typer.Option(
-        "--head-fusion", help="attention rollout: how a block's heads are fused (mean, max or min).",
-        rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
-DiscardRatio = Annotated[
-    float,
-    typer.Option(
-        "--discard-ratio", min=0.0, max=0.99, help="attention rollout: the share of each fused attention "
-        "matrix's lowest values set to 0.", rich_help_panel=SETTINGS,
-    ),
-]  # fmt: skip
-MaskedBatch = Annotated[
-    int,
-    typer.Option(
-        "--masked-batch", "--scorecam-batch", min=1,
-        help="changed inputs per forward pass of the perturbation methods.", rich_help_panel=RUN,
-    ),
-]  # fmt: skip
+def _option(kind: Any, *names: str, help: str, panel: str = SETTINGS, **limits: Any) -> Any:
+    """An option in one declaration (the ``Method settings`` panel unless ``panel`` says another)."""
+    return Annotated[kind, typer.Option(*names, help=help, rich_help_panel=panel, **limits)]
+
+
+Seed = _option(int, "--seed", help="random stream of the stochastic methods (recorded).")
+Samples = _option(int | None, "--samples", min=1, help="noisy copies or steps: SmoothGrad 25, SS-CAM 35, "
+    "IS-CAM 10, Smooth Grad-CAM++ 4.")  # fmt: skip
+Noise = _option(float | None, "--noise", min=0.0, help="noise σ: SmoothGrad's as a share of the image's "
+    "range (0.15); SS-CAM's (2) and Smooth Grad-CAM++'s (0.3) in input units.")  # fmt: skip
+IgSteps = _option(int, "--ig-steps", min=1, help="Integrated Gradients' integration points.")
+Baseline = _option(str, "--baseline", help="what removed pixels become (Integrated Gradients, Occlusion): "
+    "black, mean (the data mean) or blur.")  # fmt: skip
+Window = _option(int, "--window", min=1, help="Occlusion's square, in input pixels.")
+Stride = _option(int, "--stride", min=1, help="Occlusion's step, in input pixels.")
+Masks = _option(int, "--rise-masks", "--masks", min=1, help="RISE's random masks (--masks: the old "
+    "spelling).")  # fmt: skip
+Cells = _option(int, "--cells", min=1, help="RISE's grid: cells per side.")
+Compare = _option(str | None, "--compare", help="Finer-CAM: classes to tell the target from (comma list of "
+    "indices or names; default the 3 with the nearest logits).")  # fmt: skip
+HeadFusion = _option(str, "--head-fusion", help="attention rollout: how a block's heads are fused (mean, "
+    "max or min).")  # fmt: skip
+DiscardRatio = _option(float, "--discard-ratio", min=0.0, max=0.99, help="attention rollout: the share of "
+    "each fused attention matrix's lowest values set to 0.")  # fmt: skip
+MaskedBatch = _option(int, "--masked-batch", "--scorecam-batch", min=1, panel=RUN, help="changed inputs "
+    "per forward pass of the perturbation methods.")  # fmt: skip
 
 
 Prompt = Annotated[
@@ -404,40 +357,33 @@ def top_channels(text: str | None) -> int:
 
 
 # gradcam's maps and their look.
-NormalizeOpt = Annotated[Normalize, typer.Option("--normalize", rich_help_panel=MAPS, help="image: each map "
-    "min-max; batch: one scale per batch; none: the fixed scale 0..--vmax.")]  # fmt: skip
-Vmax = Annotated[float | None, typer.Option("--vmax", rich_help_panel=MAPS,
-    help="with --normalize none: the map value drawn as full colour.")]  # fmt: skip
-FuseOpt = Annotated[Fuse | None, typer.Option("--fuse", help="also fuse the maps of all layers.",
-    rich_help_panel=MAPS)]  # fmt: skip
-SheetOpt = Annotated[bool | None, typer.Option("--sheet/--no-sheet", rich_help_panel=OUTPUT,
-    help="comparison sheet (default: when >1 map).")]  # fmt: skip
-Probe = Annotated[int, typer.Option("--probe", min=1, rich_help_panel=MAPS,
-    help="with --layer auto: images of the first batch that choose the layer.")]  # fmt: skip
-EigenSmooth = Annotated[bool, typer.Option("--eigen-smooth", rich_help_panel=MAPS,
-    help="gradient methods: first principal component of the weighted activations.")]  # fmt: skip
-AugSmooth = Annotated[bool, typer.Option("--aug-smooth", rich_help_panel=MAPS,
-    help="average over flips and brightness 0.9/1.0/1.1 (6 passes).")]  # fmt: skip
-MetricsOpt = Annotated[bool, typer.Option("--metrics", rich_help_panel=MAPS,
-    help="deletion and insertion AUC of every map (record, caption, sheet).")]  # fmt: skip
-# --channels topK holds K once read (0: none).
-TopChannels = Annotated[str | None, typer.Option("--channels", callback=top_channels, rich_help_panel=MAPS,
-    help="topK: also the first target's Grad-CAM through each of the K channels adding most to it.",
-)]  # fmt: skip
-RegionOpt = Annotated[Region, typer.Option("--region", rich_help_panel=DENSE,
-    help="segmentation: explain the class's score over its predicted pixels, or over all pixels.",
-)]  # fmt: skip
-ScoreThreshold = Annotated[float, typer.Option("--score-threshold", min=0.0, max=1.0, rich_help_panel=DENSE,
-    help="detection: explain the boxes scoring at least this.")]  # fmt: skip
-Threshold = Annotated[float, typer.Option("--threshold", min=0.0, max=1.0, rich_help_panel=MAPS,
-    help="--target positive: explain every label whose sigmoid reaches this (a multi-label head).",
-)]  # fmt: skip
-MaxBoxes = Annotated[int, typer.Option("--max-boxes", min=1, rich_help_panel=DENSE,
-    help="detection: at most this many boxes, best first.")]  # fmt: skip
-Alpha = Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="heatmap opacity.",
-    rich_help_panel=MAPS)]  # fmt: skip
-ColormapOpt = Annotated[Colormap, typer.Option("--colormap", help="heatmap colours.", rich_help_panel=MAPS)]
-NoRelu = Annotated[bool, typer.Option("--no-relu", help="signed maps: negative evidence in blue.",
-    rich_help_panel=MAPS)]  # fmt: skip
-SaveRaw = Annotated[bool, typer.Option("--save-raw", rich_help_panel=OUTPUT,
-    help="also write raw maps as .npy (feature and photo resolution).")]  # fmt: skip
+NormalizeOpt = _option(Normalize, "--normalize", panel=MAPS, help="image: each map min-max; batch: one "
+    "scale per batch; none: the fixed scale 0..--vmax.")  # fmt: skip
+Vmax = _option(float | None, "--vmax", panel=MAPS, help="with --normalize none: the map value drawn as full "
+    "colour.")  # fmt: skip
+FuseOpt = _option(Fuse | None, "--fuse", panel=MAPS, help="also fuse the maps of all layers.")
+SheetOpt = _option(bool | None, "--sheet/--no-sheet", panel=OUTPUT, help="comparison sheet (default: when "
+    ">1 map).")  # fmt: skip
+Probe = _option(int, "--probe", min=1, panel=MAPS, help="with --layer auto: images of the first batch that "
+    "choose the layer.")  # fmt: skip
+EigenSmooth = _option(bool, "--eigen-smooth", panel=MAPS, help="gradient methods: first principal component "
+    "of the weighted activations.")  # fmt: skip
+AugSmooth = _option(bool, "--aug-smooth", panel=MAPS, help="average over flips and brightness 0.9/1.0/1.1 "
+    "(6 passes).")  # fmt: skip
+MetricsOpt = _option(bool, "--metrics", panel=MAPS, help="deletion and insertion AUC of every map (record, "
+    "caption, sheet).")  # fmt: skip
+TopChannels = _option(str | None, "--channels", callback=top_channels, panel=MAPS, help="topK: also the "
+    "first target's Grad-CAM through each of the K channels adding most to it.")  # fmt: skip
+RegionOpt = _option(Region, "--region", panel=DENSE, help="segmentation: explain the class's score over its "
+    "predicted pixels, or over all pixels.")  # fmt: skip
+ScoreThreshold = _option(float, "--score-threshold", min=0.0, max=1.0, panel=DENSE, help="detection: "
+    "explain the boxes scoring at least this.")  # fmt: skip
+Threshold = _option(float, "--threshold", min=0.0, max=1.0, panel=MAPS, help="--target positive: explain "
+    "every label whose sigmoid reaches this (a multi-label head).")  # fmt: skip
+MaxBoxes = _option(int, "--max-boxes", min=1, panel=DENSE, help="detection: at most this many boxes, best "
+    "first.")  # fmt: skip
+Alpha = _option(float, "--alpha", min=0.0, max=1.0, panel=MAPS, help="heatmap opacity.")
+ColormapOpt = _option(Colormap, "--colormap", panel=MAPS, help="heatmap colours.")
+NoRelu = _option(bool, "--no-relu", panel=MAPS, help="signed maps: negative evidence in blue.")
+SaveRaw = _option(bool, "--save-raw", panel=OUTPUT, help="also write raw maps as .npy (feature and photo "
+    "resolution).")  # fmt: skip

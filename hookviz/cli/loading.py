@@ -61,29 +61,23 @@ def _digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
+#: The model options :func:`hookviz.tasks.load_model` takes as they are.
+_AS_GIVEN = (
+    "input_size", "labels", "weights_key", "trust_pickle", "head", "negate", "task", "volumes", "inputs"
+)  # fmt: skip
+
+
 def load_options(m: ModelOptions, quiet: bool) -> LoadedModel:
     """The model ``m`` asks for, loaded (no warm copy consulted)."""
     from hookviz.models.loaded import resolve_device
     from hookviz.tasks import load_model
 
+    as_given = {name: getattr(m, name) for name in _AS_GIVEN}
     loaded = load_model(
-        m.model,
-        m.weights,
-        device=resolve_device(m.device),
-        input_size=m.input_size,
-        resize=str(m.resize) if m.resize is not None else None,
-        mean=_per_input(m.mean),
-        std=_per_input(m.std),
-        progress=not quiet and sys.stderr.isatty(),
-        labels=m.labels,
-        weights_key=m.weights_key,
-        trust_pickle=m.trust_pickle,
-        head=m.head,
-        negate=m.negate,
-        task=m.task,
-        volumes=m.volumes,
-        inputs=m.inputs,
-    )
+        m.model, m.weights, device=resolve_device(m.device),
+        resize=str(m.resize) if m.resize is not None else None, mean=_per_input(m.mean),
+        std=_per_input(m.std), progress=not quiet and sys.stderr.isatty(), **as_given,
+    )  # fmt: skip
     release_collector()  # the start is over (hookviz.startup)
     return with_sampling(loaded, m.clip_len, m.frame_stride, m.clips)
 

@@ -343,19 +343,9 @@ def _report_records(
     from hookviz.run import runner
 
     quiet = reporter.quiet
-    records = runner.run_job(
-        job,
-        loaded,
-        items,
-        output,
-        kind=kind,
-        batch_size=r.batch_size,
-        workers=r.workers,
-        skip_existing=r.skip_existing,
-        max_pixels=r.max_pixels,
-        max_memory=r.max_memory,
-        note=None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True),
-    )
+    how = {n: getattr(r, n) for n in ("batch_size", "workers", "skip_existing", "max_pixels", "max_memory")}
+    say = None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True)
+    records = runner.run_job(job, loaded, items, output, kind=kind, note=say, **how)
     for done, rec in enumerate(records, start=1):
         for text in job.take_notes():
             if not quiet:
