@@ -30,6 +30,7 @@ LAYERS = [
     "tasks",  # the task registry
     "run",  # the pipeline, torchrun, the runner
     "report",  # the HTML page
+    "explore",  # hookviz explore: the live page and its API
     "serve",  # the warm server
     "cli",  # the command line
     "entry",  # the public API (hookviz, hookviz.lightning), ``python -m hookviz``, the served client

@@ -118,17 +118,15 @@ def test_the_run_gathers_as_it_goes_and_reads_the_files_only_when_it_must(
 ) -> None:
     """The job feeds each rendered input to its Feed; gathering with it reads no file and gives what reading
     every file gives. A fed input without its ``ok`` record (a write that failed) makes it read them all."""
-    from hookviz.cli import concepts
     from hookviz.concepts import dataset
+    from hookviz.jobs import channels as built
     from hookviz.report import latest_records
 
     _, weights = shapes_model
     folder, _ = _folder(tmp_path / "in", n=12)
     jobs: list = []
-    real_job = concepts._channels_job
-    monkeypatch.setattr(
-        concepts, "_channels_job", lambda p, made, *a: jobs.append(real_job(p, made, *a)) or jobs[-1]
-    )
+    real_job = built.channels_job  # the library builds the command's job: keep the one it built
+    monkeypatch.setattr(built, "channels_job", lambda *a, **kw: jobs.append(real_job(*a, **kw)) or jobs[-1])
     out = tmp_path / "out"
     res = invoke("channels", str(folder), *_args(weights, labels), "--layer", LAYER, "--layer", "features.4",
                  "--target", "disc", "--top", "3", "--out", str(out), "-q")  # fmt: skip

@@ -201,6 +201,8 @@ Methods = Annotated[
         rich_help_panel=MAPS,
     ),
 ]
+
+
 def _option(kind: Any, *names: str, help: str, panel: str = SETTINGS, **limits: Any) -> Any:
     """An option in one declaration (the ``Method settings`` panel unless ``panel`` says another)."""
     return Annotated[kind, typer.Option(*names, help=help, rich_help_panel=panel, **limits)]

@@ -1,0 +1,71 @@
+"""``hookviz explore``: look around a model live, in the browser."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Annotated
+
+import typer
+
+from hookviz.cli.flags import Inputs
+from hookviz.cli.loading import load_warm
+from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, omit
+
+Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
+Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "
+    "localhost lets other machines reach it (with the token).")]  # fmt: skip
+NoBrowser = Annotated[bool, typer.Option("--no-browser", help="print the address only; open no browser.")]
+#: What explore takes of the run options: where the model runs, and how large a photo may be.
+ExploreRun = Annotated[RunOptions, omit(
+    "out", "overwrite", "skip_existing", "as_json", "batch_size", "workers", "max_memory", "report", "null"
+)]  # fmt: skip
+
+
+@grouped
+def explore(
+    inputs: Inputs,
+    model: PlainModel = ModelOptions(),
+    port: Port = 0,
+    host: Host = "127.0.0.1",
+    no_browser: NoBrowser = False,
+    run: ExploreRun = RunOptions(),
+) -> None:
+    """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
+    `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
+    from hookviz.explore.server import Explorer
+    from hookviz.explore.session import Session
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
+                   err=True)  # fmt: skip
+    loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
+    session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=_model_words(model))
+    server = Explorer(session, host, port)
+    typer.echo(f"hookviz: explore at {server.url}", err=True)
+    if not no_browser and sys.stderr.isatty():
+        import webbrowser
+
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def _model_words(m: ModelOptions) -> list[str]:
+    """The model options as a command line gives them ("copy as command" loads the same model with them)."""
+    words = ["--model", m.model, "--weights", m.weights]
+    if m.weights_key:
+        words += ["--weights-key", m.weights_key]
+    if m.labels:
+        words += ["--labels", str(m.labels)]
+    if m.input_size is not None:
+        size = m.input_size if isinstance(m.input_size, int) else ",".join(map(str, m.input_size))
+        words += ["--input-size", str(size)]
+    if m.resize is not None:
+        words += ["--resize", str(m.resize)]
+    for flag, values in (("--mean", m.mean), ("--std", m.std)):
+        if values is not None and not isinstance(values[0], tuple):  # a photo model's numbers per channel
+            words += [flag, ",".join(f"{v:g}" for v in values)]
+    return words

@@ -1,0 +1,6 @@
+"""``hookviz explore``: one model over your photos, looked around live in the browser (:mod:`.session`: the
+views, made by ``gradcam``'s own job; :mod:`.server`: the page and the JSON API, private by default)."""
+
+from hookviz.explore.session import Made, Session, View
+
+__all__ = ["Made", "Session", "View"]

@@ -1,0 +1,175 @@
+"""The explorer's HTTP side: the standard library's threading server on 127.0.0.1, a random token on
+every request (``?token=``, the cookie the first page sets, or ``Authorization: Bearer``), the ``Host``
+header checked (no DNS rebinding), and nothing served but the page and the JSON API over the session's own
+inputs.
+
+API (every answer JSON unless said; ``input`` is an index or a name as ``/api/inputs`` lists it):
+``/api/inputs``, ``/api/layers``, ``/api/methods``, ``/api/predict?input=&k=``, ``/api/thumb?input=`` (PNG),
+``/api/map?input=&layer=&method=&target=&alpha=&colormap=&relu=&format=png|npy|json`` (the PNG and ``.npy``
+``hookviz gradcam --save-raw`` writes; ``json``: the record and the command that writes the same PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import threading
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from hookviz.errors import HookvizError
+from hookviz.explore.session import Session, View
+from hookviz.io.outputs import finite
+
+COOKIE = "hookviz_explore"
+
+
+class NotFound(LookupError):
+    """What was asked for is not this session's to serve."""
+
+
+class Explorer(ThreadingHTTPServer):
+    """The server of one :class:`Session`; ``url`` is the first address to open (it holds the token)."""
+
+    daemon_threads = True
+
+    def __init__(self, session: Session, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+        super().__init__((host, port), Handler)
+        self.session, self.token = session, token or secrets.token_urlsafe(24)
+        self.latest = 0  # the newest view asked for: an older one still waiting is not made
+        self.count = threading.Lock()
+        bound = self.server_address[1]
+        shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "") else host
+        self.hosts = {f"{h}:{bound}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
+        self.url = f"http://{shown}:{bound}/?token={self.token}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Explorer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    # -- answers --------------------------------------------------------------------------------------------
+    def _send(self, status: int, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        headers = {"Content-Type": kind, "Content-Length": str(len(body)), "Cache-Control": "no-store",
+                   "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                   **(extra or {})}  # fmt: skip
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, data: Any, status: int = 200) -> None:
+        self._send(status, json.dumps(finite(data), allow_nan=False).encode(), "application/json")
+
+    def _error(self, status: int, text: str) -> None:
+        self._json({"error": text}, status)
+
+    # -- who may ask --------------------------------------------------------------------------------------
+    def _token(self, query: dict[str, list[str]]) -> str | None:
+        if "token" in query:
+            return query["token"][0]
+        auth = self.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            return auth[7:].strip()
+        jar = SimpleCookie(self.headers.get("Cookie", ""))
+        return jar[COOKIE].value if COOKIE in jar else None
+
+    def _allowed(self, query: dict[str, list[str]]) -> bool:
+        if self.headers.get("Host", "") not in self.server.hosts:
+            self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
+            return False
+        given = self._token(query)
+        if given is None or not secrets.compare_digest(given, self.server.token):
+            self._error(HTTPStatus.FORBIDDEN, "open the address hookviz explore printed (it holds the token)")
+            return False
+        return True
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        query = parse_qs(parts.query)
+        if not self._allowed(query):
+            return
+        try:
+            self._route(parts.path, query)
+        except NotFound as exc:
+            self._error(HTTPStatus.NOT_FOUND, str(exc))
+        except (HookvizError, ValueError) as exc:
+            self._error(HTTPStatus.BAD_REQUEST, str(exc))
+
+    # -- what is served -----------------------------------------------------------------------------------
+    def _route(self, path: str, query: dict[str, list[str]]) -> None:
+        s = self.server.session
+        one = {k: v[0] for k, v in query.items()}
+        if path == "/":
+            cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
+            page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
+            self._send(200, page, "text/html; charset=utf-8", {"Set-Cookie": cookie})
+        elif path == "/api/inputs":
+            self._json(s.inputs())
+        elif path == "/api/layers":
+            self._json(s.layers())
+        elif path == "/api/methods":
+            self._json(s.methods())
+        elif path == "/api/model":
+            lm = s.loaded
+            self._json(
+                {"name": lm.name, "weights": lm.weights, "pretrained": lm.pretrained, "task": lm.task_name}
+            )
+        elif path == "/api/predict":
+            self._json(s.predict(self._input(one), int(one.get("k", 5))))
+        elif path == "/api/thumb":
+            self._send(200, s.thumbnail(self._input(one)), "image/png")
+        elif path == "/api/map":
+            self._map(one)
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"{path}: nothing here")
+
+    def _input(self, one: dict[str, str]) -> int:
+        """The input asked for, by index or by name as listed; anything else is not found."""
+        given = one.get("input", "0")
+        names = {item["name"]: item["index"] for item in self.server.session.inputs()}
+        if given in names:
+            return int(names[given])
+        if given.isdigit() and int(given) < len(names):
+            return int(given)
+        raise NotFound(f"input {given!r} is not one of this session's inputs (/api/inputs lists them)")
+
+    def _map(self, one: dict[str, str]) -> None:
+        view = View(
+            input=self._input(one), layer=one.get("layer", ""), method=one.get("method", "gradcam"),
+            target=one.get("target", "top1"), alpha=float(one.get("alpha", 0.5)),
+            colormap=one.get("colormap", "jet"), relu=one.get("relu", "1") not in ("0", "false"),
+        )  # fmt: skip
+        with self.server.count:
+            self.server.latest += 1
+            mine = self.server.latest
+        # The page's views supersede each other (a dragged slider never queues work); a script's do not.
+        wanted = (lambda: mine == self.server.latest) if one.get("supersede") == "1" else None
+        made = self.server.session.view(view, wanted)
+        if made is None:
+            self._send(HTTPStatus.NO_CONTENT, b"", "text/plain")
+            return
+        fmt = one.get("format", "png")
+        if fmt == "png":
+            self._send(200, made.png, "image/png")
+        elif fmt == "npy":
+            self._send(200, made.npy, "application/octet-stream")
+        elif fmt == "json":
+            session = self.server.session
+            command = view.command(session.model_words, str(session.items[view.input].path))
+            self._json({"record": made.record, "command": shlex.join(command)})
+        else:
+            self._error(HTTPStatus.BAD_REQUEST, f"format={fmt}: png, npy or json")

@@ -1,0 +1,230 @@
+"""What ``hookviz explore`` looks at, as a library: one loaded model over the inputs given, each view
+(input, layer, method, target, look) made by the very job ``hookviz gradcam`` runs, so a view's PNG is the
+bytes the command writes and its ``.npy`` the command's ``--save-raw`` map. Photos and their forward passes
+are read once.
+
+Example:
+    >>> session = Session(load_model("efficientnet_lite0"), ["photos/"])
+    >>> view = session.view(View(input=0, method="layercam"))
+    >>> view.png, view.record["maps"][0]["target"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hookviz import methods
+from hookviz.core.conventions import score_kind
+from hookviz.core.layers import default_cam_layer
+from hookviz.core.readout import ranking, scorer
+from hookviz.errors import InputError, UsageError
+from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
+from hookviz.io.inputs import Item
+from hookviz.io.outputs import settings_key
+from hookviz.jobs.build import CamSettings
+from hookviz.models.loaded import LoadedModel, probe
+from hookviz.run.kinds import input_kind_of
+from hookviz.run.pipeline import output_prefix
+from hookviz.tasks import make_cam_job
+
+#: Views kept made (PNG, raw map, record), least recently used dropped first.
+VIEWS_KEPT = 64
+
+
+@dataclass(frozen=True)
+class View:
+    """One view: which input (its index among the inputs), layer (empty: the default), method and target
+    (``top1``, a class index or name), and how it looks."""
+
+    input: int = 0
+    layer: str = ""
+    method: str = "gradcam"
+    target: str = "top1"
+    alpha: float = 0.5
+    colormap: str = "jet"
+    relu: bool = True
+
+    def settings(self) -> CamSettings:
+        """The ``gradcam`` settings that make this view."""
+        return CamSettings(
+            layers=(self.layer,) if self.layer else (), methods=(self.method,), target=self.target,
+            alpha=self.alpha, colormap=self.colormap, relu=self.relu, save_raw=True,
+        )  # fmt: skip
+
+    def command(self, model: Sequence[str], photo: str, out: str = "out") -> list[str]:
+        """The ``hookviz gradcam`` line that writes this view's PNG and raw map (the words of a shell
+        command); ``model``: the model options' words (``--model NAME --weights W ...``)."""
+        words = ["hookviz", "gradcam", photo, *model]
+        words += ["--layer", self.layer] if self.layer else []
+        words += ["--method", self.method] if self.method != "gradcam" else []
+        words += ["--target", self.target] if self.target != "top1" else []
+        words += ["--alpha", f"{self.alpha:g}"] if self.alpha != 0.5 else []
+        words += ["--colormap", self.colormap] if self.colormap != "jet" else []
+        words += ["--no-relu"] if not self.relu else []
+        return [*words, "--save-raw", "--out", out]
+
+
+@dataclass(frozen=True)
+class Made:
+    """A view as the command writes it: the overlay PNG, the raw map (``--save-raw``, the layer's grid), and
+    the record's fields."""
+
+    png: bytes
+    npy: bytes
+    record: dict[str, Any]
+
+
+class Session:
+    """One model and its inputs, with the photos, forward passes and views made kept."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        specs: Sequence[str],
+        *,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        model_words: Sequence[str] | None = None,
+    ):
+        if loaded.task_name != "classification":
+            raise UsageError(
+                f"hookviz explore takes classifiers so far; {loaded.name} is a {loaded.task_name} model "
+                "(hookviz gradcam explains it)"
+            )
+        self.loaded, self.max_pixels = loaded, max_pixels
+        #: The model options a command needs to load the same model (``--model NAME --weights W ...``).
+        self.model_words = list(model_words or ["--model", loaded.name, "--weights", _weights_word(loaded)])
+        self.kind = input_kind_of(loaded, list(specs))
+        # Only what the inputs name: a symlink in a folder given that leads out of it is left out.
+        roots = [Path(spec).expanduser() for spec in specs]
+        self.items: list[Item] = [
+            item
+            for item in self.kind.find(loaded, list(specs))
+            if item.path is not None and not item.error and under(item.path, roots)
+        ]
+        if not self.items:
+            raise UsageError(f"no readable input among {', '.join(specs)}; give photos or folders of photos")
+        self._read: dict[int, tuple[Any, np.ndarray, Any]] = {}
+        self._top: dict[int, list[dict[str, Any]]] = {}
+        self._made: OrderedDict[tuple[Any, ...], Made] = OrderedDict()
+        self._lock = threading.Lock()  # one model pass at a time
+        self.calls = probe(loaded)
+
+    # -- what there is -------------------------------------------------------------------------------------
+    def inputs(self) -> list[dict[str, Any]]:
+        """Each input: its index, its name as given, and its file."""
+        return [{"index": i, "name": item.name, "file": str(item.path)} for i, item in enumerate(self.items)]
+
+    def layers(self) -> list[dict[str, Any]]:
+        """Each module that runs: name, type, output shape, whether it is the default CAM layer."""
+        default = default_cam_layer(self.loaded.model, self.calls)
+        found = [
+            {
+                "name": c.name,
+                "type": c.type,
+                "shape": list(c.output_shape or ()),
+                "default": c.name == default,
+            }
+            for c in self.calls
+            if c.calls and c.name
+        ]
+        if default not in {c["name"] for c in found}:  # a NAME:input tensor (the pooling's input)
+            found.append({"name": default, "type": "tensor", "shape": [], "default": True})
+        return found
+
+    def methods(self) -> list[dict[str, Any]]:
+        """Each registered method: its name, title, family and cost, and whether ``--method all`` holds it."""
+        return [
+            {"name": n, "title": methods.get(n).title, "family": methods.get(n).family,
+             "cost": methods.get(n).cost, "cheap": n in methods.parse(["all"])}
+            for n in methods.names()
+            if not methods.get(n).detection_only
+        ]  # fmt: skip
+
+    def read(self, index: int) -> tuple[Any, np.ndarray, Any]:
+        """Input ``index`` as the pipeline reads it: (the photo, the model's input, the box it saw)."""
+        if not 0 <= index < len(self.items):
+            raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+        if index not in self._read:
+            self._read[index] = self.kind.read(self.loaded)(
+                self.items[index], self.kind.preprocess(self.loaded), self.max_pixels
+            )
+        return self._read[index]
+
+    def predict(self, index: int, k: int = 5) -> list[dict[str, Any]]:
+        """The ``k`` most likely classes of input ``index``: index, name, score (as records read them)."""
+        if index not in self._top:
+            _, x, _ = self.read(index)
+            with self._lock, torch.no_grad():
+                logits = self.loaded.model(torch.from_numpy(x)[None].to(self.loaded.device)).float().cpu()
+            kind = score_kind(self.loaded.model)
+            order = ranking(logits)[0].tolist()
+            probs = scorer(kind=kind)(logits, torch.zeros(1, dtype=torch.long))[0]
+            self._top[index] = [
+                {"index": int(i), "name": self.loaded.class_name(int(i)), "score": round(float(probs[i]), 6)}
+                for i in order[:50]
+            ]
+        return self._top[index][:k]
+
+    # -- views ---------------------------------------------------------------------------------------------
+    def view(self, view: View, wanted: Callable[[], bool] | None = None) -> Made | None:
+        """The view's PNG, raw map and record, made by ``hookviz gradcam``'s own job (kept once made); None
+        when ``wanted()`` says, once the model is free, that a newer view has been asked for instead."""
+        key = dataclasses.astuple(view)
+        if key in self._made:
+            self._made.move_to_end(key)
+            return self._made[key]
+        rgb, x, box = self.read(view.input)
+        with self._lock:
+            if wanted is not None and not wanted():
+                return None
+            built = make_cam_job(self.loaded, view.settings(), calls=self.calls)
+            job = built.job
+            result = job.compute(torch.from_numpy(x)[None].to(self.loaded.device))
+        path = self.items[view.input].path
+        assert path is not None
+        prefix = output_prefix(path, self.loaded.name, settings_key(job.settings()))
+        files, record = job.render(result, 0, rgb, box, prefix)
+        png = next(data for name, data in files if name.endswith(".png") and ".sheet" not in name)
+        npy = next(data for name, data in files if name.endswith(".npy") and not name.endswith(".full.npy"))
+        made = Made(png, npy, {"input": self.items[view.input].name, "layers": list(job.layers), **record})
+        self._made[key] = made
+        if len(self._made) > VIEWS_KEPT:
+            self._made.popitem(last=False)
+        return made
+
+    def thumbnail(self, index: int, side: int = 160) -> bytes:
+        """Input ``index`` as a small PNG (the strip of inputs)."""
+        import cv2
+
+        rgb = np.asarray(self.read(index)[0])
+        scale = side / max(rgb.shape[:2])
+        small = cv2.resize(rgb, (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale))),
+                           interpolation=cv2.INTER_AREA)  # fmt: skip
+        return encode_png(small)
+
+
+def _weights_word(loaded: LoadedModel) -> str:
+    """What ``--weights`` to give for a model's weights as its label says them."""
+    label = loaded.weights
+    return "DEFAULT" if label.startswith("DEFAULT") else "none" if label.startswith("none") else label
+
+
+def npy_array(data: bytes) -> np.ndarray:
+    """The array a view's ``.npy`` bytes hold."""
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def under(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether ``path``, symlinks resolved, lies inside one of ``roots`` (resolved)."""
+    real = path.resolve()
+    return any(real == root.resolve() or root.resolve() in real.parents for root in roots)

@@ -1,0 +1,154 @@
+"""``hookviz explore``: each view is the PNG and raw map ``hookviz gradcam`` writes for it (its "copy as
+command" line run proves it), the server is private (token, Host, nothing outside its inputs), and the page
+works in a real browser: picking a method shows the API's picture, a permalink reopens the view, and a hostile
+file name is text."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shlex
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hookviz.explore.server import Explorer
+from hookviz.explore.session import Session
+from hookviz.tasks import load_model
+from tests.conftest import invoke, write_image
+from tests.test_report import HOSTILE, browser  # noqa: F401 - the browser fixture
+
+MODEL = ["--model", "tests.conftest:TinyCNN", "--weights", "none"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Explorer]:
+    folder = tmp_path_factory.mktemp("explore") / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png", HOSTILE):
+        write_image(folder / name, rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    (folder.parent / "secret.txt").write_text("not for the browser")
+    (folder / "link.png").symlink_to(folder.parent / "secret.txt")  # a symlink out: never listed or served
+    session = Session(load_model("tests.conftest:TinyCNN", "none", input_size=48), [str(folder)],
+                      model_words=[*MODEL, "--input-size", "48"])  # fmt: skip
+    explorer = Explorer(session)
+    thread = threading.Thread(target=explorer.serve_forever, daemon=True)
+    thread.start()
+    yield explorer
+    explorer.shutdown()
+    explorer.server_close()
+
+
+def get(server: Explorer, path: str, *, token: bool = True, headers: dict[str, str] | None = None) -> Any:
+    """``(status, body bytes)`` of a GET to the explorer (the token in the query unless said)."""
+    port = server.server_address[1]
+    sep = "&" if "?" in path else "?"
+    url = f"http://127.0.0.1:{port}{path}" + (f"{sep}token={server.token}" if token else "")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_it_answers_only_with_the_token_and_its_own_host(server: Explorer) -> None:
+    assert get(server, "/api/inputs", token=False)[0] == 403
+    assert get(server, "/api/inputs?token=wrong", token=False)[0] == 403
+    assert get(server, "/api/inputs", headers={"Host": "evil.example:80"})[0] == 403  # DNS rebinding
+    bearer = {"Authorization": f"Bearer {server.token}"}
+    assert get(server, "/api/inputs", token=False, headers=bearer)[0] == 200
+    cookie = {"Cookie": f"hookviz_explore={server.token}"}
+    assert get(server, "/api/inputs", token=False, headers=cookie)[0] == 200
+    status, page = get(server, "/")
+    assert status == 200 and b"hookviz explore" in page and server.url.startswith("http://127.0.0.1:")
+
+
+def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
+    names = [item["name"] for item in json.loads(get(server, "/api/inputs")[1])]
+    assert len(names) == 3 and not any("link" in n or "secret" in n for n in names)
+    for bad in ("../secret.txt", "/etc/passwd", "3", "link.png", names[0] + "/.."):
+        assert get(server, f"/api/map?input={urllib.request.quote(bad)}")[0] == 404, bad
+        assert get(server, f"/api/thumb?input={urllib.request.quote(bad)}")[0] == 404, bad
+    assert get(server, "/api/../../etc/passwd")[0] == 404 and get(server, "/secret.txt")[0] == 404
+
+
+def test_a_view_is_the_png_and_raw_map_its_command_writes(server: Explorer, tmp_path: Path) -> None:
+    view = "/api/map?input=1&layer=features.4&method=layercam&target=2&alpha=0.7&colormap=viridis"
+    status, png = get(server, view)
+    assert status == 200 and png[:8] == b"\x89PNG\r\n\x1a\n"
+    raw = np.load(io.BytesIO(get(server, view + "&format=npy")[1]), allow_pickle=False)
+    info = json.loads(get(server, view + "&format=json")[1])
+    assert info["record"]["method"] == "layercam" and info["record"]["target"]["index"] == 2
+    words = shlex.split(info["command"])
+    assert words[:2] == ["hookviz", "gradcam"] and "--layer" in words and "--alpha" in words
+    out = tmp_path / "out"
+    r = invoke(*words[1:-1], str(out))  # the command as given, into a folder of the test's
+    assert r.exit_code == 0, r.stderr
+    written = {p.name: p for p in out.iterdir()}
+    (png_file,) = [p for n, p in written.items() if n.endswith(".png")]
+    assert png_file.read_bytes() == png  # the very bytes
+    (npy_file,) = [p for n, p in written.items() if n.endswith(".npy") and not n.endswith(".full.npy")]
+    np.testing.assert_allclose(np.load(npy_file), raw, rtol=1e-6, atol=1e-7)
+
+
+def test_a_view_asked_for_twice_is_made_once(server: Explorer) -> None:
+    view = "/api/map?input=0&method=gradcampp"
+    started = time.perf_counter()
+    first = get(server, view)[1]
+    once = time.perf_counter() - started
+    started = time.perf_counter()
+    assert get(server, view)[1] == first
+    assert time.perf_counter() - started < max(once, 0.05)
+
+
+def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) -> None:  # noqa: F811
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    def shown() -> tuple[str, bytes]:
+        """The view the page shows (its query) and the bytes of its picture."""
+        WebDriverWait(browser, 60).until(
+            lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view")
+        )
+        data = browser.execute_async_script(
+            "const done = arguments[0]; const img = document.getElementById('overlay');"
+            "fetch(img.src).then(r => r.arrayBuffer()).then(b => done([img.dataset.view,"
+            " btoa(String.fromCharCode(...new Uint8Array(b)))]));"
+        )
+        return data[0], base64.b64decode(data[1])
+
+    wait = WebDriverWait(browser, 60)
+    browser.set_script_timeout(60)
+    browser.get(server.url)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#strip button")) == 3)
+    strip = [span.text for span in browser.find_elements(By.CSS_SELECTOR, "#strip span")]
+    assert any(HOSTILE in name for name in strip)  # a hostile name is text, not markup
+    assert browser.execute_script("return window.pwned === undefined")
+    browser.find_elements(By.CSS_SELECTOR, "#strip button")[1].click()
+    Select(browser.find_element(By.ID, "method")).select_by_value("layercam")
+    view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
+    wait.until(lambda d: "method=layercam" in view(d))
+    query, picture = shown()
+    assert "input=1" in query and picture == get(server, f"/api/map?{query}&format=png")[1]
+    command = browser.find_element(By.ID, "command").get_attribute("value")
+    assert command.startswith("hookviz gradcam ") and "--method layercam" in command
+    # The permalink (no token in it: the cookie holds it) reopens the same view.
+    link = browser.find_element(By.ID, "permalink").get_attribute("href")
+    assert "token" not in link
+    browser.get("about:blank")
+    browser.get(link)
+    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
+    assert (
+        Select(browser.find_element(By.ID, "method")).first_selected_option.get_attribute("value")
+        == "layercam"
+    )
+    assert shown() == (query, picture)
