@@ -152,3 +152,91 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
         == "layercam"
     )
     assert shown() == (query, picture)
+
+
+def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> None:
+    """On the shapes CNN: Grad-CAM's map of a disc beats a random map at deletion and insertion, and the
+    channel view lists the layer's channels by activation, each map drawn over the photo."""
+    import torch
+
+    from hookviz.explore.session import View
+    from hookviz.io.shapes import SHAPES, draw_shape
+    from tests.conftest import tiny_loaded
+
+    img, _ = draw_shape(1, 48, np.random.default_rng(7))
+    photo = write_image(tmp_path / "disc.png", (img * 255).round().astype(np.uint8))
+    session = Session(tiny_loaded(trained.model.eval()), [str(photo)])
+    assert session.predict(0, 3)[0]["name"] == SHAPES[1]
+    t = session.trust(View(layer="features.6"))
+    chance = t["random"]
+    assert t["deletion_auc"] < chance["deletion_auc"] and t["insertion_auc"] > chance["insertion_auc"]
+    found = session.channel_list(0, "features.10")
+    means = [c["mean"] for c in found["channels"]]
+    assert found["shape"][0] == len(means) == 64 and means == sorted(means, reverse=True)
+    _, x, _ = session.read(0)
+    with torch.no_grad():
+        acts = trained.model.features(torch.from_numpy(x)[None])[0]  # features.10: the last of them
+    assert found["channels"][0]["channel"] == int(
+        acts.mean((1, 2)).argmax()
+    )  # the same activations, recomputed
+    png = session.channel_png(0, "features.10", found["channels"][0]["channel"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser: Any) -> None:  # noqa: F811
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(server.url + "&input=0&layer=features.4")
+    view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
+    wait.until(lambda d: "layer=features.4" in view(d))
+    browser.find_element(By.ID, "pin").click()
+    Select(browser.find_element(By.ID, "method")).select_by_value("gradcampp")
+    wait.until(lambda d: "method=gradcampp" in view(d))
+    browser.find_element(By.ID, "pin").click()
+    figures = browser.find_elements(By.CSS_SELECTOR, "#grid figure")
+    assert len(figures) == 2 and "gradcampp" in figures[1].text and "gradcam " in figures[0].text
+    browser.find_element(By.ID, "measure").click()
+    wait.until(lambda d: "random" in d.find_element(By.ID, "trust").text)
+    browser.find_element(By.ID, "listchannels").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chanlist button"))
+    first = browser.find_elements(By.CSS_SELECTOR, "#chanlist button")[0]
+    first.click()
+    wait.until(
+        lambda d: d.find_element(By.ID, "channel").get_attribute("data-channel") == first.text.split(":")[0]
+    )
+    status, data = get(server, "/api/channels?input=0&layer=features.4")
+    assert status == 200 and json.loads(data)["channels"][0]["channel"] == int(first.text.split(":")[0])
+
+
+def post(server: Explorer, data: bytes, headers: dict[str, str], token: bool = True) -> tuple[int, bytes]:
+    port = server.server_address[1]
+    url = f"http://127.0.0.1:{port}/api/upload" + (f"?token={server.token}" if token else "")
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explorer, tmp_path: Path) -> None:
+    """(Last in this file: it adds an input to the shared server.)"""
+    from hookviz.io.images import encode_png
+
+    photo = encode_png(np.random.default_rng(3).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    ours = {"X-Hookviz": "1", "X-Filename": "..%2F..%2Fevil%20name.png"}
+    assert post(server, photo, ours, token=False)[0] == 403
+    assert post(server, photo, {"X-Filename": "a.png"})[0] == 404  # a plain form from another page
+    assert post(server, b"not a picture", ours)[0] == 400
+    status, body = post(server, photo, ours)
+    assert status == 200, body
+    item = json.loads(body)
+    assert item["name"] == "dropped: evil name.png" and item["index"] == 3
+    kept = Path(item["file"])
+    assert kept.parent.name.startswith("hookviz-explore-") and (kept.parent.stat().st_mode & 0o077) == 0
+    assert ".." not in kept.name and kept.read_bytes() == photo
+    assert get(server, "/api/map?input=3")[0] == 200
+    server.session.close()
+    assert not kept.parent.exists()

@@ -153,7 +153,10 @@ def test_ctrl_c_in_a_client_cancels_its_request_only(server: Path, tmp_path: Pat
     big = write_image(tmp_path / "big.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
     slow = [sys.executable, "-m", "hookviz", "gradcam", str(big), "--model", "resnet18", "--weights", "none",
             "--method", "scorecam", "--out", str(tmp_path / "slow"), "-q"]  # fmt: skip
-    client = subprocess.Popen(slow, cwd=ROOT, env=_env(server), stderr=subprocess.PIPE, text=True)
+    # As a shell's foreground command: Ctrl-C not ignored (pytest-xdist's workers ignore SIGINT, and a child
+    # inherits that; Python then installs no KeyboardInterrupt handler, and the Ctrl-C below would be lost).
+    client = subprocess.Popen(slow, cwd=ROOT, env=_env(server), stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 60
     while (ask(server, {"op": "status"}) or {}).get("running", 0) < 1:
         assert time.monotonic() < deadline and client.poll() is None

@@ -51,6 +51,7 @@ def explore(
         server.serve_forever()
     finally:
         server.server_close()
+        session.close()
 
 
 def _model_words(m: ModelOptions) -> list[str]:

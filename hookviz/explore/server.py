@@ -6,7 +6,10 @@ inputs.
 API (every answer JSON unless said; ``input`` is an index or a name as ``/api/inputs`` lists it):
 ``/api/inputs``, ``/api/layers``, ``/api/methods``, ``/api/predict?input=&k=``, ``/api/thumb?input=`` (PNG),
 ``/api/map?input=&layer=&method=&target=&alpha=&colormap=&relu=&format=png|npy|json`` (the PNG and ``.npy``
-``hookviz gradcam --save-raw`` writes; ``json``: the record and the command that writes the same PNG).
+``hookviz gradcam --save-raw`` writes; ``json``: the record and the command that writes the same PNG),
+``/api/trust?`` (the map's view parameters: its deletion and insertion AUC against a random map's),
+``/api/channels?input=&layer=`` (the layer's channels, the most active first), ``/api/channel?input=&layer=
+&channel=`` (one channel's map over the photo, PNG).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from hookviz.errors import HookvizError
-from hookviz.explore.session import Session, View
+from hookviz.explore.session import MAX_UPLOAD, Session, View
 from hookviz.io.outputs import finite
 
 COOKIE = "hookviz_explore"
@@ -94,6 +97,27 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    def do_POST(self) -> None:
+        """``/api/upload``: a photo dropped onto the page (its bytes; its name in ``X-Filename``)."""
+        parts = urlsplit(self.path)
+        query = parse_qs(parts.query)
+        if not self._allowed(query):
+            return
+        if parts.path != "/api/upload" or self.headers.get("X-Hookviz") != "1":  # no form from elsewhere
+            self._error(HTTPStatus.NOT_FOUND, f"{parts.path}: nothing to post here")
+            return
+        size = int(self.headers.get("Content-Length") or 0)
+        if size > MAX_UPLOAD:
+            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{size:,} bytes: {MAX_UPLOAD:,} at most")
+            return
+        data = self.rfile.read(size)
+        try:
+            index = self.server.session.add(unquote(self.headers.get("X-Filename") or "photo"), data)
+        except HookvizError as exc:
+            self._error(HTTPStatus.BAD_REQUEST, str(exc))
+            return
+        self._json(self.server.session.inputs()[index])
+
     def do_HEAD(self) -> None:
         self.do_GET()
 
@@ -134,6 +158,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, s.thumbnail(self._input(one)), "image/png")
         elif path == "/api/map":
             self._map(one)
+        elif path == "/api/trust":
+            self._json(s.trust(self._view(one)))
+        elif path == "/api/channels":
+            self._json(s.channel_list(self._input(one), one.get("layer", "")))
+        elif path == "/api/channel":
+            made = s.channel_png(self._input(one), one.get("layer", ""), int(one.get("channel", "0")),
+                                 float(one.get("alpha", 0.5)))  # fmt: skip
+            self._send(200, made, "image/png")
         else:
             self._error(HTTPStatus.NOT_FOUND, f"{path}: nothing here")
 
@@ -147,12 +179,15 @@ class Handler(BaseHTTPRequestHandler):
             return int(given)
         raise NotFound(f"input {given!r} is not one of this session's inputs (/api/inputs lists them)")
 
-    def _map(self, one: dict[str, str]) -> None:
-        view = View(
+    def _view(self, one: dict[str, str]) -> View:
+        return View(
             input=self._input(one), layer=one.get("layer", ""), method=one.get("method", "gradcam"),
             target=one.get("target", "top1"), alpha=float(one.get("alpha", 0.5)),
             colormap=one.get("colormap", "jet"), relu=one.get("relu", "1") not in ("0", "false"),
         )  # fmt: skip
+
+    def _map(self, one: dict[str, str]) -> None:
+        view = self._view(one)
         with self.server.count:
             self.server.latest += 1
             mine = self.server.latest

@@ -30,7 +30,7 @@ from hookviz.core.readout import ranking, scorer
 from hookviz.errors import InputError, UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.inputs import Item
-from hookviz.io.outputs import settings_key
+from hookviz.io.outputs import UNSAFE, settings_key
 from hookviz.jobs.build import CamSettings
 from hookviz.models.loaded import LoadedModel, probe
 from hookviz.run.kinds import input_kind_of
@@ -39,6 +39,8 @@ from hookviz.tasks import make_cam_job
 
 #: Views kept made (PNG, raw map, record), least recently used dropped first.
 VIEWS_KEPT = 64
+#: The largest photo that may be dropped onto the page, in bytes.
+MAX_UPLOAD = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class Session:
         self._top: dict[int, list[dict[str, Any]]] = {}
         self._made: OrderedDict[tuple[Any, ...], Made] = OrderedDict()
         self._lock = threading.Lock()  # one model pass at a time
+        self._uploads: Path | None = None
         self.calls = probe(loaded)
 
     # -- what there is -------------------------------------------------------------------------------------
@@ -201,6 +204,95 @@ class Session:
         if len(self._made) > VIEWS_KEPT:
             self._made.popitem(last=False)
         return made
+
+    def add(self, name: str, data: bytes) -> int:
+        """A photo dropped onto the page: kept in a private folder of this session's (removed by
+        :meth:`close`), read to check it, and listed; its index.
+
+        Raises:
+            InputError: too large, or not a photo hookviz can read.
+        """
+        import tempfile
+
+        from hookviz.io.images import load_rgb
+
+        if len(data) > MAX_UPLOAD:
+            raise InputError(f"{name}: {len(data):,} bytes; a dropped photo may hold {MAX_UPLOAD:,} at most")
+        if self._uploads is None:
+            self._uploads = Path(tempfile.mkdtemp(prefix="hookviz-explore-"))  # mode 0700: the user's only
+        safe = UNSAFE.sub("_", Path(name).name).lstrip("._-")[:80] or "photo"
+        path = self._uploads / f"{len(self.items):04d}-{safe}"
+        path.write_bytes(data)
+        try:
+            load_rgb(path, max_pixels=self.max_pixels)
+        except InputError:
+            path.unlink()
+            raise
+        self.items.append(Item(f"dropped: {Path(name).name}", path))
+        return len(self.items) - 1
+
+    def close(self) -> None:
+        """Remove the photos dropped onto the page."""
+        import shutil
+
+        if self._uploads is not None:
+            shutil.rmtree(self._uploads, ignore_errors=True)
+
+    def trust(self, view: View, steps: int = 16) -> dict[str, Any]:
+        """How faithful the view's map is, against chance: deletion and insertion AUC of the map and of a
+        seeded random map (the ``evaluate`` command's ``random`` baseline) on this photo."""
+        from hookviz.evaluation.faithfulness import faithfulness, random_maps
+
+        made = self.view(view)
+        assert made is not None
+        _, x, _ = self.read(view.input)
+        batch = torch.from_numpy(x)[None].to(self.loaded.device)
+        cam = torch.from_numpy(npy_array(made.npy)).float()
+        cam = cam.reshape(1, *cam.shape[-2:])
+        target = torch.tensor([int(made.record["maps"][0]["target"]["index"])])
+        score = scorer(kind=score_kind(self.loaded.model))
+        with self._lock:
+            ours = faithfulness(self.loaded.model, batch, cam, target, steps=steps, scorer=score)
+            chance = faithfulness(self.loaded.model, batch, random_maps(1, *cam.shape[-2:], x=batch), target,
+                                  steps=steps, scorer=score)  # fmt: skip
+        return {
+            "deletion_auc": float(ours.deletion_auc[0]), "insertion_auc": float(ours.insertion_auc[0]),
+            "random": {"deletion_auc": float(chance.deletion_auc[0]),
+                       "insertion_auc": float(chance.insertion_auc[0])},
+            "steps": steps,
+        }  # fmt: skip
+
+    def channels(self, index: int, layer: str = "") -> tuple[str, np.ndarray]:
+        """Input ``index``'s activations ``(C, h, w)`` at ``layer`` (default: the CAM layer), and its name."""
+        from hookviz.engine.features import feature_maps
+
+        name = layer or default_cam_layer(self.loaded.model, self.calls)
+        module, _, side = name.partition(":")
+        _, x, _ = self.read(index)
+        with self._lock:
+            batch = torch.from_numpy(x)[None].to(self.loaded.device)
+            found = feature_maps(self.loaded.model, batch, [module], "input" if side == "input" else "output")
+        return name, found[0].tensor[0].float().cpu().numpy()
+
+    def channel_list(self, index: int, layer: str = "") -> dict[str, Any]:
+        """The layer's channels for input ``index``, the most active first (mean and peak of each map)."""
+        name, acts = self.channels(index, layer)
+        means, peaks = acts.reshape(len(acts), -1).mean(axis=1), acts.reshape(len(acts), -1).max(axis=1)
+        order = np.argsort(-means, kind="stable")
+        each = [{"channel": int(c), "mean": float(means[c]), "max": float(peaks[c])} for c in order]
+        return {"layer": name, "shape": list(acts.shape), "channels": each}
+
+    def channel_png(self, index: int, layer: str, channel: int, alpha: float = 0.5) -> bytes:
+        """One channel's activation over the photo (scaled to its own range), as a PNG."""
+        from hookviz import render
+
+        name, acts = self.channels(index, layer)
+        if not 0 <= channel < len(acts):
+            raise InputError(f"input channel {channel}: {name} has {len(acts)} (0 to {len(acts) - 1})")
+        rgb, _, box = self.read(index)
+        return encode_png(
+            render.overlay(np.asarray(rgb), acts[channel], box, alpha=alpha, colormap="viridis")
+        )
 
     def thumbnail(self, index: int, side: int = 160) -> bytes:
         """Input ``index`` as a small PNG (the strip of inputs)."""

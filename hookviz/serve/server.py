@@ -384,6 +384,9 @@ def _child(
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        # A command's process takes Ctrl-C and stop whatever mask the server was started with (a process that
+        # launched it may block them in its threads): a cancelled request must stop.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
         _die_with_parent()
         for fd in close:
             with contextlib.suppress(OSError):
