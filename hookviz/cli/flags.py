@@ -319,33 +319,14 @@ InputSize = Annotated[
     ),
 ]
 
-ClipLen = Annotated[
-    int | None,
-    typer.Option(
-        "--clip-len",
-        min=1,
-        help="video: frames per clip (default: the weights', 16 for r3d_18).",
-        rich_help_panel=VIDEO,
-    ),
-]
-FrameStride = Annotated[
-    int | None,
-    typer.Option(
-        "--frame-stride",
-        min=1,
-        help="video: take every Nth frame (default: resample to the weights' frame rate, 15 fps for most).",
-        rich_help_panel=VIDEO,
-    ),
-]
-ClipsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--clips",
-        metavar="N|all",
-        help="video: N evenly spaced clips per video, or all of them back to back (default: the weights').",
-        rich_help_panel=VIDEO,
-    ),
-]
+ClipLen = _option(int | None, "--clip-len", min=1, panel=VIDEO,
+    help="video: frames per clip (default: the weights', 16 for r3d_18).")  # fmt: skip
+FrameStride = _option(int | None, "--frame-stride", min=1, panel=VIDEO,
+    help="video: take every Nth frame (default: resample to the weights' frame rate, 15 fps for "
+    "most).")  # fmt: skip
+ClipsOpt = _option(str | None, "--clips", metavar="N|all", panel=VIDEO,
+    help="video: N evenly spaced clips per video, or all of them back to back (default: the "
+    "weights').")  # fmt: skip
 
 
 def top_channels(text: str | None) -> int:
