@@ -99,25 +99,31 @@ def _own(name: str) -> str | None:
     return name or None
 
 
+def _loaded_at_import(module: str) -> set[str]:
+    """The hookviz modules importing ``module`` loads: its own top-level imports, its packages', followed."""
+    seen, todo = {module}, [module]
+    while todo:
+        current = todo.pop()
+        parents = [".".join(current.split(".")[:i]) for i in range(1, current.count(".") + 1)]
+        follow = [own for name, top, _ in _imports(current) if top and (own := _own(name)) is not None]
+        for nxt in [*follow, *(p for p in parents if p in MODULES)]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
 @functools.cache
-def _loads(module: str, _seen: frozenset[str] = frozenset()) -> frozenset[str]:
-    """The heavy packages importing ``module`` loads (its top-level imports, followed, and its packages')."""
-    if module in _seen:
-        return frozenset()
-    _seen = _seen | {module}
-    heavy: set[str] = set()
-    parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
-    for name, top, _ in _imports(module):
-        if not top:
-            continue
-        if name.split(".")[0] in HEAVY:
-            heavy.add(name.split(".")[0])
-        elif (own := _own(name)) is not None and own != module:
-            heavy |= _loads(own, _seen)
-    for parent in parents:
-        if parent in MODULES and parent != module:
-            heavy |= _loads(parent, _seen)
-    return frozenset(heavy)
+def _loads(module: str) -> frozenset[str]:
+    """The heavy packages importing ``module`` loads (its top-level imports, followed, and its packages').
+    A search over the import graph, each module once (following every path instead grows without bound on
+    a graph with cycles)."""
+    return frozenset(
+        name.split(".")[0]
+        for reached in _loaded_at_import(module)
+        for name, top, _ in _imports(reached)
+        if top and name.split(".")[0] in HEAVY
+    )
 
 
 def test_every_module_has_a_layer() -> None:

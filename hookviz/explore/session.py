@@ -23,12 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookviz import methods
+from hookviz import methods, render
 from hookviz.core.conventions import score_kind
 from hookviz.core.layers import default_cam_layer
 from hookviz.core.readout import ranking, scorer
+from hookviz.engine.features import feature_maps
 from hookviz.errors import InputError, UsageError
-from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
+from hookviz.evaluation.faithfulness import faithfulness, random_maps
+from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
 from hookviz.jobs.build import CamSettings
@@ -214,8 +216,6 @@ class Session:
         """
         import tempfile
 
-        from hookviz.io.images import load_rgb
-
         if len(data) > MAX_UPLOAD:
             raise InputError(f"{name}: {len(data):,} bytes; a dropped photo may hold {MAX_UPLOAD:,} at most")
         if self._uploads is None:
@@ -241,8 +241,6 @@ class Session:
     def trust(self, view: View, steps: int = 16) -> dict[str, Any]:
         """How faithful the view's map is, against chance: deletion and insertion AUC of the map and of a
         seeded random map (the ``evaluate`` command's ``random`` baseline) on this photo."""
-        from hookviz.evaluation.faithfulness import faithfulness, random_maps
-
         made = self.view(view)
         assert made is not None
         _, x, _ = self.read(view.input)
@@ -264,8 +262,6 @@ class Session:
 
     def channels(self, index: int, layer: str = "") -> tuple[str, np.ndarray]:
         """Input ``index``'s activations ``(C, h, w)`` at ``layer`` (default: the CAM layer), and its name."""
-        from hookviz.engine.features import feature_maps
-
         name = layer or default_cam_layer(self.loaded.model, self.calls)
         module, _, side = name.partition(":")
         _, x, _ = self.read(index)
@@ -284,8 +280,6 @@ class Session:
 
     def channel_png(self, index: int, layer: str, channel: int, alpha: float = 0.5) -> bytes:
         """One channel's activation over the photo (scaled to its own range), as a PNG."""
-        from hookviz import render
-
         name, acts = self.channels(index, layer)
         if not 0 <= channel < len(acts):
             raise InputError(f"input channel {channel}: {name} has {len(acts)} (0 to {len(acts) - 1})")
