@@ -44,8 +44,8 @@ def main() -> None:
     batch = torch.from_numpy(x)[None]
     classes = [c["index"] for c in session.predict(0, 50)]
 
-    def view(method: str, target: int) -> float:
-        url = f"http://127.0.0.1:{port}/api/map?input=0&method={method}&target={target}&token={token}"
+    def view(method: str, target: int, fmt: str = "png") -> float:
+        url = f"http://127.0.0.1:{port}/api/map?input=0&method={method}&target={target}&format={fmt}&token={token}"
         t0 = time.perf_counter()
         with urllib.request.urlopen(url, timeout=600) as r:
             r.read()
@@ -57,7 +57,7 @@ def main() -> None:
         return time.perf_counter() - t0
 
     view(METHODS[0], classes[-1])  # the first request pays the lazy imports and the photo's read
-    times: dict[str, list[float]] = {"explore": [], "explain": [], "again": []}
+    times: dict[str, list[float]] = {"explore": [], "explain": [], "again": [], "map": []}
     n = 0
     for _ in range(args.rounds):
         for method in METHODS:
@@ -68,6 +68,7 @@ def main() -> None:
             times["explore" if first is view else "explain"].append(a)
             times["explain" if first is view else "explore"].append(b)
             times["again"].append(view(method, target))
+            times["map"].append(view(method, classes[(25 + n) % 50], "npy"))  # a new view's map alone
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"# hookviz explore bench: {name}, layer {layer}, one photo, {len(times['explore'])} views per row")
     print("| measurement | median | ratio |")
@@ -75,6 +76,8 @@ def main() -> None:
     print(f"| explain() in-process, a new method or class | {med['explain'] * 1000:.0f} ms | 1.00x |")
     print(f"| explore: a new view through the API (PNG) | {med['explore'] * 1000:.0f} ms | "
           f"{med['explore'] / med['explain']:.2f}x |")  # fmt: skip
+    print(f"| explore: a new view's map alone (npy) | {med['map'] * 1000:.0f} ms | "
+          f"{med['map'] / med['explain']:.2f}x |")  # fmt: skip
     print(f"| explore: the same view again (kept) | {med['again'] * 1000:.1f} ms | "
           f"{med['again'] / med['explain']:.2f}x |")  # fmt: skip
     server.shutdown()

@@ -12,13 +12,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -34,10 +35,13 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
 from hookviz.jobs.build import CamSettings
+from hookviz.jobs.common import npy_bytes
 from hookviz.models.loaded import LoadedModel, probe
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.pipeline import output_prefix
 from hookviz.tasks import make_cam_job
+
+T = TypeVar("T")
 
 #: Views kept made (PNG, raw map, record), least recently used dropped first.
 VIEWS_KEPT = 64
@@ -78,14 +82,34 @@ class View:
         return [*words, "--save-raw", "--out", out]
 
 
-@dataclass(frozen=True)
 class Made:
     """A view as the command writes it: the overlay PNG, the raw map (``--save-raw``, the layer's grid), and
-    the record's fields."""
+    the record's fields. The maps are computed when the view is made; the picture is drawn when first asked
+    for (a script that wants the map alone pays for the map alone)."""
 
-    png: bytes
-    npy: bytes
-    record: dict[str, Any]
+    def __init__(self, job: Any, result: Any, photo: tuple[Any, Any], prefix: str, name: str) -> None:
+        self.job, self.result, self.photo, self.prefix, self.name = job, result, photo, prefix, name
+
+    @functools.cached_property
+    def _rendered(self) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        rgb, box = self.photo
+        return self.job.render(self.result, 0, rgb, box, self.prefix)  # type: ignore[no-any-return]
+
+    @property
+    def png(self) -> bytes:
+        files, _ = self._rendered
+        return next(data for name, data in files if name.endswith(".png") and ".sheet" not in name)
+
+    @functools.cached_property
+    def npy(self) -> bytes:
+        """The map at the layer's grid, as ``--save-raw`` writes it (the first method, layer and target)."""
+        key = (self.job.methods[0], self.job.layers[0])
+        return npy_bytes(np.asarray(self.result.maps[key][0, 0]).astype(np.float32))
+
+    @property
+    def record(self) -> dict[str, Any]:
+        _, record = self._rendered
+        return {"input": self.name, "layers": list(self.job.layers), **record}
 
 
 class Session:
@@ -120,9 +144,15 @@ class Session:
         self._read: dict[int, tuple[Any, np.ndarray, Any]] = {}
         self._top: dict[int, list[dict[str, Any]]] = {}
         self._made: OrderedDict[tuple[Any, ...], Made] = OrderedDict()
-        self._lock = threading.Lock()  # one model pass at a time
+        # Every model pass runs on one thread of the session's: one at a time, and with the same thread pools
+        # each time (a new thread's first pass builds its own OpenMP team: 30-40 ms a view).
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookviz-explore")
         self._uploads: Path | None = None
         self.calls = probe(loaded)
+
+    def _on_model(self, work: Callable[[], T]) -> T:
+        """``work()`` on the session's model thread, waited for."""
+        return self._model_thread.submit(work).result()
 
     # -- what there is -------------------------------------------------------------------------------------
     def inputs(self) -> list[dict[str, Any]]:
@@ -169,8 +199,8 @@ class Session:
         """The ``k`` most likely classes of input ``index``: index, name, score (as records read them)."""
         if index not in self._top:
             _, x, _ = self.read(index)
-            with self._lock, torch.no_grad():
-                logits = self.loaded.model(torch.from_numpy(x)[None].to(self.loaded.device)).float().cpu()
+            batch = torch.from_numpy(x)[None].to(self.loaded.device)
+            logits = self._on_model(lambda: _no_grad(self.loaded.model, batch)).float().cpu()
             kind = score_kind(self.loaded.model)
             order = ranking(logits)[0].tolist()
             probs = scorer(kind=kind)(logits, torch.zeros(1, dtype=torch.long))[0]
@@ -181,27 +211,35 @@ class Session:
         return self._top[index][:k]
 
     # -- views ---------------------------------------------------------------------------------------------
-    def view(self, view: View, wanted: Callable[[], bool] | None = None) -> Made | None:
+    def view(self, view: View, wanted: Callable[[], bool] | None = None, draw: bool = True) -> Made | None:
         """The view's PNG, raw map and record, made by ``hookviz gradcam``'s own job (kept once made); None
-        when ``wanted()`` says, once the model is free, that a newer view has been asked for instead."""
+        when ``wanted()`` says, once the model is free, that a newer view has been asked for instead.
+        ``draw``: draw its picture now, on the model's thread (where OpenCV's and torch's pools are warm)."""
         key = dataclasses.astuple(view)
         if key in self._made:
             self._made.move_to_end(key)
-            return self._made[key]
+            made = self._made[key]
+            if draw:
+                self._on_model(lambda: made.png)
+            return made
         rgb, x, box = self.read(view.input)
-        with self._lock:
+
+        def compute() -> tuple[Any, Any] | None:
             if wanted is not None and not wanted():
                 return None
-            built = make_cam_job(self.loaded, view.settings(), calls=self.calls)
-            job = built.job
-            result = job.compute(torch.from_numpy(x)[None].to(self.loaded.device))
+            job = make_cam_job(self.loaded, view.settings(), calls=self.calls).job
+            return job, job.compute(torch.from_numpy(x)[None].to(self.loaded.device))
+
+        done = self._on_model(compute)
+        if done is None:
+            return None
+        job, result = done
         path = self.items[view.input].path
         assert path is not None
         prefix = output_prefix(path, self.loaded.name, settings_key(job.settings()))
-        files, record = job.render(result, 0, rgb, box, prefix)
-        png = next(data for name, data in files if name.endswith(".png") and ".sheet" not in name)
-        npy = next(data for name, data in files if name.endswith(".npy") and not name.endswith(".full.npy"))
-        made = Made(png, npy, {"input": self.items[view.input].name, "layers": list(job.layers), **record})
+        made = Made(job, result, (rgb, box), prefix, self.items[view.input].name)
+        if draw:
+            self._on_model(lambda: made.png)
         self._made[key] = made
         if len(self._made) > VIEWS_KEPT:
             self._made.popitem(last=False)
@@ -232,9 +270,10 @@ class Session:
         return len(self.items) - 1
 
     def close(self) -> None:
-        """Remove the photos dropped onto the page."""
+        """Stop the model's thread; remove the photos dropped onto the page."""
         import shutil
 
+        self._model_thread.shutdown(wait=False)
         if self._uploads is not None:
             shutil.rmtree(self._uploads, ignore_errors=True)
 
@@ -249,10 +288,13 @@ class Session:
         cam = cam.reshape(1, *cam.shape[-2:])
         target = torch.tensor([int(made.record["maps"][0]["target"]["index"])])
         score = scorer(kind=score_kind(self.loaded.model))
-        with self._lock:
-            ours = faithfulness(self.loaded.model, batch, cam, target, steps=steps, scorer=score)
-            chance = faithfulness(self.loaded.model, batch, random_maps(1, *cam.shape[-2:], x=batch), target,
-                                  steps=steps, scorer=score)  # fmt: skip
+        chance_map = random_maps(1, *cam.shape[-2:], x=batch)
+        model = self.loaded.model
+        ours, chance = self._on_model(
+            lambda: [
+                faithfulness(model, batch, m, target, steps=steps, scorer=score) for m in (cam, chance_map)
+            ]
+        )
         return {
             "deletion_auc": float(ours.deletion_auc[0]), "insertion_auc": float(ours.insertion_auc[0]),
             "random": {"deletion_auc": float(chance.deletion_auc[0]),
@@ -265,9 +307,9 @@ class Session:
         name = layer or default_cam_layer(self.loaded.model, self.calls)
         module, _, side = name.partition(":")
         _, x, _ = self.read(index)
-        with self._lock:
-            batch = torch.from_numpy(x)[None].to(self.loaded.device)
-            found = feature_maps(self.loaded.model, batch, [module], "input" if side == "input" else "output")
+        batch = torch.from_numpy(x)[None].to(self.loaded.device)
+        stage = "input" if side == "input" else "output"
+        found = self._on_model(lambda: feature_maps(self.loaded.model, batch, [module], stage))
         return name, found[0].tensor[0].float().cpu().numpy()
 
     def channel_list(self, index: int, layer: str = "") -> dict[str, Any]:
@@ -297,6 +339,11 @@ class Session:
         small = cv2.resize(rgb, (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale))),
                            interpolation=cv2.INTER_AREA)  # fmt: skip
         return encode_png(small)
+
+
+def _no_grad(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(batch)  # type: ignore[no-any-return]
 
 
 def _weights_word(loaded: LoadedModel) -> str:
