@@ -119,15 +119,18 @@ def pages() -> dict[str, str]:
     return found
 
 
+def stale(wanted: dict[str, str]) -> list[str]:
+    """The pages of docs/cli that differ from ``wanted`` (missing, changed or left over)."""
+    have = {p.name: p.read_text() for p in OUT.glob("*.md")} if OUT.is_dir() else {}
+    return sorted(n for n in wanted.keys() | have.keys() if wanted.get(n) != have.get(n))
+
+
 def main(argv: list[str]) -> int:
     wanted = pages()
     if "--check" in argv:
-        have = {p.name: p.read_text() for p in OUT.glob("*.md")} if OUT.is_dir() else {}
-        stale = sorted(n for n in wanted.keys() | have.keys() if wanted.get(n) != have.get(n))
-        if stale:
+        if old := stale(wanted):
             print(
-                f"docs/cli is out of date ({', '.join(stale)}): run python scripts/cli_docs.py",
-                file=sys.stderr,
+                f"docs/cli is out of date ({', '.join(old)}): run python scripts/cli_docs.py", file=sys.stderr
             )
             return 1
         return 0

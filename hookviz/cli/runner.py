@@ -30,14 +30,10 @@ if TYPE_CHECKING:  # names for annotations only: importing them here would load 
     from hookviz.io.inputs import Item
     from hookviz.io.outputs import Output
     from hookviz.jobs import Job
-    from hookviz.jobs.build import BuiltJob, RunContext
+    from hookviz.jobs.build import BuiltJob, JobFactory, RunContext
     from hookviz.models.loaded import LoadedModel
     from hookviz.run.distributed import Dist
     from hookviz.run.kinds import InputKind
-
-#: Builds a command's job once the model is loaded (:data:`hookviz.jobs.build.JobFactory`): given the model
-#: and the run's context, a job or a :class:`hookviz.jobs.build.BuiltJob` with the notes to say.
-JobFactory = Callable[["LoadedModel", "RunContext"], Any]
 
 
 class Reporter:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ from hookviz.core.readout import ranking, scorer
 from hookviz.engine.features import feature_maps
 from hookviz.errors import InputError, UsageError
 from hookviz.evaluation.faithfulness import faithfulness, random_maps
-from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb
+from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
 from hookviz.jobs.build import CamSettings
@@ -100,11 +99,16 @@ class Made:
         files, _ = self._rendered
         return next(data for name, data in files if name.endswith(".png") and ".sheet" not in name)
 
+    @property
+    def map(self) -> np.ndarray:
+        """The map at the layer's grid (the first method, layer and target), float32."""
+        key = (self.job.methods[0], self.job.layers[0])
+        return np.asarray(self.result.maps[key][0, 0]).astype(np.float32)
+
     @functools.cached_property
     def npy(self) -> bytes:
-        """The map at the layer's grid, as ``--save-raw`` writes it (the first method, layer and target)."""
-        key = (self.job.methods[0], self.job.layers[0])
-        return npy_bytes(np.asarray(self.result.maps[key][0, 0]).astype(np.float32))
+        """:attr:`map` as ``--save-raw`` writes it."""
+        return npy_bytes(self.map)
 
     @property
     def record(self) -> dict[str, Any]:
@@ -143,6 +147,7 @@ class Session:
             raise UsageError(f"no readable input among {', '.join(specs)}; give photos or folders of photos")
         self._read: dict[int, tuple[Any, np.ndarray, Any]] = {}
         self._top: dict[int, list[dict[str, Any]]] = {}
+        self._thumbs: dict[int, bytes] = {}
         self._made: OrderedDict[tuple[Any, ...], Made] = OrderedDict()
         # Every model pass runs on one thread of the session's: one at a time, and with the same thread pools
         # each time (a new thread's first pass builds its own OpenMP team: 30-40 ms a view).
@@ -280,13 +285,12 @@ class Session:
     def trust(self, view: View, steps: int = 16) -> dict[str, Any]:
         """How faithful the view's map is, against chance: deletion and insertion AUC of the map and of a
         seeded random map (the ``evaluate`` command's ``random`` baseline) on this photo."""
-        made = self.view(view)
+        made = self.view(view, draw=False)
         assert made is not None
         _, x, _ = self.read(view.input)
         batch = torch.from_numpy(x)[None].to(self.loaded.device)
-        cam = torch.from_numpy(npy_array(made.npy)).float()
-        cam = cam.reshape(1, *cam.shape[-2:])
-        target = torch.tensor([int(made.record["maps"][0]["target"]["index"])])
+        cam = torch.from_numpy(made.map)[None]
+        target = made.result.explanation.targets[:1, 0].cpu()
         score = scorer(kind=score_kind(self.loaded.model))
         chance_map = random_maps(1, *cam.shape[-2:], x=batch)
         model = self.loaded.model
@@ -331,14 +335,13 @@ class Session:
         )
 
     def thumbnail(self, index: int, side: int = 160) -> bytes:
-        """Input ``index`` as a small PNG (the strip of inputs)."""
-        import cv2
-
-        rgb = np.asarray(self.read(index)[0])
-        scale = side / max(rgb.shape[:2])
-        small = cv2.resize(rgb, (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale))),
-                           interpolation=cv2.INTER_AREA)  # fmt: skip
-        return encode_png(small)
+        """Input ``index`` as a small PNG (the strip of inputs), made once."""
+        if index not in self._thumbs:
+            path = self.items[index].path if 0 <= index < len(self.items) else None
+            if path is None:
+                raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+            self._thumbs[index] = encode_png(load_rgb_within(path, side, self.max_pixels)[0])
+        return self._thumbs[index]
 
 
 def _no_grad(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -352,12 +355,6 @@ def _weights_word(loaded: LoadedModel) -> str:
     return "DEFAULT" if label.startswith("DEFAULT") else "none" if label.startswith("none") else label
 
 
-def npy_array(data: bytes) -> np.ndarray:
-    """The array a view's ``.npy`` bytes hold."""
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
-
 def under(path: Path, roots: Sequence[Path]) -> bool:
     """Whether ``path``, symlinks resolved, lies inside one of ``roots`` (resolved)."""
-    real = path.resolve()
-    return any(real == root.resolve() or root.resolve() in real.parents for root in roots)
+    return any(path.resolve().is_relative_to(root.resolve()) for root in roots)
