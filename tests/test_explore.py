@@ -159,14 +159,14 @@ def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> 
     channel view lists the layer's channels by activation, each map drawn over the photo."""
     import torch
 
-    from hookviz.explore.session import View
+    from hookviz.explore.view import View
     from hookviz.io.shapes import SHAPES, draw_shape
     from tests.conftest import tiny_loaded
 
     img, _ = draw_shape(1, 48, np.random.default_rng(7))
     photo = write_image(tmp_path / "disc.png", (img * 255).round().astype(np.uint8))
     session = Session(tiny_loaded(trained.model.eval()), [str(photo)])
-    assert session.predict(0, 3)[0]["name"] == SHAPES[1]
+    assert session.predict(0, 3)["targets"][0]["name"] == SHAPES[1]
     t = session.trust(View(layer="features.6"))
     chance = t["random"]
     assert t["deletion_auc"] < chance["deletion_auc"] and t["insertion_auc"] > chance["insertion_auc"]

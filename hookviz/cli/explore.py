@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,9 @@ from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, o
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
 Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "
     "localhost lets other machines reach it (with the token).")]  # fmt: skip
+ChannelsRunOpt = Annotated[Path | None, typer.Option("--channels-run", help="the --out folder of a "
+    "`hookviz channels` run over these photos (same model): the channel view shows each channel's best "
+    "photos.")]  # fmt: skip
 NoBrowser = Annotated[bool, typer.Option("--no-browser", help="print the address only; open no browser.")]
 #: What explore takes of the run options: where the model runs, and how large a photo may be.
 ExploreRun = Annotated[RunOptions, omit(
@@ -29,18 +33,22 @@ def explore(
     port: Port = 0,
     host: Host = "127.0.0.1",
     no_browser: NoBrowser = False,
+    channels_run: ChannelsRunOpt = None,
     run: ExploreRun = RunOptions(),
 ) -> None:
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
+    from hookviz.explore.looks import ChannelsRun
     from hookviz.explore.server import Explorer
     from hookviz.explore.session import Session
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
                    err=True)  # fmt: skip
+    best = ChannelsRun(channels_run) if channels_run is not None else None
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
-    session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=_model_words(model))
+    words = _model_words(model)
+    session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
     server = Explorer(session, host, port)
     typer.echo(f"hookviz: explore at {server.url}", err=True)
     if not no_browser and sys.stderr.isatty():

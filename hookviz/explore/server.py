@@ -9,7 +9,11 @@ API (every answer JSON unless said; ``input`` is an index or a name as ``/api/in
 ``hookviz gradcam --save-raw`` writes; ``json``: the record and the command that writes the same PNG),
 ``/api/trust?`` (the map's view parameters: its deletion and insertion AUC against a random map's),
 ``/api/channels?input=&layer=`` (the layer's channels, the most active first), ``/api/channel?input=&layer=
-&channel=`` (one channel's map over the photo, PNG).
+&channel=`` (one channel's map over the photo, PNG), ``/api/visualize?layer=&channel=&steps=`` (its feature
+visualisation, PNG), ``/api/best?layer=&channel=`` and ``/api/sheet?...`` (its best photos in the
+``--channels-run`` folder, and their sheet), ``/api/photo?input=`` (the photo a detector's boxes are measured
+on, PNG). A map's view also takes ``box`` (a detector's, from 1), ``frame`` and ``axis`` (a video's frame,
+a volume's slice).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import secrets
 import shlex
 import threading
+from collections.abc import Callable
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,14 +31,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hookviz.errors import HookvizError
-from hookviz.explore.session import MAX_UPLOAD, Session, View
+from hookviz.explore.looks import NotFound
+from hookviz.explore.session import MAX_UPLOAD, Session
+from hookviz.explore.view import View
 from hookviz.io.outputs import finite
 
 COOKIE = "hookviz_explore"
-
-
-class NotFound(LookupError):
-    """What was asked for is not this session's to serve."""
 
 
 class Explorer(ThreadingHTTPServer):
@@ -50,6 +53,12 @@ class Explorer(ThreadingHTTPServer):
         shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "") else host
         self.hosts = {f"{h}:{bound}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
         self.url = f"http://{shown}:{bound}/?token={self.token}"
+
+
+def _model(s: Session) -> dict[str, Any]:
+    lm = s.loaded
+    return {"name": lm.name, "weights": lm.weights, "pretrained": lm.pretrained, "task": lm.task_name,
+            "kind": s.kind.name, "channels_run": s.channels_run is not None}  # fmt: skip
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -140,37 +149,38 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         s = self.server.session
         one = {k: v[0] for k, v in query.items()}
-        if path == "/":
-            cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
-            page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
-            self._send(200, page, "text/html; charset=utf-8", {"Set-Cookie": cookie})
-        elif path == "/api/inputs":
-            self._json(s.inputs())
-        elif path == "/api/layers":
-            self._json(s.layers())
-        elif path == "/api/methods":
-            self._json(s.methods())
-        elif path == "/api/model":
-            lm = s.loaded
-            self._json(
-                {"name": lm.name, "weights": lm.weights, "pretrained": lm.pretrained, "task": lm.task_name}
-            )
-        elif path == "/api/predict":
-            self._json(s.predict(self._input(one), int(one.get("k", 5))))
-        elif path == "/api/thumb":
-            self._send(200, s.thumbnail(self._input(one)), "image/png")
-        elif path == "/api/map":
-            self._map(one)
-        elif path == "/api/trust":
-            self._json(s.trust(self._view(one)))
-        elif path == "/api/channels":
-            self._json(s.channel_list(self._input(one), one.get("layer", "")))
-        elif path == "/api/channel":
-            made = s.channel_png(self._input(one), one.get("layer", ""), int(one.get("channel", "0")),
-                                 float(one.get("alpha", 0.5)))  # fmt: skip
-            self._send(200, made, "image/png")
-        else:
-            self._error(HTTPStatus.NOT_FOUND, f"{path}: nothing here")
+        png = "image/png"
+        layer, channel = one.get("layer", ""), int(one.get("channel", "0"))
+        answers: dict[str, Callable[[], None]] = {
+            "/": self._page,
+            "/api/inputs": lambda: self._json(s.inputs()),
+            "/api/layers": lambda: self._json(s.layers()),
+            "/api/methods": lambda: self._json(s.methods()),
+            "/api/model": lambda: self._json(_model(s)),
+            "/api/predict": lambda: self._json(s.predict(self._input(one), int(one.get("k", 5)))),
+            "/api/thumb": lambda: self._send(200, s.thumbnail(self._input(one)), png),
+            "/api/photo": lambda: self._send(200, s.photo(self._input(one)), png),
+            "/api/map": lambda: self._map(one),
+            "/api/trust": lambda: self._json(s.trust(self._view(one))),
+            "/api/channels": lambda: self._json(s.channel_list(self._input(one), layer)),
+            "/api/channel": lambda: self._send(
+                200, s.channel_png(self._input(one), layer, channel, float(one.get("alpha", 0.5))), png
+            ),
+            "/api/visualize": lambda: self._send(
+                200, s.visualise(layer, channel, int(one.get("steps", 128))), png
+            ),
+            "/api/best": lambda: self._json(s.best(layer, channel)),
+            "/api/sheet": lambda: self._send(200, s.sheet(layer, channel), png),
+        }
+        answer = answers.get(path)
+        if answer is None:
+            raise NotFound(f"{path}: nothing here")
+        answer()
+
+    def _page(self) -> None:
+        cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
+        page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
+        self._send(200, page, "text/html; charset=utf-8", {"Set-Cookie": cookie})
 
     def _input(self, one: dict[str, str]) -> int:
         """The input asked for, by index or by name as listed; anything else is not found."""
@@ -185,7 +195,8 @@ class Handler(BaseHTTPRequestHandler):
     def _view(self, one: dict[str, str]) -> View:
         return View(
             input=self._input(one), layer=one.get("layer", ""), method=one.get("method", "gradcam"),
-            target=one.get("target", "top1"), alpha=float(one.get("alpha", 0.5)),
+            target=one.get("target", "top1"), box=int(one.get("box", 1)), frame=int(one.get("frame", -1)),
+            axis=int(one.get("axis", 2)), alpha=float(one.get("alpha", 0.5)),
             colormap=one.get("colormap", "jet"), relu=one.get("relu", "1") not in ("0", "false"),
         )  # fmt: skip
 
@@ -202,9 +213,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NO_CONTENT, b"", "text/plain")
             return
         if fmt == "png":
-            self._send(200, made.png, "image/png")
+            self._send(200, made.png_of(view), "image/png")
         elif fmt == "npy":
-            self._send(200, made.npy, "application/octet-stream")
+            self._send(200, made.npy_of(view), "application/octet-stream")
         elif fmt == "json":
             session = self.server.session
             command = view.command(session.model_words, str(session.items[view.input].path))

@@ -11,12 +11,9 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,17 +21,18 @@ import numpy as np
 import torch
 
 from hookviz import methods, render
-from hookviz.core.conventions import score_kind
 from hookviz.core.layers import default_cam_layer
-from hookviz.core.readout import ranking, scorer
+from hookviz.core.readout import scorer
 from hookviz.engine.features import feature_maps
-from hookviz.errors import InputError, UsageError
+from hookviz.errors import HookvizError, InputError, UsageError
 from hookviz.evaluation.faithfulness import faithfulness, random_maps
+from hookviz.explore.looks import ChannelsRun, NotFound, visualisation
+from hookviz.explore.view import Made, View
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
+from hookviz.io.video import ClipFrames
 from hookviz.jobs.build import CamSettings
-from hookviz.jobs.common import npy_bytes
 from hookviz.models.loaded import LoadedModel, probe
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.pipeline import output_prefix
@@ -48,74 +46,6 @@ VIEWS_KEPT = 64
 MAX_UPLOAD = 32 * 2**20
 
 
-@dataclass(frozen=True)
-class View:
-    """One view: which input (its index among the inputs), layer (empty: the default), method and target
-    (``top1``, a class index or name), and how it looks."""
-
-    input: int = 0
-    layer: str = ""
-    method: str = "gradcam"
-    target: str = "top1"
-    alpha: float = 0.5
-    colormap: str = "jet"
-    relu: bool = True
-
-    def settings(self) -> CamSettings:
-        """The ``gradcam`` settings that make this view."""
-        return CamSettings(
-            layers=(self.layer,) if self.layer else (), methods=(self.method,), target=self.target,
-            alpha=self.alpha, colormap=self.colormap, relu=self.relu, save_raw=True,
-        )  # fmt: skip
-
-    def command(self, model: Sequence[str], photo: str, out: str = "out") -> list[str]:
-        """The ``hookviz gradcam`` line that writes this view's PNG and raw map (the words of a shell
-        command); ``model``: the model options' words (``--model NAME --weights W ...``)."""
-        words = ["hookviz", "gradcam", photo, *model]
-        words += ["--layer", self.layer] if self.layer else []
-        words += ["--method", self.method] if self.method != "gradcam" else []
-        words += ["--target", self.target] if self.target != "top1" else []
-        words += ["--alpha", f"{self.alpha:g}"] if self.alpha != 0.5 else []
-        words += ["--colormap", self.colormap] if self.colormap != "jet" else []
-        words += ["--no-relu"] if not self.relu else []
-        return [*words, "--save-raw", "--out", out]
-
-
-class Made:
-    """A view as the command writes it: the overlay PNG, the raw map (``--save-raw``, the layer's grid), and
-    the record's fields. The maps are computed when the view is made; the picture is drawn when first asked
-    for (a script that wants the map alone pays for the map alone)."""
-
-    def __init__(self, job: Any, result: Any, photo: tuple[Any, Any], prefix: str, name: str) -> None:
-        self.job, self.result, self.photo, self.prefix, self.name = job, result, photo, prefix, name
-
-    @functools.cached_property
-    def _rendered(self) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        rgb, box = self.photo
-        return self.job.render(self.result, 0, rgb, box, self.prefix)  # type: ignore[no-any-return]
-
-    @property
-    def png(self) -> bytes:
-        files, _ = self._rendered
-        return next(data for name, data in files if name.endswith(".png") and ".sheet" not in name)
-
-    @property
-    def map(self) -> np.ndarray:
-        """The map at the layer's grid (the first method, layer and target), float32."""
-        key = (self.job.methods[0], self.job.layers[0])
-        return np.asarray(self.result.maps[key][0, 0]).astype(np.float32)
-
-    @functools.cached_property
-    def npy(self) -> bytes:
-        """:attr:`map` as ``--save-raw`` writes it."""
-        return npy_bytes(self.map)
-
-    @property
-    def record(self) -> dict[str, Any]:
-        _, record = self._rendered
-        return {"input": self.name, "layers": list(self.job.layers), **record}
-
-
 class Session:
     """One model and its inputs, with the photos, forward passes and views made kept."""
 
@@ -126,33 +56,38 @@ class Session:
         *,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         model_words: Sequence[str] | None = None,
+        channels_run: ChannelsRun | None = None,
     ):
-        if loaded.task_name != "classification":
-            raise UsageError(
-                f"hookviz explore takes classifiers so far; {loaded.name} is a {loaded.task_name} model "
-                "(hookviz gradcam explains it)"
-            )
         self.loaded, self.max_pixels = loaded, max_pixels
         #: The model options a command needs to load the same model (``--model NAME --weights W ...``).
         self.model_words = list(model_words or ["--model", loaded.name, "--weights", _weights_word(loaded)])
         self.kind = input_kind_of(loaded, list(specs))
+        if self.kind.name not in ("photo", "video", "volume"):
+            raise UsageError(f"hookviz explore takes photos, videos and volumes; {loaded.name} takes "
+                             f"{self.kind.name}s (hookviz gradcam explains them)")  # fmt: skip
         # Only what the inputs name: a symlink in a folder given that leads out of it is left out.
         roots = [Path(spec).expanduser() for spec in specs]
-        self.items: list[Item] = [
+        found = [
             item
             for item in self.kind.find(loaded, list(specs))
             if item.path is not None and not item.error and under(item.path, roots)
         ]
+        self.items: list[Item] = [
+            item for item in self.kind.items(loaded, found, max_pixels) if not item.error
+        ]
         if not self.items:
             raise UsageError(f"no readable input among {', '.join(specs)}; give photos or folders of photos")
         self._read: dict[int, tuple[Any, np.ndarray, Any]] = {}
-        self._top: dict[int, list[dict[str, Any]]] = {}
+        self._top: dict[int, dict[str, Any]] = {}
         self._thumbs: dict[int, bytes] = {}
         self._made: OrderedDict[tuple[Any, ...], Made] = OrderedDict()
         # Every model pass runs on one thread of the session's: one at a time, and with the same thread pools
         # each time (a new thread's first pass builds its own OpenMP team: 30-40 ms a view).
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookviz-explore")
         self._uploads: Path | None = None
+        self._methods: list[dict[str, Any]] | None = None
+        self._pictures: dict[tuple[str, int, int], bytes] = {}
+        self.channels_run = channels_run
         self.calls = probe(loaded)
 
     def _on_model(self, work: Callable[[], T]) -> T:
@@ -161,8 +96,9 @@ class Session:
 
     # -- what there is -------------------------------------------------------------------------------------
     def inputs(self) -> list[dict[str, Any]]:
-        """Each input: its index, its name as given, and its file."""
-        return [{"index": i, "name": item.name, "file": str(item.path)} for i, item in enumerate(self.items)]
+        """Each input: its index, its name as given (a video's clip: the video's, its number after it), its
+        file, and for a clip the video it is cut from (``group``)."""
+        return [_listed(i, item) for i, item in enumerate(self.items)]
 
     def layers(self) -> list[dict[str, Any]]:
         """Each module that runs: name, type, output shape, whether it is the default CAM layer."""
@@ -182,13 +118,11 @@ class Session:
         return found
 
     def methods(self) -> list[dict[str, Any]]:
-        """Each registered method: its name, title, family and cost, and whether ``--method all`` holds it."""
-        return [
-            {"name": n, "title": methods.get(n).title, "family": methods.get(n).family,
-             "cost": methods.get(n).cost, "cheap": n in methods.parse(["all"])}
-            for n in methods.names()
-            if not methods.get(n).detection_only
-        ]  # fmt: skip
+        """Each registered method: its name, title, family and cost, whether ``--method all`` holds it, and
+        whether it applies to this model (``why``: the line ``hookviz gradcam`` refuses it with)."""
+        if self._methods is None:
+            self._methods = [_method(n, self.loaded, self.calls) for n in methods.names()]
+        return self._methods
 
     def read(self, index: int) -> tuple[Any, np.ndarray, Any]:
         """Input ``index`` as the pipeline reads it: (the photo, the model's input, the box it saw)."""
@@ -200,32 +134,30 @@ class Session:
             )
         return self._read[index]
 
-    def predict(self, index: int, k: int = 5) -> list[dict[str, Any]]:
-        """The ``k`` most likely classes of input ``index``: index, name, score (as records read them)."""
+    def predict(self, index: int, k: int = 5) -> dict[str, Any]:
+        """What input ``index`` can be explained for, as the default view's pass reads it: ``kind``
+        ``classes`` (the ``k`` most likely, softmax), ``labels`` (a multi-label head's sigmoids, each
+        ``positive`` at 0.5 or more), ``regions`` (a segmenter's classes by their share of the pixels) or
+        ``boxes`` (a detector's, numbered from 1 as ``gradcam`` names their files); ``targets`` each with
+        index, name and score."""
         if index not in self._top:
-            _, x, _ = self.read(index)
-            batch = torch.from_numpy(x)[None].to(self.loaded.device)
-            logits = self._on_model(lambda: _no_grad(self.loaded.model, batch)).float().cpu()
-            kind = score_kind(self.loaded.model)
-            order = ranking(logits)[0].tolist()
-            probs = scorer(kind=kind)(logits, torch.zeros(1, dtype=torch.long))[0]
-            self._top[index] = [
-                {"index": int(i), "name": self.loaded.class_name(int(i)), "score": round(float(probs[i]), 6)}
-                for i in order[:50]
-            ]
-        return self._top[index][:k]
+            made = self.view(View(input=index), draw=False)
+            assert made is not None
+            self._top[index] = _targets(made, self.loaded)
+        found = self._top[index]
+        return {**found, "targets": found["targets"][: k if found["kind"] == "classes" else 50]}
 
     # -- views ---------------------------------------------------------------------------------------------
     def view(self, view: View, wanted: Callable[[], bool] | None = None, draw: bool = True) -> Made | None:
         """The view's PNG, raw map and record, made by ``hookviz gradcam``'s own job (kept once made); None
         when ``wanted()`` says, once the model is free, that a newer view has been asked for instead.
         ``draw``: draw its picture now, on the model's thread (where OpenCV's and torch's pools are warm)."""
-        key = dataclasses.astuple(view)
+        key = view.made_of()
         if key in self._made:
             self._made.move_to_end(key)
             made = self._made[key]
             if draw:
-                self._on_model(lambda: made.png)
+                self._on_model(lambda: made.png_of(view))
             return made
         rgb, x, box = self.read(view.input)
 
@@ -243,9 +175,9 @@ class Session:
         assert path is not None
         prefix = output_prefix(path, self.loaded.name, settings_key(job.settings()))
         made = Made(job, result, (rgb, box), prefix, self.items[view.input].name)
-        if draw:
-            self._on_model(lambda: made.png)
         self._made[key] = made
+        if draw:
+            self._on_model(lambda: made.png_of(view))
         if len(self._made) > VIEWS_KEPT:
             self._made.popitem(last=False)
         return made
@@ -287,11 +219,15 @@ class Session:
         seeded random map (the ``evaluate`` command's ``random`` baseline) on this photo."""
         made = self.view(view, draw=False)
         assert made is not None
+        if made.detector or self.kind.name != "photo":
+            raise UsageError(f"the trust panel measures photos of classifiers and segmenters, not "
+                             f"{'a detector' if made.detector else self.kind.name + 's'} (yet)")  # fmt: skip
         _, x, _ = self.read(view.input)
         batch = torch.from_numpy(x)[None].to(self.loaded.device)
         cam = torch.from_numpy(made.map)[None]
-        target = made.result.explanation.targets[:1, 0].cpu()
-        score = scorer(kind=score_kind(self.loaded.model))
+        ex = made.result.explanation
+        target = ex.targets[:1, 0].cpu()
+        score = scorer(ex.labels, ex.region, ex.score_kind)
         chance_map = random_maps(1, *cam.shape[-2:], x=batch)
         model = self.loaded.model
         ours, chance = self._on_model(
@@ -334,19 +270,117 @@ class Session:
             render.overlay(np.asarray(rgb), acts[channel], box, alpha=alpha, colormap="viridis")
         )
 
+    def layer_name(self, layer: str = "") -> str:
+        """``layer`` as given, or the default CAM layer's name."""
+        return layer or default_cam_layer(self.loaded.model, self.calls)
+
+    def visualise(self, layer: str, channel: int, steps: int = 128) -> bytes:
+        """``channel``'s feature visualisation at ``layer`` (module outputs only), made once, as a PNG."""
+        module = self.layer_name(layer).partition(":")[0]
+        key = (module, channel, steps)
+        if key not in self._pictures:
+            self._pictures[key] = self._on_model(lambda: visualisation(self.loaded, module, channel, steps))
+        return self._pictures[key]
+
+    def best(self, layer: str, channel: int) -> dict[str, Any]:
+        """``channel``'s best inputs in the ``--channels-run`` folder (see :class:`ChannelsRun`)."""
+        if self.channels_run is None:
+            raise InputError(
+                "no channels run given: start explore with --channels-run DIR (a hookviz channels --out)"
+            )
+        return self.channels_run.best(self.layer_name(layer), channel)
+
+    def sheet(self, layer: str, channel: int) -> bytes:
+        """``channel``'s sheet of best photos in the ``--channels-run`` folder."""
+        if self.channels_run is None:
+            raise NotFound("no channels run given (--channels-run DIR)")
+        return self.channels_run.sheet(self.layer_name(layer), channel)
+
+    def photo(self, index: int) -> bytes:
+        """Input ``index`` as read (a photo, the size a detector's boxes are measured in), as a PNG."""
+        rgb, _, _ = self.read(index)
+        if not isinstance(rgb, np.ndarray):
+            raise InputError(f"input {index} is a {self.kind.name}, not a photo")
+        return encode_png(rgb)
+
     def thumbnail(self, index: int, side: int = 160) -> bytes:
         """Input ``index`` as a small PNG (the strip of inputs), made once."""
         if index not in self._thumbs:
             path = self.items[index].path if 0 <= index < len(self.items) else None
             if path is None:
                 raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
-            self._thumbs[index] = encode_png(load_rgb_within(path, side, self.max_pixels)[0])
+            if self.kind.name == "photo":
+                small = load_rgb_within(path, side, self.max_pixels)[0]
+            else:
+                small = _shrunk(_still(self.read(index)[0]), side)
+            self._thumbs[index] = encode_png(small)
         return self._thumbs[index]
 
 
-def _no_grad(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(batch)  # type: ignore[no-any-return]
+def _still(read: Any) -> np.ndarray:
+    """A clip's middle frame, or a volume's middle slice (along its last axis) in grey, as RGB."""
+    if isinstance(read, ClipFrames):
+        frames = read.frames
+        return np.asarray(frames[len(frames) // 2])
+    grey = read.grey()
+    plane = np.asarray(grey[..., grey.shape[-1] // 2])
+    return np.ascontiguousarray(np.repeat(plane[..., None], 3, axis=-1))
+
+
+def _shrunk(rgb: np.ndarray, side: int) -> np.ndarray:
+    import cv2
+
+    scale = min(1.0, side / max(rgb.shape[:2]))
+    size = (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale)))
+    return cv2.resize(np.ascontiguousarray(rgb), size, interpolation=cv2.INTER_AREA)
+
+
+def _listed(index: int, item: Item) -> dict[str, Any]:
+    """An input as ``/api/inputs`` lists it (a clip named after its video and its number)."""
+    listed = {"index": index, "name": item.name, "file": str(item.path)}
+    if item.clip is not None:
+        clip = item.clip
+        listed |= {"name": f"{item.name} clip {clip.number + 1}/{clip.of}", "group": item.name}
+    return listed
+
+
+def _method(name: str, loaded: LoadedModel, calls: list[Any]) -> dict[str, Any]:
+    """A method as ``/api/methods`` lists it; whether it applies is whether ``gradcam`` builds its job."""
+    m = methods.get(name)
+    listed = {"name": name, "title": m.title, "family": m.family, "cost": m.cost,
+              "cheap": name in methods.parse(["all"]), "applies": True, "why": ""}  # fmt: skip
+    try:
+        make_cam_job(loaded, CamSettings(methods=(name,)), calls=calls)
+    except HookvizError as exc:
+        listed |= {"applies": False, "why": str(exc)}
+    return listed
+
+
+def _targets(made: Made, loaded: LoadedModel) -> dict[str, Any]:
+    """What a view's pass says the input can be explained for (see :meth:`Session.predict`)."""
+    if made.detector:
+        found = made.result[0]
+        return {
+            "kind": "boxes",
+            "targets": [
+                {"box": k + 1, "index": label, "name": loaded.class_name(label),
+                 "score": round(float(found.scores[k]), 6),
+                 "xyxy": [round(float(v), 2) for v in found.boxes[k].tolist()]}
+                for k, label in enumerate(found.labels.tolist())
+            ],
+        }  # fmt: skip
+    ex = made.result.explanation
+    probs = ex.probs[0].float()
+    order = torch.argsort(-probs, stable=True).tolist()
+    kind = "labels" if ex.score_kind == "sigmoid" else "regions" if ex.labels is not None else "classes"
+    if kind == "regions":  # the classes that own pixels, by their share
+        order = [c for c in order if bool((ex.labels[0] == c).any())]
+    each = [
+        {"index": int(c), "name": loaded.class_name(int(c)), "score": round(float(probs[c]), 6)}
+        | ({"positive": bool(probs[c] >= 0.5)} if kind == "labels" else {})
+        for c in order[:50]
+    ]
+    return {"kind": kind, "targets": each}
 
 
 def _weights_word(loaded: LoadedModel) -> str:

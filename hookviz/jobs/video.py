@@ -95,6 +95,20 @@ class VideoCamJob(CamJob):
             files.append((f"{base}.full.npy", npy_bytes(full)))
         return files
 
+    def stills(self, rgb: Any, axis: int = 0) -> int:
+        """How many stills :meth:`still` draws of a clip: its sampled frames."""
+        return len(rgb.frames)
+
+    def still(self, result: CamBatch, rgb: Any, box: Box, k: int, axis: int = 0) -> np.ndarray:
+        """Frame ``k`` of the first image's clip with its first map over it, on the clip's one colour scale
+        (the frame the overlay video shows at that time)."""
+        (method, layer), maps = next(iter(result.maps.items()))
+        over_time = in_time(maps[0, 0], len(rgb.frames))
+        unit = self._unit(over_time, result.scales[(method, layer)], method)
+        return render.overlay(
+            rgb.frames[k], unit[k], box, alpha=self.alpha, colormap=self.colormap, scaled=True
+        )
+
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:

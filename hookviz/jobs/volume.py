@@ -70,6 +70,18 @@ class VolumeCamJob(CamJob):
         sheet = self._sheet_name(stem)
         return [*names, sheet] if sheet else names
 
+    def stills(self, rgb: Volume, axis: int = 2) -> int:
+        """How many slices :meth:`still` draws along ``axis``."""
+        return int(rgb.shape[axis])
+
+    def still(self, result: CamBatch, rgb: Volume, box: Box, k: int, axis: int = 2) -> np.ndarray:
+        """Slice ``k`` along ``axis`` of the first image's volume with its first map over it (on the map's
+        scale, as the orthogonal slices are drawn)."""
+        (method, layer), maps = next(iter(result.maps.items()))
+        full = resample(np.nan_to_num(maps[0, 0].astype(np.float32)), rgb.shape)
+        unit = self._unit(full, result.scales[(method, layer)], method)
+        return draw.overlay_slice(rgb.grey(), unit, axis, k, rgb, alpha=self.alpha, colormap=self.colormap)
+
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
