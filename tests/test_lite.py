@@ -4,8 +4,10 @@ cat, and it runs offline from weights read as tensors only."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,36 @@ def test_a_fine_tuned_copy_rebuilds_the_head(tmp_path: Path) -> None:
         0 <= rec["predicted"]["index"] < 5
         and rec["predicted"]["name"] == f"class {rec['predicted']['index']}"
     )
+
+
+def test_the_explorer_on_it_names_the_cat_and_its_map_is_the_command_s(tmp_path: Path) -> None:
+    """``hookviz explore sample_images --model efficientnet_lite0``: the API names the cat, its LayerCAM
+    view's raw map is ``hookviz gradcam --save-raw``'s, and the map peaks on the cat's face."""
+    from hookviz.explore.server import Explorer
+    from hookviz.explore.session import Session
+    from hookviz.tasks import load_model
+    from tests.test_explore import get
+
+    explorer = Explorer(Session(load_model("efficientnet_lite0"), [str(SAMPLES)]))
+    threading.Thread(target=explorer.serve_forever, daemon=True).start()
+    try:
+        names = [item["name"] for item in json.loads(get(explorer, "/api/inputs")[1])]
+        cat = names.index(str(SAMPLES / "cat.jpg"))
+        top = json.loads(get(explorer, f"/api/predict?input={cat}")[1])["targets"][0]
+        assert 281 <= top["index"] <= 285 and top["score"] > 0.3
+        view = f"/api/map?input={cat}&method=layercam"
+        info = json.loads(get(explorer, view + "&format=json")[1])
+        raw = np.load(io.BytesIO(get(explorer, view + "&format=npy")[1]))
+    finally:
+        explorer.shutdown()
+        explorer.server_close()
+    out = tmp_path / "out"
+    r = invoke(*info["command"].split()[1:-1], str(out))
+    assert r.exit_code == 0, r.stderr
+    (rec,) = records(out)
+    npy = next(o for o in rec["outputs"] if o.endswith(".npy") and not o.endswith(".full.npy"))
+    np.testing.assert_allclose(np.load(npy), raw, rtol=1e-5, atol=1e-6)
+    full = np.load(next(o for o in rec["outputs"] if o.endswith(".full.npy")))
+    y, x = np.unravel_index(np.nanargmax(full), full.shape)
+    x0, y0, x1, y1 = CAT_FACE
+    assert x0 <= x < x1 and y0 <= y < y1, (x, y)
