@@ -42,7 +42,7 @@ def main() -> None:
     layer = next(item["name"] for item in session.layers() if item["default"])
     _, x, _ = session.read(0)
     batch = torch.from_numpy(x)[None]
-    classes = [c["index"] for c in session.predict(0, 50)]
+    classes = [c["index"] for c in session.predict(0, 50)["targets"]]
 
     def view(method: str, target: int, fmt: str = "png") -> float:
         url = f"http://127.0.0.1:{port}/api/map?input=0&method={method}&target={target}&format={fmt}&token={token}"
