@@ -29,6 +29,7 @@ LAYERS = [
     "jobs",  # adapters from a command's settings to the pipeline
     "tasks",  # the task registry
     "run",  # the pipeline, torchrun, the runner
+    "vlm",  # generative vision-language models: their families, word maps, pictures, runs
     "report",  # the HTML page
     "explore",  # hookviz explore: the live page and its API
     "serve",  # the warm server

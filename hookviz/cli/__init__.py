@@ -3,7 +3,7 @@ one module per command family. Commands are registered here, in the order ``hook
 
 from __future__ import annotations
 
-from hookviz.cli import concepts, explain, explore, inspect, report, serve, training, trust, visual
+from hookviz.cli import concepts, explain, explore, inspect, report, serve, training, trust, visual, vlm
 from hookviz.cli.app import (
     EXIT_BROKEN_PIPE,
     EXIT_INPUTS_FAILED,
@@ -31,6 +31,7 @@ app.command()(report.report)
 app.command()(inspect.models)
 app.command()(serve.serve)
 app.command()(explore.explore)
+app.command()(vlm.vlm)
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

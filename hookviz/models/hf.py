@@ -32,12 +32,12 @@ def build(spec: str, weights: str, options: Options) -> Built:
         import transformers
     except ImportError:
         raise missing_extra("transformers", "hf") from None
-    with _quiet(transformers):
+    with quiet(transformers):
         return _build(transformers, spec, weights, options)
 
 
 @contextmanager
-def _quiet(transformers: Any) -> Iterator[None]:
+def quiet(transformers: Any) -> Iterator[None]:
     """No progress bars or info lines from transformers while loading (stdout/stderr stay hookviz's)."""
     logging = transformers.utils.logging
     level = logging.get_verbosity()

@@ -86,6 +86,7 @@ def _card(rec: dict[str, Any]) -> dict[str, Any]:
                 "layer": _text(m.get("layer")),
                 "target": _text(target.get("name")),
                 "metrics": metrics if {"deletion_auc", "insertion_auc"} <= set(metrics) else None,
+                "token": _int(m.get("token")),  # a vision-language model's answer token
             }
         )
         named.add(Path(m["file"]).name)
@@ -117,7 +118,20 @@ def _card(rec: dict[str, Any]) -> dict[str, Any]:
         "targets": list({t["index"]: t for t in targets}.values()),
         "pictures": pictures,
         "part": _part(rec),
+        "answer": _answer(rec),
     }
+
+
+def _answer(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """A vision-language model's record (``hookviz vlm``): the prompt and the answer's tokens, as text."""
+    tokens = [t for t in _list(rec.get("tokens")) if isinstance(t, dict) and _text(t.get("text")) is not None]
+    if _text(rec.get("answer")) is None or not tokens:
+        return None
+    words = [
+        {"token": _int(t.get("index")), "text": _text(t.get("text")), "prob": _num(t.get("prob"))}
+        for t in tokens
+    ]
+    return {"prompt": _text(rec.get("prompt")), "words": words}
 
 
 def _part(rec: dict[str, Any]) -> str | None:

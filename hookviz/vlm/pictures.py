@@ -1,0 +1,97 @@
+"""A vision-language model's word maps drawn: a captioned overlay per answer token and method, a sheet with
+the answer's words under their maps (a row per method), and the record that lists them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hookviz import render
+from hookviz.io.images import encode_png
+from hookviz.io.outputs import safe_name
+from hookviz.jobs.common import npy_bytes
+from hookviz.vlm.words import TITLES, WordMaps
+
+
+def chosen_tokens(wm: WordMaps, words: Sequence[str] | None) -> list[int]:
+    """The answer tokens to draw: all, or those whose text (stripped, any case) is one of ``words``."""
+    if not words:
+        return list(range(len(wm.answer.tokens)))
+    wanted = {w.strip().lower() for w in words}
+    return [k for k, t in enumerate(wm.answer.tokens) if t.strip().lower() in wanted]
+
+
+def peak(wm: WordMaps, grid: np.ndarray) -> list[int]:
+    """The photo pixel ``[x, y]`` at the centre of the map's highest token."""
+    r, c = np.unravel_index(int(np.argmax(grid)), grid.shape)
+    rows, cols = wm.geometry.cells()
+    ys, xs = np.nonzero(rows == r)[0], np.nonzero(cols == c)[0]
+    if not len(ys) or not len(xs):
+        return [-1, -1]
+    return [int(xs.mean()), int(ys.mean())]
+
+
+def render_words(
+    wm: WordMaps,
+    rgb: np.ndarray,
+    stem: str,
+    model: str,
+    *,
+    tokens: list[int],
+    alpha: float = 0.5,
+    colormap: str = "jet",
+    save_raw: bool = False,
+) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+    """The files (name, bytes) of one photo's word maps, and its record."""
+    box, answer = wm.geometry.box(), wm.answer
+    said = answer.text
+    files: list[tuple[str, bytes]] = []
+    maps: list[dict[str, Any]] = []
+    rows: list[tuple[str, list[np.ndarray]]] = []
+    for method, stack in wm.maps.items():
+        cells = []
+        for k in tokens:
+            grid = stack[k]
+            picture = render.overlay(rgb, grid, box, alpha=alpha, colormap=colormap)
+            cells.append(picture[box.y0 : box.y1, box.x0 : box.x1])
+            word = answer.tokens[k].strip() or repr(answer.tokens[k])
+            head = [
+                f"{model} | {TITLES[method]} | {wm.prompt}",
+                f"answer: {said}",
+                f"token {k + 1}/{len(answer.tokens)} {word!r} p={answer.probs[k]:.3f}",
+            ]
+            name = f"{stem}.{method}.t{k + 1:02d}-{safe_name(word)[:24]}"
+            files.append((f"{name}.png", encode_png(render.caption(render.enlarge_small(picture), head))))
+            if save_raw:
+                files.append((f"{name}.npy", npy_bytes(grid.astype(np.float32))))
+            maps.append(
+                {
+                    "method": method,
+                    "token": k,
+                    "text": answer.tokens[k],
+                    "file": f"{name}.png",
+                    "peak": peak(wm, grid),
+                    "max": float(grid.max()),
+                    **({"layer": wm.layer} if method == "llavacam" else {}),
+                }
+            )
+        rows.append((TITLES[method], cells))
+    if tokens:
+        columns = [f"{answer.tokens[k].strip()!r} p={answer.probs[k]:.2f}" for k in tokens]
+        sheet = render.sheet(rows, columns, title=f"{model} | {wm.prompt} -> {said}", cell=160)
+        files.append((f"{stem}.words.png", encode_png(sheet)))
+    record = {
+        "prompt": wm.prompt,
+        "answer": said,
+        "generated": answer.generated,
+        "tokens": [
+            {"index": k, "text": t, "id": i, "prob": round(p, 6)}
+            for k, (t, i, p) in enumerate(zip(answer.tokens, answer.token_ids, answer.probs, strict=True))
+        ],
+        "grid": list(wm.geometry.grid),
+        "box": [box.x0, box.y0, box.x1, box.y1],
+        "maps": maps,
+    }
+    return files, record

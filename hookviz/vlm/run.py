@@ -1,0 +1,119 @@
+"""``hookviz vlm`` over photos: one model loaded, each photo's word maps written (PNG per token and method,
+the words sheet, ``--save-raw`` grids) and its record appended to the manifest; a photo that cannot be read
+is an ``error`` record and the others go on."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hookviz.errors import InputError, UsageError
+from hookviz.io.images import load_rgb
+from hookviz.io.inputs import expand_inputs
+from hookviz.io.outputs import Output, settings_key
+from hookviz.run.pipeline import output_prefix
+from hookviz.vlm.faithful import word_faithfulness
+from hookviz.vlm.pictures import chosen_tokens, render_words
+from hookviz.vlm.words import METHODS, Vlm, explain_words, load_vlm
+
+
+@dataclass(frozen=True)
+class VlmSettings:
+    """What ``hookviz vlm`` asks: the prompt, the answer (None: generate), the methods, the words to map
+    (empty: all), the decoder layer, and the look."""
+
+    prompt: str
+    answer: str | None = None
+    max_new_tokens: int = 16
+    methods: tuple[str, ...] = METHODS
+    words: tuple[str, ...] = ()
+    layer: int | None = None
+    alpha: float = 0.5
+    colormap: str = "jet"
+    save_raw: bool = False
+    #: Each map's deletion and insertion AUC on its word's log-probability, against a random map's.
+    metrics: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise UsageError(f"--method {bad[0] if bad else ''!r}: hookviz vlm has {', '.join(METHODS)}")
+
+
+def explain_photo(
+    vlm: Vlm, path: Path, settings: VlmSettings, stem: str
+) -> tuple[list[tuple[str, bytes]], dict]:
+    """One photo's files and record (see :func:`hookviz.vlm.pictures.render_words`)."""
+    rgb = load_rgb(path)
+    wm = explain_words(
+        vlm,
+        rgb,
+        settings.prompt,
+        answer=settings.answer,
+        max_new_tokens=settings.max_new_tokens,
+        methods=settings.methods,
+        layer=settings.layer,
+    )
+    tokens = chosen_tokens(wm, settings.words)
+    files, record = render_words(
+        wm,
+        rgb,
+        stem,
+        vlm.name,
+        tokens=tokens,
+        alpha=settings.alpha,
+        colormap=settings.colormap,
+        save_raw=settings.save_raw,
+    )
+    if settings.metrics:
+        for entry in record["maps"]:
+            entry["metrics"] = word_faithfulness(vlm, wm, entry["method"], entry["token"])
+    if settings.words and not tokens:
+        record["note"] = f"the answer has none of the words {', '.join(settings.words)}"
+    return files, record
+
+
+def run_vlm(
+    spec: str,
+    inputs: Sequence[str],
+    settings: VlmSettings,
+    out: Path,
+    *,
+    device: str = "auto",
+    overwrite: bool = False,
+    say: Callable[[dict[str, Any]], None] = lambda record: None,
+) -> int:
+    """Every photo of ``inputs`` explained into ``out``; the number that failed.
+
+    Raises:
+        UsageError: a bad model, prompt, answer or setting (nothing was written). SetupError: ``out``.
+    """
+    vlm = load_vlm(spec, device)
+    fields = {"model": vlm.name, **{k: v for k, v in dataclasses.asdict(settings).items()}}
+    key = settings_key(fields)
+    output = Output(out, overwrite=overwrite)
+    output.prepare()
+    failed = 0
+    try:
+        for item in expand_inputs(inputs):
+            record: dict[str, Any] = {"input": item.name, "model": vlm.name, "key": key}
+            try:
+                if item.error or item.path is None:
+                    raise InputError(item.error or "not found")
+                stem = output_prefix(item.path, vlm.name, key) + ".vlm"
+                files, found = explain_photo(vlm, item.path, settings, stem)
+                if not overwrite and any(output.path(n).exists() for n, _ in files):
+                    raise InputError(f"{stem}: outputs of an earlier run exist; --overwrite replaces them")
+                written = [str(output.write(n, data)) for n, data in files]
+                record |= {"status": "ok", **found, "outputs": written, "settings": fields}
+            except InputError as exc:
+                failed += 1
+                record |= {"status": "error", "error": str(exc)}
+            output.record(record)
+            say(record)
+    finally:
+        output.close()
+    return failed

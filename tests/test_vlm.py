@@ -1,0 +1,232 @@
+"""``hookviz vlm``: each family built offline from a tiny config runs end to end; its image tokens are placed
+on the photo where its own processor puts the photo; attention equals ``output_attentions`` and LLaVA-CAM
+equals Grad-CAM by hand; the model is left as found; bad input is one line; and on a LLaVA trained here to
+name the shape in a photo, the shape word's map lies on the shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hookviz.vlm.families import family_of, measure
+from hookviz.vlm.words import Vlm, encode, explain_words
+from tests.conftest import hook_counts, invoke, records, write_image
+from tests.test_report import browser  # noqa: F401 - the browser fixture
+from tests.vlm_models import FAMILIES, PROMPTS, build, save
+
+FIXTURE = Path(__file__).parent / "fixtures" / "shapes_llava"
+
+
+def _vlm(family: str, **kw: Any) -> Vlm:
+    model, processor = build(family, **kw)
+    return Vlm(model, processor, family_of(model), family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Path) -> None:
+    folder = save(family, tmp_path / family)
+    rng = np.random.default_rng(0)
+    photo = write_image(tmp_path / "p.png", rng.integers(0, 256, (57, 95, 3), dtype=np.uint8))
+    out = tmp_path / "out"
+    r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS[family], "--answer",
+               "a disc", "--save-raw", "--out", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (rec,) = records(out)
+    assert rec["status"] == "ok" and rec["answer"] == "a disc" and not rec["generated"]
+    assert [t["text"].strip() for t in rec["tokens"]] == ["a", "disc"]
+    assert len(rec["maps"]) == 2 * 3 and all(0 < t["prob"] < 1 for t in rec["tokens"])
+    names = {Path(p).name for p in rec["outputs"]}
+    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 6
+    raw = np.load(next(p for p in rec["outputs"] if ".llavacam.t02-disc" in p and p.endswith(".npy")))
+    assert list(raw.shape) == rec["grid"]
+    # Generated (greedy), and one word chosen.
+    gen = ["--max-new-tokens", "2", "--method", "attention", "--tokens", "nothing-said", "--json"]
+    r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS[family], *gen,
+               "--out", str(tmp_path / "gen"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert (
+        rec["generated"]
+        and len(rec["tokens"]) <= 2
+        and rec["maps"] == []
+        and "none of the words" in rec["note"]
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_image_tokens_lie_where_the_processor_puts_the_photo(family: str) -> None:
+    """A bright block planted in the photo: the share of each token's processed pixels that are bright (the
+    processor's own output, unflattened) equals the share of the photo pixels the geometry gives that
+    token that lie in the block."""
+    vlm = _vlm(family)
+    h, w = 57, 95
+    photo = np.full((h, w, 3), 20, np.uint8)
+    photo[10:46, 22:74] = 235
+    encoded = encode(vlm, photo, PROMPTS[family])
+    grid = vlm.family.grid(vlm.model, encoded)
+    processed = vlm.family.processed(encoded)[0]  # (H', W'), normalised
+    bright = processed > (processed.max() + processed.min()) / 2
+    ph, pw = processed.shape[0] // grid[0], processed.shape[1] // grid[1]
+    seen = bright.reshape(grid[0], ph, grid[1], pw).mean(axis=(1, 3))
+    geometry = measure(vlm.processor, vlm.family, (h, w), grid)
+    rows, cols = geometry.cells()
+    block = np.zeros((h, w), bool)
+    block[10:46, 22:74] = True
+    placed = np.zeros(grid)
+    for r in range(grid[0]):
+        for c in range(grid[1]):
+            mine = (rows[:, None] == r) & (cols[None, :] == c)
+            placed[r, c] = block[mine].mean() if mine.any() else 0.0
+    assert np.abs(seen - placed).max() < 0.2, (seen.round(2), placed.round(2))
+    assert (seen > 0.9).sum() >= 2 and (placed[seen > 0.9] > 0.7).all() and (placed[seen < 0.1] < 0.3).all()
+
+
+def test_attention_equals_output_attentions_and_the_model_is_left_as_found() -> None:
+    vlm = _vlm("llava")
+    rng = np.random.default_rng(1)
+    photo = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    enc = encode(vlm, photo, PROMPTS["llava"])
+    with torch.no_grad():
+        vlm.model(**enc)  # transformers adds its own output-recording hooks on the first call
+    before = vlm.model.config._attn_implementation, hook_counts(vlm.model)
+    wm = explain_words(vlm, photo, PROMPTS["llava"], answer="a cross", methods=("attention",))
+    assert (vlm.model.config._attn_implementation, hook_counts(vlm.model)) == before
+    ids = torch.cat([enc["input_ids"], torch.tensor([[16, 21]])], dim=1)
+    vlm.model.set_attn_implementation("eager")
+    with torch.no_grad():
+        att = vlm.model(input_ids=ids, pixel_values=enc["pixel_values"], output_attentions=True).attentions
+    vlm.model.set_attn_implementation(before[0])
+    image = (ids[0] == 4).nonzero().flatten()
+    n = enc["input_ids"].shape[1]
+    for t in range(2):
+        direct = torch.stack([a[0, :, n - 1 + t, image] for a in att]).mean(dim=(0, 1)).numpy()
+        np.testing.assert_allclose(wm.maps["attention"][t].ravel(), direct, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("batch", [8, 1])
+def test_llava_cam_equals_grad_cam_by_hand_token_by_token(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batched backward passes (8 at once) or one by one: the same as a forward and a backward per token."""
+    from hookviz.vlm import words
+
+    monkeypatch.setattr(words, "GRAD_BATCH", batch)
+    vlm = _vlm("llava", seed=3)
+    photo = np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    grads_before = [p.grad for p in vlm.model.parameters()]
+    wm = explain_words(
+        vlm, photo, PROMPTS["llava"], answer="a square", methods=("llavacam", "towercam"), layer=0
+    )
+    assert all(p.grad is None for p in vlm.model.parameters()) and all(g is None for g in grads_before)
+    enc = encode(vlm, photo, PROMPTS["llava"])
+    ids = torch.cat([enc["input_ids"], torch.tensor([[16, 19]])], dim=1)
+    image = (ids[0] == 4).nonzero().flatten()
+    n = enc["input_ids"].shape[1]
+    for t, token in enumerate((16, 19)):
+        kept = {}
+        layer = vlm.model.model.language_model.layers[0]
+        handle = layer.register_forward_hook(
+            lambda m, a, o: kept.update(h=o[0] if isinstance(o, tuple) else o)
+        )
+        try:
+            logits = vlm.model(input_ids=ids, pixel_values=enc["pixel_values"]).logits
+        finally:
+            handle.remove()
+        (grad,) = torch.autograd.grad(logits[0, n - 1 + t, token], [kept["h"]])
+        weights = grad[0, image].mean(dim=0)
+        cam = torch.relu(kept["h"][0, image] @ weights).detach().numpy()
+        np.testing.assert_allclose(wm.maps["llavacam"][t].ravel(), cam, rtol=1e-4, atol=1e-6)
+        assert wm.maps["llavacam"][t].max() > 0
+    probs = torch.softmax(logits[0, n - 1 : n + 1].detach(), -1)[[0, 1], [16, 19]]
+    np.testing.assert_allclose(wm.answer.probs, probs.numpy(), rtol=1e-5)
+
+
+def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> None:
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.zeros((40, 40, 3), np.uint8))
+    model = ["--model", f"hf:{folder}", "--out", str(tmp_path / "out")]
+    cases = [
+        (["--prompt", PROMPTS["llava"], "--answer", "a zebra"], "does not know 'zebra'"),
+        (["--prompt", "what shape is this ?"], "holds no image token"),
+        (["--prompt", PROMPTS["llava"], "--method", "gradcam"], "hookviz vlm has attention"),
+        (["--prompt", PROMPTS["llava"], "--layer", "9"], "has 2 decoder layers"),
+        (["--prompt", PROMPTS["llava"], "--layer", "1"], "reaches no answer token"),
+    ]
+    for extra, said in cases:
+        r = invoke("vlm", str(photo), *model, *extra)
+        assert r.exit_code == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    clip = Path(__file__).parent / "fixtures" / "shapes_clip"
+    r = invoke(
+        "vlm", str(photo), "--model", f"hf:{clip}", "--prompt", "<image> a", "--out", str(tmp_path / "o")
+    )
+    assert (
+        r.exit_code == 2 and "vision-language model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    )
+    r = invoke("vlm", str(tmp_path / "missing.png"), str(photo), *model, "--prompt", PROMPTS["llava"],
+               "--max-new-tokens", "1")  # fmt: skip
+    assert r.exit_code == 1 and "missing.png" in r.stderr
+    assert [rec["status"] for rec in records(tmp_path / "out")] == ["error", "ok"]
+
+
+@pytest.mark.skipif(not FIXTURE.is_dir(), reason="make the fixture: python scripts/train_shapes_llava.py")
+def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
+    """100 held-out photos of one shape: the model names it, and the word's map peaks on the shape (its
+    highest token's pixels touch the shape) for at least 85 % of them with at least one method; a random
+    map's peak does so far less often."""
+    from hookviz.io.shapes import SHAPES
+    from hookviz.vlm.words import load_vlm
+    from scripts.train_shapes_llava import scene
+
+    vlm = load_vlm(f"hf:{FIXTURE}", "cpu")
+    rng, chance = np.random.default_rng(4321), np.random.default_rng(0)
+    hits = {"attention": 0, "llavacam": 0, "towercam": 0, "random": 0}
+    named = 0
+    for _ in range(100):
+        photo, kind, mask = scene(rng)
+        wm = explain_words(vlm, photo, PROMPTS["llava"], max_new_tokens=2)
+        named += wm.answer.text.split()[-1:] == [SHAPES[kind]]
+        rows, cols = wm.geometry.cells()
+        word = len(wm.answer.tokens) - 1
+
+        def on_shape(grid: np.ndarray) -> bool:
+            r, c = np.unravel_index(int(np.argmax(grid)), grid.shape)
+            return bool(mask[(rows[:, None] == r) & (cols[None, :] == c)].any())
+
+        for method, stack in wm.maps.items():
+            hits[method] += on_shape(stack[word])
+        hits["random"] += on_shape(chance.random(wm.geometry.grid))
+    assert named >= 90, named
+    best = max(hits[m] for m in ("attention", "llavacam", "towercam"))
+    print(hits, named)
+    assert best >= 85 and hits["random"] <= 45, hits
+
+
+@pytest.mark.skipif(not FIXTURE.is_dir(), reason="make the fixture: python scripts/train_shapes_llava.py")
+def test_the_report_shows_the_answer_and_pointing_at_a_word_shows_its_maps(
+    tmp_path: Path,
+    browser: Any,  # noqa: F811
+) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from scripts.train_shapes_llava import scene
+
+    photo, _, _ = scene(np.random.default_rng(5))
+    path = write_image(tmp_path / "<b>disc</b>.png", photo)  # a hostile name stays text
+    out = tmp_path / "out"
+    r = invoke("vlm", str(path), "--model", f"hf:{FIXTURE}", "--prompt", PROMPTS["llava"], "--out", str(out),
+               "--max-new-tokens", "2", "--report")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    browser.get((out / "index.html").as_uri())
+    words = browser.find_elements(By.CSS_SELECTOR, ".answer .word")
+    (rec,) = records(out)
+    assert [w.text for w in words] == [t["text"].strip() for t in rec["tokens"]]
+    ActionChains(browser).move_to_element(words[1]).perform()
+    shown = [f for f in browser.find_elements(By.CSS_SELECTOR, ".thumbs figure") if f.is_displayed()]
+    assert len(shown) == 3 and all(f.get_attribute("data-token") == "1" for f in shown)
+    assert browser.execute_script("return document.querySelectorAll('.card h2 b').length") == 0
