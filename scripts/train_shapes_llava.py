@@ -2,11 +2,11 @@
 decoder) to name the shape in a photo, and save it with its processor as a folder: the fixture of
 ``hookviz vlm``'s localisation test and of the docs' pictures.
 
-    python scripts/train_shapes_llava.py [--steps 2500] [--out tests/fixtures/shapes_llava]
+    python scripts/train_shapes_llava.py [--steps 4000] [--out tests/fixtures/shapes_llava]
 
 Photos are 64 x 64 noise with one shape (square, disc or cross) at a random place; the prompt
 "USER: <image> what shape is this ? ASSISTANT:" and the answer "a disc" (then the end token), the loss on the
-answer's tokens only. CPU only, seeded; a couple of minutes on two cores. Prints the held-out accuracy of the
+answer's tokens only. CPU only, seeded; about five minutes on two cores. Prints the held-out accuracy of the
 greedy answer.
 """
 
@@ -41,7 +41,7 @@ def scene(rng: np.random.Generator) -> tuple[np.ndarray, int, np.ndarray]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "shapes_llava")
     args = parser.parse_args()
     torch.manual_seed(0)

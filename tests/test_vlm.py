@@ -39,9 +39,9 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
     (rec,) = records(out)
     assert rec["status"] == "ok" and rec["answer"] == "a disc" and not rec["generated"]
     assert [t["text"].strip() for t in rec["tokens"]] == ["a", "disc"]
-    assert len(rec["maps"]) == 2 * 3 and all(0 < t["prob"] < 1 for t in rec["tokens"])
+    assert len(rec["maps"]) == 2 * 4 and all(0 < t["prob"] < 1 for t in rec["tokens"])
     names = {Path(p).name for p in rec["outputs"]}
-    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 6
+    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 8
     raw = np.load(next(p for p in rec["outputs"] if ".llavacam.t02-disc" in p and p.endswith(".npy")))
     assert list(raw.shape) == rec["grid"]
     # Generated (greedy), and one word chosen.
@@ -120,7 +120,12 @@ def test_llava_cam_equals_grad_cam_by_hand_token_by_token(
     photo = np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     grads_before = [p.grad for p in vlm.model.parameters()]
     wm = explain_words(
-        vlm, photo, PROMPTS["llava"], answer="a square", methods=("llavacam", "towercam"), layer=0
+        vlm,
+        photo,
+        PROMPTS["llava"],
+        answer="a square",
+        methods=("llavacam", "towercam", "tokengrad"),
+        layer=0,
     )
     assert all(p.grad is None for p in vlm.model.parameters()) and all(g is None for g in grads_before)
     enc = encode(vlm, photo, PROMPTS["llava"])
@@ -141,6 +146,8 @@ def test_llava_cam_equals_grad_cam_by_hand_token_by_token(
         weights = grad[0, image].mean(dim=0)
         cam = torch.relu(kept["h"][0, image] @ weights).detach().numpy()
         np.testing.assert_allclose(wm.maps["llavacam"][t].ravel(), cam, rtol=1e-4, atol=1e-6)
+        size = grad[0, image].norm(dim=1).numpy()
+        np.testing.assert_allclose(wm.maps["tokengrad"][t].ravel(), size, rtol=1e-4, atol=1e-7)
         assert wm.maps["llavacam"][t].max() > 0
     probs = torch.softmax(logits[0, n - 1 : n + 1].detach(), -1)[[0, 1], [16, 19]]
     np.testing.assert_allclose(wm.answer.probs, probs.numpy(), rtol=1e-5)
@@ -184,7 +191,7 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
 
     vlm = load_vlm(f"hf:{FIXTURE}", "cpu")
     rng, chance = np.random.default_rng(4321), np.random.default_rng(0)
-    hits = {"attention": 0, "llavacam": 0, "towercam": 0, "random": 0}
+    hits = {"attention": 0, "tokengrad": 0, "llavacam": 0, "towercam": 0, "random": 0}
     named = 0
     for _ in range(100):
         photo, kind, mask = scene(rng)
@@ -201,8 +208,7 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
             hits[method] += on_shape(stack[word])
         hits["random"] += on_shape(chance.random(wm.geometry.grid))
     assert named >= 90, named
-    best = max(hits[m] for m in ("attention", "llavacam", "towercam"))
-    print(hits, named)
+    best = max(hits[m] for m in ("attention", "tokengrad", "llavacam", "towercam"))
     assert best >= 85 and hits["random"] <= 45, hits
 
 
@@ -217,7 +223,7 @@ def test_the_report_shows_the_answer_and_pointing_at_a_word_shows_its_maps(
     from scripts.train_shapes_llava import scene
 
     photo, _, _ = scene(np.random.default_rng(5))
-    path = write_image(tmp_path / "<b>disc</b>.png", photo)  # a hostile name stays text
+    path = write_image(tmp_path / "<b>disc<i>.png", photo)  # a hostile name stays text
     out = tmp_path / "out"
     r = invoke("vlm", str(path), "--model", f"hf:{FIXTURE}", "--prompt", PROMPTS["llava"], "--out", str(out),
                "--max-new-tokens", "2", "--report")  # fmt: skip
@@ -228,5 +234,34 @@ def test_the_report_shows_the_answer_and_pointing_at_a_word_shows_its_maps(
     assert [w.text for w in words] == [t["text"].strip() for t in rec["tokens"]]
     ActionChains(browser).move_to_element(words[1]).perform()
     shown = [f for f in browser.find_elements(By.CSS_SELECTOR, ".thumbs figure") if f.is_displayed()]
-    assert len(shown) == 3 and all(f.get_attribute("data-token") == "1" for f in shown)
+    assert len(shown) == 4 and all(f.get_attribute("data-token") == "1" for f in shown)
     assert browser.execute_script("return document.querySelectorAll('.card h2 b').length") == 0
+
+
+@pytest.mark.skipif(not FIXTURE.is_dir(), reason="make the fixture: python scripts/train_shapes_llava.py")
+def test_on_the_trained_llava_the_pointing_maps_beat_a_random_one_at_deletion_and_insertion() -> None:
+    from hookviz.vlm.faithful import word_faithfulness
+    from hookviz.vlm.words import load_vlm
+    from scripts.train_shapes_llava import scene
+
+    vlm = load_vlm(f"hf:{FIXTURE}", "cpu")
+    rng = np.random.default_rng(99)
+    found: dict[str, list[float]] = {
+        "deletion": [],
+        "insertion": [],
+        "random_deletion": [],
+        "random_insertion": [],
+    }
+    for _ in range(10):
+        photo, _, _ = scene(rng)
+        wm = explain_words(
+            vlm, photo, PROMPTS["llava"], answer=None, max_new_tokens=2, methods=("attention",)
+        )
+        got = word_faithfulness(vlm, wm, "attention", len(wm.answer.tokens) - 1)
+        found["deletion"].append(got["deletion_auc"])
+        found["insertion"].append(got["insertion_auc"])
+        found["random_deletion"].append(got["random"]["deletion_auc"])
+        found["random_insertion"].append(got["random"]["insertion_auc"])
+    mean = {k: float(np.mean(v)) for k, v in found.items()}
+    assert mean["deletion"] < mean["random_deletion"] - 0.3, mean
+    assert mean["insertion"] > mean["random_insertion"] + 0.3, mean

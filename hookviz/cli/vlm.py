@@ -10,6 +10,7 @@ import typer
 from hookviz.cli.flags import MAPS, Alpha, ColormapOpt, Inputs, SaveRaw
 from hookviz.cli.options import RunOptions, grouped, omit
 from hookviz.cli.runner import warn
+from hookviz.report import build_report
 
 ModelSpec = Annotated[str, typer.Option("--model", "-m", help="hf:DIR (a folder save_pretrained wrote, with "
     "its processor) or a hub id: LLaVA, PaliGemma, Qwen2-VL, Qwen2.5-VL.")]  # fmt: skip
@@ -19,8 +20,8 @@ AnswerOpt = Annotated[str | None, typer.Option("--answer", help="explain this an
     "instead of generating one.")]  # fmt: skip
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, max=512, help="the longest answer generated "
     "(greedy).")]  # fmt: skip
-VlmMethods = Annotated[str, typer.Option("--method", rich_help_panel=MAPS, help="attention, llavacam, "
-    "towercam, or a comma list of them.")]  # fmt: skip
+VlmMethods = Annotated[str, typer.Option("--method", rich_help_panel=MAPS, help="attention, tokengrad, "
+    "llavacam, towercam, or a comma list of them.")]  # fmt: skip
 Tokens = Annotated[str, typer.Option("--tokens", rich_help_panel=MAPS, help="all, or the words of the answer "
     "to map (a comma list).")]  # fmt: skip
 DecoderLayer = Annotated[int | None, typer.Option("--layer", rich_help_panel=MAPS, help="the "
@@ -40,7 +41,7 @@ def vlm(
     prompt: Prompt,
     answer: AnswerOpt = None,
     max_new_tokens: MaxNew = 16,
-    method: VlmMethods = "attention,llavacam,towercam",
+    method: VlmMethods = "attention,tokengrad,llavacam,towercam",
     tokens: Tokens = "all",
     layer: DecoderLayer = None,
     alpha: Alpha = 0.5,
@@ -62,8 +63,6 @@ def vlm(
     failed = run_vlm(model, list(inputs), settings, Path(run.out), device=run.device, overwrite=run.overwrite,
                      say=_sayer(run))  # fmt: skip
     if run.report:
-        from hookviz.report import build_report
-
         typer.echo(f"hookviz: report: {build_report(Path(run.out), warn=warn)}", err=True)
     if failed:
         raise typer.Exit(1)

@@ -11,6 +11,10 @@ reusing the one graph. The methods:
   the token logit's gradient averaged over the image tokens, the map the ReLU of the weighted sum.
 - ``towercam``: the same at the image tokens as the language model receives them (the vision tower's output
   after the projector): the vision side's Grad-CAM against the token's logit.
+- ``tokengrad``: the size (L2 norm) of the token logit's gradient at each image token of the same decoder
+  layer's output as LLaVA-CAM: how much each image token's state moves the word. On the test suite's trained
+  LLaVA it points best of the four (Grad-CAM's channel-mean weights, over image tokens whose states the
+  decoder reads through a norm, mostly do not).
 
 Each map is a score per image token on the tokens' grid (:class:`hookviz.vlm.families.Geometry` places it on
 the photo).
@@ -32,8 +36,9 @@ from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Geometry, family_of, measure
 
 #: The methods, in the order they are drawn.
-METHODS = ("attention", "llavacam", "towercam")
+METHODS = ("attention", "tokengrad", "llavacam", "towercam")
 TITLES = {
+    "tokengrad": "gradient at the image tokens",
     "attention": "attention to the image",
     "llavacam": "LLaVA-CAM",
     "towercam": "Grad-CAM on the image tokens",
@@ -210,7 +215,7 @@ def explain_words(
     if layer is not None and not -depth <= layer < depth:
         raise UsageError(f"--layer {layer}: the language model has {depth} decoder layers (0 to {depth - 1})")
     chosen = ((depth - 1) // 2 if layer is None else layer) % depth
-    if "llavacam" in methods and chosen == depth - 1:
+    if {"llavacam", "tokengrad"} & set(methods) and chosen == depth - 1:
         raise UsageError(
             f"--layer {layer}: the last decoder layer's output at the image tokens reaches no answer token "
             f"(LLaVA-CAM would be zero); choose 0 to {depth - 2}"
@@ -222,7 +227,7 @@ def explain_words(
         raise UsageError(f"the prompt holds {len(image)} image tokens, the photo makes {grid[0] * grid[1]}")
     image = image[: grid[0] * grid[1]]  # the first photo's
     maps: dict[str, np.ndarray] = {}
-    if {"llavacam", "towercam"} & set(methods):
+    if {"llavacam", "towercam", "tokengrad"} & set(methods):
         maps |= _gradients(model, lm, forced, found, image, chosen, methods)
     else:
         with torch.no_grad():
@@ -282,15 +287,18 @@ def _gradients(
             "the language model was not handed the image tokens as embeddings; hookviz cannot hook it"
         )
     picked = _scores(found, logits)
-    wanted = [m for m in ("llavacam", "towercam") if m in methods]
-    acts = [kept[m][0, image].float() for m in wanted]
-    grads = _batched_grads(picked, [kept[m] for m in wanted])
-    out: dict[str, list[np.ndarray]] = {m: [] for m in wanted}
+    # Where each method reads: the chosen decoder layer's output, or the image tokens the decoder gets.
+    where = {"llavacam": "llavacam", "tokengrad": "llavacam", "towercam": "towercam"}
+    sources = sorted({where[m] for m in methods if m in where})
+    grads = dict(zip(sources, _batched_grads(picked, [kept[w] for w in sources]), strict=True))
+    out: dict[str, list[np.ndarray]] = {m: [] for m in methods if m in where}
     for t in range(len(found.token_ids)):
-        for m, act, grad in zip(wanted, acts, grads, strict=True):
-            weights = (
-                grad[t, 0, image].float().mean(dim=0)
-            )  # (D,): the gradient averaged over the image tokens
+        for m in out:
+            act, grad = kept[where[m]][0, image].float(), grads[where[m]][t, 0, image].float()
+            if m == "tokengrad":  # the gradient's size at each image token
+                out[m].append(grad.norm(dim=1).detach().cpu().numpy())
+                continue
+            weights = grad.mean(dim=0)  # (D,): the gradient averaged over the image tokens
             out[m].append(torch.relu(act @ weights).detach().cpu().numpy())
     return {m: np.stack(v) for m, v in out.items()}
 
