@@ -43,7 +43,8 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
     names = {Path(p).name for p in rec["outputs"]}
     assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 8
     raw = np.load(next(p for p in rec["outputs"] if ".llavacam.t02-disc" in p and p.endswith(".npy")))
-    assert list(raw.shape) == rec["grid"]
+    grids = rec["grids"]
+    assert list(raw.shape) == (grids[0] if len(grids) == 1 else [sum(r * c for r, c in grids)])
     # Generated (greedy), and one word chosen.
     gen = ["--max-new-tokens", "2", "--method", "attention", "--tokens", "nothing-said", "--json"]
     r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS[family], *gen,
@@ -68,22 +69,25 @@ def test_the_image_tokens_lie_where_the_processor_puts_the_photo(family: str) ->
     photo = np.full((h, w, 3), 20, np.uint8)
     photo[10:46, 22:74] = 235
     encoded = encode(vlm, photo, PROMPTS[family])
-    grid = vlm.family.grid(vlm.model, encoded)
-    processed = vlm.family.processed(encoded)[0]  # (H', W'), normalised
-    bright = processed > (processed.max() + processed.min()) / 2
-    ph, pw = processed.shape[0] // grid[0], processed.shape[1] // grid[1]
-    seen = bright.reshape(grid[0], ph, grid[1], pw).mean(axis=(1, 3))
-    geometry = measure(vlm.processor, vlm.family, (h, w), grid)
-    rows, cols = geometry.cells()
+    grids = vlm.family.grids(vlm.model, encoded)
+    placement = measure(vlm.processor, vlm.family, (h, w), grids)
     block = np.zeros((h, w), bool)
     block[10:46, 22:74] = True
-    placed = np.zeros(grid)
-    for r in range(grid[0]):
-        for c in range(grid[1]):
-            mine = (rows[:, None] == r) & (cols[None, :] == c)
-            placed[r, c] = block[mine].mean() if mine.any() else 0.0
-    assert np.abs(seen - placed).max() < 0.2, (seen.round(2), placed.round(2))
-    assert (seen > 0.9).sum() >= 2 and (placed[seen > 0.9] > 0.7).all() and (placed[seen < 0.1] < 0.3).all()
+    for view, geometry, grid in zip(vlm.family.views(encoded), placement.views, grids, strict=True):
+        processed = view[0]  # (H', W'), normalised
+        bright = processed > (processed.max() + processed.min()) / 2
+        ph, pw = processed.shape[0] // grid[0], processed.shape[1] // grid[1]
+        seen = bright.reshape(grid[0], ph, grid[1], pw).mean(axis=(1, 3))
+        rows, cols = geometry.cells()
+        placed = np.zeros(grid)
+        for r in range(grid[0]):
+            for c in range(grid[1]):
+                mine = (rows[:, None] == r) & (cols[None, :] == c)
+                placed[r, c] = block[mine].mean() if mine.any() else 0.0
+        assert np.abs(seen - placed).max() < 0.2, (seen.round(2), placed.round(2))
+        assert (placed[seen > 0.9] > 0.7).all() and (placed[seen < 0.1] < 0.3).all()
+    assert sum(((view[0] > 0).mean() > 0) for view in vlm.family.views(encoded)) >= 1
+    assert len(grids) == (5 if family == "idefics3" else 1)  # 2 x 2 tiles and the global view
 
 
 def test_attention_equals_output_attentions_and_the_model_is_left_as_found() -> None:
@@ -197,16 +201,15 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
         photo, kind, mask = scene(rng)
         wm = explain_words(vlm, photo, PROMPTS["llava"], max_new_tokens=2)
         named += wm.answer.text.split()[-1:] == [SHAPES[kind]]
-        rows, cols = wm.geometry.cells()
         word = len(wm.answer.tokens) - 1
 
-        def on_shape(grid: np.ndarray) -> bool:
-            r, c = np.unravel_index(int(np.argmax(grid)), grid.shape)
-            return bool(mask[(rows[:, None] == r) & (cols[None, :] == c)].any())
+        def on_shape(scores: np.ndarray) -> bool:
+            ys, xs = wm.placement.token_pixels(int(np.argmax(scores)))
+            return bool(mask[np.ix_(ys, xs)].any())
 
         for method, stack in wm.maps.items():
             hits[method] += on_shape(stack[word])
-        hits["random"] += on_shape(chance.random(wm.geometry.grid))
+        hits["random"] += on_shape(chance.random(wm.placement.tokens))
     assert named >= 90, named
     best = max(hits[m] for m in ("attention", "tokengrad", "llavacam", "towercam"))
     assert best >= 85 and hits["random"] <= 45, hits

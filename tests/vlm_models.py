@@ -36,9 +36,13 @@ WORDS = [
     "the",
     "caption",
     "en",
+    "<fake_token_around_image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
 ]
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-FAMILIES = ("llava", "paligemma", "qwen2-vl")
+FAMILIES = ("llava", "paligemma", "qwen2-vl", "idefics3")
 
 
 def tokenizer(extra: dict[str, str] | None = None) -> Any:
@@ -55,7 +59,7 @@ def tokenizer(extra: dict[str, str] | None = None) -> Any:
         eos_token="</s>",
         extra_special_tokens=extra or {},
     )
-    fast.add_special_tokens({"additional_special_tokens": [w for w in WORDS[:9] if w.startswith("<")][4:]})
+    fast.add_special_tokens({"additional_special_tokens": [w for w in WORDS if w.startswith("<")][4:]})
     return fast
 
 
@@ -178,6 +182,17 @@ def build(
             vision_end_token_id=7,
         )
         return T.Qwen2VLForConditionalGeneration(config).eval(), processor
+    if family == "idefics3":  # SmolVLM's architecture: tiles of 64 px and a global view, 4 x 4 tokens each
+        image = T.Idefics3ImageProcessor(size={"longest_edge": 2 * size}, max_image_size={"longest_edge": size},
+                                         do_image_splitting=True, image_mean=mean, image_std=std)  # fmt: skip
+        tok = tokenizer({"image_token": "<image>"})
+        processor = T.Idefics3Processor(image_processor=image, tokenizer=tok, image_seq_len=(size // 16) ** 2)
+        config = T.Idefics3Config(
+            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "image_size": size, "patch_size": 8, **(vision or {})},
+            text_config={"model_type": "llama", **_text(**text)}, scale_factor=2, image_token_id=4,
+        )  # fmt: skip
+        return T.Idefics3ForConditionalGeneration(config).eval(), processor
     raise ValueError(family)
 
 
@@ -186,6 +201,7 @@ PROMPTS = {
     "llava": "USER: <image> what shape is this ? ASSISTANT:",
     "paligemma": "<image> what shape is this ?",
     "qwen2-vl": "<|vision_start|><|image_pad|><|vision_end|> what shape is this ?",
+    "idefics3": "<image> what shape is this ?",
 }
 
 

@@ -77,6 +77,72 @@ class Geometry:
         return out
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where each view's image tokens lie on a photo ``(H, W)``; a map is one score per image token, the
+    views' tokens one after another (each view row-major)."""
+
+    views: tuple[Geometry, ...]
+    photo: tuple[int, int]
+
+    @property
+    def grids(self) -> list[tuple[int, int]]:
+        return [v.grid for v in self.views]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r * c for r, c in self.grids)
+
+    def split(self, scores: np.ndarray) -> list[np.ndarray]:
+        """A flat map's scores as each view's ``(rows, cols)`` grid."""
+        out, start = [], 0
+        for r, c in self.grids:
+            out.append(np.asarray(scores[start : start + r * c]).reshape(r, c))
+            start += r * c
+        return out
+
+    def raw(self, scores: np.ndarray) -> np.ndarray:
+        """What ``--save-raw`` writes: one view's grid ``(rows, cols)``, or the flat scores of several."""
+        return self.split(scores)[0] if len(self.views) == 1 else np.asarray(scores)
+
+    def box(self) -> Box:
+        """The part of the photo some view saw."""
+        boxes = [v.box() for v in self.views]
+        return Box(min(b.x0 for b in boxes), min(b.y0 for b in boxes), max(b.x1 for b in boxes),
+                   max(b.y1 for b in boxes))  # fmt: skip
+
+    def picture(self, scores: np.ndarray) -> np.ndarray:
+        """The map over the photo ``(H, W)`` for drawing: each view's grid upsampled bilinearly onto its part
+        of the photo, the views' mean where several cover a pixel (NaN where none does)."""
+        import cv2
+
+        total = np.zeros(self.photo, np.float64)
+        count = np.zeros(self.photo, np.float64)
+        for view, grid in zip(self.views, self.split(scores), strict=True):
+            b = view.box()
+            if b.width < 1 or b.height < 1:
+                continue
+            up = cv2.resize(grid.astype(np.float32), (b.width, b.height), interpolation=cv2.INTER_LINEAR)
+            total[b.y0 : b.y1, b.x0 : b.x1] += up
+            count[b.y0 : b.y1, b.x0 : b.x1] += 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
+
+    def token_pixels(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The photo rows and columns image token ``index`` covers (its view's cell)."""
+        for view, (r, c) in zip(self.views, self.grids, strict=True):
+            if index < r * c:
+                rows, cols = view.cells()
+                return np.nonzero(rows == index // c)[0], np.nonzero(cols == index % c)[0]
+            index -= r * c
+        raise IndexError(index)
+
+    def peak(self, scores: np.ndarray) -> list[int]:
+        """The photo pixel ``[x, y]`` at the centre of the highest token's cell."""
+        ys, xs = self.token_pixels(int(np.argmax(scores)))
+        return [int(xs.mean()), int(ys.mean())] if len(xs) and len(ys) else [-1, -1]
+
+
 class Family:
     """A family of vision-language models (see the module's docstring)."""
 
@@ -89,6 +155,15 @@ class Family:
     def processed(self, encoded: dict[str, Any]) -> np.ndarray:
         """The first image as the processor made it, ``(C, H', W')``."""
         return np.asarray(encoded["pixel_values"][0].float())
+
+    def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
+        """The first photo's views as the processor made them, each ``(C, H', W')``, in the order the
+        language model reads their tokens (one view, unless the family cuts the photo into tiles)."""
+        return [self.processed(encoded)]
+
+    def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
+        """Each view's image tokens ``(rows, cols)``."""
+        return [self.grid(model, encoded)]
 
     def patch(self, model: nn.Module) -> int:
         return int(model.config.vision_config.patch_size)
@@ -160,7 +235,28 @@ class Qwen2VL(Family):
         return h // m, w // m
 
 
-FAMILIES: list[Family] = [Llava(), PaliGemma(), Qwen2VL()]
+class Idefics3(Family):
+    """Idefics3 and SmolVLM: the photo cut into tiles (rows x columns of the largest side the tower takes)
+    and a global view of it, each view's patches pixel-shuffled into one token per ``scale x scale`` patches;
+    the tiles' tokens first, row by row, then the global view's."""
+
+    name = "idefics3"
+    model_types = ("idefics3", "smolvlm")
+
+    def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
+        pixels = np.asarray(encoded["pixel_values"][0].float())
+        real = [v for v in range(len(pixels)) if np.abs(pixels[v]).sum() > 0]  # batching pads with zeros
+        return [pixels[v] for v in real]
+
+    def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
+        step = self.patch(model) * int(model.config.scale_factor)
+        return [(v.shape[1] // step, v.shape[2] // step) for v in self.views(encoded)]
+
+    def language_model(self, model: nn.Module) -> nn.Module:
+        return model.model.text_model  # type: ignore[no-any-return]
+
+
+FAMILIES: list[Family] = [Llava(), PaliGemma(), Qwen2VL(), Idefics3()]
 
 
 def family_of(model: nn.Module) -> Family:
@@ -178,29 +274,45 @@ def family_of(model: nn.Module) -> Family:
 
 
 def measure(
-    processor: Any, family: Family, photo: tuple[int, int], grid: tuple[int, int], **kwargs: Any
-) -> Geometry:
-    """Where the processed image lies on a photo of ``photo`` ``(H, W)`` pixels, measured through
-    ``processor``'s image processor with a ramp picture (see the module's docstring); ``grid``: the image
-    tokens' rows and columns; ``kwargs``: what the real call passes the image processor."""
+    processor: Any, family: Family, photo: tuple[int, int], grids: list[tuple[int, int]]
+) -> Placement:
+    """Where each view's image tokens lie on a photo of ``photo`` ``(H, W)`` pixels, measured through
+    ``processor``'s image processor with a ramp picture (see the module's docstring); ``grids``: each view's
+    image tokens' rows and columns."""
     h, w = photo
     ramp = np.zeros((h, w, 3), np.float32)
     ramp[..., 0] = np.arange(w, dtype=np.float32)[None, :] + 0.5
     ramp[..., 1] = np.arange(h, dtype=np.float32)[:, None] + 0.5
-    got = processor.image_processor(
-        images=ramp, do_rescale=False, do_normalize=False, return_tensors="pt", **kwargs
+    ramp[..., 2] = 1.0  # marks the photo's pixels (padding is 0)
+    images = [[ramp]] if isinstance(family, Idefics3) else ramp
+    got = processor.image_processor(images=images, do_rescale=False, do_normalize=False, return_tensors="pt")
+    views = family.views(dict(got))
+    if len(views) != len(grids):
+        raise UsageError(f"the processor made {len(views)} views of the ramp and {len(grids)} of the photo")
+    placed = tuple(
+        Geometry(_axis(v[0], 1, v[2] > 0.5), _axis(v[1], 0, v[2] > 0.5), grid, photo)
+        for v, grid in zip(views, grids, strict=True)
     )
-    image = family.processed(dict(got))
-    return Geometry(_axis(image[0], 1), _axis(image[1], 0), grid, photo)
+    return Placement(placed, photo)
 
 
-def _axis(plane: np.ndarray, along: int) -> Axis:
+def _axis(plane: np.ndarray, along: int, photo: np.ndarray) -> Axis:
     """The line ``origin + step * u`` the ramp's values follow along one axis of the processed image (fitted
-    away from its borders, where resampling clamps)."""
-    values = plane[plane.shape[0] // 2] if along == 1 else plane[:, plane.shape[1] // 2]
+    inside the photo's pixels, away from their borders, where resampling clamps and padding begins)."""
+    line = np.nonzero(photo.any(axis=1 - along))[0]  # where the photo lies along this axis
+    if along == 1:
+        rows = np.nonzero(photo.any(axis=1))[0]
+        middle = (int(rows[len(rows) // 2]) if len(rows) else plane.shape[0] // 2, slice(None))
+    else:
+        cols = np.nonzero(photo.any(axis=0))[0]
+        middle = (slice(None), int(cols[len(cols) // 2]) if len(cols) else plane.shape[1] // 2)
+    values = plane[middle]
     n = len(values)
-    inner = np.arange(min(3, n // 4), max(n - min(3, n // 4), min(3, n // 4) + 2))
+    first, last = (int(line[0]), int(line[-1]) + 1) if len(line) else (0, n)
+    margin = min(3, (last - first) // 4)
+    inner = np.arange(first + margin, max(last - margin, first + margin + 2))
     step, origin = np.polyfit(inner.astype(np.float64), values[inner].astype(np.float64), 1)
-    if not np.allclose(origin + step * inner, values[inner], atol=0.05 * abs(step) + 1e-3):
+    # Within half a processed pixel (two resamplings, as Idefics3's tiles, wobble by less than that).
+    if not np.allclose(origin + step * inner, values[inner], atol=0.5 * abs(step)):
         raise UsageError("the processor does not resize the photo linearly; hookviz cannot place its tokens")
     return Axis(float(origin), float(step), n)

@@ -23,16 +23,6 @@ def chosen_tokens(wm: WordMaps, words: Sequence[str] | None) -> list[int]:
     return [k for k, t in enumerate(wm.answer.tokens) if t.strip().lower() in wanted]
 
 
-def peak(wm: WordMaps, grid: np.ndarray) -> list[int]:
-    """The photo pixel ``[x, y]`` at the centre of the map's highest token."""
-    r, c = np.unravel_index(int(np.argmax(grid)), grid.shape)
-    rows, cols = wm.geometry.cells()
-    ys, xs = np.nonzero(rows == r)[0], np.nonzero(cols == c)[0]
-    if not len(ys) or not len(xs):
-        return [-1, -1]
-    return [int(xs.mean()), int(ys.mean())]
-
-
 def render_words(
     wm: WordMaps,
     rgb: np.ndarray,
@@ -45,7 +35,8 @@ def render_words(
     save_raw: bool = False,
 ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
     """The files (name, bytes) of one photo's word maps, and its record."""
-    box, answer = wm.geometry.box(), wm.answer
+    place, answer = wm.placement, wm.answer
+    box = place.box()
     said = answer.text
     files: list[tuple[str, bytes]] = []
     maps: list[dict[str, Any]] = []
@@ -53,8 +44,10 @@ def render_words(
     for method, stack in wm.maps.items():
         cells = []
         for k in tokens:
-            grid = stack[k]
-            picture = render.overlay(rgb, grid, box, alpha=alpha, colormap=colormap)
+            scores = stack[k]
+            over = place.picture(scores)[box.y0 : box.y1, box.x0 : box.x1]
+            unit = render.normalize(np.nan_to_num(over, nan=float(np.nanmin(over))))
+            picture = render.overlay(rgb, unit, box, alpha=alpha, colormap=colormap, scaled=True)
             cells.append(picture[box.y0 : box.y1, box.x0 : box.x1])
             word = answer.tokens[k].strip() or repr(answer.tokens[k])
             head = [
@@ -65,15 +58,15 @@ def render_words(
             name = f"{stem}.{method}.t{k + 1:02d}-{safe_name(word)[:24]}"
             files.append((f"{name}.png", encode_png(render.caption(render.enlarge_small(picture), head))))
             if save_raw:
-                files.append((f"{name}.npy", npy_bytes(grid.astype(np.float32))))
+                files.append((f"{name}.npy", npy_bytes(place.raw(scores).astype(np.float32))))
             maps.append(
                 {
                     "method": method,
                     "token": k,
                     "text": answer.tokens[k],
                     "file": f"{name}.png",
-                    "peak": peak(wm, grid),
-                    "max": float(grid.max()),
+                    "peak": place.peak(scores),
+                    "max": float(scores.max()),
                     **({"layer": wm.layer} if method == "llavacam" else {}),
                 }
             )
@@ -90,7 +83,7 @@ def render_words(
             {"index": k, "text": t, "id": i, "prob": round(p, 6)}
             for k, (t, i, p) in enumerate(zip(answer.tokens, answer.token_ids, answer.probs, strict=True))
         ],
-        "grid": list(wm.geometry.grid),
+        "grids": [list(g) for g in place.grids],
         "box": [box.x0, box.y0, box.x1, box.y1],
         "maps": maps,
     }

@@ -16,8 +16,7 @@ reusing the one graph. The methods:
   LLaVA it points best of the four (Grad-CAM's channel-mean weights, over image tokens whose states the
   decoder reads through a norm, mostly do not).
 
-Each map is a score per image token on the tokens' grid (:class:`hookviz.vlm.families.Geometry` places it on
-the photo).
+Each map is a score per image token (:class:`hookviz.vlm.families.Placement` places the tokens on the photo).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from torch import Tensor, nn
 
 from hookviz.errors import InputError, UsageError
 from hookviz.models.hf import quiet
-from hookviz.vlm.families import Family, Geometry, family_of, measure
+from hookviz.vlm.families import Family, Placement, family_of, measure
 
 #: The methods, in the order they are drawn.
 METHODS = ("attention", "tokengrad", "llavacam", "towercam")
@@ -95,10 +94,11 @@ class Answer:
 
 @dataclass
 class WordMaps:
-    """Each method's map per answer token ``(T, rows, cols)`` and where the tokens lie on the photo."""
+    """Each method's map per answer token ``(T, N)`` (a score per image token, the views' tokens one after
+    another) and where the tokens lie on the photo."""
 
     answer: Answer
-    geometry: Geometry
+    placement: Placement
     maps: dict[str, np.ndarray]
     layer: int
     prompt: str
@@ -125,7 +125,8 @@ def encode(vlm: Vlm, rgb: np.ndarray, prompt: str) -> dict[str, Any]:
                 f"--prompt {prompt!r} holds no image token and the processor has no chat template: put "
                 f"{_image_word(vlm)} where the photo goes"
             )
-    encoded = dict(vlm.processor(images=np.array(rgb), text=text, return_tensors="pt"))
+    images = [[np.array(rgb)]] if vlm.family.name == "idefics3" else np.array(rgb)
+    encoded = dict(vlm.processor(images=images, text=[text], return_tensors="pt"))
     return {k: v.to(vlm.device) if isinstance(v, Tensor) else v for k, v in encoded.items()}
 
 
@@ -222,10 +223,11 @@ def explain_words(
         )
     forced = _forced(encoded, found)
     image = (found.ids[0] == vlm.family.image_token(model)).nonzero().flatten()
-    grid = vlm.family.grid(model, encoded)
-    if len(image) < grid[0] * grid[1]:
-        raise UsageError(f"the prompt holds {len(image)} image tokens, the photo makes {grid[0] * grid[1]}")
-    image = image[: grid[0] * grid[1]]  # the first photo's
+    grids = vlm.family.grids(model, encoded)
+    count = sum(r * c for r, c in grids)
+    if len(image) < count:
+        raise UsageError(f"the prompt holds {len(image)} image tokens, the photo makes {count}")
+    image = image[:count]  # the first photo's
     maps: dict[str, np.ndarray] = {}
     if {"llavacam", "towercam", "tokengrad"} & set(methods):
         maps |= _gradients(model, lm, forced, found, image, chosen, methods)
@@ -234,9 +236,9 @@ def explain_words(
             _scores(found, model(**forced).logits)
     if "attention" in methods:
         maps["attention"] = _attention(model, lm, forced, found, image, layer)
-    geometry = measure(vlm.processor, vlm.family, rgb.shape[:2], grid)
-    ordered = {m: maps[m].reshape(len(found.tokens), *grid) for m in methods}
-    return WordMaps(found, geometry, ordered, chosen, prompt, forced, image)
+    placement = measure(vlm.processor, vlm.family, rgb.shape[:2], grids)
+    ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
+    return WordMaps(found, placement, ordered, chosen, prompt, forced, image)
 
 
 def _scores(found: Answer, logits: Tensor) -> Tensor:
