@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hookviz.vlm.families import family_of, measure
+from hookviz.vlm.families import family_of
 from hookviz.vlm.words import Vlm, encode, explain_words
 from tests.conftest import hook_counts, invoke, records, write_image
 from tests.test_report import browser  # noqa: F401 - the browser fixture
@@ -33,8 +33,19 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
     rng = np.random.default_rng(0)
     photo = write_image(tmp_path / "p.png", rng.integers(0, 256, (57, 95, 3), dtype=np.uint8))
     out = tmp_path / "out"
-    r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS[family], "--answer",
-               "a disc", "--save-raw", "--out", str(out))  # fmt: skip
+    r = invoke(
+        "vlm",
+        str(photo),
+        "--model",
+        f"hf:{folder}",
+        "--prompt",
+        PROMPTS[family],
+        "--answer",
+        "a disc",
+        "--save-raw",
+        "--out",
+        str(out),
+    )
     assert r.exit_code == 0, r.stderr
     (rec,) = records(out)
     assert rec["status"] == "ok" and rec["answer"] == "a disc" and not rec["generated"]
@@ -47,8 +58,17 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
     assert list(raw.shape) == (grids[0] if len(grids) == 1 else [sum(r * c for r, c in grids)])
     # Generated (greedy), and one word chosen.
     gen = ["--max-new-tokens", "2", "--method", "attention", "--tokens", "nothing-said", "--json"]
-    r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS[family], *gen,
-               "--out", str(tmp_path / "gen"))  # fmt: skip
+    r = invoke(
+        "vlm",
+        str(photo),
+        "--model",
+        f"hf:{folder}",
+        "--prompt",
+        PROMPTS[family],
+        *gen,
+        "--out",
+        str(tmp_path / "gen"),
+    )
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout.splitlines()[-1])
     assert (
@@ -69,12 +89,11 @@ def test_the_image_tokens_lie_where_the_processor_puts_the_photo(family: str) ->
     photo = np.full((h, w, 3), 20, np.uint8)
     photo[10:46, 22:74] = 235
     encoded = encode(vlm, photo, PROMPTS[family])
-    grids = vlm.family.grids(vlm.model, encoded)
-    placement = measure(vlm.processor, vlm.family, (h, w), grids)
+    placement = vlm.family.placement(vlm.model, vlm.processor, encoded, (h, w))
     block = np.zeros((h, w), bool)
     block[10:46, 22:74] = True
-    for view, geometry, grid in zip(vlm.family.views(encoded), placement.views, grids, strict=True):
-        processed = view[0]  # (H', W'), normalised
+    for processed, geometry in zip(_processed_views(vlm, encoded, placement), placement.views, strict=True):
+        grid = geometry.grid
         bright = processed > (processed.max() + processed.min()) / 2
         ph, pw = processed.shape[0] // grid[0], processed.shape[1] // grid[1]
         seen = bright.reshape(grid[0], ph, grid[1], pw).mean(axis=(1, 3))
@@ -86,8 +105,30 @@ def test_the_image_tokens_lie_where_the_processor_puts_the_photo(family: str) ->
                 placed[r, c] = block[mine].mean() if mine.any() else 0.0
         assert np.abs(seen - placed).max() < 0.2, (seen.round(2), placed.round(2))
         assert (placed[seen > 0.9] > 0.7).all() and (placed[seen < 0.1] < 0.3).all()
-    assert sum(((view[0] > 0).mean() > 0) for view in vlm.family.views(encoded)) >= 1
-    assert len(grids) == (5 if family == "idefics3" else 1)  # 2 x 2 tiles and the global view
+    views = {"idefics3": 5, "llava-next": 2}  # 2 x 2 tiles and the global view; the base view and the tiles
+    assert len(placement.views) == views.get(family, 1)
+
+
+def _processed_views(vlm: Vlm, encoded: dict[str, Any], placement: Any) -> list[np.ndarray]:
+    """Each view's normalised first channel as the processor made it, cut to the view's tokens: LLaVA-NeXT's
+    tiles joined into one picture and its unpadded rows or columns taken, as the model joins their tokens."""
+    views = [v[0] for v in vlm.family.views(encoded)]
+    if vlm.family.name != "llava-next":
+        return views
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
+
+    side = int(vlm.model.config.vision_config.image_size)
+    th, tw = get_anyres_image_grid_shape(
+        list(encoded["image_sizes"][0].tolist()), vlm.model.config.image_grid_pinpoints, side
+    )
+    canvas = np.concatenate(
+        [np.concatenate(views[1 + i * tw : 1 + (i + 1) * tw], axis=1) for i in range(th)], axis=0
+    )
+    big = placement.views[1]
+    ch, cw = canvas.shape
+    y0 = (ch - big.y.size) // 2
+    x0 = (cw - big.x.size) // 2
+    return [views[0], canvas[y0 : y0 + big.y.size, x0 : x0 + big.x.size]]
 
 
 def test_attention_equals_output_attentions_and_the_model_is_left_as_found() -> None:
@@ -178,8 +219,16 @@ def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> 
     assert (
         r.exit_code == 2 and "vision-language model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     )
-    r = invoke("vlm", str(tmp_path / "missing.png"), str(photo), *model, "--prompt", PROMPTS["llava"],
-               "--max-new-tokens", "1")  # fmt: skip
+    r = invoke(
+        "vlm",
+        str(tmp_path / "missing.png"),
+        str(photo),
+        *model,
+        "--prompt",
+        PROMPTS["llava"],
+        "--max-new-tokens",
+        "1",
+    )
     assert r.exit_code == 1 and "missing.png" in r.stderr
     assert [rec["status"] for rec in records(tmp_path / "out")] == ["error", "ok"]
 
@@ -228,8 +277,19 @@ def test_the_report_shows_the_answer_and_pointing_at_a_word_shows_its_maps(
     photo, _, _ = scene(np.random.default_rng(5))
     path = write_image(tmp_path / "<b>disc<i>.png", photo)  # a hostile name stays text
     out = tmp_path / "out"
-    r = invoke("vlm", str(path), "--model", f"hf:{FIXTURE}", "--prompt", PROMPTS["llava"], "--out", str(out),
-               "--max-new-tokens", "2", "--report")  # fmt: skip
+    r = invoke(
+        "vlm",
+        str(path),
+        "--model",
+        f"hf:{FIXTURE}",
+        "--prompt",
+        PROMPTS["llava"],
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "2",
+        "--report",
+    )
     assert r.exit_code == 0, r.stderr
     browser.get((out / "index.html").as_uri())
     words = browser.find_elements(By.CSS_SELECTOR, ".answer .word")

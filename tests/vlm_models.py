@@ -42,7 +42,7 @@ WORDS = [
     *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
 ]
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-FAMILIES = ("llava", "paligemma", "qwen2-vl", "idefics3")
+FAMILIES = ("llava", "llava-next", "paligemma", "qwen2-vl", "idefics3")
 
 
 def tokenizer(extra: dict[str, str] | None = None) -> Any:
@@ -182,16 +182,65 @@ def build(
             vision_end_token_id=7,
         )
         return T.Qwen2VLForConditionalGeneration(config).eval(), processor
+    if family == "llava-next":  # a base view and tiles of 32 px on the best of three grids
+        pinpoints = [[32, 64], [64, 32], [64, 64]]
+        image = T.LlavaNextImageProcessor(
+            size={"shortest_edge": 32},
+            crop_size={"height": 32, "width": 32},
+            image_grid_pinpoints=pinpoints,
+            image_mean=mean,
+            image_std=std,
+        )
+        processor = T.LlavaNextProcessor(
+            image_processor=image,
+            tokenizer=tokenizer({"image_token": "<image>"}),
+            patch_size=8,
+            vision_feature_select_strategy="default",
+            image_token="<image>",
+            num_additional_image_tokens=1,
+        )
+        config = T.LlavaNextConfig(
+            vision_config={
+                "model_type": "clip_vision_model",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "image_size": 32,
+                "patch_size": 8,
+                **(vision or {}),
+            },
+            text_config={"model_type": "llama", **_text(**text)},
+            image_token_index=4,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="default",
+            image_grid_pinpoints=pinpoints,
+        )
+        return T.LlavaNextForConditionalGeneration(config).eval(), processor
     if family == "idefics3":  # SmolVLM's architecture: tiles of 64 px and a global view, 4 x 4 tokens each
-        image = T.Idefics3ImageProcessor(size={"longest_edge": 2 * size}, max_image_size={"longest_edge": size},
-                                         do_image_splitting=True, image_mean=mean, image_std=std)  # fmt: skip
+        image = T.Idefics3ImageProcessor(
+            size={"longest_edge": 2 * size},
+            max_image_size={"longest_edge": size},
+            do_image_splitting=True,
+            image_mean=mean,
+            image_std=std,
+        )
         tok = tokenizer({"image_token": "<image>"})
         processor = T.Idefics3Processor(image_processor=image, tokenizer=tok, image_seq_len=(size // 16) ** 2)
         config = T.Idefics3Config(
-            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                           "num_attention_heads": 4, "image_size": size, "patch_size": 8, **(vision or {})},
-            text_config={"model_type": "llama", **_text(**text)}, scale_factor=2, image_token_id=4,
-        )  # fmt: skip
+            vision_config={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "image_size": size,
+                "patch_size": 8,
+                **(vision or {}),
+            },
+            text_config={"model_type": "llama", **_text(**text)},
+            scale_factor=2,
+            image_token_id=4,
+        )
         return T.Idefics3ForConditionalGeneration(config).eval(), processor
     raise ValueError(family)
 
@@ -199,6 +248,7 @@ def build(
 #: A prompt for each family (where its image token goes).
 PROMPTS = {
     "llava": "USER: <image> what shape is this ? ASSISTANT:",
+    "llava-next": "USER: <image> what shape is this ? ASSISTANT:",
     "paligemma": "<image> what shape is this ?",
     "qwen2-vl": "<|vision_start|><|image_pad|><|vision_end|> what shape is this ?",
     "idefics3": "<image> what shape is this ?",

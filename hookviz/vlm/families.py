@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from torch import nn
 
 from hookviz.errors import UsageError
@@ -49,6 +50,8 @@ class Geometry:
     y: Axis
     grid: tuple[int, int]
     photo: tuple[int, int]
+    #: Tokens after each row that have no place on the photo (LLaVA-NeXT's row-end token).
+    row_extra: int = 0
 
     def box(self) -> Box:
         """The part of the photo the model saw, in whole pixels (for drawing)."""
@@ -91,19 +94,26 @@ class Placement:
 
     @property
     def tokens(self) -> int:
-        return sum(r * c for r, c in self.grids)
+        return sum(r * (c + v.row_extra) for v, (r, c) in zip(self.views, self.grids, strict=True))
 
     def split(self, scores: np.ndarray) -> list[np.ndarray]:
-        """A flat map's scores as each view's ``(rows, cols)`` grid."""
+        """A flat map's scores as each view's ``(rows, cols)`` grid (row-end tokens left out)."""
         out, start = [], 0
-        for r, c in self.grids:
-            out.append(np.asarray(scores[start : start + r * c]).reshape(r, c))
-            start += r * c
+        for view, (r, c) in zip(self.views, self.grids, strict=True):
+            width = c + view.row_extra
+            out.append(np.asarray(scores[start : start + r * width]).reshape(r, width)[:, :c])
+            start += r * width
         return out
+
+    def placed(self) -> np.ndarray:
+        """Which image tokens have a place on the photo (not a row-end token), ``(N,)`` booleans."""
+        return np.concatenate([np.ones(r * c, bool) if v.row_extra == 0 else
+                               np.tile(np.r_[np.ones(c, bool), np.zeros(v.row_extra, bool)], r)
+                               for v, (r, c) in zip(self.views, self.grids, strict=True)])  # fmt: skip
 
     def raw(self, scores: np.ndarray) -> np.ndarray:
         """What ``--save-raw`` writes: one view's grid ``(rows, cols)``, or the flat scores of several."""
-        return self.split(scores)[0] if len(self.views) == 1 else np.asarray(scores)
+        return self.split(scores)[0] if len(self.views) == 1 else np.asarray(scores)[self.placed()]
 
     def box(self) -> Box:
         """The part of the photo some view saw."""
@@ -129,17 +139,21 @@ class Placement:
             return np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
 
     def token_pixels(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """The photo rows and columns image token ``index`` covers (its view's cell)."""
+        """The photo rows and columns image token ``index`` covers (its view's cell; none for a row end)."""
         for view, (r, c) in zip(self.views, self.grids, strict=True):
-            if index < r * c:
+            width = c + view.row_extra
+            if index < r * width:
+                row, col = divmod(index, width)
+                if col >= c:
+                    return np.zeros(0, int), np.zeros(0, int)
                 rows, cols = view.cells()
-                return np.nonzero(rows == index // c)[0], np.nonzero(cols == index % c)[0]
-            index -= r * c
+                return np.nonzero(rows == row)[0], np.nonzero(cols == col)[0]
+            index -= r * width
         raise IndexError(index)
 
     def peak(self, scores: np.ndarray) -> list[int]:
-        """The photo pixel ``[x, y]`` at the centre of the highest token's cell."""
-        ys, xs = self.token_pixels(int(np.argmax(scores)))
+        """The photo pixel ``[x, y]`` at the centre of the highest placed token's cell."""
+        ys, xs = self.token_pixels(int(np.argmax(np.where(self.placed(), scores, -np.inf))))
         return [int(xs.mean()), int(ys.mean())] if len(xs) and len(ys) else [-1, -1]
 
 
@@ -173,6 +187,12 @@ class Family:
         _, h, w = self.processed(encoded).shape
         p = self.patch(model)
         return h // p, w // p
+
+    def placement(
+        self, model: nn.Module, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]
+    ) -> Placement:
+        """Where the first photo's image tokens lie on it (see :func:`measure`)."""
+        return measure(processor, self, photo, self.grids(model, encoded))
 
     def image_token(self, model: nn.Module) -> int:
         config = model.config
@@ -256,7 +276,52 @@ class Idefics3(Family):
         return model.model.text_model  # type: ignore[no-any-return]
 
 
-FAMILIES: list[Family] = [Llava(), PaliGemma(), Qwen2VL(), Idefics3()]
+class LlavaNext(Family):
+    """LLaVA-NeXT: a base view of the photo, then the photo resized and padded onto the best of a few tile
+    grids, the tiles' tokens joined into one grid, the padding's rows or columns taken off again (by the
+    model's own ``unpad_image``), and a row-end token after each row."""
+
+    name = "llava-next"
+    model_types = ("llava_next",)
+
+    def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
+        return list(np.asarray(encoded["pixel_values"][0].float()))
+
+    def placement(
+        self, model: nn.Module, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]
+    ) -> Placement:
+        from transformers.models.llava_next.modeling_llava_next import (
+            get_anyres_image_grid_shape,
+            unpad_image,
+        )
+
+        side, patch = int(model.config.vision_config.image_size), self.patch(model)
+        tiles_h, tiles_w = get_anyres_image_grid_shape(list(photo), model.config.image_grid_pinpoints, side)
+        ramp = _ramp(photo)
+        views = self.views(dict(processor.image_processor(images=ramp, do_rescale=False, do_normalize=False,
+                                                          return_tensors="pt")))  # fmt: skip
+        base = Geometry(_axis(views[0][0], 1, views[0][2] > 0.5), _axis(views[0][1], 0, views[0][2] > 0.5),
+                        (side // patch, side // patch), photo)  # fmt: skip
+        canvas = np.concatenate(
+            [np.concatenate(views[1 + i * tiles_w : 1 + (i + 1) * tiles_w], axis=2) for i in range(tiles_h)],
+            axis=1,
+        )
+        mask = canvas[2] > 0.5
+        x, y = _axis(canvas[0], 1, mask), _axis(canvas[1], 0, mask)
+        rows, cols = tiles_h * side // patch, tiles_w * side // patch
+        index = torch.arange(rows * cols).reshape(1, rows, cols)
+        kept = unpad_image(index, torch.tensor(list(photo)))[0]
+        r0, c0 = divmod(int(kept[0, 0]), cols)
+        kr, kc = kept.shape
+        extra = 1 if getattr(model.model, "image_newline", None) is not None else 0
+        grid_view = Geometry(
+            Axis(x.origin + x.step * c0 * patch, x.step, kc * patch),
+            Axis(y.origin + y.step * r0 * patch, y.step, kr * patch), (kr, kc), photo, row_extra=extra,
+        )  # fmt: skip
+        return Placement((base, grid_view), photo)
+
+
+FAMILIES: list[Family] = [Llava(), LlavaNext(), PaliGemma(), Qwen2VL(), Idefics3()]
 
 
 def family_of(model: nn.Module) -> Family:
@@ -279,11 +344,7 @@ def measure(
     """Where each view's image tokens lie on a photo of ``photo`` ``(H, W)`` pixels, measured through
     ``processor``'s image processor with a ramp picture (see the module's docstring); ``grids``: each view's
     image tokens' rows and columns."""
-    h, w = photo
-    ramp = np.zeros((h, w, 3), np.float32)
-    ramp[..., 0] = np.arange(w, dtype=np.float32)[None, :] + 0.5
-    ramp[..., 1] = np.arange(h, dtype=np.float32)[:, None] + 0.5
-    ramp[..., 2] = 1.0  # marks the photo's pixels (padding is 0)
+    ramp = _ramp(photo)
     images = [[ramp]] if isinstance(family, Idefics3) else ramp
     got = processor.image_processor(images=images, do_rescale=False, do_normalize=False, return_tensors="pt")
     views = family.views(dict(got))
@@ -294,6 +355,17 @@ def measure(
         for v, grid in zip(views, grids, strict=True)
     )
     return Placement(placed, photo)
+
+
+def _ramp(photo: tuple[int, int]) -> np.ndarray:
+    """A picture of ``photo``'s size whose pixels hold their own coordinates: ``x + 0.5``, ``y + 0.5``, and 1
+    (what marks the photo's pixels: padding is 0)."""
+    h, w = photo
+    ramp = np.zeros((h, w, 3), np.float32)
+    ramp[..., 0] = np.arange(w, dtype=np.float32)[None, :] + 0.5
+    ramp[..., 1] = np.arange(h, dtype=np.float32)[:, None] + 0.5
+    ramp[..., 2] = 1.0
+    return ramp
 
 
 def _axis(plane: np.ndarray, along: int, photo: np.ndarray) -> Axis:

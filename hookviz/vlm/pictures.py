@@ -66,7 +66,7 @@ def render_words(
                     "text": answer.tokens[k],
                     "file": f"{name}.png",
                     "peak": place.peak(scores),
-                    "max": float(scores.max()),
+                    "max": float(scores[place.placed()].max()),
                     **({"layer": wm.layer} if method == "llavacam" else {}),
                 }
             )

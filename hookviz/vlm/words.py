@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from hookviz.errors import InputError, UsageError
 from hookviz.models.hf import quiet
-from hookviz.vlm.families import Family, Placement, family_of, measure
+from hookviz.vlm.families import Family, Placement, family_of
 
 #: The methods, in the order they are drawn.
 METHODS = ("attention", "tokengrad", "llavacam", "towercam")
@@ -223,8 +223,8 @@ def explain_words(
         )
     forced = _forced(encoded, found)
     image = (found.ids[0] == vlm.family.image_token(model)).nonzero().flatten()
-    grids = vlm.family.grids(model, encoded)
-    count = sum(r * c for r, c in grids)
+    placement = vlm.family.placement(model, vlm.processor, encoded, rgb.shape[:2])
+    count = placement.tokens
     if len(image) < count:
         raise UsageError(f"the prompt holds {len(image)} image tokens, the photo makes {count}")
     image = image[:count]  # the first photo's
@@ -236,7 +236,6 @@ def explain_words(
             _scores(found, model(**forced).logits)
     if "attention" in methods:
         maps["attention"] = _attention(model, lm, forced, found, image, layer)
-    placement = measure(vlm.processor, vlm.family, rgb.shape[:2], grids)
     ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
     return WordMaps(found, placement, ordered, chosen, prompt, forced, image)
 
