@@ -112,7 +112,7 @@ def test_the_image_tokens_lie_where_the_processor_puts_the_photo(family: str) ->
 def _processed_views(vlm: Vlm, encoded: dict[str, Any], placement: Any) -> list[np.ndarray]:
     """Each view's normalised first channel as the processor made it, cut to the view's tokens: LLaVA-NeXT's
     tiles joined into one picture and its unpadded rows or columns taken, as the model joins their tokens."""
-    views = [v[0] for v in vlm.family.views(encoded)]
+    views = [v[0] if v.ndim == 3 else v for v in vlm.family.views(encoded)]
     if vlm.family.name != "llava-next":
         return views
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
@@ -328,3 +328,50 @@ def test_on_the_trained_llava_the_pointing_maps_beat_a_random_one_at_deletion_an
     mean = {k: float(np.mean(v)) for k, v in found.items()}
     assert mean["deletion"] < mean["random_deletion"] - 0.3, mean
     assert mean["insertion"] > mean["random_insertion"] + 0.3, mean
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_image_token_comes_from_the_pixels_its_placement_gives_it(family: str) -> None:
+    """A planted signal through the whole model: with the vision tower's attention outputs zeroed (no patch
+    sees another), each image token the decoder receives depends only on its own patches; the pixels its
+    embedding's gradient reaches lie in the view and cell the placement gives it (patch embedding, pixel
+    shuffle, merges, tiles, unpadding and row-end tokens all in the model's own order)."""
+    vlm = _vlm(family, seed=1)
+    for name, module in vlm.model.named_modules():
+        if name.endswith(("self_attn.out_proj", "attn.proj")):
+            torch.nn.init.zeros_(module.weight)
+            torch.nn.init.zeros_(module.bias)
+    photo = np.random.default_rng(3).integers(0, 256, (57, 95, 3), dtype=np.uint8)
+    encoded = encode(vlm, photo, PROMPTS[family])
+    placement = vlm.family.placement(vlm.model, vlm.processor, encoded, (57, 95))
+    pixels = encoded["pixel_values"].float().requires_grad_(True)
+    kept = {}
+    lm = vlm.family.language_model(vlm.model)
+    handle = lm.register_forward_pre_hook(lambda m, a, k: kept.update(x=k["inputs_embeds"]), with_kwargs=True)
+    try:
+        vlm.model(**{**encoded, "pixel_values": pixels.to(encoded["pixel_values"].dtype)})
+    finally:
+        handle.remove()
+    image = (encoded["input_ids"][0] == vlm.family.image_token(vlm.model)).nonzero().flatten()
+    assert len(image) == placement.tokens
+    placed = placement.placed()
+    starts = np.cumsum(
+        [0] + [r * (c + v.row_extra) for v, (r, c) in zip(placement.views, placement.grids, strict=True)]
+    )
+    rng = np.random.default_rng(0)
+    for k in sorted(rng.choice(len(image), size=min(16, len(image)), replace=False)):
+        (grad,) = torch.autograd.grad(kept["x"][0, image[k]].sum(), [pixels], retain_graph=True)
+        if not placed[k]:  # a row-end token: a learned vector, no pixel behind it
+            assert float(grad.abs().max()) == 0
+            continue
+        views = _processed_views(vlm, {**encoded, "pixel_values": grad.abs()}, placement)
+        v = int(np.searchsorted(starts, k, side="right") - 1)
+        r, c = placement.grids[v]
+        width = c + placement.views[v].row_extra
+        row, col = divmod(int(k - starts[v]), width)
+        reach = views[v]
+        assert sum(float(other.sum()) for i, other in enumerate(views) if i != v) == 0, k
+        ys, xs = np.nonzero(reach > 0)
+        h, w = reach.shape
+        assert ys.min() >= row * h // r and ys.max() < (row + 1) * h // r, (k, row, ys.min(), ys.max())
+        assert xs.min() >= col * w // c and xs.max() < (col + 1) * w // c, (k, col, xs.min(), xs.max())

@@ -265,7 +265,8 @@ class Idefics3(Family):
 
     def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
         pixels = np.asarray(encoded["pixel_values"][0].float())
-        real = [v for v in range(len(pixels)) if np.abs(pixels[v]).sum() > 0]  # batching pads with zeros
+        mask = encoded.get("pixel_attention_mask")
+        real = [v for v in range(len(pixels)) if mask is None or bool(mask[0, v].any())]  # batches pad
         return [pixels[v] for v in real]
 
     def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
