@@ -105,7 +105,7 @@ def test_the_image_tokens_lie_where_the_processor_puts_the_photo(family: str) ->
                 placed[r, c] = block[mine].mean() if mine.any() else 0.0
         assert np.abs(seen - placed).max() < 0.2, (seen.round(2), placed.round(2))
         assert (placed[seen > 0.9] > 0.7).all() and (placed[seen < 0.1] < 0.3).all()
-    views = {"idefics3": 5, "llava-next": 2}  # 2 x 2 tiles and the global view; the base view and the tiles
+    views = {"idefics3": 5, "llava-next": 2, "internvl": 3}  # tiles and a global view; a base view and tiles
     assert len(placement.views) == views.get(family, 1)
 
 
@@ -338,7 +338,7 @@ def test_each_image_token_comes_from_the_pixels_its_placement_gives_it(family: s
     shuffle, merges, tiles, unpadding and row-end tokens all in the model's own order)."""
     vlm = _vlm(family, seed=1)
     for name, module in vlm.model.named_modules():
-        if name.endswith(("self_attn.out_proj", "attn.proj")):
+        if name.endswith(("self_attn.out_proj", "attn.proj", "attention.projection_layer")):
             torch.nn.init.zeros_(module.weight)
             torch.nn.init.zeros_(module.bias)
     photo = np.random.default_rng(3).integers(0, 256, (57, 95, 3), dtype=np.uint8)

@@ -40,9 +40,13 @@ WORDS = [
     "<global-img>",
     "<end_of_utterance>",
     *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+    "<img>",
+    "</img>",
+    "<IMG_CONTEXT>",
+    "<video>",
 ]
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-FAMILIES = ("llava", "llava-next", "paligemma", "qwen2-vl", "idefics3")
+FAMILIES = ("llava", "llava-next", "paligemma", "qwen2-vl", "qwen2.5-vl", "idefics3", "internvl")
 
 
 def tokenizer(extra: dict[str, str] | None = None) -> Any:
@@ -142,7 +146,7 @@ def build(
             hidden_size=32,
         )
         return T.PaliGemmaForConditionalGeneration(config).eval(), processor
-    if family == "qwen2-vl":
+    if family in ("qwen2-vl", "qwen2.5-vl"):
         image = T.Qwen2VLImageProcessor(
             min_pixels=32 * 32,
             max_pixels=4 * size * size,
@@ -160,6 +164,31 @@ def build(
                 "vision_end_token": "<|vision_end|>",
             }
         )
+        if family == "qwen2.5-vl":  # windowed attention in the tower, every other block global
+            processor = T.Qwen2_5_VLProcessor(
+                image_processor=image, tokenizer=tok, video_processor=T.Qwen2VLVideoProcessor(patch_size=8)
+            )
+            config = T.Qwen2_5_VLConfig(
+                text_config=_text(rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, **text),
+                vision_config={
+                    "depth": 2,
+                    "hidden_size": 32,
+                    "out_hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_heads": 4,
+                    "patch_size": 8,
+                    "spatial_merge_size": 2,
+                    "temporal_patch_size": 2,
+                    "in_channels": 3,
+                    "window_size": 32,
+                    "fullatt_block_indexes": [1],
+                },
+                image_token_id=6,
+                video_token_id=8,
+                vision_start_token_id=5,
+                vision_end_token_id=7,
+            )
+            return T.Qwen2_5_VLForConditionalGeneration(config).eval(), processor
         processor = T.Qwen2VLProcessor(
             image_processor=image, tokenizer=tok, video_processor=T.Qwen2VLVideoProcessor(patch_size=8)
         )
@@ -242,6 +271,46 @@ def build(
             image_token_id=4,
         )
         return T.Idefics3ForConditionalGeneration(config).eval(), processor
+    if (
+        family == "internvl"
+    ):  # tiles of 32 px on the closest grid of at most 4 and a thumbnail, 2 x 2 tokens each
+        tok = tokenizer(
+            {
+                "start_image_token": "<img>",
+                "end_image_token": "</img>",
+                "context_image_token": "<IMG_CONTEXT>",
+                "video_token": "<video>",
+            }
+        )
+        image = T.GotOcr2ImageProcessor(
+            size={"height": 32, "width": 32},
+            crop_to_patches=True,
+            min_patches=1,
+            max_patches=4,
+            image_mean=mean,
+            image_std=std,
+        )
+        processor = T.InternVLProcessor(
+            image_processor=image,
+            tokenizer=tok,
+            image_seq_length=4,
+            video_processor=T.InternVLVideoProcessor(),
+        )
+        config = T.InternVLConfig(
+            vision_config={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "image_size": [32, 32],
+                "patch_size": [8, 8],
+                **(vision or {}),
+            },
+            text_config={"model_type": "qwen2", **_text(**text)},
+            downsample_ratio=0.5,
+            image_token_id=WORDS.index("<IMG_CONTEXT>"),
+        )
+        return T.InternVLForConditionalGeneration(config).eval(), processor
     raise ValueError(family)
 
 
@@ -251,7 +320,9 @@ PROMPTS = {
     "llava-next": "USER: <image> what shape is this ? ASSISTANT:",
     "paligemma": "<image> what shape is this ?",
     "qwen2-vl": "<|vision_start|><|image_pad|><|vision_end|> what shape is this ?",
+    "qwen2.5-vl": "<|vision_start|><|image_pad|><|vision_end|> what shape is this ?",
     "idefics3": "<image> what shape is this ?",
+    "internvl": "<IMG_CONTEXT> what shape is this ?",
 }
 
 

@@ -13,7 +13,7 @@ from hookviz.cli.runner import warn
 from hookviz.report import build_report
 
 ModelSpec = Annotated[str, typer.Option("--model", "-m", help="hf:DIR (a folder save_pretrained wrote, with "
-    "its processor) or a hub id: LLaVA, PaliGemma, Qwen2-VL, Qwen2.5-VL.")]  # fmt: skip
+    "its processor) or a hub id: LLaVA(-NeXT), PaliGemma, Qwen2(.5)-VL, SmolVLM, InternVL.")]  # fmt: skip
 Prompt = Annotated[str, typer.Option("--prompt", "-p", help="the question; the chat template places the "
     "photo, or put the model's image token (<image>) where it goes.")]  # fmt: skip
 AnswerOpt = Annotated[str | None, typer.Option("--answer", help="explain this answer (teacher-forced) "

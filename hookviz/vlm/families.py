@@ -322,7 +322,26 @@ class LlavaNext(Family):
         return Placement((base, grid_view), photo)
 
 
-FAMILIES: list[Family] = [Llava(), LlavaNext(), PaliGemma(), Qwen2VL(), Idefics3()]
+class InternVL(Family):
+    """InternVL: the photo cut into tiles of the tower's size (the grid closest to its shape) and a thumbnail
+    of it, each tile's patches pixel-shuffled into one token per ``1 / downsample_ratio`` squared patches."""
+
+    name = "internvl"
+    model_types = ("internvl",)
+
+    def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
+        return list(np.asarray(encoded["pixel_values"].float()))  # one photo: every tile is its
+
+    def patch(self, model: nn.Module) -> int:
+        size = model.config.vision_config.patch_size
+        return int(size[0] if isinstance(size, (list, tuple)) else size)
+
+    def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
+        step = round(self.patch(model) / float(model.config.downsample_ratio))
+        return [(v.shape[1] // step, v.shape[2] // step) for v in self.views(encoded)]
+
+
+FAMILIES: list[Family] = [Llava(), LlavaNext(), PaliGemma(), Qwen2VL(), Idefics3(), InternVL()]
 
 
 def family_of(model: nn.Module) -> Family:
