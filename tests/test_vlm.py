@@ -50,9 +50,9 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
     (rec,) = records(out)
     assert rec["status"] == "ok" and rec["answer"] == "a disc" and not rec["generated"]
     assert [t["text"].strip() for t in rec["tokens"]] == ["a", "disc"]
-    assert len(rec["maps"]) == 2 * 4 and all(0 < t["prob"] < 1 for t in rec["tokens"])
+    assert len(rec["maps"]) == 2 * 5 and all(0 < t["prob"] < 1 for t in rec["tokens"])
     names = {Path(p).name for p in rec["outputs"]}
-    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 8
+    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 10
     raw = np.load(next(p for p in rec["outputs"] if ".llavacam.t02-disc" in p and p.endswith(".npy")))
     grids = rec["grids"]
     assert list(raw.shape) == (grids[0] if len(grids) == 1 else [sum(r * c for r, c in grids)])
@@ -139,7 +139,7 @@ def test_attention_equals_output_attentions_and_the_model_is_left_as_found() -> 
     with torch.no_grad():
         vlm.model(**enc)  # transformers adds its own output-recording hooks on the first call
     before = vlm.model.config._attn_implementation, hook_counts(vlm.model)
-    wm = explain_words(vlm, photo, PROMPTS["llava"], answer="a cross", methods=("attention",))
+    wm = explain_words(vlm, photo, PROMPTS["llava"], answer="a cross", methods=("attention", "logitlens"))
     assert (vlm.model.config._attn_implementation, hook_counts(vlm.model)) == before
     ids = torch.cat([enc["input_ids"], torch.tensor([[16, 21]])], dim=1)
     vlm.model.set_attn_implementation("eager")
@@ -148,9 +148,15 @@ def test_attention_equals_output_attentions_and_the_model_is_left_as_found() -> 
     vlm.model.set_attn_implementation(before[0])
     image = (ids[0] == 4).nonzero().flatten()
     n = enc["input_ids"].shape[1]
-    for t in range(2):
+    with torch.no_grad():
+        logits = vlm.model(input_ids=ids, pixel_values=enc["pixel_values"]).logits[0]
+    for t, token in enumerate((16, 21)):
         direct = torch.stack([a[0, :, n - 1 + t, image] for a in att]).mean(dim=(0, 1)).numpy()
         np.testing.assert_allclose(wm.maps["attention"][t].ravel(), direct, rtol=1e-5, atol=1e-7)
+        # The logit lens: the model's own logits at the image positions, for this word.
+        np.testing.assert_allclose(
+            wm.maps["logitlens"][t], logits[image, token].numpy(), rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("batch", [8, 1])
@@ -244,7 +250,7 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
 
     vlm = load_vlm(f"hf:{FIXTURE}", "cpu")
     rng, chance = np.random.default_rng(4321), np.random.default_rng(0)
-    hits = {"attention": 0, "tokengrad": 0, "llavacam": 0, "towercam": 0, "random": 0}
+    hits = {"attention": 0, "tokengrad": 0, "llavacam": 0, "towercam": 0, "logitlens": 0, "random": 0}
     named = 0
     for _ in range(100):
         photo, kind, mask = scene(rng)
@@ -260,7 +266,7 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
             hits[method] += on_shape(stack[word])
         hits["random"] += on_shape(chance.random(wm.placement.tokens))
     assert named >= 90, named
-    best = max(hits[m] for m in ("attention", "tokengrad", "llavacam", "towercam"))
+    best = max(hits[m] for m in ("attention", "tokengrad", "llavacam", "towercam", "logitlens"))
     assert best >= 85 and hits["random"] <= 45, hits
 
 
@@ -297,7 +303,7 @@ def test_the_report_shows_the_answer_and_pointing_at_a_word_shows_its_maps(
     assert [w.text for w in words] == [t["text"].strip() for t in rec["tokens"]]
     ActionChains(browser).move_to_element(words[1]).perform()
     shown = [f for f in browser.find_elements(By.CSS_SELECTOR, ".thumbs figure") if f.is_displayed()]
-    assert len(shown) == 4 and all(f.get_attribute("data-token") == "1" for f in shown)
+    assert len(shown) == 5 and all(f.get_attribute("data-token") == "1" for f in shown)
     assert browser.execute_script("return document.querySelectorAll('.card h2 b').length") == 0
 
 

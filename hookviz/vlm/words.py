@@ -15,6 +15,9 @@ reusing the one graph. The methods:
   layer's output as LLaVA-CAM: how much each image token's state moves the word. On the test suite's trained
   LLaVA it points best of the four (Grad-CAM's channel-mean weights, over image tokens whose states the
   decoder reads through a norm, mostly do not).
+- ``logitlens``: the word's logit read from each image token's final state (the decoder's last normalised
+  hidden state through the output head): what each image token already "says". It is the activation map TAM
+  starts from; TAM's estimated causal inference and rank Gaussian filter are not applied.
 
 Each map is a score per image token (:class:`hookviz.vlm.families.Placement` places the tokens on the photo).
 """
@@ -35,12 +38,13 @@ from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Placement, family_of
 
 #: The methods, in the order they are drawn.
-METHODS = ("attention", "tokengrad", "llavacam", "towercam")
+METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens")
 TITLES = {
     "tokengrad": "gradient at the image tokens",
     "attention": "attention to the image",
     "llavacam": "LLaVA-CAM",
     "towercam": "Grad-CAM on the image tokens",
+    "logitlens": "the word read at the image tokens",
 }
 
 
@@ -236,6 +240,8 @@ def explain_words(
             _scores(found, model(**forced).logits)
     if "attention" in methods:
         maps["attention"] = _attention(model, lm, forced, found, image, layer)
+    if "logitlens" in methods:
+        maps["logitlens"] = _logit_lens(model, lm, forced, found, image)
     ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
     return WordMaps(found, placement, ordered, chosen, prompt, forced, image)
 
@@ -325,6 +331,28 @@ def _batched_grads(picked: Tensor, inputs: list[Tensor]) -> list[Tensor]:
             got = tuple(torch.stack([g[i] for g in each]) for i in range(len(inputs)))
         parts.append(list(got))
     return [torch.cat([p[i] for p in parts]) for i in range(len(inputs))]
+
+
+def _logit_lens(
+    model: nn.Module, lm: nn.Module, forced: dict[str, Any], found: Answer, image: Tensor
+) -> np.ndarray:
+    """Each answer token's logit read at every image token ``(T, N)``: the decoder's final (normalised) state
+    there through the output head."""
+    kept: dict[str, Tensor] = {}
+
+    def final(module: nn.Module, args: Any, output: Any) -> None:
+        kept["h"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    handle = lm.register_forward_hook(final)
+    try:
+        with torch.no_grad():
+            model(**forced)
+    finally:
+        handle.remove()
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        logits = head(kept["h"][0, image]).float()  # (N, vocabulary)
+    return logits[:, torch.tensor(found.token_ids, device=logits.device)].T.cpu().numpy()
 
 
 def _attention(
