@@ -17,9 +17,10 @@ from hookviz.vlm.families import family_of
 from hookviz.vlm.words import Vlm, encode, explain_words
 from tests.conftest import hook_counts, invoke, records, write_image
 from tests.test_report import browser  # noqa: F401 - the browser fixture
-from tests.vlm_models import FAMILIES, PROMPTS, build, save
+from tests.vlm_models import FAMILIES, PROMPTS, WORDS, build, save
 
 FIXTURE = Path(__file__).parent / "fixtures" / "shapes_llava"
+WORD_IDS = {w: i for i, w in enumerate(WORDS)}
 
 
 def _vlm(family: str, **kw: Any) -> Vlm:
@@ -250,11 +251,13 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
 
     vlm = load_vlm(f"hf:{FIXTURE}", "cpu")
     rng, chance = np.random.default_rng(4321), np.random.default_rng(0)
-    hits = {"attention": 0, "tokengrad": 0, "llavacam": 0, "towercam": 0, "logitlens": 0, "random": 0}
+    hits = dict.fromkeys(
+        ["attention", "tokengrad", "llavacam", "towercam", "logitlens", "relevancy", "random"], 0
+    )
     named = 0
     for _ in range(100):
         photo, kind, mask = scene(rng)
-        wm = explain_words(vlm, photo, PROMPTS["llava"], max_new_tokens=2)
+        wm = explain_words(vlm, photo, PROMPTS["llava"], max_new_tokens=2, methods=tuple(hits)[:-1])
         named += wm.answer.text.split()[-1:] == [SHAPES[kind]]
         word = len(wm.answer.tokens) - 1
 
@@ -266,7 +269,7 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
             hits[method] += on_shape(stack[word])
         hits["random"] += on_shape(chance.random(wm.placement.tokens))
     assert named >= 90, named
-    best = max(hits[m] for m in ("attention", "tokengrad", "llavacam", "towercam", "logitlens"))
+    best = max(v for k, v in hits.items() if k != "random")
     assert best >= 85 and hits["random"] <= 45, hits
 
 
@@ -381,3 +384,24 @@ def test_each_image_token_comes_from_the_pixels_its_placement_gives_it(family: s
         h, w = reach.shape
         assert ys.min() >= row * h // r and ys.max() < (row + 1) * h // r, (k, row, ys.min(), ys.max())
         assert xs.min() >= col * w // c and xs.max() < (col + 1) * w // c, (k, col, xs.min(), xs.max())
+
+
+def test_relevancy_equals_chefer_s_rule_by_hand_from_output_attentions() -> None:
+    vlm = _vlm("llava", seed=5)
+    photo = np.random.default_rng(6).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    wm = explain_words(vlm, photo, PROMPTS["llava"], answer="it is a disc", methods=("relevancy",))
+    enc = encode(vlm, photo, PROMPTS["llava"])
+    answer = [WORD_IDS[w] for w in ("it", "is", "a", "disc")]
+    ids = torch.cat([enc["input_ids"], torch.tensor([answer])], dim=1)
+    image = (ids[0] == 4).nonzero().flatten()
+    n = enc["input_ids"].shape[1]
+    vlm.model.set_attn_implementation("eager")
+    for t, token in enumerate(answer):
+        out = vlm.model(input_ids=ids, pixel_values=enc["pixel_values"], output_attentions=True)
+        grads = torch.autograd.grad(out.logits[0, n - 1 + t, token], list(out.attentions))
+        relevance = torch.eye(ids.shape[1])
+        for a, g in zip(out.attentions, grads, strict=True):
+            relevance = relevance + (g[0] * a[0]).clamp(min=0).mean(0).detach() @ relevance
+        np.testing.assert_allclose(
+            wm.maps["relevancy"][t], relevance[n - 1 + t, image].numpy(), rtol=1e-4, atol=1e-6
+        )

@@ -21,7 +21,7 @@ AnswerOpt = Annotated[str | None, typer.Option("--answer", help="explain this an
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, max=512, help="the longest answer generated "
     "(greedy).")]  # fmt: skip
 VlmMethods = Annotated[str, typer.Option("--method", rich_help_panel=MAPS, help="attention, tokengrad, "
-    "llavacam, towercam, logitlens, or a comma list of them.")]  # fmt: skip
+    "llavacam, towercam, logitlens, relevancy, or a comma list of them.")]  # fmt: skip
 Tokens = Annotated[str, typer.Option("--tokens", rich_help_panel=MAPS, help="all, or the words of the answer "
     "to map (a comma list).")]  # fmt: skip
 DecoderLayer = Annotated[int | None, typer.Option("--layer", rich_help_panel=MAPS, help="the "

@@ -18,6 +18,11 @@ reusing the one graph. The methods:
 - ``logitlens``: the word's logit read from each image token's final state (the decoder's last normalised
   hidden state through the output head): what each image token already "says". It is the activation map TAM
   starts from; TAM's estimated causal inference and rank Gaussian filter are not applied.
+- ``relevancy``: Chefer's rule through the decoder: starting from the identity, each layer adds its
+  gradient-weighted attention (the heads' mean of ``ReLU(grad * attention)``) rolled out over the relevance so
+  far, ``R += A @ R``; the map is the predicting position's row at the image tokens. The decoder's layers only
+  (LVLM-Interpret carries it on through the vision tower; not done here). Eager attention, kept with its
+  graph, for this pass alone: memory grows with layers x heads x length squared.
 
 Each map is a score per image token (:class:`hookviz.vlm.families.Placement` places the tokens on the photo).
 """
@@ -38,13 +43,14 @@ from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Placement, family_of
 
 #: The methods, in the order they are drawn.
-METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens")
+METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens", "relevancy")
 TITLES = {
     "tokengrad": "gradient at the image tokens",
     "attention": "attention to the image",
     "llavacam": "LLaVA-CAM",
     "towercam": "Grad-CAM on the image tokens",
     "logitlens": "the word read at the image tokens",
+    "relevancy": "relevancy (gradient-weighted attention, rolled out)",
 }
 
 
@@ -242,6 +248,8 @@ def explain_words(
         maps["attention"] = _attention(model, lm, forced, found, image, layer)
     if "logitlens" in methods:
         maps["logitlens"] = _logit_lens(model, lm, forced, found, image)
+    if "relevancy" in methods:
+        maps["relevancy"] = _relevancy(model, lm, forced, found, image)
     ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
     return WordMaps(found, placement, ordered, chosen, prompt, forced, image)
 
@@ -331,6 +339,43 @@ def _batched_grads(picked: Tensor, inputs: list[Tensor]) -> list[Tensor]:
             got = tuple(torch.stack([g[i] for g in each]) for i in range(len(inputs)))
         parts.append(list(got))
     return [torch.cat([p[i] for p in parts]) for i in range(len(inputs))]
+
+
+def _relevancy(
+    model: nn.Module, lm: nn.Module, forced: dict[str, Any], found: Answer, image: Tensor
+) -> np.ndarray:
+    """Each answer token's relevance of the image tokens ``(T, N)`` by Chefer's rule (see the module's
+    docstring), from one eager forward and the backward passes batched."""
+    taken: list[Tensor] = []
+
+    def keep(module: nn.Module, args: Any, output: Any) -> None:
+        if not isinstance(output, tuple) or len(output) < 2 or output[1] is None:
+            raise UsageError(
+                "the decoder's attention returned no weights in eager mode; hookviz cannot read it"
+            )
+        taken.append(output[1])
+
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    handles = [block.self_attn.register_forward_hook(keep) for block in lm.layers]
+    try:
+        with torch.enable_grad():
+            logits = model(**forced).logits
+    finally:
+        for h in handles:
+            h.remove()
+        model.set_attn_implementation(before)
+    picked = _scores(found, logits)
+    grads = _batched_grads(picked, taken)
+    rows = range(found.start - 1, found.ids.shape[1] - 1)
+    out = []
+    for t, row in enumerate(rows):
+        relevance = torch.eye(taken[0].shape[-1], device=picked.device)
+        for weights, grad in zip(taken, grads, strict=True):
+            mixed = torch.relu(grad[t, 0].float() * weights[0].detach().float()).mean(dim=0)  # (L, L)
+            relevance = relevance + mixed @ relevance
+        out.append(relevance[row, image].cpu().numpy())
+    return np.stack(out)
 
 
 def _logit_lens(
