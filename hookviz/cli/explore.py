@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -19,6 +19,8 @@ Host = Annotated[str, typer.Option("--host", help="the address to listen on; any
 ChannelsRunOpt = Annotated[Path | None, typer.Option("--channels-run", help="the --out folder of a "
     "`hookviz channels` run over these photos (same model): the channel view shows each channel's best "
     "photos.")]  # fmt: skip
+VlmPrompt = Annotated[str | None, typer.Option("--prompt", help="a vision-language model's question "
+    "(--model hf:DIR): the target picker lists its answer's words.")]  # fmt: skip
 NoBrowser = Annotated[bool, typer.Option("--no-browser", help="print the address only; open no browser.")]
 #: What explore takes of the run options: where the model runs, and how large a photo may be.
 ExploreRun = Annotated[RunOptions, omit(
@@ -34,6 +36,7 @@ def explore(
     host: Host = "127.0.0.1",
     no_browser: NoBrowser = False,
     channels_run: ChannelsRunOpt = None,
+    prompt: VlmPrompt = None,
     run: ExploreRun = RunOptions(),
 ) -> None:
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
@@ -45,10 +48,19 @@ def explore(
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
                    err=True)  # fmt: skip
-    best = ChannelsRun(channels_run) if channels_run is not None else None
-    loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
-    words = _model_words(model)
-    session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
+    session: Any
+    if prompt is not None:  # a vision-language model
+        from hookviz.explore.words import VlmSession
+        from hookviz.vlm.words import load_vlm
+
+        words = ["--model", model.model]
+        session = VlmSession(load_vlm(model.model, run.device), inputs, prompt, max_pixels=run.max_pixels,
+                             model_words=words)  # fmt: skip
+    else:
+        best = ChannelsRun(channels_run) if channels_run is not None else None
+        loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
+        words = _model_words(model)
+        session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
     server = Explorer(session, host, port)
     typer.echo(f"hookviz: explore at {server.url}", err=True)
     if not no_browser and sys.stderr.isatty():

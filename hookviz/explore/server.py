@@ -34,6 +34,7 @@ from hookviz.errors import HookvizError
 from hookviz.explore.looks import NotFound
 from hookviz.explore.session import MAX_UPLOAD, Session
 from hookviz.explore.view import View
+from hookviz.explore.words import VlmSession
 from hookviz.io.outputs import finite
 
 COOKIE = "hookviz_explore"
@@ -44,7 +45,9 @@ class Explorer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, session: Session, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+    def __init__(
+        self, session: Session | VlmSession, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ):
         super().__init__((host, port), Handler)
         self.session, self.token = session, token or secrets.token_urlsafe(24)
         self.latest = 0  # the newest view asked for: an older one still waiting is not made
@@ -53,12 +56,6 @@ class Explorer(ThreadingHTTPServer):
         shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "") else host
         self.hosts = {f"{h}:{bound}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
         self.url = f"http://{shown}:{bound}/?token={self.token}"
-
-
-def _model(s: Session) -> dict[str, Any]:
-    lm = s.loaded
-    return {"name": lm.name, "weights": lm.weights, "pretrained": lm.pretrained, "task": lm.task_name,
-            "kind": s.kind.name, "channels_run": s.channels_run is not None}  # fmt: skip
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -156,7 +153,7 @@ class Handler(BaseHTTPRequestHandler):
             "/api/inputs": lambda: self._json(s.inputs()),
             "/api/layers": lambda: self._json(s.layers()),
             "/api/methods": lambda: self._json(s.methods()),
-            "/api/model": lambda: self._json(_model(s)),
+            "/api/model": lambda: self._json(s.describe()),
             "/api/predict": lambda: self._json(s.predict(self._input(one), int(one.get("k", 5)))),
             "/api/thumb": lambda: self._send(200, s.thumbnail(self._input(one)), png),
             "/api/photo": lambda: self._send(200, s.photo(self._input(one)), png),
@@ -218,7 +215,6 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, made.npy_of(view), "application/octet-stream")
         elif fmt == "json":
             session = self.server.session
-            command = view.command(session.model_words, str(session.items[view.input].path))
-            self._json({"record": made.record, "command": shlex.join(command)})
+            self._json({"record": made.record_of(view), "command": shlex.join(session.command(view))})
         else:
             self._error(HTTPStatus.BAD_REQUEST, f"format={fmt}: png, npy or json")

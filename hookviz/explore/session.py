@@ -95,6 +95,16 @@ class Session:
         return self._model_thread.submit(work).result()
 
     # -- what there is -------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The model as ``/api/model`` says it."""
+        lm = self.loaded
+        return {"name": lm.name, "weights": lm.weights, "pretrained": lm.pretrained, "task": lm.task_name,
+                "kind": self.kind.name, "channels_run": self.channels_run is not None}  # fmt: skip
+
+    def command(self, view: View) -> list[str]:
+        """The ``hookviz gradcam`` line that writes ``view``'s PNG (see :meth:`View.command`)."""
+        return view.command(self.model_words, str(self.items[view.input].path))
+
     def inputs(self) -> list[dict[str, Any]]:
         """Each input: its index, its name as given (a video's clip: the video's, its number after it), its
         file, and for a clip the video it is cut from (``group``)."""

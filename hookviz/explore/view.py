@@ -127,6 +127,9 @@ class Made:
     def npy(self) -> bytes:
         return self.npy_of(View())
 
+    def record_of(self, view: View) -> dict[str, Any]:
+        return self.record
+
     @property
     def record(self) -> dict[str, Any]:
         _, record = self._rendered

@@ -17,7 +17,7 @@ from hookviz.io.outputs import Output, settings_key
 from hookviz.run.pipeline import output_prefix
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.pictures import chosen_tokens, render_words
-from hookviz.vlm.words import METHODS, Vlm, explain_words, load_vlm
+from hookviz.vlm.words import DEFAULT_METHODS, METHODS, Vlm, explain_words, load_vlm
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class VlmSettings:
     prompt: str
     answer: str | None = None
     max_new_tokens: int = 16
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     words: tuple[str, ...] = ()
     layer: int | None = None
     alpha: float = 0.5

@@ -44,6 +44,8 @@ from hookviz.vlm.families import Family, Placement, family_of
 
 #: The methods, in the order they are drawn.
 METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens", "relevancy")
+#: Those made when none are named (relevancy's pass keeps every attention with its graph: asked for by name).
+DEFAULT_METHODS = METHODS[:-1]
 TITLES = {
     "tokengrad": "gradient at the image tokens",
     "attention": "attention to the image",
@@ -210,7 +212,7 @@ def explain_words(
     *,
     answer: str | None = None,
     max_new_tokens: int = 16,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     layer: int | None = None,
 ) -> WordMaps:
     """Each answer token's map over the image tokens, for each of ``methods`` (see the module's docstring);
