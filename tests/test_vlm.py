@@ -51,9 +51,9 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
     (rec,) = records(out)
     assert rec["status"] == "ok" and rec["answer"] == "a disc" and not rec["generated"]
     assert [t["text"].strip() for t in rec["tokens"]] == ["a", "disc"]
-    assert len(rec["maps"]) == 2 * 5 and all(0 < t["prob"] < 1 for t in rec["tokens"])
+    assert len(rec["maps"]) == 2 * 6 and all(0 < t["prob"] < 1 for t in rec["tokens"])
     names = {Path(p).name for p in rec["outputs"]}
-    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 10
+    assert sum(n.endswith(".words.png") for n in names) == 1 and sum(n.endswith(".npy") for n in names) == 12
     raw = np.load(next(p for p in rec["outputs"] if ".llavacam.t02-disc" in p and p.endswith(".npy")))
     grids = rec["grids"]
     assert list(raw.shape) == (grids[0] if len(grids) == 1 else [sum(r * c for r, c in grids)])
@@ -252,7 +252,7 @@ def test_on_a_trained_llava_the_shape_word_s_map_lies_on_the_shape() -> None:
     vlm = load_vlm(f"hf:{FIXTURE}", "cpu")
     rng, chance = np.random.default_rng(4321), np.random.default_rng(0)
     hits = dict.fromkeys(
-        ["attention", "tokengrad", "llavacam", "towercam", "logitlens", "relevancy", "random"], 0
+        ["attention", "tokengrad", "llavacam", "towercam", "logitlens", "tam", "relevancy", "random"], 0
     )
     named = 0
     for _ in range(100):
@@ -306,7 +306,7 @@ def test_the_report_shows_the_answer_and_pointing_at_a_word_shows_its_maps(
     assert [w.text for w in words] == [t["text"].strip() for t in rec["tokens"]]
     ActionChains(browser).move_to_element(words[1]).perform()
     shown = [f for f in browser.find_elements(By.CSS_SELECTOR, ".thumbs figure") if f.is_displayed()]
-    assert len(shown) == 5 and all(f.get_attribute("data-token") == "1" for f in shown)
+    assert len(shown) == 6 and all(f.get_attribute("data-token") == "1" for f in shown)
     assert browser.execute_script("return document.querySelectorAll('.card h2 b').length") == 0
 
 
@@ -469,3 +469,19 @@ def test_explore_picks_a_word_and_shows_the_png_hookviz_vlm_writes(tmp_path: Pat
         explorer.shutdown()
         explorer.server_close()
         session.close()
+
+
+def test_tam_s_rank_gaussian_filter_keeps_a_flat_map_and_quiets_a_lone_spike() -> None:
+    from hookviz.vlm.tam import rank_gaussian
+
+    flat = np.full((5, 6), 0.4)
+    np.testing.assert_allclose(rank_gaussian(flat), flat)
+    rng = np.random.default_rng(0)
+    noisy = rng.uniform(0.2, 0.3, (8, 8))
+    noisy[4, 4] = 1.0  # one spike
+    out = rank_gaussian(noisy)
+    padded = np.pad(noisy, 1, mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3)).reshape(8, 8, 9)
+    assert (out >= windows.min(-1) - 1e-12).all() and (out <= windows.max(-1) + 1e-12).all()
+    # The spike sits at the top rank, far from the middle one: it weighs little, far below a box mean.
+    assert out[4, 4] < windows[4, 4].mean() - 0.05 and out[4, 4] < 0.35

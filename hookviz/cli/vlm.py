@@ -21,7 +21,7 @@ AnswerOpt = Annotated[str | None, typer.Option("--answer", help="explain this an
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, max=512, help="the longest answer generated "
     "(greedy).")]  # fmt: skip
 VlmMethods = Annotated[str, typer.Option("--method", rich_help_panel=MAPS, help="attention, tokengrad, "
-    "llavacam, towercam, logitlens, relevancy, or a comma list of them.")]  # fmt: skip
+    "llavacam, towercam, logitlens, tam, relevancy, or a comma list of them.")]  # fmt: skip
 Tokens = Annotated[str, typer.Option("--tokens", rich_help_panel=MAPS, help="all, or the words of the answer "
     "to map (a comma list).")]  # fmt: skip
 DecoderLayer = Annotated[int | None, typer.Option("--layer", rich_help_panel=MAPS, help="the "
@@ -41,7 +41,7 @@ def vlm(
     prompt: Prompt,
     answer: AnswerOpt = None,
     max_new_tokens: MaxNew = 16,
-    method: VlmMethods = "attention,tokengrad,llavacam,towercam,logitlens",
+    method: VlmMethods = "attention,tokengrad,llavacam,towercam,logitlens,tam",
     tokens: Tokens = "all",
     layer: DecoderLayer = None,
     alpha: Alpha = 0.5,

@@ -105,6 +105,17 @@ class Placement:
             start += r * width
         return out
 
+    def per_view(self, scores: np.ndarray, change: Any) -> np.ndarray:
+        """``scores`` with each view's grid replaced by ``change(grid)`` (row-end tokens left as they are)."""
+        out = np.array(scores, dtype=np.float64)
+        start = 0
+        for view, (r, c) in zip(self.views, self.grids, strict=True):
+            width = c + view.row_extra
+            block = out[start : start + r * width].reshape(r, width)
+            block[:, :c] = change(block[:, :c])
+            start += r * width
+        return out
+
     def placed(self) -> np.ndarray:
         """Which image tokens have a place on the photo (not a row-end token), ``(N,)`` booleans."""
         return np.concatenate([np.ones(r * c, bool) if v.row_extra == 0 else

@@ -17,7 +17,9 @@ reusing the one graph. The methods:
   decoder reads through a norm, mostly do not).
 - ``logitlens``: the word's logit read from each image token's final state (the decoder's last normalised
   hidden state through the output head): what each image token already "says". It is the activation map TAM
-  starts from; TAM's estimated causal inference and rank Gaussian filter are not applied.
+  starts from.
+- ``tam``: the Token Activation Map: the logit lens, less the interference of the earlier words (estimated
+  causal inference), denoised by a rank Gaussian filter (:mod:`hookviz.vlm.tam`).
 - ``relevancy``: Chefer's rule through the decoder: starting from the identity, each layer adds its
   gradient-weighted attention (the heads' mean of ``ReLU(grad * attention)``) rolled out over the relevance so
   far, ``R += A @ R``; the map is the predicting position's row at the image tokens. The decoder's layers only
@@ -41,9 +43,10 @@ from torch import Tensor, nn
 from hookviz.errors import InputError, UsageError
 from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Placement, family_of
+from hookviz.vlm.tam import token_activation_maps
 
 #: The methods, in the order they are drawn.
-METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens", "relevancy")
+METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens", "tam", "relevancy")
 #: Those made when none are named (relevancy's pass keeps every attention with its graph: asked for by name).
 DEFAULT_METHODS = METHODS[:-1]
 TITLES = {
@@ -53,6 +56,7 @@ TITLES = {
     "towercam": "Grad-CAM on the image tokens",
     "logitlens": "the word read at the image tokens",
     "relevancy": "relevancy (gradient-weighted attention, rolled out)",
+    "tam": "TAM (token activation map)",
 }
 
 
@@ -252,6 +256,13 @@ def explain_words(
         maps["logitlens"] = _logit_lens(model, lm, forced, found, image)
     if "relevancy" in methods:
         maps["relevancy"] = _relevancy(model, lm, forced, found, image)
+    if "tam" in methods:
+        tokenizer = vlm.processor.tokenizer
+        texts = [tokenizer.decode([int(i)]) for i in found.ids[0]]
+        special = set(tokenizer.all_special_ids) | {vlm.family.image_token(model)}
+        maps["tam"] = token_activation_maps(
+            model, lm, forced, found, image, placement.per_view, special, texts
+        )
     ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
     return WordMaps(found, placement, ordered, chosen, prompt, forced, image)
 
