@@ -205,6 +205,11 @@ class Family:
         """Where the first photo's image tokens lie on it (see :func:`measure`)."""
         return measure(processor, self, photo, self.grids(model, encoded))
 
+    def tower(self, model: nn.Module) -> nn.Module | None:
+        """The vision tower, where its tokens are the image tokens one for one (after a CLS token, if any):
+        relevancy is carried on through it; None where tokens are merged or tiled."""
+        return None
+
     def image_token(self, model: nn.Module) -> int:
         config = model.config
         found = getattr(config, "image_token_id", None)
@@ -221,6 +226,9 @@ class Llava(Family):
     name = "llava"
     model_types = ("llava",)
 
+    def tower(self, model: nn.Module) -> nn.Module | None:
+        return model.model.vision_tower  # type: ignore[no-any-return]
+
     def grid(self, model: nn.Module, encoded: dict[str, Any]) -> tuple[int, int]:
         if getattr(model.config, "vision_feature_select_strategy", "default") == "full":
             raise UsageError("a LLaVA that keeps the CLS token among its image tokens is not supported")
@@ -232,6 +240,9 @@ class PaliGemma(Family):
 
     name = "paligemma"
     model_types = ("paligemma",)
+
+    def tower(self, model: nn.Module) -> nn.Module | None:
+        return model.model.vision_tower  # type: ignore[no-any-return]
 
 
 class Qwen2VL(Family):

@@ -22,16 +22,17 @@ reusing the one graph. The methods:
   causal inference), denoised by a rank Gaussian filter (:mod:`hookviz.vlm.tam`).
 - ``relevancy``: Chefer's rule through the decoder: starting from the identity, each layer adds its
   gradient-weighted attention (the heads' mean of ``ReLU(grad * attention)``) rolled out over the relevance so
-  far, ``R += A @ R``; the map is the predicting position's row at the image tokens. The decoder's layers only
-  (LVLM-Interpret carries it on through the vision tower; not done here). Eager attention, kept with its
-  graph, for this pass alone: memory grows with layers x heads x length squared.
+  far, ``R += A @ R``; the predicting position's row at the image tokens, carried on through the vision
+  tower's own rolled-out relevance where the tower makes a token per patch (LLaVA, PaliGemma), as
+  LVLM-Interpret does. Eager attention, kept with its graph, for this pass alone: memory grows with layers x
+  heads x length squared.
 
 Each map is a score per image token (:class:`hookviz.vlm.families.Placement` places the tokens on the photo).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,7 @@ def explain_words(
     if "logitlens" in methods:
         maps["logitlens"] = _logit_lens(model, lm, forced, found, image)
     if "relevancy" in methods:
-        maps["relevancy"] = _relevancy(model, lm, forced, found, image)
+        maps["relevancy"] = _relevancy(model, lm, forced, found, image, vlm.family.tower(model))
     if "tam" in methods:
         tokenizer = vlm.processor.tokenizer
         texts = [tokenizer.decode([int(i)]) for i in found.ids[0]]
@@ -354,23 +355,46 @@ def _batched_grads(picked: Tensor, inputs: list[Tensor]) -> list[Tensor]:
     return [torch.cat([p[i] for p in parts]) for i in range(len(inputs))]
 
 
-def _relevancy(
-    model: nn.Module, lm: nn.Module, forced: dict[str, Any], found: Answer, image: Tensor
-) -> np.ndarray:
-    """Each answer token's relevance of the image tokens ``(T, N)`` by Chefer's rule (see the module's
-    docstring), from one eager forward and the backward passes batched."""
-    taken: list[Tensor] = []
+def _rolled(weights: list[Tensor], grads: list[Tensor], t: int) -> Tensor:
+    """Chefer's rule over layers: from the identity, ``R += mean_heads(ReLU(grad * A)) @ R`` each layer."""
+    relevance = torch.eye(weights[0].shape[-1], device=weights[0].device)
+    for a, g in zip(weights, grads, strict=True):
+        relevance = relevance + torch.relu(g[t, 0].float() * a[0].detach().float()).mean(dim=0) @ relevance
+    return relevance
 
-    def keep(module: nn.Module, args: Any, output: Any) -> None:
-        if not isinstance(output, tuple) or len(output) < 2 or output[1] is None:
-            raise UsageError(
-                "the decoder's attention returned no weights in eager mode; hookviz cannot read it"
-            )
-        taken.append(output[1])
+
+def _relevancy(
+    model: nn.Module,
+    lm: nn.Module,
+    forced: dict[str, Any],
+    found: Answer,
+    image: Tensor,
+    tower: nn.Module | None,
+) -> np.ndarray:
+    """Each answer token's relevance of the image tokens ``(T, N)`` by Chefer's rule through the decoder and,
+    where ``tower`` is given (a token per patch), on through the vision tower's own attention: the decoder's
+    relevance of each image token spread over the patches by the tower's rolled-out relevance. One eager
+    forward, the backward passes batched."""
+    decoder: list[Tensor] = []
+    vision: list[Tensor] = []
+
+    def keeper(into: list[Tensor]) -> Callable[..., None]:
+        def keep(module: nn.Module, args: Any, output: Any) -> None:
+            if not isinstance(output, tuple) or len(output) < 2 or output[1] is None:
+                raise UsageError("an attention returned no weights in eager mode; hookviz cannot read it")
+            into.append(output[1])
+
+        return keep
 
     before = model.config._attn_implementation
     model.set_attn_implementation("eager")
-    handles = [block.self_attn.register_forward_hook(keep) for block in lm.layers]
+    handles = [block.self_attn.register_forward_hook(keeper(decoder)) for block in lm.layers]
+    if tower is not None:
+        handles += [
+            m.register_forward_hook(keeper(vision))
+            for n, m in tower.named_modules()
+            if n.endswith("self_attn")
+        ]
     try:
         with torch.enable_grad():
             logits = model(**forced).logits
@@ -379,15 +403,14 @@ def _relevancy(
             h.remove()
         model.set_attn_implementation(before)
     picked = _scores(found, logits)
-    grads = _batched_grads(picked, taken)
-    rows = range(found.start - 1, found.ids.shape[1] - 1)
+    grads = _batched_grads(picked, decoder + vision)
+    extra = vision[0].shape[-1] - len(image) if vision else -1  # a CLS token before the patches
     out = []
-    for t, row in enumerate(rows):
-        relevance = torch.eye(taken[0].shape[-1], device=picked.device)
-        for weights, grad in zip(taken, grads, strict=True):
-            mixed = torch.relu(grad[t, 0].float() * weights[0].detach().float()).mean(dim=0)  # (L, L)
-            relevance = relevance + mixed @ relevance
-        out.append(relevance[row, image].cpu().numpy())
+    for t, row in enumerate(range(found.start - 1, found.ids.shape[1] - 1)):
+        tokens = _rolled(decoder, grads[: len(decoder)], t)[row, image]
+        if extra in (0, 1):
+            tokens = tokens @ _rolled(vision, grads[len(decoder) :], t)[extra:, extra:]
+        out.append(tokens.cpu().numpy())
     return np.stack(out)
 
 
