@@ -19,6 +19,10 @@ from tests.conftest import hook_counts, invoke, records, write_image
 from tests.test_report import browser  # noqa: F401 - the browser fixture
 from tests.vlm_models import FAMILIES, PROMPTS, WORDS, build, save
 
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) < 5, reason="hookviz vlm needs transformers 5 (hookviz[vlm])"
+)
 FIXTURE = Path(__file__).parent / "fixtures" / "shapes_llava"
 WORD_IDS = {w: i for i, w in enumerate(WORDS)}
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hookviz.errors import InputError, UsageError
+from hookviz.errors import InputError, SetupError, UsageError
 from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Placement, family_of
 from hookviz.vlm.tam import token_activation_maps
@@ -81,6 +81,11 @@ def load_vlm(spec: str, device: str = "cpu") -> Vlm:
     """
     import transformers
 
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise SetupError(
+            f"hookviz vlm needs transformers 5 or newer (found {transformers.__version__}): "
+            "pip install 'hookviz[vlm]'"
+        )
     where = spec[3:] if spec.startswith("hf:") else spec
     if spec.startswith("hf:") and not Path(where).expanduser().is_dir() and Path(where).expanduser().exists():
         raise UsageError(f"--model {spec}: not a folder; give a folder save_pretrained wrote, or a hub id")
