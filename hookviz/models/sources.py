@@ -91,6 +91,8 @@ def source_of(spec: str) -> str:
         return scheme
     if spec in NAMED:
         return NAMED[spec]
+    if Path(spec).suffix.lower() == ".pt2":
+        return "export"
     head, sep, tail = spec.rpartition(":")
     if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
         return "python"

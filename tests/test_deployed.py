@@ -1,0 +1,112 @@
+"""The model you deploy: a ``torch.export`` program (``--model FILE.pt2``) gives the maps and prediction of
+the PyTorch model it was exported from, for the CAMs, the input-gradient and the perturbation methods; a
+program exported for a fixed batch, a truncated file and a layer not in the graph are one line each; a model
+compiled with ``torch.compile`` is explained through its eager module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hookviz.io.shapes import draw_shape
+from tests.conftest import invoke, records, write_image
+
+METHODS = "gradcam,layercam,scorecam,saliency,integratedgradients,occlusion,rise"
+
+
+@pytest.fixture(scope="module")
+def exported(trained: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The trained shapes CNN as a .pt2 program (dynamic batch) and as a state_dict, and a photo of a disc."""
+    folder = tmp_path_factory.mktemp("deployed")
+    model = trained.model.eval()
+    example = torch.zeros(2, 3, 48, 48)
+    program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    torch.export.save(program, folder / "shapes.pt2")
+    torch.save(model.state_dict(), folder / "shapes.pth")
+    img, _ = draw_shape(1, 48, np.random.default_rng(5))
+    photo = write_image(folder / "disc.png", (img * 255).round().astype(np.uint8))
+    return folder / "shapes.pt2", folder / "shapes.pth", photo
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    v = np.nan_to_num(v.astype(np.float64))
+    return (v - v.min()) / (v.max() - v.min() + 1e-12)
+
+
+def test_an_exported_program_gives_the_maps_and_prediction_of_its_model(
+    exported: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    program, weights, photo = exported
+    common = [
+        "--input-size",
+        "48",
+        "--layer",
+        "features.6",
+        "--method",
+        METHODS,
+        "--save-raw",
+        "--target",
+        "top2",
+    ]
+    runs = {}
+    module = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights)]
+    for name, model in (("program", ["--model", str(program)]), ("module", module)):
+        out = tmp_path / name
+        r = invoke("gradcam", str(photo), *model, *common, "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        (runs[name],) = records(out)
+    assert runs["program"]["predicted"] == runs["module"]["predicted"]
+    assert runs["program"]["predicted"]["index"] == 1  # the disc
+    maps = {name: rec["maps"] for name, rec in runs.items()}
+    assert len(maps["program"]) == len(maps["module"]) == 7 * 2
+    for mine, theirs in zip(maps["program"], maps["module"], strict=True):
+        assert (mine["method"], mine["target"]) == (theirs["method"], theirs["target"])
+        raw = [np.load(tmp_path / name / Path(m["file"]).name.replace(".png", ".npy"))
+               for name, m in (("program", mine), ("module", theirs))]  # fmt: skip
+        np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4, err_msg=mine["file"])
+
+
+def test_the_layers_of_a_program_are_its_model_s_module_paths(exported: tuple[Path, Path, Path]) -> None:
+    program, _, _ = exported
+    r = invoke("layers", "--model", str(program), "--input-size", "48")
+    assert r.exit_code == 0, r.stderr
+    assert all(name in r.stdout for name in ("features.0", "features.6", "features.10", "fc"))
+
+
+def test_a_fixed_batch_a_truncated_file_and_a_missing_layer_are_one_line_each(
+    exported: tuple[Path, Path, Path], trained: Any, tmp_path: Path
+) -> None:
+    program, _, photo = exported
+    fixed = tmp_path / "fixed.pt2"
+    torch.export.save(torch.export.export(trained.model.eval(), (torch.zeros(1, 3, 48, 48),)), fixed)
+    truncated = tmp_path / "cut.pt2"
+    truncated.write_bytes(program.read_bytes()[:5000])
+    cases = [
+        (["--model", str(fixed)], 2, "dynamic_shapes"),
+        (["--model", str(truncated)], 3, "not a program torch.export can load"),
+        (["--model", str(program), "--layer", "features.99"], 2, "no layer 'features.99'"),
+        (["--model", str(program), "--weights", str(photo)], 2, "holds its own weights"),
+    ]
+    for extra, code, said in cases:
+        r = invoke("gradcam", str(photo), *extra, "--input-size", "48", "--out", str(tmp_path / "out"))
+        assert r.exit_code == code and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_compiled_model_is_explained_through_its_eager_module(trained: Any) -> None:
+    from hookviz.engine.explain import explain
+
+    model = trained.model.eval()
+    compiled = torch.compile(model)
+    x = torch.from_numpy(draw_shape(2, 48, np.random.default_rng(1))[0].transpose(2, 0, 1).copy()).float()[
+        None
+    ]
+    with pytest.warns(UserWarning, match="original eager module"):
+        got = explain(compiled, x, ["features.6"], ["gradcam", "layercam"])
+    want = explain(model, x, ["features.6"], ["gradcam", "layercam"])
+    for key in want.maps:
+        torch.testing.assert_close(got.maps[key], want.maps[key], rtol=1e-5, atol=1e-6)
