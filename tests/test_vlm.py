@@ -21,7 +21,8 @@ from tests.vlm_models import FAMILIES, PROMPTS, WORDS, build, save
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(
-    int(transformers.__version__.split(".")[0]) < 5, reason="hookviz vlm needs transformers 5 (hookviz[vlm])"
+    tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 15),
+    reason="hookviz vlm needs transformers 5.15 (hookviz[vlm])",
 )
 FIXTURE = Path(__file__).parent / "fixtures" / "shapes_llava"
 WORD_IDS = {w: i for i, w in enumerate(WORDS)}

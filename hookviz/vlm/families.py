@@ -321,8 +321,9 @@ class LlavaNext(Family):
         side, patch = int(model.config.vision_config.image_size), self.patch(model)
         tiles_h, tiles_w = get_anyres_image_grid_shape(list(photo), model.config.image_grid_pinpoints, side)
         ramp = _ramp(photo)
-        views = self.views(dict(processor.image_processor(images=ramp, do_rescale=False, do_normalize=False,
-                                                          return_tensors="pt")))  # fmt: skip
+        got = processed(processor.image_processor, images=ramp, do_rescale=False, do_normalize=False,
+                        return_tensors="pt")  # fmt: skip
+        views = self.views(dict(got))
         base = Geometry(_axis(views[0][0], 1, views[0][2] > 0.5), _axis(views[0][1], 0, views[0][2] > 0.5),
                         (side // patch, side // patch), photo)  # fmt: skip
         canvas = np.concatenate(
@@ -388,7 +389,8 @@ def measure(
     image tokens' rows and columns."""
     ramp = _ramp(photo)
     images = [[ramp]] if isinstance(family, Idefics3) else ramp
-    got = processor.image_processor(images=images, do_rescale=False, do_normalize=False, return_tensors="pt")
+    got = processed(processor.image_processor, images=images, do_rescale=False, do_normalize=False,
+                    return_tensors="pt")  # fmt: skip
     views = family.views(dict(got))
     if len(views) != len(grids):
         raise UsageError(f"the processor made {len(views)} views of the ramp and {len(grids)} of the photo")
@@ -397,6 +399,17 @@ def measure(
         for v, grid in zip(views, grids, strict=True)
     )
     return Placement(placed, photo)
+
+
+def processed(processor: Any, **kwargs: Any) -> Any:
+    """``processor(**kwargs)``, its library's deprecation notices silenced (they are its own, not the user's:
+    some transformers releases warn inside their image processors under NumPy 2)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return processor(**kwargs)
 
 
 def _ramp(photo: tuple[int, int]) -> np.ndarray:

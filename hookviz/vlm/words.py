@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from hookviz.errors import InputError, SetupError, UsageError
 from hookviz.models.hf import quiet
-from hookviz.vlm.families import Family, Placement, family_of
+from hookviz.vlm.families import Family, Placement, family_of, processed
 from hookviz.vlm.tam import token_activation_maps
 
 #: The methods, in the order they are drawn.
@@ -81,9 +81,9 @@ def load_vlm(spec: str, device: str = "cpu") -> Vlm:
     """
     import transformers
 
-    if int(transformers.__version__.split(".")[0]) < 5:
+    if tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 15):
         raise SetupError(
-            f"hookviz vlm needs transformers 5 or newer (found {transformers.__version__}): "
+            f"hookviz vlm needs transformers 5.15 or newer (found {transformers.__version__}): "
             "pip install 'hookviz[vlm]'"
         )
     where = spec[3:] if spec.startswith("hf:") else spec
@@ -148,7 +148,7 @@ def encode(vlm: Vlm, rgb: np.ndarray, prompt: str) -> dict[str, Any]:
                 f"{_image_word(vlm)} where the photo goes"
             )
     images = [[np.array(rgb)]] if vlm.family.name == "idefics3" else np.array(rgb)
-    encoded = dict(vlm.processor(images=images, text=[text], return_tensors="pt"))
+    encoded = dict(processed(vlm.processor, images=images, text=[text], return_tensors="pt"))
     return {k: v.to(vlm.device) if isinstance(v, Tensor) else v for k, v in encoded.items()}
 
 
