@@ -220,6 +220,11 @@ def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> 
         (["--prompt", PROMPTS["llava"], "--method", "gradcam"], "hookviz vlm has attention"),
         (["--prompt", PROMPTS["llava"], "--layer", "9"], "has 2 decoder layers"),
         (["--prompt", PROMPTS["llava"], "--layer", "1"], "reaches no answer token"),
+        (
+            ["--prompt", PROMPTS["llava"], "--layer", "model.language_model.layers.1"],
+            "reaches no answer token",
+        ),
+        (["--prompt", PROMPTS["llava"], "--layer", "vision_tower.x"], "give a decoder layer's index"),
     ]
     for extra, said in cases:
         r = invoke("vlm", str(photo), *model, *extra)

@@ -10,6 +10,7 @@ import typer
 from hookviz.cli.flags import MAPS, Alpha, ColormapOpt, Inputs, SaveRaw
 from hookviz.cli.options import RunOptions, grouped, omit
 from hookviz.cli.runner import warn
+from hookviz.errors import UsageError
 from hookviz.report import build_report
 
 ModelSpec = Annotated[str, typer.Option("--model", "-m", help="hf:DIR (a folder save_pretrained wrote, with "
@@ -24,8 +25,8 @@ VlmMethods = Annotated[str, typer.Option("--method", rich_help_panel=MAPS, help=
     "llavacam, towercam, logitlens, tam, relevancy, or a comma list of them.")]  # fmt: skip
 Tokens = Annotated[str, typer.Option("--tokens", rich_help_panel=MAPS, help="all, or the words of the answer "
     "to map (a comma list).")]  # fmt: skip
-DecoderLayer = Annotated[int | None, typer.Option("--layer", rich_help_panel=MAPS, help="the "
-    "decoder layer (an index) LLaVA-CAM reads and attention keeps (default: the middle; all).")]  # fmt: skip
+DecoderLayer = Annotated[str | None, typer.Option("--layer", rich_help_panel=MAPS, help="the decoder "
+    "layer LLaVA-CAM reads and attention keeps: an index or its name (...layers.10).")]  # fmt: skip
 Metrics = Annotated[bool, typer.Option("--metrics", rich_help_panel=MAPS, help="each map's deletion and "
     "insertion AUC on its word's log-probability, against a random map's (2 x 9 passes a map).")]  # fmt: skip
 #: What ``vlm`` takes of the run options.
@@ -58,7 +59,7 @@ def vlm(
         prompt=prompt, answer=answer, max_new_tokens=max_new_tokens,
         methods=tuple(m.strip() for m in method.split(",") if m.strip()),
         words=tuple(w.strip() for w in tokens.split(",") if w.strip() and tokens.strip() != "all"),
-        layer=layer, alpha=alpha, colormap=str(colormap), save_raw=save_raw, metrics=metrics,
+        layer=decoder_layer(layer), alpha=alpha, colormap=str(colormap), save_raw=save_raw, metrics=metrics,
     )  # fmt: skip
     failed = run_vlm(model, list(inputs), settings, Path(run.out), device=run.device, overwrite=run.overwrite,
                      say=_sayer(run))  # fmt: skip
@@ -66,6 +67,18 @@ def vlm(
         typer.echo(f"hookviz: report: {build_report(Path(run.out), warn=warn)}", err=True)
     if failed:
         raise typer.Exit(1)
+
+
+def decoder_layer(given: str | None) -> int | None:
+    """``--layer``: a decoder layer's index, or a module name ending in ``layers.N``."""
+    if given is None:
+        return None
+    last = given.strip().rsplit(".", 1)[-1]
+    if not last.lstrip("-").isdigit() or ("." in given and ".layers." not in f".{given}"):
+        raise UsageError(
+            f"--layer {given}: give a decoder layer's index (10) or name (model.language_model.layers.10)"
+        )
+    return int(last)
 
 
 def _sayer(run: Any) -> Any:
