@@ -110,3 +110,67 @@ def test_a_compiled_model_is_explained_through_its_eager_module(trained: Any) ->
     want = explain(model, x, ["features.6"], ["gradcam", "layercam"])
     for key in want.maps:
         torch.testing.assert_close(got.maps[key], want.maps[key], rtol=1e-5, atol=1e-6)
+
+
+# -- ONNX ---------------------------------------------------------------------------------------------------
+FORWARD = "eigencam,scorecam,ablationcam,occlusion,rise"
+
+
+@pytest.fixture(scope="module")
+def onnx_files(trained: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The trained shapes CNN as ONNX, with a dynamic batch (torch's exporter) and with a fixed batch of 1."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    folder = tmp_path_factory.mktemp("onnx")
+    model = trained.model.eval()
+    dynamic, fixed = folder / "shapes.onnx", folder / "shapes1.onnx"
+    batch = {"x": {0: torch.export.Dim("batch")}}
+    torch.onnx.export(model, (torch.zeros(2, 3, 48, 48),), dynamic, dynamic_shapes=batch, verbose=False)
+    torch.onnx.export(model, (torch.zeros(1, 3, 48, 48),), fixed, verbose=False)
+    return dynamic, fixed
+
+
+def test_an_onnx_model_gives_the_forward_only_maps_and_prediction_of_its_model(
+    exported: tuple[Path, Path, Path], onnx_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Eigen-CAM, Score-CAM, Ablation-CAM (the rest of the graph run on the edited tensor), occlusion and RISE
+    through onnxruntime equal the PyTorch model's, for a dynamic batch and for a graph fixed at batch 1."""
+    _, weights, photo = exported
+    common = ["--layer", "features.6", "--method", FORWARD, "--save-raw", "--target", "top2"]
+    module = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "48"]
+    runs = {}
+    for name, model in (("module", module), ("onnx", ["--model", str(onnx_files[0])]),
+                        ("onnx1", ["--model", str(onnx_files[1])])):  # fmt: skip
+        r = invoke("gradcam", str(photo), *model, *common, "--out", str(tmp_path / name))
+        assert r.exit_code == 0, r.stderr
+        (runs[name],) = records(tmp_path / name)
+    for name in ("onnx", "onnx1"):
+        assert runs[name]["predicted"] == runs["module"]["predicted"]
+        assert len(runs[name]["maps"]) == len(runs["module"]["maps"]) == 5 * 2
+        for mine, theirs in zip(runs[name]["maps"], runs["module"]["maps"], strict=True):
+            assert (mine["method"], mine["target"]) == (theirs["method"], theirs["target"])
+            raw = [np.load(tmp_path / run / Path(m["file"]).name.replace(".png", ".npy"))
+                   for run, m in ((name, mine), ("module", theirs))]  # fmt: skip
+            np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4, err_msg=mine["file"])
+
+
+def test_an_onnx_model_lists_its_module_paths_and_refuses_in_one_line(
+    onnx_files: tuple[Path, Path], exported: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    dynamic, _ = onnx_files
+    photo = exported[2]
+    r = invoke("layers", "--model", str(dynamic))
+    assert r.exit_code == 0, r.stderr
+    assert all(name in r.stdout for name in ("features.6", "features.10", "pool", "fc"))
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(dynamic.read_bytes()[:3000])
+    cases = [
+        (["--model", str(dynamic)], 2, "needs gradients"),  # Grad-CAM, the default
+        (["--model", str(dynamic), "--method", "saliency"], 2, "use one of ablationcam"),
+        (["--model", str(dynamic), "--method", "eigencam", "--layer", "features.99"], 2, "no layer"),
+        (["--model", str(cut)], 3, "not an ONNX model onnx can read"),
+    ]
+    for extra, code, said in cases:
+        r = invoke("gradcam", str(photo), *extra, "--out", str(tmp_path / "out"))
+        assert r.exit_code == code and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hookviz.models import exported, hf, lite, monai, python, sources, timm, torchvision, ultralytics
+from hookviz.models import exported, hf, lite, monai, onnx, python, sources, timm, torchvision, ultralytics
 from hookviz.models.sources import Built, Options, source_of
 
 #: How a source builds a model: ``build(spec, weights, options)``.
@@ -20,6 +20,7 @@ SOURCES: dict[str, Builder] = {
     "monai": monai.build,
     "lite": lite.build,
     "export": exported.build,
+    "onnx": onnx.build,
     "python": python.build,
     "pickle": python.build,
 }

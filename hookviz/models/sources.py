@@ -93,6 +93,8 @@ def source_of(spec: str) -> str:
         return NAMED[spec]
     if Path(spec).suffix.lower() == ".pt2":
         return "export"
+    if Path(spec).suffix.lower() == ".onnx":
+        return "onnx"
     head, sep, tail = spec.rpartition(":")
     if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
         return "python"

@@ -1,0 +1,218 @@
+"""``--model FILE.onnx``: an ONNX model run by onnxruntime (the extra ``hookviz[onnx]``), as a module
+hookviz can explain without gradients.
+
+Each module path the exporter recorded in the nodes' metadata (``features.4``: torch's exporters write it)
+is a :class:`Tap`, a child module at that path whose "output" is the tensor the module produced in the graph
+(the last node of its scope). Forward runs the graph in segments cut at the taps that have hooks: up to a
+tap (its tensor handed to the tap, where hooks read it and may replace it, as Ablation-CAM does), then the
+rest of the graph from the (possibly edited) tensor and the input. So the activation methods (Eigen-CAM,
+Score-CAM and its family, Ablation-CAM) and the perturbation ones (occlusion, RISE) run on the deployed file;
+the gradient methods cannot (an ONNX graph has no backward here) and are refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hookviz.errors import SetupError, UsageError, WeightsError
+from hookviz.io.files import file_digest
+from hookviz.io.images import Preprocess
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra
+
+#: The method families that need only forward passes (what runs on an ONNX model).
+FORWARD_ONLY = frozenset({"activation-only", "perturbation", "pixel-perturbation", "control"})
+
+
+class Tap(nn.Module):
+    """A tensor of the graph (the output of the module path it is named after), as a module hooks can take."""
+
+    def __init__(self, tensor: str, shape: tuple[int | None, ...]) -> None:
+        super().__init__()
+        self.tensor, self.shape = tensor, shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class Scope(nn.Module):
+    """A module path's container (``features`` holding ``features.4``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # never called: the graph runs, not the scopes
+        raise RuntimeError("a scope of an ONNX model is not called")
+
+
+class OnnxModel(nn.Module):
+    """An ONNX file run by onnxruntime (see the module's docstring)."""
+
+    def __init__(self, path: Path, proto: Any) -> None:
+        super().__init__()
+        import onnxruntime
+
+        self.path, self.proto, self._ort = path, proto, onnxruntime
+        self.input_name = proto.graph.input[0].name
+        self.output_names = [o.name for o in proto.graph.output]
+        self._sessions: dict[tuple[str, ...], list[Any]] = {}
+        self._order = {out: i for i, node in enumerate(proto.graph.node) for out in node.output}
+        first = proto.graph.input[0].type.tensor_type.shape.dim
+        #: A batch size the graph was exported for (None: any); photos then run one batch of it at a time.
+        self.fixed_batch = int(first[0].dim_value) if first and first[0].dim_value else None
+        for module_path, (tensor, shape) in _taps(proto).items():
+            self._place(module_path, Tap(tensor, shape))
+
+    def _place(self, path: str, tap: Tap) -> None:
+        parent: nn.Module = self
+        parts = path.split(".")
+        for part in parts[:-1]:
+            if part not in parent._modules:
+                parent.add_module(part, Scope())
+            parent = parent._modules[part]  # type: ignore[assignment]
+        if parts[-1] in parent._modules:  # a scope that is also a module's output: keep its children
+            old = parent._modules[parts[-1]]
+            for name, child in old._modules.items():
+                tap.add_module(name, child)  # type: ignore[arg-type]
+        parent.add_module(parts[-1], tap)
+
+    def _session(self, proto: Any) -> Any:
+        options = self._ort.SessionOptions()
+        options.log_severity_level = 3
+        return self._ort.InferenceSession(
+            proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+
+    def _segments(self, taps: tuple[str, ...]) -> list[Any]:
+        """Sessions running the graph up to each tap in turn, then to the outputs (cached per set of taps)."""
+        if taps not in self._sessions:
+            import onnx.utils
+
+            extractor = onnx.utils.Extractor(self.proto)
+            made, inputs = [], [self.input_name]
+            for tensor in [*taps, None]:
+                outputs = [tensor] if tensor is not None else self.output_names
+                made.append(self._session(extractor.extract_model(list(inputs), outputs)))
+                if tensor is not None:
+                    inputs.append(tensor)
+            self._sessions[taps] = made
+        return self._sessions[taps]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise UsageError(
+                "an ONNX model has no gradients here; use a method that needs forward passes only"
+            )
+        active = sorted(
+            (m for m in self.modules() if isinstance(m, Tap) and (m._forward_hooks or m._forward_pre_hooks)),
+            key=lambda m: self._order.get(m.tensor, 0),
+        )
+        values = {self.input_name: x.detach().cpu().numpy().astype(np.float32)}
+        tensors = list(dict.fromkeys(t.tensor for t in active))  # two scopes may end on one tensor
+        segments = self._segments(tuple(tensors))
+        for tensor, session in zip(tensors, segments, strict=False):
+            out = torch.from_numpy(self._run(session, tensor, values))
+            for tap in (t for t in active if t.tensor == tensor):
+                out = tap(out)
+            values[tensor] = out.detach().cpu().numpy()
+        out = self._run(segments[-1], self.output_names[0], values)
+        return torch.from_numpy(np.ascontiguousarray(out)).to(x.device)
+
+    def _run(self, session: Any, output: str, values: dict[str, np.ndarray]) -> np.ndarray:
+        """One segment over the batch: at once, or a fixed batch size at a time where the graph fixes it (a
+        feed of batch 1 beside larger ones, the input beside Ablation-CAM's copies of a layer, is shared)."""
+        feeds = {i.name: values[i.name] for i in session.get_inputs()}
+        n = max(len(v) for v in feeds.values())
+        step = self.fixed_batch or n
+        if step >= n and all(len(v) == n for v in feeds.values()):
+            return session.run([output], feeds)[0]  # type: ignore[no-any-return]
+        if n % step:
+            raise UsageError(f"{self.path.name} takes batches of {step}; run it with --batch-size {step}")
+
+        def part(v: np.ndarray, i: int) -> np.ndarray:
+            return v[i : i + step] if len(v) == n else np.repeat(v, step, axis=0)
+
+        parts = [
+            session.run([output], {k: part(v, i) for k, v in feeds.items()})[0] for i in range(0, n, step)
+        ]
+        return np.concatenate(parts)
+
+
+def _scopes(node: Any) -> list[str]:
+    """The module paths a node belongs to, outermost first: from torch's exporter's metadata, or from the
+    node's name (``/features/features.4/Relu``, the TorchScript exporter's)."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            try:
+                found = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                break
+            return [s for s in found[:-1] if s]
+    parts = [p for p in node.name.split("/") if p][:-1]
+    return parts
+
+
+def _taps(proto: Any) -> dict[str, tuple[str, tuple[int | None, ...]]]:
+    """Each module path with the tensor that leaves it (its last node's first output) and its shape."""
+    shapes = {
+        v.name: tuple((d.dim_value or None) for d in v.type.tensor_type.shape.dim)
+        for v in [*proto.graph.value_info, *proto.graph.output]
+    }
+    found: dict[str, tuple[str, tuple[int | None, ...]]] = {}
+    for node in proto.graph.node:
+        for scope in _scopes(node):
+            if node.output:
+                found[scope] = (node.output[0], shapes.get(node.output[0], ()))
+    return found
+
+
+@lru_cache(maxsize=1)
+def _onnx() -> Any:
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        raise missing_extra("onnxruntime and onnx", "onnx")
+    import onnx
+
+    return onnx
+
+
+def build(spec: str, weights: str, options: Options) -> Built:
+    onnx = _onnx()
+    path = Path(spec).expanduser()
+    if weights.upper() != WEIGHTS_DEFAULT and weights.lower() != WEIGHTS_NONE:
+        raise UsageError(f"--weights {weights}: {path.name} holds its own weights; leave --weights out")
+    try:
+        proto = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # a truncated or foreign file: onnx's own reasons vary
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise WeightsError(f"{path}: not an ONNX model onnx can read ({first})") from None
+    model = OnnxModel(path, proto)
+    try:
+        model._segments(())
+    except Exception as exc:  # an opset or operator onnxruntime cannot run
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise SetupError(f"{path.name}: onnxruntime cannot run it ({first})") from None
+    dims = [d.dim_value or None for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    preprocess = Preprocess()
+    if len(dims) == 4 and dims[2] and dims[2] == dims[3]:  # a fixed square input: its size
+        side = int(dims[2])
+        preprocess = Preprocess(crop_size=side, resize_size=round(side * 256 / 224))
+    return Built(model, path.name, f"the file's own ({path.name})", True, f"sha256:{file_digest(path)}",
+                 preprocess=preprocess)  # fmt: skip
+
+
+def refuse_gradients(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:
+    """One line naming the methods an ONNX model can run, when any of ``methods`` needs gradients."""
+    if not isinstance(model, OnnxModel):
+        return
+    wrong = [m for m in methods if families.get(m) not in FORWARD_ONLY]
+    if wrong:
+        ok = sorted(m for m, f in families.items() if f in FORWARD_ONLY)
+        raise UsageError(
+            f"--method {wrong[0]} needs gradients, which an ONNX model has not; use one of {', '.join(ok)} "
+            "(scorecam: Grad-CAM's forward-only cousin)"
+        )
