@@ -174,3 +174,32 @@ def test_an_onnx_model_lists_its_module_paths_and_refuses_in_one_line(
         r = invoke("gradcam", str(photo), *extra, "--out", str(tmp_path / "out"))
         assert r.exit_code == code and said in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- TorchScript -------------------------------------------------------------------------------------------
+def test_a_torchscript_archive_gives_its_model_s_input_maps_and_refuses_the_rest_in_one_line(
+    exported: tuple[Path, Path, Path], trained: Any, tmp_path: Path
+) -> None:
+    _, weights, photo = exported
+    archive = tmp_path / "shapes.pt"
+    with pytest.warns(FutureWarning):  # torch.jit itself is deprecated
+        torch.jit.save(torch.jit.trace(trained.model.eval(), torch.zeros(1, 3, 48, 48)), str(archive))
+    methods = "saliency,integratedgradients,occlusion,rise"
+    runs = {}
+    module = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights)]
+    for name, model in (("script", ["--model", str(archive)]), ("module", module)):
+        r = invoke("gradcam", str(photo), *model, "--input-size", "48", "--method", methods, "--save-raw",
+                   "--out", str(tmp_path / name))  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        (runs[name],) = records(tmp_path / name)
+    assert runs["script"]["predicted"] == runs["module"]["predicted"]
+    for mine, theirs in zip(runs["script"]["maps"], runs["module"]["maps"], strict=True):
+        assert mine["method"] == theirs["method"]
+        raw = [np.load(tmp_path / run / Path(m["file"]).name.replace(".png", ".npy"))
+               for run, m in (("script", mine), ("module", theirs))]  # fmt: skip
+        np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4, err_msg=mine["file"])
+    for method in ("gradcam", "guidedbackprop"):
+        r = invoke("gradcam", str(photo), "--model", str(archive), "--input-size", "48", "--method", method,
+                   "--out", str(tmp_path / "o"))  # fmt: skip
+        assert r.exit_code == 2 and "Python hooks do not run inside TorchScript" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

@@ -205,14 +205,44 @@ def build(spec: str, weights: str, options: Options) -> Built:
                  preprocess=preprocess)  # fmt: skip
 
 
-def refuse_gradients(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:
-    """One line naming the methods an ONNX model can run, when any of ``methods`` needs gradients."""
-    if not isinstance(model, OnnxModel):
-        return
-    wrong = [m for m in methods if families.get(m) not in FORWARD_ONLY]
-    if wrong:
-        ok = sorted(m for m, f in families.items() if f in FORWARD_ONLY)
-        raise UsageError(
-            f"--method {wrong[0]} needs gradients, which an ONNX model has not; use one of {', '.join(ok)} "
-            "(scorecam: Grad-CAM's forward-only cousin)"
+#: The method families that run on a TorchScript module: those that read the input alone ...
+INPUT_ONLY = frozenset({"input-gradient", "pixel-perturbation", "control"})
+#: ... but for the ones that reach inside with hooks (guided ReLUs, every bias's gradient).
+INSIDE = frozenset({"guidedbackprop", "guidedgradcam", "fullgrad"})
+
+
+class Scripted(nn.Module):
+    """A TorchScript module (``torch.jit.load``): differentiable, but Python hooks do not run inside it, so
+    its one layer is its input (:class:`Tap` ``input``): the input-gradient and perturbation methods run."""
+
+    def __init__(self, script: nn.Module, shape: tuple[int | None, ...] = ()) -> None:
+        super().__init__()
+        self.input = Tap("input", shape)
+        self._script = [script]  # kept out of the module tree: its submodules take no Python hooks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._script[0](self.input(x))  # type: ignore[no-any-return]
+
+
+def refuse_unavailable(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:
+    """One line naming the methods a deployed model can run (an ONNX graph: forward passes only; TorchScript:
+    the input alone), when any of ``methods`` needs more."""
+    if isinstance(model, OnnxModel):
+        allowed, why, hint = (
+            FORWARD_ONLY,
+            "needs gradients, which an ONNX model has not",
+            "scorecam: Grad-CAM's forward-only cousin",
         )
+    elif isinstance(model, Scripted):
+        allowed, why, hint = (
+            INPUT_ONLY,
+            "needs a layer, and Python hooks do not run inside TorchScript",
+            "saliency, integratedgradients: the input's gradient",
+        )
+    else:
+        return
+    inside = INSIDE if isinstance(model, Scripted) else frozenset()
+    wrong = [m for m in methods if families.get(m) not in allowed or m in inside]
+    if wrong:
+        ok = sorted(m for m, f in families.items() if f in allowed and m not in inside)
+        raise UsageError(f"--method {wrong[0]} {why}; use one of {', '.join(ok)} ({hint})")

@@ -18,6 +18,7 @@ from torch import nn
 
 from hookviz.errors import SetupError, UsageError, WeightsError
 from hookviz.io.files import file_digest
+from hookviz.models.onnx import Scripted
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
 from hookviz.models.weights import (
     apply_state_dict,
@@ -96,11 +97,25 @@ def _import(target: str) -> tuple[ModuleType, Path | None]:
         ) from None
 
 
+def _scripted(path: Path, weights: str) -> Built:
+    """A TorchScript archive: its input-gradient and perturbation methods (see :class:`Scripted`)."""
+    if weights.upper() != WEIGHTS_DEFAULT and weights.lower() != WEIGHTS_NONE:
+        raise UsageError(f"--weights {weights}: {path.name} holds its own weights; leave --weights out")
+    try:
+        script = torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise WeightsError(
+            f"{str(path)!r}: not a TorchScript archive torch can load ({_first_line(exc)})"
+        ) from None
+    return Built(Scripted(script.eval()), path.name, f"the archive's own ({path.name})", True,
+                 f"sha256:{file_digest(path)}")  # fmt: skip
+
+
 def _pickled(path: Path, weights: str, options: Options) -> Built:
     if not path.is_file():
         raise UsageError(f"--model {str(path)!r}: no such file")
     if is_torchscript(path):
-        load_state_dict_file(path)  # raises the TorchScript refusal
+        return _scripted(path, weights)
     try:
         obj: Any = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:

@@ -60,7 +60,8 @@ def load_state_dict_file(path: str | Path, key: str | None = None) -> dict[str, 
         raise WeightsError(
             f"{str(path)!r} is a TorchScript archive: Python hooks do not run inside TorchScript, so "
             "hookviz cannot look inside it; save the eager model's state_dict instead "
-            "(torch.save(model.state_dict(), path))"
+            "(torch.save(model.state_dict(), path)), or give the archive as --model (its input-gradient and "
+            "perturbation methods run)"
         )
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)

@@ -18,7 +18,7 @@ from hookviz.models.build import build
 from hookviz.models.classes import parse_targets
 from hookviz.models.heads import with_head
 from hookviz.models.loaded import LoadedModel, num_classes, prepare, probe
-from hookviz.models.onnx import refuse_gradients
+from hookviz.models.onnx import refuse_unavailable
 from hookviz.models.scores import from_options
 from hookviz.models.several import several, with_several
 from hookviz.models.sources import WEIGHTS_DEFAULT, Options
@@ -133,7 +133,7 @@ def make_cam_job(
     if context is not None:
         first_images, agree = first_images or context.first_images, agree or context.agree
     families = {n: methods.get(n).family for n in methods.names() if not methods.get(n).detection_only}
-    refuse_gradients(loaded.model, list(settings.methods) or ["gradcam"], families)
+    refuse_unavailable(loaded.model, list(settings.methods) or ["gradcam"], families)
     calls = calls if calls is not None else probe(loaded)
     targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold)
     return task_of(loaded).cam_job(loaded, settings, calls, targets, first_images=first_images, agree=agree)
