@@ -43,6 +43,23 @@ def rank_gaussian(grid: np.ndarray, size: int = 3) -> np.ndarray:
     return out
 
 
+def final_states(model: nn.Module, lm: nn.Module, forced: dict[str, Any]) -> Tensor:
+    """The decoder's final (normalised) states ``(1, L, D)`` over the teacher-forced sequence, from one pass
+    without gradients (what the output head reads: the logit lens, TAM)."""
+    kept: dict[str, Tensor] = {}
+
+    def final(module: nn.Module, args: Any, output: Any) -> None:
+        kept["h"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    handle = lm.register_forward_hook(final)
+    try:
+        with torch.no_grad():
+            model(**forced)
+    finally:
+        handle.remove()
+    return kept["h"]
+
+
 def token_activation_maps(
     model: nn.Module,
     lm: nn.Module,
@@ -57,17 +74,7 @@ def token_activation_maps(
     flat map with a change made to each view's grid (:meth:`hookviz.vlm.families.Placement.per_view`);
     ``special``: token ids that are not words (left out of the context); ``texts``: each position's token
     text (a word is not its own interference)."""
-    kept: dict[str, Tensor] = {}
-
-    def final(module: nn.Module, args: Any, output: Any) -> None:
-        kept["h"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-
-    handle = lm.register_forward_hook(final)
-    try:
-        with torch.no_grad():
-            model(**forced)
-    finally:
-        handle.remove()
+    final = final_states(model, lm, forced)
     ids = found.ids[0]
     is_image = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
     is_image[image] = True
@@ -79,7 +86,7 @@ def token_activation_maps(
         wanted = torch.tensor(
             sorted({int(ids[p]) for p in context} | set(found.token_ids)), device=ids.device
         )
-        logits = head(kept["h"][0]).float()[:, wanted].clamp(min=0)  # (L, tokens asked about)
+        logits = head(final[0]).float()[:, wanted].clamp(min=0)  # (L, tokens asked about)
     column = {int(t): i for i, t in enumerate(wanted.tolist())}
     at_image = logits[image].cpu().numpy()  # (N, tokens)
     out = []

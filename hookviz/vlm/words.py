@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from hookviz.errors import InputError, SetupError, UsageError
 from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Placement, family_of, processed
-from hookviz.vlm.tam import token_activation_maps
+from hookviz.vlm.tam import final_states, token_activation_maps
 
 #: The methods, in the order they are drawn.
 METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens", "tam", "relevancy")
@@ -424,20 +424,9 @@ def _logit_lens(
 ) -> np.ndarray:
     """Each answer token's logit read at every image token ``(T, N)``: the decoder's final (normalised) state
     there through the output head."""
-    kept: dict[str, Tensor] = {}
-
-    def final(module: nn.Module, args: Any, output: Any) -> None:
-        kept["h"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-
-    handle = lm.register_forward_hook(final)
-    try:
-        with torch.no_grad():
-            model(**forced)
-    finally:
-        handle.remove()
-    head = model.get_output_embeddings()
+    final = final_states(model, lm, forced)
     with torch.no_grad():
-        logits = head(kept["h"][0, image]).float()  # (N, vocabulary)
+        logits = model.get_output_embeddings()(final[0, image]).float()  # (N, vocabulary)
     return logits[:, torch.tensor(found.token_ids, device=logits.device)].T.cpu().numpy()
 
 
