@@ -11,6 +11,12 @@ import difflib
 from collections.abc import Iterable
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first line (its type's name when it says nothing), at most ``limit`` characters: what
+    a one-line error quotes of another library's reason."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
 class HookvizError(Exception):
     """Base class of every error hookviz raises on purpose."""
 

@@ -28,7 +28,7 @@ from hookviz.errors import HookvizError, InputError, UsageError
 from hookviz.evaluation.faithfulness import faithfulness, random_maps
 from hookviz.explore.looks import ChannelsRun, NotFound, visualisation
 from hookviz.explore.view import Made, View
-from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
+from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within, shrunk
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
 from hookviz.io.video import ClipFrames
@@ -322,7 +322,7 @@ class Session:
             if self.kind.name == "photo":
                 small = load_rgb_within(path, side, self.max_pixels)[0]
             else:
-                small = _shrunk(_still(self.read(index)[0]), side)
+                small, _ = shrunk(_still(self.read(index)[0]), side)
             self._thumbs[index] = encode_png(small)
         return self._thumbs[index]
 
@@ -335,14 +335,6 @@ def _still(read: Any) -> np.ndarray:
     grey = read.grey()
     plane = np.asarray(grey[..., grey.shape[-1] // 2])
     return np.ascontiguousarray(np.repeat(plane[..., None], 3, axis=-1))
-
-
-def _shrunk(rgb: np.ndarray, side: int) -> np.ndarray:
-    import cv2
-
-    scale = min(1.0, side / max(rgb.shape[:2]))
-    size = (max(1, round(rgb.shape[1] * scale)), max(1, round(rgb.shape[0] * scale)))
-    return cv2.resize(np.ascontiguousarray(rgb), size, interpolation=cv2.INTER_AREA)
 
 
 def _listed(index: int, item: Item) -> dict[str, Any]:
@@ -384,7 +376,8 @@ def _targets(made: Made, loaded: LoadedModel) -> dict[str, Any]:
     order = torch.argsort(-probs, stable=True).tolist()
     kind = "labels" if ex.score_kind == "sigmoid" else "regions" if ex.labels is not None else "classes"
     if kind == "regions":  # the classes that own pixels, by their share
-        order = [c for c in order if bool((ex.labels[0] == c).any())]
+        present = set(torch.unique(ex.labels[0]).tolist())
+        order = [c for c in order if c in present]
     each = [
         {"index": int(c), "name": loaded.class_name(int(c)), "score": round(float(probs[c]), 6)}
         | ({"positive": bool(probs[c] >= 0.5)} if kind == "labels" else {})

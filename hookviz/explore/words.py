@@ -32,6 +32,8 @@ class MadeWords:
 
     def __init__(self, wm: WordMaps, rgb: np.ndarray, name: str, model: str) -> None:
         self.wm, self.rgb, self.name, self.model = wm, rgb, name, model
+        #: Each view drawn (the page asks for its PNG, then its record): drawn once.
+        self._views: dict[tuple[Any, ...], tuple[list[tuple[str, bytes]], dict[str, Any]]] = {}
 
     def token(self, view: View) -> int:
         n = len(self.wm.answer.tokens)
@@ -41,6 +43,14 @@ class MadeWords:
         return k
 
     def _drawn(self, view: View) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        key = (view.method, self.token(view), view.alpha, view.colormap)
+        if key not in self._views:
+            if len(self._views) >= 64:  # a dragged slider: the oldest views go first
+                self._views.pop(next(iter(self._views)))
+            self._views[key] = self._draw(view)
+        return self._views[key]
+
+    def _draw(self, view: View) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         one = WordMaps(
             self.wm.answer,
             self.wm.placement,

@@ -71,13 +71,20 @@ def load_rgb_within(
     Raises:
         InputError: as :func:`load_rgb`.
     """
+    rgb, (w, h) = _decode(Path(path), max_pixels, side)
+    return shrunk(rgb, side, (w, h))
+
+
+def shrunk(rgb: np.ndarray, side: int, full: tuple[int, int] | None = None) -> tuple[np.ndarray, float]:
+    """``rgb`` shrunk (area averaging) so that the longer side of the picture it shows (``full``, its width
+    and height, when ``rgb`` was decoded smaller) is at most ``side``, and the scale."""
     import cv2
 
-    rgb, (w, h) = _decode(Path(path), max_pixels, side)
+    w, h = full or (rgb.shape[1], rgb.shape[0])
     scale = min(1.0, side / max(w, h))
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     if (rgb.shape[1], rgb.shape[0]) != size:
-        rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+        rgb = cv2.resize(np.ascontiguousarray(rgb), size, interpolation=cv2.INTER_AREA)
     return rgb, scale
 
 

@@ -14,14 +14,10 @@ from pathlib import Path
 
 import torch
 
-from hookviz.errors import UsageError, WeightsError
+from hookviz.errors import UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _input_shape(program: torch.export.ExportedProgram) -> list[int | None]:
@@ -44,7 +40,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
     try:
         program = torch.export.load(path)
     except Exception as exc:  # a truncated or foreign file: torch's own reasons vary by version
-        raise WeightsError(f"{path}: not a program torch.export can load ({_first_line(exc)})") from None
+        raise WeightsError(f"{path}: not a program torch.export can load ({first_line(exc)})") from None
     finally:
         quiet.setLevel(level)
     shape = _input_shape(program)

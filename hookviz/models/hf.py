@@ -14,17 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hookviz.errors import UsageError, WeightsError
+from hookviz.errors import UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.hf_dense import HfDetector, HfSegmenter
 from hookviz.models.scores import ImageTextSource
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
 from hookviz.models.weights import apply_state_dict, load_state_dict_file
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def build(spec: str, weights: str, options: Options) -> Built:
@@ -61,7 +57,7 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         config = transformers.AutoConfig.from_pretrained(where)
     except (OSError, ValueError) as exc:
         raise WeightsError(
-            f"hf:{where}: cannot read a Hugging Face model config ({_first_line(exc)}); give a folder "
+            f"hf:{where}: cannot read a Hugging Face model config ({first_line(exc)}); give a folder "
             "written by save_pretrained, or a hub id (which needs the network)"
         ) from None
     name = f"hf:{Path(where).name or where}"
@@ -80,7 +76,7 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
             model = auto.from_pretrained(where)
         except (OSError, ValueError) as exc:
             raise WeightsError(
-                f"cannot get the weights of hf:{where} ({_first_line(exc)}); "
+                f"cannot get the weights of hf:{where} ({first_line(exc)}); "
                 "use --weights PATH for a local file or --weights none for random weights"
             ) from None
         label, pretrained, weights_id = f"DEFAULT ({where})", True, _weights_id(where, config)
@@ -133,7 +129,7 @@ def _dense(
         proc = transformers.AutoImageProcessor.from_pretrained(where)
     except (OSError, ValueError, KeyError) as exc:
         raise WeightsError(
-            f"hf:{where}: no image processor beside the model ({_first_line(exc)}); save it with "
+            f"hf:{where}: no image processor beside the model ({first_line(exc)}); save it with "
             "processor.save_pretrained(DIR): its post-processing decides the boxes and regions"
         ) from None
     name, label, pretrained, weights_id = ids

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookviz.errors import SetupError, UsageError, WeightsError
+from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra
@@ -188,14 +188,12 @@ def build(spec: str, weights: str, options: Options) -> Built:
         proto = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
         onnx.checker.check_model(proto)
     except Exception as exc:  # a truncated or foreign file: onnx's own reasons vary
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise WeightsError(f"{path}: not an ONNX model onnx can read ({first})") from None
+        raise WeightsError(f"{path}: not an ONNX model onnx can read ({first_line(exc, 160)})") from None
     model = OnnxModel(path, proto)
     try:
         model._segments(())
     except Exception as exc:  # an opset or operator onnxruntime cannot run
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise SetupError(f"{path.name}: onnxruntime cannot run it ({first})") from None
+        raise SetupError(f"{path.name}: onnxruntime cannot run it ({first_line(exc, 160)})") from None
     dims = [d.dim_value or None for d in proto.graph.input[0].type.tensor_type.shape.dim]
     preprocess = Preprocess()
     if len(dims) == 4 and dims[2] and dims[2] == dims[3]:  # a fixed square input: its size

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookviz.errors import SetupError, UsageError, WeightsError
+from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.models.onnx import Scripted
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
@@ -26,10 +26,6 @@ from hookviz.models.weights import (
     load_state_dict_file,
     values_digest,
 )
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def build(spec: str, weights: str, options: Options) -> Built:
@@ -47,7 +43,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         try:
             made = factory()
         except Exception as exc:
-            raise SetupError(f"{name}() failed: {type(exc).__name__}: {_first_line(exc)}") from None
+            raise SetupError(f"{name}() failed: {type(exc).__name__}: {first_line(exc)}") from None
         if not isinstance(made, nn.Module):
             raise SetupError(f"{name}() returned {type(made).__name__}, not a torch.nn.Module")
         return made
@@ -93,7 +89,7 @@ def _import(target: str) -> tuple[ModuleType, Path | None]:
         raise
     except Exception as exc:
         raise SetupError(
-            f"--model: cannot import {target!r}: {type(exc).__name__}: {_first_line(exc)}"
+            f"--model: cannot import {target!r}: {type(exc).__name__}: {first_line(exc)}"
         ) from None
 
 
@@ -105,7 +101,7 @@ def _scripted(path: Path, weights: str) -> Built:
         script = torch.jit.load(str(path), map_location="cpu")
     except Exception as exc:
         raise WeightsError(
-            f"{str(path)!r}: not a TorchScript archive torch can load ({_first_line(exc)})"
+            f"{str(path)!r}: not a TorchScript archive torch can load ({first_line(exc)})"
         ) from None
     return Built(Scripted(script.eval()), path.name, f"the archive's own ({path.name})", True,
                  f"sha256:{file_digest(path)}")  # fmt: skip
@@ -121,7 +117,7 @@ def _pickled(path: Path, weights: str, options: Options) -> Built:
     except pickle.UnpicklingError:
         obj = None  # holds Python objects: a whole module (or something else) that needs unpickling
     except Exception as exc:
-        raise WeightsError(f"{str(path)!r}: not a readable PyTorch file ({_first_line(exc)})") from None
+        raise WeightsError(f"{str(path)!r}: not a readable PyTorch file ({first_line(exc)})") from None
     if obj is not None:
         raise SetupError(
             f"{str(path)!r} holds a state_dict, not a model: name the architecture with --model "
@@ -137,7 +133,7 @@ def _pickled(path: Path, weights: str, options: Options) -> Built:
         model = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
         raise SetupError(
-            f"{str(path)!r}: cannot unpickle the model ({type(exc).__name__}: {_first_line(exc)}); its "
+            f"{str(path)!r}: cannot unpickle the model ({type(exc).__name__}: {first_line(exc)}); its "
             "classes must be importable here (run from the project's folder, or use --model file.py:FACTORY)"
         ) from None
     if not isinstance(model, nn.Module):

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hookviz.errors import InputError, SetupError, UsageError
+from hookviz.errors import InputError, SetupError, UsageError, first_line
 from hookviz.models.hf import quiet
 from hookviz.vlm.families import Family, Placement, family_of, processed
 from hookviz.vlm.tam import final_states, token_activation_maps
@@ -94,8 +94,7 @@ def load_vlm(spec: str, device: str = "cpu") -> Vlm:
             processor = transformers.AutoProcessor.from_pretrained(where)
             model = transformers.AutoModelForImageTextToText.from_pretrained(where)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"--model {spec}: cannot load a vision-language model ({first})") from None
+        raise UsageError(f"--model {spec}: cannot load a vision-language model ({first_line(exc)})") from None
     family = family_of(model)
     target = torch.device(device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     return Vlm(model.eval().to(target), processor, family, Path(where).name or where, target)
