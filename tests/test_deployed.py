@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from hookviz.io.shapes import draw_shape
+from hookviz.io.shapes import draw_shape, shapes_scene
 from tests.conftest import invoke, records, write_image
+
+YOLO_FIXTURE = Path(__file__).parent / "fixtures" / "shapes_yolo.pt"
 
 METHODS = "gradcam,layercam,scorecam,saliency,integratedgradients,occlusion,rise"
 
@@ -203,3 +205,156 @@ def test_a_torchscript_archive_gives_its_model_s_input_maps_and_refuses_the_rest
                    "--out", str(tmp_path / "o"))  # fmt: skip
         assert r.exit_code == 2 and "Python hooks do not run inside TorchScript" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_onnx_segmenter_gives_its_model_s_maps_and_a_symbolic_size_asks_for_input_size(
+    tmp_path: Path,
+) -> None:
+    """The tests' FCN (seeded weights) exported with a dynamic height and width, run with ``--task
+    segmentation``: the class picked, its share of the pixels and the forward-only maps equal the module's.
+    Without --input-size (the graph takes any size), a graph fixed at a non-square size, and an opset
+    onnxruntime cannot run: one line each."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnx
+
+    from tests.shapes_net import make_segmenter
+
+    torch.manual_seed(3)
+    model = make_segmenter().eval()
+    torch.save(model.state_dict(), tmp_path / "seg.pth")
+    side = {
+        0: torch.export.Dim("batch"),
+        2: 16 * torch.export.Dim("h", max=64),
+        3: 16 * torch.export.Dim("w", max=64),
+    }
+    torch.onnx.export(model, (torch.zeros(2, 3, 64, 80),), tmp_path / "seg.onnx", dynamic_shapes={"x": side},
+                      verbose=False)  # fmt: skip
+    torch.onnx.export(model, (torch.zeros(1, 3, 64, 80),), tmp_path / "seg6480.onnx", verbose=False)
+    proto = onnx.load(str(tmp_path / "seg.onnx"))
+    proto.opset_import[0].version = 99  # an opset no onnxruntime runs
+    onnx.save(proto, str(tmp_path / "future.onnx"), save_as_external_data=False)
+    img = shapes_scene(np.random.default_rng(3), 64, 80, 2, (7, 12))[0]
+    photo = write_image(tmp_path / "scene.png", (img * 255).round().astype(np.uint8))
+    common = ["--layer", "backbone.1", "--method", "eigencam,scorecam,ablationcam,occlusion", "--save-raw",
+              "--input-size", "64", "--target", "top2"]  # fmt: skip
+    module = ["--model", f"{Path(__file__).parent / 'shapes_net.py'}:make_segmenter", "--weights",
+              str(tmp_path / "seg.pth")]  # fmt: skip
+    runs = {}
+    for name, spec in (("module", module), ("onnx", ["--model", str(tmp_path / "seg.onnx"), "--task",
+                                                     "segmentation"])):  # fmt: skip
+        r = invoke("gradcam", str(photo), *spec, *common, "--out", str(tmp_path / name))
+        assert r.exit_code == 0, r.stderr
+        (runs[name],) = records(tmp_path / name)
+    assert runs["onnx"]["predicted"] == runs["module"]["predicted"]
+    assert len(runs["onnx"]["maps"]) == len(runs["module"]["maps"]) == 4 * 2
+    for mine, theirs in zip(runs["onnx"]["maps"], runs["module"]["maps"], strict=True):
+        assert (mine["method"], mine["target"]) == (theirs["method"], theirs["target"])
+        raw = [np.load(tmp_path / run / Path(m["file"]).name.replace(".png", ".npy"))
+               for run, m in (("onnx", mine), ("module", theirs))]  # fmt: skip
+        np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4, err_msg=mine["file"])
+    cases = [
+        ("seg.onnx", [], 2, "give --input-size N"),
+        ("seg6480.onnx", [], 2, "takes 64x80 inputs only"),
+        ("future.onnx", ["--input-size", "64"], 3, "onnxruntime cannot run it"),
+    ]
+    for file, extra, code, said in cases:
+        model = ["--model", str(tmp_path / file), "--task", "segmentation"]
+        r = invoke(
+            "gradcam", str(photo), *model, "--method", "eigencam", *extra, "--out", str(tmp_path / "o")
+        )
+        assert r.exit_code == code and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- ultralytics YOLO exported to ONNX ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def yolo_onnx(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The tests' trained YOLO (tests/fixtures/shapes_yolo.pt) exported by ultralytics itself: at its fixed
+    size 160, and with dynamic=True (beside a copy of the checkpoint)."""
+    pytest.importorskip("ultralytics")
+    pytest.importorskip("onnxruntime")
+    import shutil
+    import warnings
+
+    from ultralytics import YOLO
+
+    from hookviz.models.ultralytics import process_kept
+
+    folder = tmp_path_factory.mktemp("yolo")
+    (folder / "dynamic").mkdir()
+    for where in (folder, folder / "dynamic"):
+        shutil.copy(YOLO_FIXTURE, where / "shapes_yolo.pt")
+    with process_kept(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ultralytics runs torch's legacy exporter (tracer warnings)
+        YOLO(str(folder / "shapes_yolo.pt")).export(format="onnx", imgsz=160, simplify=False, verbose=False)
+        YOLO(str(folder / "dynamic" / "shapes_yolo.pt")).export(
+            format="onnx", imgsz=160, simplify=False, dynamic=True, verbose=False
+        )
+    return (
+        folder / "shapes_yolo.onnx",
+        folder / "dynamic" / "shapes_yolo.onnx",
+        folder / "dynamic" / "shapes_yolo.pt",
+    )
+
+
+def test_a_yolo_onnx_export_finds_the_boxes_ultralytics_predicts_on_it(
+    yolo_onnx: tuple[Path, Path, Path],
+) -> None:
+    from ultralytics import YOLO
+
+    from hookviz.models.ultralytics import OnnxYolo, process_kept
+    from hookviz.tasks import load_model
+    from tests.test_ultralytics import _scenes, _tensor
+
+    fixed, _, _ = yolo_onnx
+    loaded = load_model(str(fixed))
+    assert isinstance(loaded.model, OnnxYolo) and loaded.task_name == "detection"
+    assert loaded.model.default_layers == ("model.15", "model.18", "model.21")  # what the head reads
+    assert loaded.categories == ("square", "disc", "cross")
+    with process_kept():
+        reference = YOLO(str(fixed), task="detect")
+    seen = 0
+    for rgb, _, _ in _scenes(8, 3):
+        with process_kept():
+            (theirs,) = reference.predict(rgb[..., ::-1].copy(), imgsz=160, conf=0.25, verbose=False)
+        ours = loaded.model.detect([_tensor(rgb)], 0.25)[0]
+        assert ours.labels.tolist() == theirs.boxes.cls.long().tolist()
+        torch.testing.assert_close(ours.boxes.float(), theirs.boxes.xyxy.float(), atol=1e-3, rtol=0)
+        torch.testing.assert_close(ours.scores.float(), theirs.boxes.conf.float(), atol=1e-5, rtol=0)
+        seen += len(ours.boxes)
+    assert seen >= 8
+
+
+@pytest.mark.slow
+def test_a_yolo_onnx_export_gives_the_checkpoint_s_d_rise_and_eigen_cam(
+    yolo_onnx: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Exported with dynamic=True (letterboxed as the module is), D-RISE per box and Eigen-CAM equal the
+    checkpoint's; Grad-CAM and a size the fixed export was not made for are one line each."""
+    from tests.test_ultralytics import _scenes
+
+    fixed, dynamic, checkpoint = yolo_onnx
+    rgb = _scenes(1, 3)[0][0]
+    photo = write_image(tmp_path / "scene.png", rgb)
+    runs = {}
+    for name, spec in (("onnx", str(dynamic)), ("module", f"ultralytics:{checkpoint}")):
+        r = invoke("gradcam", str(photo), "--model", spec, "--method", "eigencam,drise", "--masks", "500",
+                   "--save-raw", "--out", str(tmp_path / name))  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        (runs[name],) = records(tmp_path / name)
+    for mine, theirs in zip(runs["onnx"]["detections"], runs["module"]["detections"], strict=True):
+        assert (mine["name"], mine["index"]) == (theirs["name"], theirs["index"])
+        assert mine["score"] == pytest.approx(theirs["score"], abs=1e-4)
+    assert len(runs["onnx"]["maps"]) == len(runs["module"]["maps"]) >= 3  # Eigen-CAM + a D-RISE per box
+    for mine, theirs in zip(runs["onnx"]["maps"], runs["module"]["maps"], strict=True):
+        assert mine["method"] == theirs["method"]
+        raw = [np.load(tmp_path / run / Path(m["file"]).name.replace(".png", ".npy"))
+               for run, m in (("onnx", mine), ("module", theirs))]  # fmt: skip
+        np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4, err_msg=mine["file"])
+    cases = [([], "needs gradients, which an ONNX model has not; use one of drise"),
+             (["--method", "eigencam", "--input-size", "320"], "exported for 160 only")]  # fmt: skip
+    for extra, said in cases:
+        r = invoke("gradcam", str(photo), "--model", str(fixed), *extra, "--out", str(tmp_path / "o"))
+        assert r.exit_code == 2 and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -159,6 +159,8 @@ def prepare(
         # A JSON list: a name holding a newline is not two names.
         labels_id = hashlib.sha256(json.dumps(list(categories)).encode()).hexdigest()[:16]
     side, size3 = _sizes(input_size)
+    if built.input_size_note is not None and side is None and size3 is None:
+        raise UsageError(built.input_size_note)
     preprocess, video = _preprocess(built, task, side, resize, mean, std)
     volume = task.volumes(preprocess, size3)
     if size3 is not None and volume is None:

@@ -26,6 +26,7 @@ from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra
+from hookviz.models.ultralytics import OnnxYolo, onnx_detector
 
 #: The method families that need only forward passes (what runs on an ONNX model).
 FORWARD_ONLY = frozenset({"activation-only", "perturbation", "pixel-perturbation", "control"})
@@ -64,6 +65,12 @@ class OnnxModel(nn.Module):
         first = proto.graph.input[0].type.tensor_type.shape.dim
         #: A batch size the graph was exported for (None: any); photos then run one batch of it at a time.
         self.fixed_batch = int(first[0].dim_value) if first and first[0].dim_value else None
+        #: The height and width the graph was exported for (None: symbolic, any size).
+        self.fixed_size = (
+            (int(first[2].dim_value), int(first[3].dim_value))
+            if len(first) == 4 and first[2].dim_value and first[3].dim_value
+            else None
+        )
         for module_path, (tensor, shape) in _taps(proto).items():
             self._place(module_path, Tap(tensor, shape))
 
@@ -144,7 +151,8 @@ class OnnxModel(nn.Module):
 
 def _scopes(node: Any) -> list[str]:
     """The module paths a node belongs to, outermost first: from torch's exporter's metadata, or from the
-    node's name (``/features/features.4/Relu``, the TorchScript exporter's)."""
+    node's name, the TorchScript exporter's: ``/features/features.4/Relu`` (full paths) or
+    ``/model.2/cv1/conv/Conv`` (each part under the last: ``model.2.cv1.conv``, ultralytics' exports)."""
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
             try:
@@ -152,8 +160,11 @@ def _scopes(node: Any) -> list[str]:
             except (ValueError, SyntaxError):
                 break
             return [s for s in found[:-1] if s]
-    parts = [p for p in node.name.split("/") if p][:-1]
-    return parts
+    scopes: list[str] = []
+    for part in [p for p in node.name.split("/") if p][:-1]:  # a part is a full path or relative to the last
+        outer = scopes[-1] if scopes else ""
+        scopes.append(part if not outer or part.startswith(f"{outer}.") else f"{outer}.{part}")
+    return scopes
 
 
 def _taps(proto: Any) -> dict[str, tuple[str, tuple[int | None, ...]]]:
@@ -194,13 +205,43 @@ def build(spec: str, weights: str, options: Options) -> Built:
         model._segments(())
     except Exception as exc:  # an opset or operator onnxruntime cannot run
         raise SetupError(f"{path.name}: onnxruntime cannot run it ({first_line(exc, 160)})") from None
-    dims = [d.dim_value or None for d in proto.graph.input[0].type.tensor_type.shape.dim]
-    preprocess = Preprocess()
-    if len(dims) == 4 and dims[2] and dims[2] == dims[3]:  # a fixed square input: its size
-        side = int(dims[2])
+    meta = {prop.key: prop.value for prop in proto.metadata_props}
+    if meta.get("author") == "Ultralytics":
+        return onnx_detector(model, meta, head_inputs(proto))
+    preprocess, size_note = Preprocess(), None
+    if model.fixed_size is None:
+        size_note = (
+            f"{path.name} takes any input size (its height and width are symbolic): give --input-size N, "
+            "the side it was trained at"
+        )
+    elif model.fixed_size[0] != model.fixed_size[1]:
+        h, w = model.fixed_size
+        raise UsageError(
+            f"{path.name} takes {h}x{w} inputs only, and hookviz feeds square ones: export it at a "
+            "square size or with a dynamic height and width"
+        )
+    else:  # a fixed square input: its size
+        side = model.fixed_size[0]
         preprocess = Preprocess(crop_size=side, resize_size=round(side * 256 / 224))
     return Built(model, path.name, f"the file's own ({path.name})", True, f"sha256:{file_digest(path)}",
-                 preprocess=preprocess)  # fmt: skip
+                 preprocess=preprocess, input_size_note=size_note)  # fmt: skip
+
+
+def head_inputs(proto: Any) -> tuple[str, ...]:
+    """The top-level modules whose outputs the graph's last top-level module reads (a detection head's
+    scales: ``model.15``, ``model.18``, ``model.21``), in the order it reads them."""
+    taps = _taps(proto)
+    top = {tensor: scope for scope, (tensor, _) in taps.items() if "." not in scope.partition(".")[2]}
+    scopes = [_scopes(node)[:1] for node in proto.graph.node]
+    last = next((s[0] for s in reversed(scopes) if s), None)
+    read = [
+        top[name]
+        for node, scope in zip(proto.graph.node, scopes, strict=True)
+        if scope and scope[0] == last
+        for name in node.input
+        if name in top and top[name] != last
+    ]
+    return tuple(dict.fromkeys(read))
 
 
 #: The method families that run on a TorchScript module: those that read the input alone ...
@@ -225,7 +266,7 @@ class Scripted(nn.Module):
 def refuse_unavailable(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:
     """One line naming the methods a deployed model can run (an ONNX graph: forward passes only; TorchScript:
     the input alone), when any of ``methods`` needs more."""
-    if isinstance(model, OnnxModel):
+    if isinstance(model, (OnnxModel, OnnxYolo)):
         allowed, why, hint = (
             FORWARD_ONLY,
             "needs gradients, which an ONNX model has not",
@@ -243,4 +284,6 @@ def refuse_unavailable(model: nn.Module, methods: list[str], families: dict[str,
     wrong = [m for m in methods if families.get(m) not in allowed or m in inside]
     if wrong:
         ok = sorted(m for m, f in families.items() if f in allowed and m not in inside)
+        if hint.partition(":")[0].split(", ")[0] not in ok:  # a detector: its own methods, no cousin to name
+            hint = "drise: each box's own, from masked photos" if "drise" in ok else ok[0]
         raise UsageError(f"--method {wrong[0]} {why}; use one of {', '.join(ok)} ({hint})")

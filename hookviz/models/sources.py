@@ -58,6 +58,8 @@ class Built:
     task: str = "classification"
     #: How videos become clips, for a video model (its weights' Kinetics transform).
     video: VideoPreprocess | None = None
+    #: Why ``--input-size`` must be given (an ONNX graph of symbolic height and width); None: it need not.
+    input_size_note: str | None = None
 
 
 def missing_extra(package: str, extra: str) -> SetupError:

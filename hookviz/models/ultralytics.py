@@ -52,7 +52,10 @@ class Yolo(Facade):
         self.kind = "segment" if type(model).__name__.startswith("Segment") else "detect"
         self.end2end = bool(getattr(model, "end2end", False))
         self.iou = IOU
-        self.num_classes = len(getattr(model, "names", None) or {}) or None
+        self.names: dict[int, str] = dict(getattr(model, "names", None) or {})
+        self.num_classes = len(self.names) or None
+        #: LetterBox's ``auto`` (the smallest padding to a stride multiple), as predict has it for a module.
+        self.auto = True
         head = model.model[-1]
         # The neck's scales, as the head reads them (v8: model.15, model.18, model.21: strides 8, 16, 32).
         self.default_layers = tuple(f"model.{i}" for i in head.f) if isinstance(head.f, list) else ()
@@ -70,9 +73,10 @@ class Yolo(Facade):
         ``LetterBox`` (``auto``: the smallest padding to a stride multiple), back to [0, 1]."""
         from ultralytics.data.augment import LetterBox
 
-        box = LetterBox((self.imgsz, self.imgsz), auto=True, stride=self.stride)
+        box = LetterBox((self.imgsz, self.imgsz), auto=self.auto, stride=self.stride)
         out = torch.stack([torch.from_numpy(box(image=img)).permute(2, 0, 1) for img in photos_uint8(images)])
-        return out.to(images.device, next(self.parameters()).dtype) / 255
+        weight = next(self.parameters(), None)
+        return out.to(images.device, weight.dtype if weight is not None else images.dtype) / 255
 
     def predictions(self, canvas: Tensor) -> tuple[Tensor, Tensor | None]:
         """The raw predictions for letterboxed inputs, and a segment head's mask prototypes (else None)."""
@@ -94,10 +98,9 @@ class Yolo(Facade):
         for image in images:
             canvas = self.letterbox(image[None])
             preds, protos = self.predictions(canvas)
-            names = getattr(self.wrapped, "names", None) or {}
             (kept,), (anchors,) = non_max_suppression(
                 preds.detach(), threshold, self.iou, max_det=MAX_DET,
-                nc=0 if self.kind == "detect" else len(names), end2end=self.end2end, return_idxs=True,
+                nc=0 if self.kind == "detect" else len(self.names), end2end=self.end2end, return_idxs=True,
             )  # fmt: skip
             anchors = anchors.long()
             hw = (int(canvas.shape[2]), int(canvas.shape[3]))
@@ -116,6 +119,70 @@ class Yolo(Facade):
             boxes = torch.as_tensor(scale_boxes(hw, kept[:, :4].clone(), size))
             found.append(Found(boxes, labels, scores, hw, (top, left, rh, rw), masks))
         return found
+
+
+class OnnxYolo(Yolo):
+    """An ultralytics detect model exported to ONNX (``model.export(format="onnx")``): the graph run by
+    onnxruntime (``graph``, :class:`hookviz.models.onnx.OnnxModel`), letterboxed and decoded as ultralytics'
+    ``predict`` does on that file (a graph of a fixed size is padded to its full square, ``auto=False``), so
+    its boxes equal ultralytics' own. The metadata ultralytics writes (``stride``, ``imgsz``, ``names``,
+    ``task``) says the rest; the default layers are the module outputs the head reads (``head_inputs``)."""
+
+    def __init__(self, graph: Any, meta: dict[str, str], head_inputs: tuple[str, ...]) -> None:
+        Facade.__init__(self, graph)
+        self.imgsz = max(_literal(meta, "imgsz", [640]))
+        self.stride = int(meta.get("stride", 32))
+        self.kind, self.end2end, self.iou = meta["task"], meta.get("end2end") == "True", IOU
+        self.names = {int(k): str(v) for k, v in _literal(meta, "names", {}).items()}
+        self.num_classes = len(self.names) or None
+        self.auto = graph.fixed_size is None
+        self.default_layers = head_inputs
+        self.layers_note = f"the {len(head_inputs)} module outputs the detection head reads"
+
+    def set_input_size(self, size: int) -> None:
+        if not self.auto and size != self.imgsz:
+            raise UsageError(
+                f"--input-size {size}: this ONNX file was exported for {self.imgsz} only; leave --input-size "
+                "out, or export it with dynamic=True"
+            )
+        super().set_input_size(size)
+
+
+def _literal(meta: dict[str, str], key: str, default: Any) -> Any:
+    """A Python literal ultralytics wrote into an export's metadata (``imgsz``: ``[640, 640]``)."""
+    import ast
+
+    try:
+        return ast.literal_eval(meta[key]) if key in meta else default
+    except (ValueError, SyntaxError):
+        raise WeightsError(f"the ONNX file's metadata {key}={meta[key][:40]!r} is not ultralytics'") from None
+
+
+def onnx_detector(graph: Any, meta: dict[str, str], head_inputs: tuple[str, ...]) -> Built:
+    """An ultralytics export as a hookviz detector (``Built``), for :func:`hookviz.models.onnx.build`."""
+    if meta.get("task") != "detect" or meta.get("end2end") == "True":
+        raise UsageError(
+            f"{graph.path.name}: an ultralytics {meta.get('task')} export"
+            f"{' (end-to-end)' if meta.get('end2end') == 'True' else ''}; hookviz explains detect "
+            "exports with NMS outside the graph (the others: the .pt checkpoint as ultralytics:FILE.pt)"
+        )
+    try:
+        with process_kept():
+            import ultralytics  # noqa: F401  (its LetterBox and NMS decode the boxes)
+    except ImportError:
+        raise missing_extra("ultralytics", "ultralytics") from None
+    yolo = OnnxYolo(graph, meta, head_inputs)
+    pre = Preprocess(
+        crop_size=yolo.imgsz,
+        resize_size=yolo.imgsz,
+        resize="model",
+        mean=(0.0, 0.0, 0.0),
+        std=(1.0, 1.0, 1.0),
+        alpha="drop",
+    )
+    categories = tuple(yolo.names[i] for i in sorted(yolo.names))
+    return Built(yolo, graph.path.name, f"the file's own ({graph.path.name})", True,
+                 f"sha256:{file_digest(graph.path)}", categories, pre, task="detection")  # fmt: skip
 
 
 def _region(canvas: Tensor, size: tuple[int, int]) -> tuple[int, int, int, int]:

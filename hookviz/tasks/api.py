@@ -132,7 +132,12 @@ def make_cam_job(
     """
     if context is not None:
         first_images, agree = first_images or context.first_images, agree or context.agree
-    families = {n: methods.get(n).family for n in methods.names() if not methods.get(n).detection_only}
+    boxes = task_of(loaded).name == "detection"  # a detector's methods are those that work per box
+    families = {
+        n: m.family
+        for n, m in ((n, methods.get(n)) for n in methods.names())
+        if (m.detection if boxes else not m.detection_only)
+    }
     refuse_unavailable(loaded.model, list(settings.methods) or ["gradcam"], families)
     calls = calls if calls is not None else probe(loaded)
     targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold)
