@@ -11,7 +11,7 @@ import typer
 
 from hookviz.cli.flags import MAPS, Inputs
 from hookviz.cli.loading import load_options
-from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, omit
+from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command, warn
 from hookviz.errors import UsageError
 from hookviz.io.outputs import settings_key
@@ -119,7 +119,7 @@ def tcav(
     cav: Cav = "linear",
     seed: CavSeed = 0,
     alpha: Alpha = 0.05,
-    run: Annotated[RunOptions, omit("skip_existing", "workers", "max_memory", "report", "null")] = (
+    run: Annotated[RunOptions, omit("skip_existing", "workers", "max_memory", "report", "null", *DATA)] = (
         RunOptions()
     ),
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Annotated
 
@@ -51,4 +52,6 @@ def gradcam(
     from hookviz.tasks import cam_job  # loads torch: only once the command runs
 
     settings = cam_settings(layers, methods, target, maps, look, method)
+    if run.maps is not None:  # the raw maps go into the Zarr store
+        settings = dataclasses.replace(settings, save_raw=True)
     run_command(partial(cam_job, settings), model, run, inputs, several, sampling, prompts=prompts)

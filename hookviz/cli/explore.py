@@ -11,7 +11,7 @@ import typer
 
 from hookviz.cli.flags import Inputs
 from hookviz.cli.loading import load_warm
-from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, omit
+from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
 Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "
@@ -24,7 +24,8 @@ VlmPrompt = Annotated[str | None, typer.Option("--prompt", help="a vision-langua
 NoBrowser = Annotated[bool, typer.Option("--no-browser", help="print the address only; open no browser.")]
 #: What explore takes of the run options: where the model runs, and how large a photo may be.
 ExploreRun = Annotated[RunOptions, omit(
-    "out", "overwrite", "skip_existing", "as_json", "batch_size", "workers", "max_memory", "report", "null"
+    "out", "overwrite", "skip_existing", "as_json", "batch_size", "workers", "max_memory", "report", "null",
+    *DATA,
 )]  # fmt: skip
 
 

@@ -208,6 +208,19 @@ def _option(kind: Any, *names: str, help: str, panel: str = SETTINGS, **limits: 
     return Annotated[kind, typer.Option(*names, help=help, rich_help_panel=panel, **limits)]
 
 
+InputsTable = _option(str | None, "--inputs-table", panel=RUN, help="a table of inputs (.parquet, .csv, "
+    ".jsonl; a file or a URL): one per row of its path column (path, url, image, ...); relative paths from "
+    "the table's folder.")  # fmt: skip
+InputsColumn = _option(str | None, "--inputs-column", panel=RUN, help="the --inputs-table column holding "
+    "each input's path or URL (default: the first of path, url, uri, image, file, filename).")  # fmt: skip
+RecordsOpt = _option(str | None, "--records", panel=OUTPUT, help="also write the records as a Parquet table, "
+    "a row per input, target, method and layer: parquet (OUT/records.parquet) or a folder or URL ending in "
+    ".parquet.")  # fmt: skip
+MapsStore = _option(str | None, "--maps", panel=OUTPUT, help="raw maps into one Zarr store (float16, an "
+    "array per input, method and layer, the crop box as an attribute) instead of .npy files: zarr "
+    "(OUT/maps.zarr) or a path or URL ending in .zarr.")  # fmt: skip
+
+
 Seed = _option(int, "--seed", help="random stream of the stochastic methods (recorded).")
 Samples = _option(int | None, "--samples", min=1, help="noisy copies or steps: SmoothGrad 25, SS-CAM 35, "
     "IS-CAM 10, Smooth Grad-CAM++ 4.")  # fmt: skip

@@ -44,9 +44,12 @@ from hookviz.cli.flags import (
     HeadFusion,
     HeadOpt,
     IgSteps,
+    InputsColumn,
     InputSize,
+    InputsTable,
     JsonOut,
     Labels,
+    MapsStore,
     MaskedBatch,
     Masks,
     MaxBoxes,
@@ -66,6 +69,7 @@ from hookviz.cli.flags import (
     Prompt,
     PromptsFile,
     Quiet,
+    RecordsOpt,
     RegionOpt,
     ReportOpt,
     ResizeOpt,
@@ -103,6 +107,9 @@ __all__ = [
     "grouped",
     "omit",
 ]
+
+#: The data-set options (a table in, Parquet and Zarr out): commands that do not run the pipeline omit them.
+DATA = ("inputs_table", "inputs_column", "records", "maps")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -199,6 +206,12 @@ class RunOptions:
     debug: Debug = False
     #: The inputs as given (files, folders, globs, ``-``; ``NAME=PATH`` specs for a model of several).
     inputs: list[str] = dataclasses.field(default_factory=list)
+    #: Data where it lives (:mod:`hookviz.io.stores`, :mod:`hookviz.io.sinks`): a table of inputs, its path
+    #: column, the records as Parquet and the raw maps as Zarr (``parquet``/``zarr``: under ``--out``).
+    inputs_table: InputsTable = None
+    inputs_column: InputsColumn = None
+    records: RecordsOpt = None
+    maps: MapsStore = None
     #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
     lines: bool = True
 

@@ -29,6 +29,7 @@ from hookviz.run import distributed
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
     from hookviz.io.inputs import Item
     from hookviz.io.outputs import Output
+    from hookviz.io.sinks import RecordTable
     from hookviz.jobs import Job
     from hookviz.jobs.build import BuiltJob, JobFactory, RunContext
     from hookviz.models.loaded import LoadedModel
@@ -272,6 +273,8 @@ def _run_shard(
 ) -> None:
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
     from hookviz import tasks
+    from hookviz.io.inputs import table_items
+    from hookviz.io.sinks import data_sinks
     from hookviz.jobs.build import RunContext
     from hookviz.run import pipeline
     from hookviz.run.kinds import input_kind_of
@@ -282,11 +285,14 @@ def _run_shard(
         r.out, overwrite=r.overwrite, manifest=dist.part_name if dist is not None else pipeline.MANIFEST
     )
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
+    table = None
     with stdout_reserved() as stdout:
         loaded = load_warm(m, quiet)
         kind = input_kind_of(loaded, r.inputs)
         stdin = sys.stdin if "-" in r.inputs else None
-        everything = kind.find(loaded, r.inputs, stdin=stdin, exclude=r.out, null=r.null)
+        everything = kind.find(loaded, r.inputs, stdin=stdin, exclude=r.out, null=r.null) if r.inputs else []
+        if r.inputs_table is not None:
+            everything += table_items(r.inputs_table, r.inputs_column)
         # By file: a video's clips stay on one rank.
         items = kind.items(loaded, distributed.shard(everything, dist), r.max_pixels)
         # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
@@ -307,12 +313,15 @@ def _run_shard(
             if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
                 distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
             output.prepare()
+            output.maps, table = data_sinks(r.out, r.maps, r.records, dist.rank if dist is not None else 0)
             if dist is not None:
                 reporter.count_from = lambda: distributed.global_progress(r.out, dist)
             reporter.start(len(items) if kind.cuts else len(everything))
-            _report_records(job, loaded, kind, items, output, r, dist, reporter)
+            _report_records(job, loaded, kind, items, output, r, dist, reporter, table)
         finally:
             reporter.close()
+            if table is not None and table.count + len(table.pending):
+                table.close()
     if r.report and dist is None:
         typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
     if reporter.failed:
@@ -334,8 +343,10 @@ def _report_records(
     r: RunOptions,
     dist: Dist | None,
     reporter: Reporter,
+    table: RecordTable | None = None,
 ) -> None:
-    """The job run over ``items``, each record said as it comes (and the notes the job takes on the way)."""
+    """The job run over ``items``, each record said as it comes (and the notes the job takes on the way), and
+    added to the Parquet ``table`` when there is one."""
     from hookviz.run import runner
 
     quiet = reporter.quiet
@@ -347,6 +358,8 @@ def _report_records(
             if not quiet:
                 reporter.say(f"hookviz: note: {text}", err=True)
         reporter.add(rec)
+        if table is not None:
+            table.add(rec)
         if dist is not None:
             distributed.write_progress(r.out, dist, done)
 
@@ -366,10 +379,10 @@ def prepared(
         if inputs:
             raise typer.BadParameter("give the inputs as --input NAME=PATH only, not also as arguments")
         inputs = list(several)
-    elif not inputs:
+    elif not inputs and run.inputs_table is None:
         raise typer.BadParameter("give files, folders, globs or - (stdin); or --input NAME=PATH for a model "
                                  "of several inputs", param_hint="INPUTS")  # fmt: skip
-    run = dataclasses.replace(run, inputs=list(inputs), **fixed)
+    run = dataclasses.replace(run, inputs=list(inputs or ()), **fixed)
     model = dataclasses.replace(
         model,
         device=run.device,

@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 
 from hookviz.cli.flags import MAPS, Inputs
-from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped, omit
+from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command
 
 #: What these commands take of the run options (one image at a time, no report, no video).
-TrainingRun = Annotated[RunOptions, omit("batch_size", "workers", "report")]
+TrainingRun = Annotated[RunOptions, omit("batch_size", "workers", "report", *DATA)]
 
 FlowTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1 or a class (index or name) whose score is differentiated.")]  # fmt: skip

@@ -12,7 +12,7 @@ import typer
 
 from hookviz.cli.flags import MAPS
 from hookviz.cli.loading import load_options
-from hookviz.cli.options import ModelOptions, RunOptions, group, grouped, omit
+from hookviz.cli.options import DATA, ModelOptions, RunOptions, group, grouped, omit
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
 from hookviz.io.outputs import finite, safe_name, settings_key
@@ -37,7 +37,7 @@ Diversity = Annotated[float, typer.Option("--diversity", min=0.0, rich_help_pane
 
 #: The run options ``visualize`` does not take (it makes one picture, not a run over inputs).
 _NOT_HERE = (
-    "skip_existing", "as_json", "batch_size", "workers", "max_pixels", "max_memory", "report", "null"
+    "skip_existing", "as_json", "batch_size", "workers", "max_pixels", "max_memory", "report", "null", *DATA
 )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from hookviz.cli.flags import MAPS, Alpha, ColormapOpt, Inputs, SaveRaw
-from hookviz.cli.options import RunOptions, grouped, omit
+from hookviz.cli.options import DATA, RunOptions, grouped, omit
 from hookviz.cli.runner import warn
 from hookviz.errors import UsageError
 from hookviz.report import build_report
@@ -31,7 +31,7 @@ Metrics = Annotated[bool, typer.Option("--metrics", rich_help_panel=MAPS, help="
     "insertion AUC on its word's log-probability, against a random map's (2 x 9 passes a map).")]  # fmt: skip
 #: What ``vlm`` takes of the run options.
 VlmRun = Annotated[RunOptions, omit(
-    "skip_existing", "batch_size", "workers", "max_memory", "null"
+    "skip_existing", "batch_size", "workers", "max_memory", "null", *DATA
 )]  # fmt: skip
 
 

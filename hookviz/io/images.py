@@ -7,6 +7,7 @@ inside :func:`encode_png` (OpenCV's byte order).
 from __future__ import annotations
 
 import functools
+import io
 import math
 import warnings
 from dataclasses import dataclass
@@ -47,7 +48,21 @@ def quote(path: object) -> str:
     return repr(str(path))
 
 
-def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, alpha: str = "white") -> np.ndarray:
+class Bytes(io.BytesIO):
+    """An image's bytes read from elsewhere (an object in a store, a member of a shard), named by where they
+    came from (``str()`` and error lines say that name); :func:`load_rgb` takes it as it takes a path."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def load_rgb(
+    path: str | Path | Bytes, max_pixels: int = DEFAULT_MAX_PIXELS, alpha: str = "white"
+) -> np.ndarray:
     """Read an image file as upright RGB ``uint8``.
 
     Handles grayscale, palette, CMYK, 16-bit and alpha images and applies the EXIF orientation. ``alpha``:
@@ -57,7 +72,7 @@ def load_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, alpha: str 
     Raises:
         InputError: the file is missing, not an image, truncated, or larger than ``max_pixels``.
     """
-    return _decode(Path(path), max_pixels, None, alpha)[0]
+    return _decode(path if isinstance(path, Bytes) else Path(path), max_pixels, None, alpha)[0]
 
 
 def load_rgb_within(
@@ -89,7 +104,7 @@ def shrunk(rgb: np.ndarray, side: int, full: tuple[int, int] | None = None) -> t
 
 
 def _decode(
-    path: Path, max_pixels: int, draft: int | None, alpha: str = "white"
+    path: Path | Bytes, max_pixels: int, draft: int | None, alpha: str = "white"
 ) -> tuple[np.ndarray, tuple[int, int]]:
     """The upright RGB picture and the photo's upright (width, height); ``draft``: a JPEG may be decoded
     at a fraction of its size whose longer side is still at least this."""
@@ -175,11 +190,14 @@ def load_bands(
 _SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*", b"BM")
 
 
-def _signed(path: Path) -> bool:
+def _signed(path: Path | Bytes) -> bool:
     """Whether ``path`` starts as an image file does (PNG, JPEG, GIF, TIFF, BMP or WebP)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(16)
+        if isinstance(path, Bytes):
+            head = path.getvalue()[:16]
+        else:
+            with open(path, "rb") as f:
+                head = f.read(16)
     except OSError:
         return False
     return head.startswith(_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")

@@ -19,12 +19,14 @@ from hookviz.io import timing
 from hookviz.io.images import (
     DEFAULT_MAX_PIXELS,
     Box,
+    Bytes,
     Preprocess,
     image_suffixes,
     load_bands,
     load_rgb,
     quote,
 )
+from hookviz.io.stores import Blob, find_stored, is_shard, is_url, read_table
 from hookviz.io.video import (
     VIDEO_SUFFIXES,
     Clip,
@@ -51,6 +53,24 @@ class Item:
     info: VideoInfo | None = None
     #: A sample of several inputs (:mod:`hookviz.io.samples`): each input's name and file, in order.
     partners: tuple[tuple[str, Path], ...] = ()
+    #: Where the bytes are when they are not a local file (:mod:`hookviz.io.stores`: a URL, a shard's member).
+    blob: Blob | None = None
+
+    @property
+    def readable(self) -> bool:
+        """Whether there is something to read (no error, a file or a blob)."""
+        return self.error is None and (self.path is not None or self.blob is not None)
+
+    def source(self) -> Path | Bytes:
+        """What a reader opens: the local file, or the blob's bytes, read now.
+
+        Raises:
+            InputError: the blob cannot be read (a missing object, a store that refuses).
+        """
+        if self.blob is not None:
+            return self.blob.open()
+        assert self.path is not None
+        return self.path
 
 
 def _has_glob(text: str) -> bool:
@@ -155,6 +175,7 @@ def expand_inputs(
     if stdin_empty:
         items.append(Item("-", None, "stdin: no paths were given (empty input)"))
     seen: set[Path] = set()
+    seen_names: set[str] = set()
 
     def add(name: str, path: Path) -> None:
         real = real_path(path)
@@ -166,7 +187,12 @@ def expand_inputs(
 
     for name in names:
         path = Path(name).expanduser()
-        if path.is_dir() and volume and is_dicom_folder(path):
+        if is_url(name) or (is_shard(name) and not path.is_dir()):  # a store's objects, a shard's samples
+            for found, where, error in find_stored(name):
+                if found not in seen_names:
+                    seen_names.add(found)
+                    items.append(Item(found, None, error, blob=where if isinstance(where, Blob) else None))
+        elif path.is_dir() and volume and is_dicom_folder(path):
             add(name, path)
         elif path.is_dir():
             files = scan_dir(path, exclude, video, volume)
@@ -186,6 +212,24 @@ def expand_inputs(
                 add(str(f), f)
         else:
             items.append(Item(name, None, f"{quote(name)}: no such file or directory"))
+    return items
+
+
+def table_items(table: str, column: str | None = None) -> list[Item]:
+    """The inputs a table lists (:func:`hookviz.io.stores.read_table`), an :class:`Item` each: a local file,
+    an object at a URL, or a row's error.
+
+    Raises:
+        UsageError: the table cannot be read or has no path column.
+    """
+    items = []
+    for name, where, error in read_table(table, column):
+        if isinstance(where, Blob):
+            items.append(Item(name, None, error, blob=where))
+        elif where is not None and not where.is_file():
+            items.append(Item(name, None, f"{quote(name)}: no such file ({where})"))
+        else:
+            items.append(Item(name, where, error))
     return items
 
 
@@ -220,9 +264,9 @@ def clip_items(
 def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
     """One input as ``(what is drawn on, the model's input, where the model saw it)``: a photo, or a
     video's clip (its frames, a :class:`~hookviz.io.video.ClipFrames`)."""
-    assert item.path is not None
     if item.clip is not None:  # a video's clip: its frames (a ClipFrames) instead of a photo
         with timing.stage("decode"):
+            assert item.path is not None
             frames, times = read_clip(item.path, item.clip, item.info, max_pixels)
         with timing.stage("preprocess"):
             x, box = preprocess(frames)
@@ -232,11 +276,12 @@ def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.nd
     own = preprocess if isinstance(preprocess, Preprocess) else None  # a photo model's (a user's: RGB)
     channels = own.channels if own is not None else 3
     with timing.stage("decode"):
+        source = item.source()
         if channels != 3:  # a model that takes the image's own bands (greyscale, 16-bit, 4-band)
-            bands, rgb = load_bands(item.path, channels, max_pixels=max_pixels)
+            bands, rgb = load_bands(source, channels, max_pixels=max_pixels)  # type: ignore[arg-type]
         else:
             rgb = bands = load_rgb(
-                item.path, max_pixels=max_pixels, alpha=own.alpha if own is not None else "white"
+                source, max_pixels=max_pixels, alpha=own.alpha if own is not None else "white"
             )
     with timing.stage("preprocess"):
         x, box = preprocess(bands)

@@ -39,6 +39,8 @@ class Output:
     _manifest_fd: int | None = field(default=None, repr=False)
     #: The latest result record (``ok`` or ``skipped``) per output prefix, read from an earlier manifest.
     previous: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    #: Where raw maps (``.npy`` outputs) go instead of files: a Zarr store (``hookviz.io.sinks.ZarrMaps``).
+    maps: Any = None
 
     def prepare(self) -> None:
         """Create the folder; fail clearly if it is a file or not writable.
@@ -87,13 +89,32 @@ class Output:
             raise ValueError(f"unsafe output name {name!r}")
         return self.root / name
 
-    def write(self, name: str, data: bytes, *, replace: bool = False) -> Path:
-        """Write ``data`` to ``root/name`` through a temp file and a rename: never half a file.
+    def write(
+        self, name: str, data: bytes, *, replace: bool = False, attrs: dict[str, Any] | None = None
+    ) -> Path | str:
+        """Write ``data`` to ``root/name`` through a temp file and a rename: never half a file (a raw map into
+        the Zarr store instead, when there is one, with ``attrs``; its location returned).
 
         Raises:
             FileExistsError: the file exists and neither ``overwrite`` nor ``replace`` is on.
         """
+        if self.maps is not None and name.endswith(".npy"):
+            if self.maps.exists(name) and not (self.overwrite or replace):
+                raise FileExistsError(self.maps.location(name))
+            return str(self.maps.write(name, data, attrs or {}))
         return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
+
+    def exists(self, name: str) -> bool:
+        """Whether output ``name`` is there (a raw map: complete in the Zarr store)."""
+        if self.maps is not None and name.endswith(".npy"):
+            return bool(self.maps.exists(name))
+        return self.path(name).exists()
+
+    def where(self, name: str) -> str:
+        """Where output ``name`` is (a file's path, or a raw map's array in the Zarr store)."""
+        if self.maps is not None and name.endswith(".npy"):
+            return str(self.maps.location(name))
+        return str(self.path(name))
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append one whole line to the manifest (never interleaved or cut: a line that cannot be written

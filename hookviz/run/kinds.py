@@ -95,7 +95,7 @@ class InputKind:
         first one's shape only; ``--layer auto`` ranks layers on them), or None."""
         read, preprocess, xs = self.read(loaded), self.preprocess(loaded), []
         for item in items:
-            if item.path is None or item.error is not None:
+            if not item.readable:
                 continue
             try:
                 _, x, _ = read(item, preprocess, max_pixels)
@@ -117,10 +117,10 @@ class Photos(InputKind):
     ) -> torch.Tensor | None:
         xs: list[Any] = []
         for item in items:
-            if item.path is None:
+            if not item.readable:
                 continue
             try:
-                x, _ = loaded.preprocess(load_rgb(item.path, max_pixels=max_pixels))
+                x, _ = loaded.preprocess(load_rgb(item.source(), max_pixels=max_pixels))
             except InputError:
                 continue
             if xs and x.shape != xs[0].shape:  # one batch: photos of the first one's input size

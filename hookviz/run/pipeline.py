@@ -52,6 +52,25 @@ def output_prefix(path: Path, model: str, key: str) -> str:
     return f"{output_stem(path)}.{safe_name(model)}.{key}"
 
 
+def url_stem(url: str) -> str:
+    """:func:`output_stem` of an input that is not a local file (an object's URL, ``shard.tar#key.jpg``): its
+    last name's stem, and 8 hex of the whole URL."""
+    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    last = url.rsplit("#", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
+    stem = UNSAFE.sub("_", last.partition(".")[0]).lstrip("-._")[:60] or "image"
+    return f"{stem}-{digest}"
+
+
+def item_prefix(item: Item, model: str, key: str) -> str:
+    """The output prefix of a readable item: its file's, or its blob's URL's; a clip's suffix after it."""
+    if item.blob is not None:
+        prefix = f"{url_stem(item.blob.name)}.{safe_name(model)}.{key}"
+    else:
+        assert item.path is not None
+        prefix = output_prefix(item.path, model, key)
+    return prefix + (clip_suffix(item.clip) if item.clip is not None else "")
+
+
 #: Record fields that describe one run of an input rather than its result.
 _RUN_FIELDS = ("input", "status", "error", "note", "time")
 
@@ -129,13 +148,10 @@ def _batches(items: Iterable[Item], size: int, model: str, key: str) -> Iterator
     chunk: list[tuple[Item, str]] = []
     readable = 0
     for item in items:
-        if item.error is not None or item.path is None:
+        if not item.readable:
             chunk.append((item, ""))
             continue
-        prefix = output_prefix(item.path, model, key)
-        if item.clip is not None:
-            prefix += clip_suffix(item.clip)
-        chunk.append((item, prefix))
+        chunk.append((item, item_prefix(item, model, key)))
         readable += 1
         if readable == size:
             yield chunk
@@ -250,27 +266,27 @@ class _Run:
     def _existing(self, item: Item, prefix: str) -> str | None:
         """What the outputs already there make of an input: None (none there, or --overwrite), "skipped",
         "fill", "add", or an error."""
-        planned = [self.output.path(n) for n in self.job.planned(prefix)]
-        existing = [p for p in planned if p.exists()]
+        planned = self.job.planned(prefix)
+        existing = [n for n in planned if self.output.exists(n)]
         if not existing or self.output.overwrite:
             return None
-        missing = [p for p in planned if p not in existing]
+        missing = [n for n in planned if n not in existing]
         if len(existing) == len(planned):
             return "skipped" if prefix in self.output.previous else "fill"
-        if all(p.name.endswith(".npy") for p in missing) and not self.skip_existing:
+        if all(n.endswith(".npy") for n in missing) and not self.skip_existing:
             return "add"  # --save-raw added to a finished run: write the arrays, keep the pictures
         if self.skip_existing:
             return None
         return (
             f"{quote(item.name)}: {len(existing)} of {len(planned)} outputs exist from an "
-            f"earlier run with these settings ({existing[0].name}); pass --skip-existing "
+            f"earlier run with these settings ({existing[0]}); pass --skip-existing "
             "to complete them, or --overwrite to redo them"
         )
 
     def skipped(self, item: Item, prefix: str, fields: dict[str, Any], why: str) -> dict[str, Any]:
         kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in self.base}
         kept["prefix"] = prefix
-        kept["outputs"] = [str(self.output.path(n)) for n in self.job.planned(prefix)]
+        kept["outputs"] = [self.output.where(n) for n in self.job.planned(prefix)]
         return self.record(item, "skipped", note=why, **kept)
 
     def finish(self, item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
@@ -286,7 +302,7 @@ class _Run:
         except HookvizError as exc:
             return self.record(item, "error", f"{quote(item.name)}: {exc}")
         except FileExistsError as exc:
-            if all(self.output.path(n).exists() for n in self.job.planned(prefix)):
+            if all(self.output.exists(n) for n in self.job.planned(prefix)):
                 # Another run with these settings finished this input meanwhile (two runs into one --out):
                 # the set is complete, so it is skipped here, not failed.
                 return self.skipped(item, prefix, fields, "outputs written by another run meanwhile")
@@ -303,7 +319,7 @@ class _Run:
         return self.record(item, "ok", prefix=prefix, outputs=written, **fields)
 
     def _render(
-        self, result: Any, index: int, rgb: np.ndarray, box: Box, prefix: str, note: str | None
+        self, result: Any, index: int, rgb: np.ndarray, box: Box, item: Item, prefix: str, note: str | None
     ) -> tuple[list[str] | OSError | None, dict[str, Any]]:
         """One input's files rendered and written (in a pool thread): ``(written paths, or the OSError that
         stopped the writing; the record's fields)``; nothing is written for "fill"."""
@@ -313,19 +329,20 @@ class _Run:
             return None, fields
         try:
             with timing.stage("write"):
-                return self._write(files, note), fields
+                attrs = {"input": item.name, "box": [box.x0, box.y0, box.x1, box.y1], "prefix": prefix}
+                return self._write(files, note, attrs), fields
         except OSError as exc:  # raised by finish, with the fields kept for its record
             return exc, fields
 
-    def _write(self, files: list[tuple[str, bytes]], note: str | None) -> list[str]:
+    def _write(self, files: list[tuple[str, bytes]], note: str | None, attrs: dict[str, Any]) -> list[str]:
         """Write an input's files; "add" writes only those missing. Resuming, an input is redone only when
         its outputs are incomplete (a killed run): replacing the partial set is the point."""
         out = self.output
         if note == "add":
             return [
-                str(out.path(n)) if out.path(n).exists() else str(out.write(n, data)) for n, data in files
+                out.where(n) if out.exists(n) else str(out.write(n, data, attrs=attrs)) for n, data in files
             ]
-        return [str(out.write(name, data, replace=self.skip_existing)) for name, data in files]
+        return [str(out.write(name, data, replace=self.skip_existing, attrs=attrs)) for name, data in files]
 
     def compute(self, current: list[_Started]) -> list[_Finisher]:
         """Run the model on one decoded batch now and start rendering it; return, in input order, what
@@ -360,7 +377,7 @@ class _Run:
                 out.append(partial(self.record, item, "error", failed[slot]))
                 continue
             result, j = placed[slot]
-            fut = self.pool.submit(self._render, result, j, rgb, box, prefix, note)
+            fut = self.pool.submit(self._render, result, j, rgb, box, item, prefix, note)
             out.append(partial(self.finish, item, prefix, box, note, fut))
         return out
 

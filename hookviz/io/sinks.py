@@ -1,0 +1,207 @@
+"""Results as a data set: the records as a Parquet table (a row per input x target x method x layer), the raw
+maps in one chunked Zarr store; each at a local path or an fsspec URL (``s3://bucket/run/maps.zarr``).
+
+Both are written per input, as the pipeline finishes it: a Zarr array per input, method and layer (its own
+chunk: two ranks or two threads never write one), and a Parquet part per process, replaced whole at the end
+(``records.parquet/part-R.parquet``, rank ``R``; pyarrow and every engine read the folder as one table).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hookviz.errors import OutputError, UsageError, first_line
+from hookviz.io.stores import filesystem, is_url, storage_options
+
+#: The Parquet table's columns: the record's fields, then one map's (null where a record has no map).
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("input", "string"), ("status", "string"), ("error", "string"), ("command", "string"),
+    ("model", "string"), ("weights", "string"), ("task", "string"), ("key", "string"), ("prefix", "string"),
+    ("predicted_index", "int64"), ("predicted_name", "string"), ("predicted_score", "float64"),
+    ("method", "string"), ("layer", "string"), ("target_index", "int64"), ("target_name", "string"),
+    ("target_score", "float64"), ("map_min", "float64"), ("map_max", "float64"), ("finite", "bool"),
+    ("file", "string"), ("raw", "string"), ("box", "list<int64>"), ("time", "string"),
+)  # fmt: skip
+
+
+def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A manifest record as table rows: one per map (target x method x layer), or one for a record without
+    maps (an error, a skipped input's record holds its maps again)."""
+    predicted = record.get("predicted") or {}
+    fields = ("input", "status", "error", "command", "model", "weights", "task", "key", "prefix", "time")
+    base = {
+        **{k: _text(record.get(k)) for k in fields},
+        "predicted_index": predicted.get("index"),
+        "predicted_name": _text(predicted.get("name")),
+        "predicted_score": predicted.get("score"),
+        "box": [int(v) for v in record["box"]] if isinstance(record.get("box"), list) else None,
+    }
+    outputs = [str(o) for o in record.get("outputs") or []]
+    rows = []
+    for entry in record.get("maps") or []:
+        target = entry.get("target") or {}
+        file = str(entry.get("file") or "")
+        rows.append({
+            **base, "method": entry.get("method"), "layer": entry.get("layer"),
+            "target_index": target.get("index"), "target_name": _text(target.get("name")),
+            "target_score": target.get("score"), "map_min": entry.get("min"), "map_max": entry.get("max"),
+            "finite": entry.get("finite"), "file": file or None, "raw": _raw_of(file, outputs),
+        })  # fmt: skip
+    return rows or [base]
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _raw_of(file: str, outputs: list[str]) -> str | None:
+    """Where a map's raw array went: its ``.npy`` beside the PNG, or its array in the Zarr store."""
+    if not file.endswith(".png"):
+        return None
+    stem = file[: -len(".png")]
+    prefix, array = _array_name(f"{stem}.npy")
+    return next((w for w in outputs if w.endswith((f"{stem}.npy", f"/{prefix}/{array}"))), None)
+
+
+def _array_name(name: str) -> tuple[str, str]:
+    """An output name's input prefix (``<stem>-<hash>.<model>.<key>``) and the rest (the array's name)."""
+    parts = name[: -len(".npy")].split(".")
+    # <stem>-<hash> . <model...> . <key: 8 hex> . <rest>: the key is the first 8-hex part after the stem.
+    for i in range(1, len(parts)):
+        if len(parts[i]) == 8 and all(c in "0123456789abcdef" for c in parts[i]):
+            return ".".join(parts[: i + 1]), ".".join(parts[i + 1 :])
+    return parts[0], ".".join(parts[1:])
+
+
+class RecordTable:
+    """The run's rows, written as one Parquet file at ``where/part-R.parquet`` when the run ends (a row group
+    every ``rows`` rows meanwhile, so a long run holds little)."""
+
+    def __init__(self, where: str, rank: int = 0, rows: int = 2048) -> None:
+        try:
+            import pyarrow as pa
+        except ImportError:
+            raise UsageError("--records parquet needs pyarrow: pip install 'hookviz[data]'") from None
+        self.pa = pa
+        self.schema = pa.schema(
+            [(n, pa.list_(pa.int64()) if t.startswith("list") else t) for n, t in COLUMNS]
+        )
+        self.where, self.rank, self.limit = where.rstrip("/"), rank, rows
+        self.final = f"{self.where}/part-{rank}.parquet"
+        self.temp = self.final if is_url(self.where) else f"{self.where}/.part-{rank}.{os.getpid()}.tmp"
+        self.pending: list[dict[str, Any]] = []
+        self.writer: Any = None
+        self.count = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.pending += record_rows(record)
+        if len(self.pending) >= self.limit:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            fs, path = _fs(self.temp)
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.writer = pq.ParquetWriter(path, self.schema, filesystem=_arrow_fs(fs))
+        if self.pending:
+            self.writer.write_table(self.pa.Table.from_pylist(self.pending, schema=self.schema))
+            self.count += len(self.pending)
+            self.pending = []
+
+    def close(self) -> str:
+        """Write what is left and put the file in place (a local one by a rename: never half a table)."""
+        self._flush()
+        self.writer.close()
+        if self.temp != self.final:
+            os.replace(self.temp, self.final)
+        return self.final
+
+    def abandon(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            if self.temp != self.final:
+                Path(self.temp).unlink(missing_ok=True)
+
+
+class ZarrMaps:
+    """Raw maps in one Zarr store (v3): an array per input and map (``<prefix>/<method>.<layer>[.full]``,
+    float16, one chunk), with the input, its crop box in the photo and the shape's meaning as attributes;
+    ``complete`` is set once its chunk is written, so a killed run's half-written array is redone."""
+
+    def __init__(self, where: str) -> None:
+        try:
+            import zarr
+        except ImportError:
+            raise UsageError("--maps zarr needs zarr: pip install 'hookviz[data]'") from None
+        self.zarr, self.where = zarr, where.rstrip("/")
+        options = storage_options(self.where) if is_url(self.where) else None
+        try:
+            self.root = zarr.open_group(self.where, mode="a", storage_options=options)
+        except Exception as exc:  # unreachable, refused, not a Zarr store
+            raise OutputError(
+                f"--maps {where}: cannot open it as a Zarr store ({first_line(exc, 160)})"
+            ) from None
+
+    def location(self, name: str) -> str:
+        prefix, array = _array_name(name)
+        return f"{self.where}/{prefix}/{array}"
+
+    def exists(self, name: str) -> bool:
+        prefix, array = _array_name(name)
+        try:
+            found = self.root[f"{prefix}/{array}"]
+        except KeyError:
+            return False
+        return bool(found.attrs.get("complete"))
+
+    def write(self, name: str, data: bytes, attrs: dict[str, Any]) -> str:
+        """An ``.npy`` output as its array (float16), its attributes, then ``complete``."""
+        values = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float16)
+        prefix, array = _array_name(name)
+        made = self.root.create_array(
+            f"{prefix}/{array}", shape=values.shape, chunks=values.shape, dtype="float16", overwrite=True,
+            attributes=attrs,
+        )  # fmt: skip
+        made[...] = values
+        made.attrs.update({"complete": True})
+        return self.location(name)
+
+
+def _fs(where: str) -> tuple[Any, str]:
+    import fsspec
+
+    if not is_url(where):
+        return fsspec.filesystem("file"), where
+    return filesystem(where)
+
+
+def _arrow_fs(fs: Any) -> Any:
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    return PyFileSystem(FSSpecHandler(fs))
+
+
+def data_sinks(
+    out: Path, maps: str | None, records: str | None, rank: int = 0
+) -> tuple[ZarrMaps | None, RecordTable | None]:
+    """The Zarr store (``--maps``) and the Parquet table (``--records``) a run writes into: ``zarr`` and
+    ``parquet`` put them under ``out``; else a local path or a URL ending in ``.zarr`` / ``.parquet``.
+
+    Raises:
+        UsageError: another value; a missing package. OutputError: a store that cannot be opened.
+    """
+    for value, word, flag in ((maps, "zarr", "--maps"), (records, "parquet", "--records")):
+        if value is not None and value != word and not value.rstrip("/").endswith(f".{word}"):
+            raise UsageError(f"{flag} {value}: give {word}, or a folder or URL ending in .{word}")
+    store = ZarrMaps(str(out / "maps.zarr") if maps == "zarr" else maps) if maps is not None else None
+    table = None
+    if records is not None:
+        table = RecordTable(str(out / "records.parquet") if records == "parquet" else records, rank)
+    return store, table

@@ -1,0 +1,220 @@
+"""Data where it lives: photos read from WebDataset shards, object-store URLs and tables through a real S3 API
+(moto's server on 127.0.0.1, started here; hookviz's calls are not mocked), results written as a Parquet
+table and a Zarr store (at S3 URLs too), equal to a local folder run's manifest and ``--save-raw`` arrays; a
+corrupt shard, a missing object, a table without a path column and an unreachable store are one line each,
+the rest done."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import socket
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hookviz.io.shapes import draw_shape
+from tests.conftest import invoke, records, write_image
+
+pytest.importorskip("s3fs")
+pytest.importorskip("pyarrow")
+pytest.importorskip("zarr")
+pytest.importorskip("webdataset")
+pytest.importorskip("moto")
+
+BUCKET = "photos"
+N = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """moto's S3 server on a free loopback port, named as boto3 reads it (AWS_ENDPOINT_URL)."""
+    from moto.server import ThreadedMotoServer
+
+    from hookviz.io import stores
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        stores.forget_filesystems()
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem(endpoint_url=env["AWS_ENDPOINT_URL"])
+        fs.mkdir(BUCKET)
+        yield fs
+        stores.forget_filesystems()
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def data(trained: Any, s3: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """N shape photos: in a local folder, in two WebDataset shards (webdataset's own writer) at s3://, each
+    also as its own object, and a Parquet table of their URLs; the trained CNN's weights."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import webdataset as wds
+
+    folder = tmp_path_factory.mktemp("data")
+    (folder / "photos").mkdir()
+    rng = np.random.default_rng(4)
+    photos = []
+    for i in range(N):
+        img, _ = draw_shape(i % 3, 48, rng)
+        photos.append(write_image(folder / "photos" / f"p{i:03d}.png", (img * 255).round().astype(np.uint8)))
+    for s in range(2):
+        with wds.TarWriter(str(folder / f"{s:03d}.tar")) as sink:
+            for p in photos[s * N // 2 : (s + 1) * N // 2]:
+                sink.write({"__key__": p.stem, "png": p.read_bytes(), "cls": b"0"})
+        s3.put(str(folder / f"{s:03d}.tar"), f"{BUCKET}/shards/{s:03d}.tar")
+    for p in photos:
+        s3.put(str(p), f"{BUCKET}/objects/{p.name}")
+    urls = [f"s3://{BUCKET}/objects/{p.name}" for p in photos]
+    with s3.open(f"{BUCKET}/table.parquet", "wb") as f:
+        pq.write_table(pa.table({"url": urls, "label": [i % 3 for i in range(N)]}), f)
+    torch.save(trained.model.eval().state_dict(), folder / "shapes.pth")
+    model = [
+        "--model",
+        "tests.conftest:TinyCNN",
+        "--weights",
+        str(folder / "shapes.pth"),
+        "--input-size",
+        "48",
+    ]
+    return {"folder": folder, "photos": photos, "model": model}
+
+
+METHODS = ["--method", "gradcam,layercam", "--layer", "features.6"]
+
+
+def _by_stem(name: str) -> str:
+    return Path(name.rsplit("#", 1)[-1]).stem
+
+
+def test_shards_in_s3_give_the_folder_run_s_records_as_parquet_and_raw_maps_as_zarr(
+    data: dict[str, Any], s3: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+    import zarr
+
+    local = tmp_path / "local"
+    r = invoke("gradcam", str(data["folder"] / "photos"), *data["model"], *METHODS, "--save-raw", "--out",
+               str(local))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    want = {_by_stem(rec["input"]): rec for rec in records(local)}
+    assert len(want) == N
+    shards = f"s3://{BUCKET}/shards/{{000..001}}.tar"
+    table_url, maps_url = f"s3://{BUCKET}/run/records.parquet", f"s3://{BUCKET}/run/maps.zarr"
+    r = invoke("gradcam", shards, *data["model"], *METHODS, "--records", table_url, "--maps", maps_url,
+               "--out", str(tmp_path / "cloud"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    with s3.open(f"{BUCKET}/run/records.parquet/part-0.parquet", "rb") as f:
+        rows = pq.read_table(f).to_pylist()
+    assert len(rows) == N * 2  # a row per photo x method (one layer, one target)
+    endpoint = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    group = zarr.open_group(store=maps_url, mode="r", storage_options=endpoint)
+    for row in rows:
+        theirs = want[_by_stem(row["input"])]
+        entry = next(m for m in theirs["maps"] if m["method"] == row["method"])
+        assert row["status"] == "ok" and row["layer"] == "features.6"
+        assert row["predicted_index"] == theirs["predicted"]["index"]
+        assert row["target_score"] == pytest.approx(entry["target"]["score"], abs=1e-6)
+        assert (row["map_min"], row["map_max"]) == pytest.approx((entry["min"], entry["max"]), abs=1e-6)
+        assert row["box"] == theirs["box"]
+        prefix, array = row["raw"].split("/maps.zarr/")[1].split("/")
+        stored = group[f"{prefix}/{array}"]
+        assert stored.dtype == np.float16 and stored.attrs["complete"] and stored.attrs["box"] == row["box"]
+        npy = local / Path(entry["file"]).name.replace(".png", ".npy")
+        np.testing.assert_allclose(stored[...].astype(np.float32), np.load(npy), rtol=2e-3, atol=1e-4)
+    # A second run resumes: every photo is skipped, the store's arrays are kept.
+    r = invoke("gradcam", shards, *data["model"], *METHODS, "--records", table_url, "--maps", maps_url,
+               "--out", str(tmp_path / "cloud"), "--json")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["skipped"] * N
+
+
+def test_a_table_of_urls_and_a_local_table_read_each_row(
+    data: dict[str, Any], s3: Any, tmp_path: Path
+) -> None:
+    """A Parquet table at s3:// (its url column) and a local CSV of relative paths: the same predictions as
+    the folder; a row naming a missing object fails alone."""
+    s3.pipe(
+        f"{BUCKET}/broken.csv",
+        b"url\n" + f"s3://{BUCKET}/objects/p000.png\ns3://{BUCKET}/nope.png\n".encode(),
+    )
+    with (data["folder"] / "table.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["path"], *[[f"photos/{p.name}"] for p in data["photos"]]])
+    runs = {}
+    for name, table in (("s3", f"s3://{BUCKET}/table.parquet"), ("csv", str(data["folder"] / "table.csv"))):
+        r = invoke("gradcam", "--inputs-table", table, *data["model"], "--out", str(tmp_path / name))
+        assert r.exit_code == 0, r.stderr
+        runs[name] = {_by_stem(rec["input"]): rec["predicted"] for rec in records(tmp_path / name)}
+    assert runs["s3"] == runs["csv"] and len(runs["s3"]) == N
+    r = invoke("gradcam", "--inputs-table", f"s3://{BUCKET}/broken.csv", *data["model"], "--out",
+               str(tmp_path / "broken"))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    got = {rec["input"]: rec for rec in records(tmp_path / "broken")}
+    assert got[f"s3://{BUCKET}/objects/p000.png"]["status"] == "ok"
+    assert "no such object" in got[f"s3://{BUCKET}/nope.png"]["error"]
+
+
+def test_a_corrupt_shard_a_table_without_paths_and_an_unreachable_store_are_one_line_each(
+    data: dict[str, Any], s3: Any, tmp_path: Path
+) -> None:
+    good = data["folder"] / "000.tar"
+    cut = tmp_path / "001.tar"
+    blob = good.read_bytes()
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        members = tar.getmembers()
+    cut.write_bytes(blob[: members[2].offset_data + 100])  # the first sample whole, the second's photo cut
+    (tmp_path / "002.tar").write_bytes(b"not a tar archive at all" * 40)
+    r = invoke("gradcam", str(good), str(cut), str(tmp_path / "002.tar"), *data["model"], "--json", "--out",
+               str(tmp_path / "out"))  # fmt: skip
+    assert r.exit_code == 1
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    ok = [g for g in got if g["status"] == "ok"]
+    errors = [g["error"] for g in got if g["status"] == "error"]
+    assert len(ok) == N // 2 + 1, got  # the whole shard, and the cut one's sample before the cut
+    assert any("001.tar" in e and "after 1 sample" in e for e in errors), errors
+    assert any("002.tar" in e and "not a readable tar shard" in e for e in errors), errors
+    (tmp_path / "t.csv").write_text("name,label\na.png,1\n")
+    r = invoke(
+        "gradcam", "--inputs-table", str(tmp_path / "t.csv"), *data["model"], "--out", str(tmp_path / "o")
+    )
+    assert r.exit_code == 2 and "no path column" in r.stderr and "--inputs-column" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    table = ["--inputs-table", str(tmp_path / "t.csv")]
+    r = invoke("gradcam", *table, "--inputs-column", "nope", *data["model"], "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "no column 'nope'" in r.stderr, r.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        from hookviz.io import stores
+
+        mp.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+        mp.setenv("AWS_MAX_ATTEMPTS", "1")
+        stores.forget_filesystems()
+        r = invoke("gradcam", f"s3://{BUCKET}/objects/p000.png", str(data["photos"][1]), *data["model"],
+                   "--json", "--out", str(tmp_path / "u"))  # fmt: skip
+        stores.forget_filesystems()
+    assert r.exit_code == 1
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [g["status"] for g in got] == ["error", "ok"], got
+    assert "cannot read it" in got[0]["error"]
