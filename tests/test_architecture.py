@@ -38,7 +38,7 @@ LAYERS = [
 ]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 FOUNDATION = {"hookviz.errors", "hookviz.options", "hookviz.startup"}
-ENTRY = {"hookviz", "hookviz.__main__", "hookviz.serve.client", "hookviz.lightning"}
+ENTRY = {"hookviz", "hookviz.__main__", "hookviz.serve.client", "hookviz.lightning", "hookviz.ray"}
 #: Third-party packages slow to import: a function may import a hookviz module that loads one of these.
 HEAVY = {
     "torch", "torchvision", "cv2", "matplotlib", "transformers", "timm", "scipy", "PIL", "numpy",

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from hookviz.io.shapes import draw_shape
+from hookviz.ray import Explainer
 from tests.conftest import invoke, records, write_image
 
 pytest.importorskip("s3fs")
@@ -218,3 +219,40 @@ def test_a_corrupt_shard_a_table_without_paths_and_an_unreachable_store_are_one_
     got = [json.loads(line) for line in r.stdout.splitlines()]
     assert [g["status"] for g in got] == ["error", "ok"], got
     assert "cannot read it" in got[0]["error"]
+
+
+@pytest.mark.slow  # a local Ray cluster starts (about 20 s): make test runs it
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray's own, on its settings
+def test_ray_data_workers_give_the_cli_s_rows(data: dict[str, Any], tmp_path: Path) -> None:
+    """Two actors of hookviz.ray.Explainer on a local two-CPU Ray cluster: the rows equal those
+    ``--records parquet`` writes for the same photos (but for the time)."""
+    ray = pytest.importorskip("ray")
+    import pyarrow.parquet as pq
+
+    photos = [str(p) for p in data["photos"]]
+    r = invoke(
+        "gradcam", *photos, *data["model"], *METHODS, "--records", "parquet", "--out", str(tmp_path / "cli")
+    )
+    assert r.exit_code == 0, r.stderr
+    want = pq.read_table(tmp_path / "cli" / "records.parquet").to_pylist()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ds = ray.data.from_items([{"path": p} for p in photos])
+        kwargs = {"model": "tests.conftest:TinyCNN", "out": str(tmp_path / "ray"), "input_size": 48,
+                  "weights": data["model"][3], "methods": ("gradcam", "layercam"),
+                  "layers": ("features.6",)}  # fmt: skip
+        got = ds.map_batches(Explainer, fn_constructor_kwargs=kwargs, concurrency=2, batch_size=3, num_cpus=1)
+        rows = got.take_all()
+    finally:
+        ray.shutdown()
+    key = lambda row: (row["input"], row["method"])  # noqa: E731
+    assert len(rows) == len(want) == N * 2
+    for mine, theirs in zip(sorted(rows, key=key), sorted(want, key=key), strict=True):
+        for column in theirs:
+            if column == "time":
+                continue
+            if isinstance(theirs[column], float):
+                assert mine[column] == pytest.approx(theirs[column], abs=1e-6), column
+            else:
+                value = list(mine[column]) if column == "box" else mine[column]
+                assert value == theirs[column], column
