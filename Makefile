@@ -62,6 +62,7 @@ bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
 	$(PY) bench/explore_bench.py
 	$(PY) bench/vlm_bench.py
 	$(PY) bench/deployed_bench.py
+	$(PY) bench/data_bench.py
 	$(PY) bench/monitor_bench.py
 	$(PY) bench/channels_bench.py
 	$(PY) bench/visualize_bench.py

@@ -82,7 +82,7 @@ class RecordTable:
     """The run's rows, written as one Parquet file at ``where/part-R.parquet`` when the run ends (a row group
     every ``rows`` rows meanwhile, so a long run holds little)."""
 
-    def __init__(self, where: str, rank: int = 0, rows: int = 2048) -> None:
+    def __init__(self, where: str, rank: int = 0, rows: int = 512) -> None:
         try:
             import pyarrow as pa
         except ImportError:
