@@ -1,10 +1,11 @@
-"""``hookviz vlm`` (issue #50): the cost per answer token of LLaVA-CAM and the image tokens' Grad-CAM made from one
-teacher-forced pass (one forward, a backward per token reusing its graph), against re-running the model for each
-token (a forward and a backward per token, the way a per-token loop over an explainer does it).
+"""``hookviz vlm`` (issue #50): the cost per answer token of LLaVA-CAM and the image tokens' Grad-CAM made
+from one teacher-forced pass (one forward, a backward per token reusing its graph), against re-running the
+model for each token (a forward and a backward per token, the way a per-token loop over an explainer does
+it).
 
-A LLaVA-1.5-shaped model built from a config (random weights; the cost does not depend on them): a CLIP tower of
-6 layers at 224 px (256 image tokens), a Llama decoder of 6 layers, width 384; an answer of 12 tokens.
-Medians over interleaved rounds. Run with ``make bench`` or ``python bench/vlm_bench.py``."""
+A LLaVA-1.5-shaped model built from a config (random weights; the cost does not depend on them): a CLIP
+tower of 6 layers at 224 px (256 image tokens), a Llama decoder of 6 layers, width 384; an answer of 12
+tokens. Medians over interleaved rounds. Run with ``make bench`` or ``python bench/vlm_bench.py``."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def per_token(vlm: Vlm, photo: np.ndarray, layer: int) -> None:
     for t, token in enumerate(answer):
         kept = {}
         handle = lm.layers[layer].register_forward_hook(
-            lambda m, a, o: kept.update(h=o[0] if isinstance(o, tuple) else o)
+            lambda m, a, o, kept=kept: kept.update(h=o[0] if isinstance(o, tuple) else o)
         )
         try:
             logits = vlm.model(input_ids=ids, pixel_values=enc["pixel_values"]).logits
@@ -60,8 +61,8 @@ def main() -> None:
         "num_attention_heads": 6,
         "patch_size": 14,
     }
-    model, processor = build("llava", size=224, vision=tower, hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
-                             num_attention_heads=6, num_key_value_heads=6)  # fmt: skip
+    model, processor = build("llava", size=224, vision=tower, hidden_size=384, intermediate_size=1536,
+                             num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=6)  # fmt: skip
     processor.patch_size = 14
     vlm = Vlm(model, processor, family_of(model), "llava-bench")
     photo = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
@@ -81,9 +82,8 @@ def main() -> None:
         f"# hookviz vlm bench: LLaVA-shaped, 256 image tokens, {tokens} answer tokens, {args.rounds} rounds"
     )
     print("| measurement | all tokens | per token | ratio |\n|---|---|---|---|")
-    print(
-        f"| a forward and a backward per token (the loop) | {b * 1000:.0f} ms | {b / tokens * 1000:.0f} ms | 1.00x |"
-    )
+    per = b / tokens * 1000
+    print(f"| a forward and a backward per token (the loop) | {b * 1000:.0f} ms | {per:.0f} ms | 1.00x |")
     print(f"| hookviz vlm: one forward, a backward per token (two methods) | {a * 1000:.0f} ms | "
           f"{a / tokens * 1000:.0f} ms | {a / b:.2f}x |")  # fmt: skip
 

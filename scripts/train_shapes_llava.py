@@ -67,7 +67,8 @@ def main() -> None:
         opt.step()
         sched.step()
         if step % 100 == 0:
-            print(f"step {step}: loss {float(loss.detach()):.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
+            took = time.perf_counter() - start
+            print(f"step {step}: loss {float(loss.detach()):.3f} ({took:.0f} s)", flush=True)
     model.eval()
     test = np.random.default_rng(1234)
     right = 0

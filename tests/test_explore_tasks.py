@@ -187,6 +187,7 @@ def test_a_video_s_frames_and_a_volume_s_slices_on_the_scrubber(tmp_path: Path) 
 
 def test_the_channel_view_visualises_a_channel_and_shows_its_best_photos(tmp_path: Path) -> None:
     from hookviz.concepts import visualize as vis
+
     rng = np.random.default_rng(0)
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -151,7 +151,7 @@ def _decode(
 
 
 def load_bands(
-    path: str | Path, channels: int, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str | Path | Bytes, channels: int, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[np.ndarray, np.ndarray]:
     """An image's own bands as they are, for a model that does not take RGB: ``(H, W, C)`` float32 in [0, 1]
     (8-bit / 255, 16-bit / 65535, float as stored), and an RGB ``uint8`` picture of it to draw on (band 0 as
@@ -162,6 +162,9 @@ def load_bands(
     """
     load_rgb(path, max_pixels)  # every check of a photo (missing, not an image, truncated, too large)
     from PIL import Image, ImageOps
+
+    if isinstance(path, Bytes):
+        path.seek(0)  # read again from its start
 
     with Image.open(path) as img:
         img = ImageOps.exif_transpose(img)

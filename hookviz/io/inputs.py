@@ -278,7 +278,7 @@ def read_input(item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.nd
     with timing.stage("decode"):
         source = item.source()
         if channels != 3:  # a model that takes the image's own bands (greyscale, 16-bit, 4-band)
-            bands, rgb = load_bands(source, channels, max_pixels=max_pixels)  # type: ignore[arg-type]
+            bands, rgb = load_bands(source, channels, max_pixels=max_pixels)
         else:
             rgb = bands = load_rgb(
                 source, max_pixels=max_pixels, alpha=own.alpha if own is not None else "white"
