@@ -85,7 +85,9 @@ def data(trained: Any, s3: Any, tmp_path_factory: pytest.TempPathFactory) -> dic
     for s in range(2):
         with wds.TarWriter(str(folder / f"{s:03d}.tar")) as sink:
             for p in photos[s * N // 2 : (s + 1) * N // 2]:
-                sink.write({"__key__": p.stem, "png": p.read_bytes(), "cls": b"0"})
+                sink.write(
+                    {"__key__": p.stem, "png": p.read_bytes(), "cls": str(int(p.stem[1:]) % 3).encode()}
+                )
         s3.put(str(folder / f"{s:03d}.tar"), f"{BUCKET}/shards/{s:03d}.tar")
     for p in photos:
         s3.put(str(p), f"{BUCKET}/objects/{p.name}")
@@ -256,3 +258,38 @@ def test_ray_data_workers_give_the_cli_s_rows(data: dict[str, Any], tmp_path: Pa
             else:
                 value = list(mine[column]) if column == "box" else mine[column]
                 assert value == theirs[column], column
+
+
+def test_target_label_explains_each_input_s_own_class(data: dict[str, Any], s3: Any, tmp_path: Path) -> None:
+    """``--target label``: a shard sample's ``.cls`` and a table row's ``label`` are each input's target (its
+    map equals the folder run's ``--target K`` for that class); an input without a label fails alone."""
+    shards = f"s3://{BUCKET}/shards/{{000..001}}.tar"
+    r = invoke("gradcam", shards, *data["model"], *METHODS, "--target", "label", "--save-raw", "--out",
+               str(tmp_path / "shards"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    got = {_by_stem(rec["input"]): rec for rec in records(tmp_path / "shards")}
+    assert len(got) == N and all(rec["settings"]["targets"] == "label" for rec in got.values())
+    for stem, rec in got.items():
+        assert rec["target"]["index"] == int(stem[1:]) % 3
+    r = invoke("gradcam", str(data["photos"][4]), *data["model"], *METHODS, "--target", "1", "--save-raw",
+               "--out", str(tmp_path / "one"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (one,) = records(tmp_path / "one")
+    for mine, theirs in zip(got["p004"]["maps"], one["maps"], strict=True):
+        raw = [np.load(Path(out) / Path(m["file"]).name.replace(".png", ".npy"))
+               for out, m in ((tmp_path / "shards", mine), (tmp_path / "one", theirs))]  # fmt: skip
+        np.testing.assert_allclose(raw[0], raw[1], rtol=1e-5, atol=1e-6)
+    table = data["folder"] / "labels.csv"
+    table.write_text("path,label\nphotos/p000.png,square\nphotos/p001.png,\nphotos/p002.png,2\n")
+    r = invoke("gradcam", "--inputs-table", str(table), *data["model"], "--target", "label", "--labels",
+               str(_names(data)), "--json", "--out", str(tmp_path / "table"))  # fmt: skip
+    assert r.exit_code == 1
+    by = {_by_stem(g["input"]): g for g in map(json.loads, r.stdout.splitlines())}
+    assert by["p000"]["target"]["index"] == 0 and by["p002"]["target"]["index"] == 2
+    assert by["p001"]["status"] == "error" and "no label" in by["p001"]["error"]
+
+
+def _names(data: dict[str, Any]) -> Path:
+    path = data["folder"] / "names.txt"
+    path.write_text("square\ndisc\ncross\n")
+    return path

@@ -11,3 +11,9 @@ class Positive:
     with none: its likeliest label)."""
 
     threshold: float = 0.5
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """``--target label``: each input's own class, as its data set labels it (a table's target column, a
+    WebDataset sample's ``.cls``); an input without one fails alone."""

@@ -55,6 +55,9 @@ class Item:
     partners: tuple[tuple[str, Path], ...] = ()
     #: Where the bytes are when they are not a local file (:mod:`hookviz.io.stores`: a URL, a shard's member).
     blob: Blob | None = None
+    #: The input's class as its data set labels it (a table's target column, a shard sample's ``.cls``):
+    #: ``--target label`` explains it.
+    label: str | None = None
 
     @property
     def readable(self) -> bool:
@@ -188,10 +191,11 @@ def expand_inputs(
     for name in names:
         path = Path(name).expanduser()
         if is_url(name) or (is_shard(name) and not path.is_dir()):  # a store's objects, a shard's samples
-            for found, where, error in find_stored(name):
+            for found, where, error, label in find_stored(name):
                 if found not in seen_names:
                     seen_names.add(found)
-                    items.append(Item(found, None, error, blob=where if isinstance(where, Blob) else None))
+                    blob = where if isinstance(where, Blob) else None
+                    items.append(Item(found, None, error, blob=blob, label=label))
         elif path.is_dir() and volume and is_dicom_folder(path):
             add(name, path)
         elif path.is_dir():
@@ -223,13 +227,13 @@ def table_items(table: str, column: str | None = None) -> list[Item]:
         UsageError: the table cannot be read or has no path column.
     """
     items = []
-    for name, where, error in read_table(table, column):
+    for name, where, error, label in read_table(table, column):
         if isinstance(where, Blob):
-            items.append(Item(name, None, error, blob=where))
+            items.append(Item(name, None, error, blob=where, label=label))
         elif where is not None and not where.is_file():
             items.append(Item(name, None, f"{quote(name)}: no such file ({where})"))
         else:
-            items.append(Item(name, where, error))
+            items.append(Item(name, where, error, label=label))
     return items
 
 

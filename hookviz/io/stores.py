@@ -28,6 +28,8 @@ from hookviz.io.images import Bytes, image_suffixes
 _URL = re.compile(r"^[a-z][a-z0-9+.-]+://", re.IGNORECASE)
 #: The columns a table's path may be in, when ``--inputs-column`` does not say.
 PATH_COLUMNS = ("path", "url", "uri", "image", "file", "filename")
+#: The columns a row's class may be in (``--target label`` explains it): the first of these a table has.
+LABEL_COLUMNS = ("target", "label", "class", "cls")
 #: What a shard is listed with: small blocks, so reading headers does not fetch the members' bytes.
 _LIST_BLOCK = 1 << 16
 
@@ -132,8 +134,9 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 # -- what specs find --------------------------------------------------------------------------------
-#: One input found: its name, and where its bytes are (a local path or a Blob), or the reason it cannot be.
-Found = tuple[str, Path | Blob | None, str | None]
+#: One input found: its name, where its bytes are (a local path or a Blob) or why it cannot be read, and its
+#: label (a shard sample's ``.cls``, a table's target column) if it has one.
+Found = tuple[str, Path | Blob | None, str | None, str | None]
 
 
 def find_stored(spec: str) -> Iterator[Found]:
@@ -150,52 +153,64 @@ def find_stored(spec: str) -> Iterator[Found]:
         elif spec.endswith("/"):
             names = sorted(fs.find(where))
         else:
-            yield spec, Blob(spec, spec), None
+            yield spec, Blob(spec, spec), None, None
             return
     except Exception as exc:  # unreachable, refused
-        yield spec, None, f"{spec!r}: cannot list it ({first_line(exc, 160)})"
+        yield spec, None, f"{spec!r}: cannot list it ({first_line(exc, 160)})", None
         return
     protocol = spec.split("://", 1)[0]
     urls = [
         n if "://" in n else f"{protocol}://{n}" for n in names if Path(n).suffix.lower() in image_suffixes()
     ]
     if not urls:
-        yield spec, None, f"{spec!r}: no images found there"
+        yield spec, None, f"{spec!r}: no images found there", None
     for url in urls:
-        yield url, Blob(url, url), None
+        yield url, Blob(url, url), None, None
 
 
 def shard_members(shard: str) -> Iterator[Found]:
-    """A WebDataset shard's samples (members grouped by key, ``dir/key.ext``): each key's image, in order.
-    A shard that is missing, not a tar or cut short gives the members read before, then one error."""
+    """A WebDataset shard's samples (members grouped by key, ``dir/key.ext``): each key's image, in order,
+    with its ``.cls`` as the label. A shard that is missing, not a tar or cut short gives the samples read
+    whole before the fault, then one error."""
     fs, where = filesystem(shard)
-    count = 0
+    samples: dict[str, list[Any]] = {}  # key -> [image member, label]
     try:
         total = int(fs.size(where))
         opened = fs.open(where, "rb", block_size=_LIST_BLOCK) if is_url(shard) else open(where, "rb")  # noqa: SIM115
         with opened as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            seen: set[str] = set()
             end = 0
             for member in tar:
                 end = member.offset_data + -(-member.size // 512) * 512
                 if end > total:  # its bytes are not all there
                     raise EOFError("cut short")
                 key, _, ext = _split_key(member.name)
-                if not member.isfile() or f".{ext.lower()}" not in image_suffixes() or key in seen:
-                    continue
-                seen.add(key)
-                count += 1
-                label = f"{shard}#{member.name}"
-                yield label, Blob(shard, label, member.offset_data, member.size), None
+                sample = samples.setdefault(key, [None, None])
+                if member.isfile() and ext.lower() == "cls" and member.size < 256:
+                    sample[1] = tar.extractfile(member).read().decode("utf-8", "replace").strip()  # type: ignore[union-attr]
+                elif member.isfile() and f".{ext.lower()}" in image_suffixes() and sample[0] is None:
+                    sample[0] = member
             if total < end + 1024:  # no end-of-archive blocks: cut at a member's boundary
                 raise EOFError("cut short: no end-of-archive marker")
     except FileNotFoundError:
-        yield shard, None, f"{shard!r}: no such shard"
+        yield shard, None, f"{shard!r}: no such shard", None
+        return
     except (tarfile.TarError, EOFError, OSError) as exc:
+        yield from _images(shard, samples)
+        count = sum(1 for image, _ in samples.values() if image is not None)
         after = f" after {count} sample(s)" if count else ""
-        yield shard, None, f"{shard!r}: not a readable tar shard{after} ({first_line(exc, 120)})"
+        yield shard, None, f"{shard!r}: not a readable tar shard{after} ({first_line(exc, 120)})", None
+        return
     except Exception as exc:  # a store's own errors
-        yield shard, None, f"{shard!r}: cannot read it ({first_line(exc, 160)})"
+        yield shard, None, f"{shard!r}: cannot read it ({first_line(exc, 160)})", None
+        return
+    yield from _images(shard, samples)
+
+
+def _images(shard: str, samples: dict[str, list[Any]]) -> Iterator[Found]:
+    for image, label in samples.values():
+        if image is not None:
+            name = f"{shard}#{image.name}"
+            yield name, Blob(shard, name, image.offset_data, image.size), None, label
 
 
 def _split_key(name: str) -> tuple[str, str, str]:
@@ -207,8 +222,8 @@ def _split_key(name: str) -> tuple[str, str, str]:
 
 def read_table(path: str, column: str | None = None) -> list[Found]:
     """A table's inputs: Parquet, CSV or JSON lines (a file or a URL), one per row of its path column
-    (``column``, else the first of :data:`PATH_COLUMNS` it has). A relative local path is read from the
-    table's folder; a URL as it is.
+    (``column``, else the first of :data:`PATH_COLUMNS` it has), with its label (the first of
+    :data:`LABEL_COLUMNS` it has). A relative local path is read from the table's folder; a URL as it is.
 
     Raises:
         UsageError: the table cannot be read, or has no such column.
@@ -223,17 +238,19 @@ def read_table(path: str, column: str | None = None) -> list[Found]:
             "--inputs-column)"
         )
     base = "" if is_url(path) else str(Path(path).parent)
+    labels = next((c for c in LABEL_COLUMNS if c in names), None)
     found: list[Found] = []
     for i, row in enumerate(rows, start=1):
         value = row.get(chosen)
+        label = None if labels is None or row.get(labels) is None else str(row[labels])
         if value is None or not str(value).strip():
-            found.append((f"{path}:{i}", None, f"{path} row {i}: no {chosen}"))
+            found.append((f"{path}:{i}", None, f"{path} row {i}: no {chosen}", None))
         elif is_url(str(value)):
-            found.append((str(value), Blob(str(value), str(value)), None))
+            found.append((str(value), Blob(str(value), str(value)), None, label))
         else:
             local = Path(str(value)).expanduser()
             local = local if local.is_absolute() or not base else Path(base) / local
-            found.append((str(value), local, None))
+            found.append((str(value), local, None, label))
     return found
 
 

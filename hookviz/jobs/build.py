@@ -28,7 +28,7 @@ from hookviz.core.layers import (
     resolve_layers,
     token_blocks,
 )
-from hookviz.core.targets import Positive
+from hookviz.core.targets import Labelled, Positive
 from hookviz.errors import UsageError
 from hookviz.evaluation import choose_layer
 from hookviz.evaluation.families import parse_metrics
@@ -37,6 +37,7 @@ from hookviz.jobs.cam import CamJob
 from hookviz.jobs.detection import DetectionJob
 from hookviz.jobs.evaluate import EvaluateJob
 from hookviz.jobs.features import FeatureMapJob
+from hookviz.jobs.labelled import LabelledCamJob
 from hookviz.jobs.sanity import SanityJob
 from hookviz.jobs.several import SeveralCamJob
 from hookviz.jobs.training import DropBlockJob, GradFlowJob
@@ -252,6 +253,12 @@ def classifier_job(
         raise UsageError(
             f"--target positive is for a classifier's multi-label head, not a {loaded.task_name} model"
         )
+    if isinstance(targets, Labelled):
+        if job_class is not CamJob or loaded.several is not None:
+            raise UsageError(
+                f"--target label explains photos of a classifier or segmenter, not a {loaded.task_name} model"
+            )
+        job_class = LabelledCamJob
     if isinstance(targets, Positive) and declared_kind(loaded.model) != "sigmoid":
         raise UsageError(
             f"--target positive explains the labels of a multi-label head; {loaded.name} is read as a "

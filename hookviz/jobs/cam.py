@@ -61,6 +61,8 @@ class CamBatch:
     size: tuple[int, ...] = (0, 0)
     #: ``--channels topK``: by layer, the first target's map through its top channels.
     terms: dict[str, Any] = field(default_factory=dict)
+    #: Per input, why it cannot be explained (``--target label``: no label), else None.
+    refused: list[str | None] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from hookviz.core.targets import Positive
+from hookviz.core.targets import Labelled, Positive
 from hookviz.errors import TargetError, close_matches
 from hookviz.models.labels import class_label, read_labels
 from hookviz.models.loaded import LoadedModel
@@ -82,7 +82,7 @@ def parse_target(
 
 
 #: What ``--target`` becomes: None (top-1), ``"topK"``, class indices, or :class:`Positive`.
-TargetSpec = str | list[int] | Positive | None
+TargetSpec = str | list[int] | Positive | Labelled | None
 
 
 def parse_targets(spec: str, loaded: LoadedModel, num_classes: int, threshold: float = 0.5) -> TargetSpec:
@@ -97,6 +97,8 @@ def parse_targets(spec: str, loaded: LoadedModel, num_classes: int, threshold: f
     text = spec.strip().lower()
     if text == "positive":
         return Positive(threshold)
+    if text == "label":
+        return Labelled()
     if text.startswith("top"):
         k = text[3:]
         if num_classes == 1 and not (_DIGITS.match(k) and int(k) == 1):
