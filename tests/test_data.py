@@ -293,3 +293,29 @@ def _names(data: dict[str, Any]) -> Path:
     path = data["folder"] / "names.txt"
     path.write_text("square\ndisc\ncross\n")
     return path
+
+
+def test_no_pictures_writes_the_store_and_table_only_and_resumes(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    folder, out = str(data["folder"] / "photos"), tmp_path / "out"
+    run = [
+        "gradcam",
+        folder,
+        *data["model"],
+        "--maps",
+        "zarr",
+        "--records",
+        "parquet",
+        "--no-pictures",
+        "--json",
+    ]
+    r = invoke(*run, "--out", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert not list(out.glob("*.png")) and not list(out.glob("*.npy"))
+    assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["ok"] * N
+    r = invoke(*run, "--out", str(out))
+    assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["skipped"] * N
+    r = invoke("gradcam", folder, *data["model"], "--no-pictures", "--out", str(tmp_path / "none"))
+    assert r.exit_code == 2 and r.stderr.count("error") == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith("would write no file; add --save-raw or --maps zarr")

@@ -184,3 +184,33 @@ def test_two_ranks_share_videos_by_file(tmp_path: Path) -> None:
     written = sorted(Path(str(o)).name for r in recs for o in r["outputs"])  # type: ignore[attr-defined]
     assert written == sorted(p.name for p in (tmp_path / "two").iterdir() if p.suffix in (".png", ".webm"))
     assert len(written) == 5 * 2 * 2  # per clip: its WebM and its contact sheet
+
+
+@pytest.mark.slow
+def test_two_ranks_share_one_zarr_store_and_one_parquet_table(tmp_path: Path) -> None:
+    """Under torchrun each rank writes its own Parquet part and its own inputs' arrays in one Zarr store: the
+    table (read as one) and the store equal one process's."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    zarr = pytest.importorskip("zarr")
+    _photos(tmp_path / "in", n=8)
+    cam = ["-m", "hookviz", "gradcam", "in", *ARGS, "--method", "gradcam,layercam", "--records", "parquet",
+           "--maps", "zarr", "--no-pictures"]  # fmt: skip
+    one = _run([sys.executable, *cam, "--out", "one"], tmp_path)
+    two = _run([*TORCHRUN, "--nproc-per-node", "2", *cam, "--out", "two"], tmp_path)
+    assert one.returncode == two.returncode == 1, two.stderr  # broken.png failed; the others were done
+    parts = sorted(p.name for p in (tmp_path / "two" / "records.parquet").iterdir())
+    assert parts == ["part-0.parquet", "part-1.parquet"]
+
+    def rows(out: str) -> list[tuple[object, ...]]:
+        table = pq.read_table(tmp_path / out / "records.parquet").to_pylist()
+        return sorted((r["input"], r["method"], r["status"], r["predicted_index"]) for r in table)
+
+    assert rows("one") == rows("two") and len(rows("one")) == 8 * 2 + 1
+    stores = {out: zarr.open_group(str(tmp_path / out / "maps.zarr"), mode="r") for out in ("one", "two")}
+    prefixes = sorted(stores["one"].keys())
+    assert prefixes == sorted(stores["two"].keys()) and len(prefixes) == 8
+    for prefix in prefixes:
+        for name in ("gradcam.layer4", "layercam.layer4", "gradcam.layer4.full"):
+            a, b = (stores[out][prefix][name] for out in ("one", "two"))
+            assert a.attrs["complete"] and b.attrs["complete"] and a.attrs["box"] == b.attrs["box"]
+            np.testing.assert_allclose(a[...].astype(np.float32), b[...].astype(np.float32), atol=2e-3)

@@ -216,6 +216,8 @@ InputsColumn = _option(str | None, "--inputs-column", panel=RUN, help="the --inp
 RecordsOpt = _option(str | None, "--records", panel=OUTPUT, help="also write the records as a Parquet table, "
     "a row per input, target, method and layer: parquet (OUT/records.parquet) or a folder or URL ending in "
     ".parquet.")  # fmt: skip
+NoPictures = _option(bool, "--no-pictures", panel=OUTPUT, help="write no PNG pictures: the raw maps "
+    "(--save-raw, --maps zarr) and the records only.")  # fmt: skip
 MapsStore = _option(str | None, "--maps", panel=OUTPUT, help="raw maps into one Zarr store (float16, an "
     "array per input, method and layer, the crop box as an attribute) instead of .npy files: zarr "
     "(OUT/maps.zarr) or a path or URL ending in .zarr.")  # fmt: skip

@@ -60,6 +60,7 @@ from hookviz.cli.flags import (
     Model,
     Negate,
     Noise,
+    NoPictures,
     NoRelu,
     NormalizeOpt,
     Null,
@@ -109,7 +110,7 @@ __all__ = [
 ]
 
 #: The data-set options (a table in, Parquet and Zarr out): commands that do not run the pipeline omit them.
-DATA = ("inputs_table", "inputs_column", "records", "maps")
+DATA = ("inputs_table", "inputs_column", "records", "maps", "no_pictures")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -212,6 +213,7 @@ class RunOptions:
     inputs_column: InputsColumn = None
     records: RecordsOpt = None
     maps: MapsStore = None
+    no_pictures: NoPictures = False
     #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
     lines: bool = True
 

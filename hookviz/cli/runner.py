@@ -282,7 +282,10 @@ def _run_shard(
     _check_out(r)
     lead = dist is None or dist.rank == 0
     output = pipeline.Output(
-        r.out, overwrite=r.overwrite, manifest=dist.part_name if dist is not None else pipeline.MANIFEST
+        r.out,
+        overwrite=r.overwrite,
+        manifest=dist.part_name if dist is not None else pipeline.MANIFEST,
+        pictures=not r.no_pictures,
     )
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
     table = None

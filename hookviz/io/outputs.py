@@ -41,6 +41,8 @@ class Output:
     previous: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     #: Where raw maps (``.npy`` outputs) go instead of files: a Zarr store (``hookviz.io.sinks.ZarrMaps``).
     maps: Any = None
+    #: Whether PNG pictures are written (``--no-pictures``: the raw maps and records only).
+    pictures: bool = True
 
     def prepare(self) -> None:
         """Create the folder; fail clearly if it is a file or not writable.
@@ -103,6 +105,10 @@ class Output:
                 raise FileExistsError(self.maps.location(name))
             return str(self.maps.write(name, data, attrs or {}))
         return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
+
+    def keeps(self, name: str) -> bool:
+        """Whether output ``name`` is written at all (no PNG with ``pictures`` off)."""
+        return self.pictures or not name.endswith(".png")
 
     def exists(self, name: str) -> bool:
         """Whether output ``name`` is there (a raw map: complete in the Zarr store)."""

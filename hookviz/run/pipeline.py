@@ -124,6 +124,8 @@ def run(
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if skip_existing and output.overwrite:
         raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
+    if not any(output.keeps(n) for n in job.planned("input")):
+        raise UsageError("--no-pictures: this run would write no file; add --save-raw or --maps zarr")
     budget = max_memory if max_memory is not None else default_budget(device)
     state = _Run(
         job, output, device, base, skip_existing, budget, note, (read, preprocess, max_pixels), workers
@@ -266,7 +268,7 @@ class _Run:
     def _existing(self, item: Item, prefix: str) -> str | None:
         """What the outputs already there make of an input: None (none there, or --overwrite), "skipped",
         "fill", "add", or an error."""
-        planned = self.job.planned(prefix)
+        planned = self.planned(prefix)
         existing = [n for n in planned if self.output.exists(n)]
         if not existing or self.output.overwrite:
             return None
@@ -286,7 +288,7 @@ class _Run:
     def skipped(self, item: Item, prefix: str, fields: dict[str, Any], why: str) -> dict[str, Any]:
         kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in self.base}
         kept["prefix"] = prefix
-        kept["outputs"] = [self.output.where(n) for n in self.job.planned(prefix)]
+        kept["outputs"] = [self.output.where(n) for n in self.planned(prefix)]
         return self.record(item, "skipped", note=why, **kept)
 
     def finish(self, item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
@@ -302,7 +304,7 @@ class _Run:
         except HookvizError as exc:
             return self.record(item, "error", f"{quote(item.name)}: {exc}")
         except FileExistsError as exc:
-            if all(self.output.exists(n) for n in self.job.planned(prefix)):
+            if all(self.output.exists(n) for n in self.planned(prefix)):
                 # Another run with these settings finished this input meanwhile (two runs into one --out):
                 # the set is complete, so it is skipped here, not failed.
                 return self.skipped(item, prefix, fields, "outputs written by another run meanwhile")
@@ -334,10 +336,15 @@ class _Run:
         except OSError as exc:  # raised by finish, with the fields kept for its record
             return exc, fields
 
+    def planned(self, prefix: str) -> list[str]:
+        """The outputs an input gets: the job's, less those the output does not keep (``--no-pictures``)."""
+        return [n for n in self.job.planned(prefix) if self.output.keeps(n)]
+
     def _write(self, files: list[tuple[str, bytes]], note: str | None, attrs: dict[str, Any]) -> list[str]:
         """Write an input's files; "add" writes only those missing. Resuming, an input is redone only when
         its outputs are incomplete (a killed run): replacing the partial set is the point."""
         out = self.output
+        files = [(n, data) for n, data in files if out.keeps(n)]
         if note == "add":
             return [
                 out.where(n) if out.exists(n) else str(out.write(n, data, attrs=attrs)) for n, data in files
