@@ -273,3 +273,39 @@ def test_the_library_evaluates_a_batch_with_masks(data: dict[str, Any]) -> None:
     assert got["figures"]["gradcam@features"]["sparseness"].shape == (4,)
     hits = [obj[0][2]["gradcam@features"]["pointing_game"] for obj in got["objects"]]
     assert hits == [1.0] * 4 and got["forward_passes"] == 0  # localisation and complexity run no model
+
+
+def test_a_table_of_inputs_gives_its_boxes_and_masks_to_evaluate(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    """``--inputs-table`` rows with a ``label``, ``boxes`` (a Parquet list, or JSON text in a CSV) and
+    ``mask`` column: ``--boxes TABLE`` gives the numbers of the CSV annotation file, ``--masks TABLE``
+    those of the masks folder."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    d = data["dir"]
+    paths = [f"in/{'a' if i < N // 2 else 'b'}/p{i:02d}.png" for i in range(N)]
+    boxes = [[list(data["boxes"][i][1:])] for i in range(N)]
+    labels = [SHAPES[data["boxes"][i][0]] for i in range(N)]
+    masks = [f"masks/p{i:02d}.png" for i in range(N)]
+    pq.write_table(
+        pa.table({"path": paths, "label": labels, "boxes": boxes, "mask": masks}), d / "rows.parquet"
+    )
+    with (d / "rows.csv").open("w", newline="") as f:
+        rows = zip(paths, labels, map(json.dumps, boxes), strict=True)
+        csv.writer(f).writerows([["path", "label", "boxes"], *rows])
+
+    def run(out: str, *extra: str) -> list[Any]:
+        r = CliRunner().invoke(app, ["evaluate", *_model(d), "--out", str(tmp_path / out), "--tolerance", "2",
+                                     *extra])  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        return json.loads((tmp_path / out / "evaluation.json").read_text())["rows"]  # type: ignore[no-any-return]
+
+    want = run("csv", str(d / "in"), "--boxes", str(d / "boxes.csv"), "--metric", "localisation")
+    assert run("parquet", "--inputs-table", str(d / "rows.parquet"), "--boxes", str(d / "rows.parquet"),
+               "--metric", "localisation") == want  # fmt: skip
+    assert run("rows.csv", "--inputs-table", str(d / "rows.csv"), "--boxes", str(d / "rows.csv"), "--metric",
+               "localisation") == want  # fmt: skip
+    want = run("masks", str(d / "in"), "--masks", str(d / "masks"), "--metric", "localisation")
+    assert run("tmasks", "--inputs-table", str(d / "rows.parquet"), "--masks", str(d / "rows.parquet"),
+               "--metric", "localisation") == want  # fmt: skip

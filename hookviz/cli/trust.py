@@ -29,11 +29,11 @@ Metric = Annotated[list[str] | None, typer.Option("--metric", rich_help_panel=ME
     "repeatable or comma-separated: faithfulness (default), road, flipping, localisation (default with "
     "--boxes/--masks), complexity, robustness, randomisation; all.")]  # fmt: skip
 Boxes = Annotated[Path | None, typer.Option("--boxes", rich_help_panel=METRICS, help="where the objects are: "
-    "a COCO .json, a .csv (file,class,x0,y0,x1,y1), or a folder of Pascal VOC .xml or YOLO .txt; each photo "
-    "is explained for its annotated classes.")]  # fmt: skip
+    "a COCO .json, a .csv (file,class,x0,y0,x1,y1), a folder of Pascal VOC .xml or YOLO .txt, or a table "
+    "with a boxes column (an --inputs-table); each photo explained for its annotated classes.")]  # fmt: skip
 MaskDir = Annotated[str | None, typer.Option("--masks", rich_help_panel=METRICS, help="DIR: object masks, a "
     "PNG a photo named as it (0 background, else class index; {0,1} or {0,255}: binary, one object of the "
-    "class explained).")]  # fmt: skip
+    "class explained); or a table with a mask column (--inputs-table's).")]  # fmt: skip
 MaskKind = Annotated[str, typer.Option("--mask-kind", rich_help_panel=METRICS, help="how --masks are read: "
     "auto ({0,1} and {0,255} binary, else class indices), binary, classes.")]  # fmt: skip
 RiseMasks = Annotated[int, typer.Option("--rise-masks", min=1, help="RISE's random masks.",

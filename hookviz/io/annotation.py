@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hookviz.errors import UsageError
+from hookviz.errors import HookvizError, UsageError
+from hookviz.io.stores import LABEL_COLUMNS, PATH_COLUMNS, Blob, is_url, table_rows
 
 #: A class as annotated: a model class index, a name to look up, or None (a binary mask's one object).
 Label = int | str | None
@@ -192,6 +193,8 @@ def load(boxes: Path | None = None, masks: Path | None = None, mask_kind: str = 
     if (boxes is None) == (masks is None):
         raise UsageError("give one of --boxes FILE|DIR and --masks DIR")
     if masks is not None:
+        if masks.suffix.lower() in TABLES:  # a table's mask column
+            return _table(masks, mask_kind, "--masks")
         return _masks(masks, mask_kind)
     assert boxes is not None
     found = _boxes(boxes)
@@ -211,6 +214,8 @@ def _boxes(boxes: Path) -> Annotations:
         raise UsageError(f"--boxes {boxes}: a folder of VOC .xml or YOLO .txt files; found neither")
     if boxes.suffix.lower() == ".json":
         return _coco(boxes)
+    if boxes.suffix.lower() in TABLES and (boxes.suffix.lower() != ".csv" or _has_columns(boxes)):
+        return _table(boxes, "auto", "--boxes")
     if boxes.suffix.lower() in (".csv", ".txt"):
         return _csv(boxes)
     raise UsageError(f"--boxes {boxes}: a COCO .json, a .csv (file,class,x0,y0,x1,y1), or a VOC/YOLO folder")
@@ -300,6 +305,70 @@ def _csv(path: Path) -> Annotations:
     return Annotations("csv", by)
 
 
+#: Tables of inputs (``--inputs-table``) whose ``boxes`` and ``mask`` columns say where the objects lie
+TABLES = (".parquet", ".jsonl", ".ndjson", ".csv")
+
+
+def _has_columns(path: Path) -> bool:
+    """Whether a CSV file is a table of inputs (a header naming a ``boxes`` or ``mask`` column)."""
+    with path.open(encoding="utf-8", newline="") as f:
+        header = next(csv.reader(f), [])
+    return bool({"boxes", "mask"} & {c.strip().lower() for c in header})
+
+
+def _table(path: Path, kind: str, flag: str) -> Annotations:
+    """A table of inputs' annotations: per row, its ``boxes`` (``[[x0, y0, x1, y1], ...]`` in pixels, a list
+    or its JSON text; ``box_labels`` their classes, else the row's label column, else the class explained) and
+    its ``mask`` (a mask image's path, from the table's folder, or URL; read as ``--masks`` reads one)."""
+    rows = table_rows(str(path))
+    columns = set(rows[0]) if rows else set()
+    name_col = next((c for c in PATH_COLUMNS if c in columns), None)
+    wanted = "boxes" if flag == "--boxes" else "mask"  # --boxes reads its boxes, --masks its masks
+    if name_col is None or wanted not in columns:
+        raise UsageError(f"{flag} {path}: a table needs a path column and a {wanted} column")
+    label_col = next((c for c in LABEL_COLUMNS if c in columns), None)
+    by: dict[str, list[Region]] = {}
+    for n, row in enumerate(rows, 1):
+        found: list[Region] = []
+        boxes = row.get("boxes") if wanted == "boxes" else None
+        boxes = json.loads(boxes) if isinstance(boxes, str) and boxes.strip() else boxes
+        labels = row.get("box_labels")
+        labels = json.loads(labels) if isinstance(labels, str) and labels.strip() else labels
+        for k, b in enumerate(boxes or []):
+            if len(b) != 4:
+                raise _bad(path, f"row {n}: a box is x0,y0,x1,y1, not {b!r}")
+            own = labels[k] if labels else (row.get(label_col) if label_col else None)
+            found.append(
+                Region(None if own is None or own == "" else _label(own), tuple(float(v) for v in b))
+            )
+        if wanted == "mask" and row.get("mask"):
+            found += _mask_regions(_read_mask(path, str(row["mask"]), flag), kind)[0]
+        by[_key(str(row[name_col]))] = found
+    return Annotations("table", by, where=f"{flag} {path}")
+
+
+def _read_mask(table: Path, where: str, flag: str) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        source: Any = Blob(where, where).open() if is_url(where) else table.parent / where
+        with Image.open(source) as im:
+            values = np.asarray(im.convert("L") if im.mode not in ("L", "P", "I", "I;16") else im)
+    except (OSError, HookvizError) as exc:
+        raise UsageError(f"{flag} {table}: the mask {where} cannot be read ({exc})") from None
+    return values[..., 0] if values.ndim == 3 else values
+
+
+def _mask_regions(values: np.ndarray, kind: str) -> tuple[list[Region], bool]:
+    """A mask's objects (0 is background): one object of the class explained where it is binary, else one per
+    class value (255 ignored); and whether it was read as binary."""
+    present = [int(v) for v in np.unique(values) if v != 0]
+    binary = (set(present) <= {1} or set(present) <= {255}) if kind == "auto" else kind == "binary"
+    if binary:
+        return ([Region(None, mask=values != 0)] if present else []), True
+    return [Region(v, mask=values == v) for v in present if v != 255], False
+
+
 def _masks(folder: Path, kind: str = "auto") -> Annotations:
     from PIL import Image
 
@@ -317,12 +386,7 @@ def _masks(folder: Path, kind: str = "auto") -> Annotations:
             raise UsageError(f"--masks {png}: cannot be read ({exc})") from None
         if values.ndim == 3:
             values = values[..., 0]
-        present = [int(v) for v in np.unique(values) if v != 0]
-        binary = (set(present) <= {1} or set(present) <= {255}) if kind == "auto" else kind == "binary"
-        if binary:  # one object of the class explained
-            by[_key(png.stem)] = [Region(None, mask=values != 0)] if present else []
-        else:
-            by[_key(png.stem)] = [Region(v, mask=values == v) for v in present if v != 255]
+        by[_key(png.stem)], binary = _mask_regions(values, kind)
         read_as["binary" if binary else "classes"] += 1
     if not by:
         raise UsageError(f"--masks {folder}: no .png in it")

@@ -228,7 +228,7 @@ def read_table(path: str, column: str | None = None) -> list[Found]:
     Raises:
         UsageError: the table cannot be read, or has no such column.
     """
-    rows = _rows(path)
+    rows = table_rows(path)
     names = list(rows[0]) if rows else []
     chosen = column or next((c for c in PATH_COLUMNS if c in names), None)
     if chosen is None or chosen not in names:
@@ -254,7 +254,12 @@ def read_table(path: str, column: str | None = None) -> list[Found]:
     return found
 
 
-def _rows(path: str) -> list[dict[str, Any]]:
+def table_rows(path: str) -> list[dict[str, Any]]:
+    """A table's rows as dicts: Parquet (pyarrow), CSV or JSON lines, a file or a URL.
+
+    Raises:
+        UsageError: it cannot be read, or is none of these.
+    """
     fs, where = filesystem(path)
     suffix = path.lower().rsplit(".", 1)[-1]
     try:

@@ -124,7 +124,7 @@ def run(
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if skip_existing and output.overwrite:
         raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
-    if not any(output.keeps(n) for n in job.planned("input")):
+    if not output.pictures and not any(output.keeps(n) for n in job.planned("input")):
         raise UsageError("--no-pictures: this run would write no file; add --save-raw or --maps zarr")
     budget = max_memory if max_memory is not None else default_budget(device)
     state = _Run(
