@@ -389,7 +389,7 @@ def prepared(
     model = dataclasses.replace(
         model,
         device=run.device,
-        volumes=all_volumes(inputs),
+        volumes=all_volumes(list(inputs or ())),
         inputs=tuple(s.partition("=")[0].strip() for s in several or ()),
         **(dataclasses.asdict(sampling) if sampling is not None else {}),
     )
