@@ -29,7 +29,6 @@ from hookviz.run import distributed
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
     from hookviz.io.inputs import Item
     from hookviz.io.outputs import Output
-    from hookviz.io.sinks import RecordTable
     from hookviz.jobs import Job
     from hookviz.jobs.build import BuiltJob, JobFactory, RunContext
     from hookviz.models.loaded import LoadedModel
@@ -274,7 +273,6 @@ def _run_shard(
     """One process's run (the whole run, or one torchrun rank's shard of it)."""
     from hookviz import tasks
     from hookviz.io.inputs import table_items
-    from hookviz.io.sinks import data_sinks
     from hookviz.jobs.build import RunContext
     from hookviz.run import pipeline
     from hookviz.run.kinds import input_kind_of
@@ -288,7 +286,6 @@ def _run_shard(
         pictures=not r.no_pictures,
     )
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
-    table = None
     with stdout_reserved() as stdout:
         loaded = load_warm(m, quiet)
         kind = input_kind_of(loaded, r.inputs)
@@ -316,15 +313,12 @@ def _run_shard(
             if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
                 distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
             output.prepare()
-            output.maps, table = data_sinks(r.out, r.maps, r.records, dist.rank if dist is not None else 0)
             if dist is not None:
                 reporter.count_from = lambda: distributed.global_progress(r.out, dist)
             reporter.start(len(items) if kind.cuts else len(everything))
-            _report_records(job, loaded, kind, items, output, r, dist, reporter, table)
+            _report_records(job, loaded, kind, items, output, r, dist, reporter)
         finally:
             reporter.close()
-            if table is not None and table.count + len(table.pending):
-                table.close()
     if r.report and dist is None:
         typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
     if reporter.failed:
@@ -346,25 +340,30 @@ def _report_records(
     r: RunOptions,
     dist: Dist | None,
     reporter: Reporter,
-    table: RecordTable | None = None,
 ) -> None:
-    """The job run over ``items``, each record said as it comes (and the notes the job takes on the way), and
-    added to the Parquet ``table`` when there is one."""
+    """The job run over ``items``, each record said as it comes (and the notes the job takes on the way); the
+    raw maps into ``--maps``' Zarr store and each record into ``--records``' Parquet table, when asked."""
+    from hookviz.io.sinks import data_sinks
     from hookviz.run import runner
 
     quiet = reporter.quiet
     how = {n: getattr(r, n) for n in ("batch_size", "workers", "skip_existing", "max_pixels", "max_memory")}
     say = None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True)
+    output.maps, table = data_sinks(r.out, r.maps, r.records, dist.rank if dist is not None else 0)
     records = runner.run_job(job, loaded, items, output, kind=kind, note=say, **how)
-    for done, rec in enumerate(records, start=1):
-        for text in job.take_notes():
-            if not quiet:
-                reporter.say(f"hookviz: note: {text}", err=True)
-        reporter.add(rec)
-        if table is not None:
-            table.add(rec)
-        if dist is not None:
-            distributed.write_progress(r.out, dist, done)
+    try:
+        for done, rec in enumerate(records, start=1):
+            for text in job.take_notes():
+                if not quiet:
+                    reporter.say(f"hookviz: note: {text}", err=True)
+            reporter.add(rec)
+            if table is not None:
+                table.add(rec)
+            if dist is not None:
+                distributed.write_progress(r.out, dist, done)
+    finally:
+        if table is not None and table.count + len(table.pending):
+            table.close()
 
 
 def prepared(
