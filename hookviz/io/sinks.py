@@ -123,12 +123,6 @@ class RecordTable:
             os.replace(self.temp, self.final)
         return self.final
 
-    def abandon(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            if self.temp != self.final:
-                Path(self.temp).unlink(missing_ok=True)
-
 
 class ZarrMaps:
     """Raw maps in one Zarr store (v3): an array per input and map (``<prefix>/<method>.<layer>[.full]``,

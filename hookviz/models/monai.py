@@ -12,6 +12,7 @@ of 2 a classifier of photos of ``in_channels`` bands.
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -24,8 +25,13 @@ from hookviz.models.weights import apply_state_dict, load_state_dict_file
 
 
 def _nets() -> Any:
+    """``monai.networks.nets``, imported without the deprecation notices MONAI's import raises on a newer
+    torch (``torch.jit.interface`` in its modules): they are MONAI's, not the user's."""
     try:
-        from monai.networks import nets
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from monai.networks import nets
     except ImportError:
         raise missing_extra("monai", "monai") from None
     return nets
