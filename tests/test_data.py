@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,33 @@ def test_no_pictures_writes_the_store_and_table_only_and_resumes(
     r = invoke("gradcam", folder, *data["model"], "--no-pictures", "--out", str(tmp_path / "none"))
     assert r.exit_code == 2 and r.stderr.count("error") == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith("would write no file; add --save-raw or --maps zarr")
+
+
+def _open_and_write(where: str, start: float, rank: int) -> str:
+    from hookviz.io.sinks import ZarrMaps
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.full((4, 4), rank, np.float32))
+    while time.time() < start:  # both processes open the new store at once
+        pass
+    try:
+        ZarrMaps(where).write(f"p{rank}-0a1b.net.0123abcd.gradcam.layer4.npy", buffer.getvalue(), {})
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+@pytest.mark.slow  # 150 races, about 8 s
+def test_two_processes_opening_one_new_zarr_store_at_once_both_write(tmp_path: Path) -> None:
+    """Two ranks open a store none has made yet: one finds no group, then the other's where it goes to make
+    one (Zarr's ContainsGroupError; about 1 in 30 pairs lost a rank before it was retried)."""
+    import multiprocessing
+
+    import zarr
+
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        for k in range(150):
+            where, start = str(tmp_path / f"{k}.zarr"), time.time() + 0.05
+            assert pool.starmap(_open_and_write, [(where, start, 0), (where, start, 1)]) == ["ok", "ok"]
+            group = zarr.open_group(where, mode="r")
+            assert sorted(group.keys()) == ["p0-0a1b.net.0123abcd", "p1-0a1b.net.0123abcd"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +137,7 @@ class ZarrMaps:
             raise UsageError("--maps zarr needs zarr: pip install 'hookviz[data]'") from None
         self.zarr, self.where = zarr, where.rstrip("/")
         options = storage_options(self.where) if is_url(self.where) else None
-        try:
-            self.root = zarr.open_group(self.where, mode="a", storage_options=options)
-        except Exception as exc:  # unreachable, refused, not a Zarr store
-            raise OutputError(
-                f"--maps {where}: cannot open it as a Zarr store ({first_line(exc, 160)})"
-            ) from None
+        self.root = _open_group(zarr, self.where, options)
 
     def location(self, name: str) -> str:
         prefix, array = _array_name(name)
@@ -166,6 +162,22 @@ class ZarrMaps:
         made[...] = values
         made.attrs.update({"complete": True})
         return self.location(name)
+
+
+def _open_group(zarr: Any, where: str, options: dict[str, Any] | None) -> Any:
+    """The store's root group, made if there is none. Two ranks or workers opening a new store at once: one
+    finds none, then the other's group where it goes to make it; opened again, it is there."""
+    reason: Exception | None = None
+    for attempt in range(5):
+        try:
+            return zarr.open_group(where, mode="a", storage_options=options)
+        except zarr.errors.ContainsGroupError as exc:
+            reason = exc
+            time.sleep(0.02 * (attempt + 1))
+        except Exception as exc:  # unreachable, refused, not a Zarr store
+            reason = exc
+            break
+    raise OutputError(f"--maps {where}: cannot open it as a Zarr store ({first_line(reason, 160)})")
 
 
 def _fs(where: str) -> tuple[Any, str]:
