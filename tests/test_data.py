@@ -288,6 +288,10 @@ def test_target_label_explains_each_input_s_own_class(data: dict[str, Any], s3: 
     by = {_by_stem(g["input"]): g for g in map(json.loads, r.stdout.splitlines())}
     assert by["p000"]["target"]["index"] == 0 and by["p002"]["target"]["index"] == 2
     assert by["p001"]["status"] == "error" and "no label" in by["p001"]["error"]
+    r = invoke("evaluate", "--inputs-table", str(table), *data["model"], "--target", "label", "--out",
+               str(tmp_path / "ev"))  # fmt: skip
+    assert r.exit_code == 2 and "--target label: evaluate scores one class" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def _names(data: dict[str, Any]) -> Path:

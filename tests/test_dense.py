@@ -454,6 +454,7 @@ def test_detection_raw_maps_and_refused_options(detector: object, tmp_path: Path
         (["--fuse", "mean", "--layer", "backbone.1"], "two or more --layer"),
         (["--metrics"], "--metrics"),
         (["--target", "top3"], "name classes to keep"),
+        (["--target", "label"], "name classes to keep"),
         (["--layer", "auto"], "--layer auto"),
     ):
         r = invoke("gradcam", str(src), *args, *extra)

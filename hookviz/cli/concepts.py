@@ -14,7 +14,7 @@ from hookviz.cli.loading import load_options
 from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command, warn
 from hookviz.errors import UsageError
-from hookviz.io.outputs import settings_key
+from hookviz.io.outputs import MANIFEST, settings_key
 from hookviz.report import build_report, latest_records
 
 ChannelsOpt = Annotated[str | None, typer.Option("--channels", rich_help_panel=MAPS,
@@ -58,10 +58,9 @@ def channels(
 def _write_channels(job: Any, out: Path, top: int, chosen: str | None, quiet: bool, as_json: bool) -> None:
     """OUT/channels.KEY.json and OUT/channels.KEY/LAYER.cC.png from the run's records (KEY: the settings')."""
     from hookviz.concepts import dataset
-    from hookviz.run import pipeline
 
-    key = pipeline.settings_key(job.settings())
-    manifest = out / pipeline.MANIFEST
+    key = settings_key(job.settings())
+    manifest = out / MANIFEST
     lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines() if manifest.exists() else []
     recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
     found = dataset.gather(recs, job.layers, top, feed=job.feed)

@@ -345,7 +345,7 @@ def _options_of(cls: type, left: tuple[str, ...]) -> list[inspect.Parameter]:
         if is_option and f.name not in left:
             default: Any = f.default
             if default is dataclasses.MISSING:  # a required option
-                factory = f.default_factory
+                factory: Any = f.default_factory
                 default = inspect.Parameter.empty if factory is dataclasses.MISSING else factory()
             kind = inspect.Parameter.KEYWORD_ONLY
             found.append(inspect.Parameter(f.name, kind, default=default, annotation=hint))

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 from hookviz.io.files import atomic_write
+from hookviz.io.outputs import MANIFEST, finite, settings_key
 from hookviz.report import latest_records
 
 
@@ -83,10 +84,9 @@ def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
     annotations) and OUT/evaluation.json."""
     from hookviz.evaluation.summary import summarise_by_class, summarise_evaluation
-    from hookviz.run import pipeline
 
-    key = pipeline.settings_key(job.settings())
-    lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+    key = settings_key(job.settings())
+    lines = (out / MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
     recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
     rows = summarise_evaluation(recs)
     by_class = summarise_by_class(recs) if job.annotations is not None else []
@@ -105,7 +105,7 @@ def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
         "rows": rows,
         **({"by_class": by_class} if job.annotations is not None else {}),
     }
-    files.append(("evaluation.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False)))
+    files.append(("evaluation.json", json.dumps(finite(summary), indent=1, allow_nan=False)))
     for name, text in files:
         atomic_write(out / name, text)
     table = _table(rows, list(job.metrics))

@@ -15,6 +15,7 @@ from hookviz.cli.options import MethodFlags, ModelOptions, Prompts, RunOptions, 
 from hookviz.cli.runner import run_command
 from hookviz.cli.tables import announce, write_evaluation
 from hookviz.io.files import atomic_write
+from hookviz.io.outputs import MANIFEST, finite, settings_key
 from hookviz.report import latest_records
 
 METRICS = "Metrics"
@@ -171,10 +172,9 @@ def sanity(
 
 def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
     from hookviz.evaluation.summary import summarise_sanity
-    from hookviz.run import pipeline
 
-    key = pipeline.settings_key(job.settings())
-    lines = (out / pipeline.MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+    key = settings_key(job.settings())
+    lines = (out / MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
     recs = [x for x in latest_records(lines) if x.get("key") == key and x.get("status") in ("ok", "skipped")]
     steps = summarise_sanity(recs)
     summary = {
@@ -185,7 +185,7 @@ def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
         "images": len(recs),
         "steps": steps,
     }
-    atomic_write(out / "sanity.json", json.dumps(pipeline.finite(summary), indent=1, allow_nan=False))
+    atomic_write(out / "sanity.json", json.dumps(finite(summary), indent=1, allow_nan=False))
     lines_out = []
     for method in [*job.methods, "edges"]:
         mine = [s for s in steps if s["method"] == method]

@@ -238,7 +238,7 @@ class Session:
         ex = made.result.explanation
         target = ex.targets[:1, 0].cpu()
         score = scorer(ex.labels, ex.region, ex.score_kind)
-        chance_map = random_maps(1, *cam.shape[-2:], x=batch)
+        chance_map = random_maps(1, cam.shape[-2], cam.shape[-1], x=batch)
         model = self.loaded.model
         ours, chance = self._on_model(
             lambda: [

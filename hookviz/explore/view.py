@@ -81,7 +81,7 @@ class Made:
     @functools.cached_property
     def _rendered(self) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         rgb, box = self.photo
-        return self.job.render(self.result, 0, rgb, box, self.prefix)  # type: ignore[no-any-return]
+        return self.job.render(self.result, 0, rgb, box, self.prefix)
 
     def png_of(self, view: View) -> bytes:
         """The picture of ``view``: the file ``hookviz gradcam`` writes for it (a detector's box's), or one

@@ -338,9 +338,8 @@ def _table(path: Path, kind: str, flag: str) -> Annotations:
             if len(b) != 4:
                 raise _bad(path, f"row {n}: a box is x0,y0,x1,y1, not {b!r}")
             own = labels[k] if labels else (row.get(label_col) if label_col else None)
-            found.append(
-                Region(None if own is None or own == "" else _label(own), tuple(float(v) for v in b))
-            )
+            x0, y0, x1, y1 = (float(v) for v in b)
+            found.append(Region(None if own is None or own == "" else _label(own), (x0, y0, x1, y1)))
         if wanted == "mask" and row.get("mask"):
             found += _mask_regions(_read_mask(path, str(row["mask"]), flag), kind)[0]
         by[_key(str(row[name_col]))] = found

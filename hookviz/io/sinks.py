@@ -167,7 +167,7 @@ class ZarrMaps:
 def _open_group(zarr: Any, where: str, options: dict[str, Any] | None) -> Any:
     """The store's root group, made if there is none. Two ranks or workers opening a new store at once: one
     finds none, then the other's group where it goes to make it; opened again, it is there."""
-    reason: Exception | None = None
+    reason: Exception = OSError("not opened")
     for attempt in range(5):
         try:
             return zarr.open_group(where, mode="a", storage_options=options)

@@ -267,7 +267,7 @@ def table_rows(path: str) -> list[dict[str, Any]]:
             import pyarrow.parquet as pq
 
             with fs.open(where, "rb") as f:
-                return pq.read_table(f).to_pylist()  # type: ignore[no-any-return]
+                return pq.read_table(f).to_pylist()
         with fs.open(where, "rt", encoding="utf-8") as f:
             if suffix == "csv":
                 return list(csv.DictReader(f))

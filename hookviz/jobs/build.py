@@ -366,7 +366,7 @@ def detection_job(
     for flag, given in refused.items():
         if given:
             raise UsageError(f"{flag} is not available for detectors (each box's map is scaled on its own)")
-    if isinstance(targets, (str, Positive)):
+    if isinstance(targets, (str, Positive, Labelled)):
         raise UsageError(f"--target {s.target}: a detector explains every box it finds; name classes to keep")
     if s.layers == ("auto",):
         raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
@@ -465,6 +465,9 @@ def evaluate_job(
     calls = probe(loaded)
     chosen = chosen_layers(loaded, layers, calls)
     targets = parse_targets(target, loaded, num_classes(loaded))
+    if isinstance(targets, Labelled):
+        raise UsageError("--target label: evaluate scores one class for every image (top1 or a class), "
+                         "not each input's own; with annotations, each image's annotated class")  # fmt: skip
     if isinstance(targets, (str, Positive)):
         raise UsageError(f"--target {target}: evaluate explains one class per image: top1 or a class")
     return EvaluateJob(

@@ -16,8 +16,8 @@ from hookviz.core.conventions import sign
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
-from hookviz.core.targets import Positive
-from hookviz.engine.explain import explain
+from hookviz.core.targets import Labelled, Positive
+from hookviz.engine.explain import Targets, explain
 from hookviz.errors import UsageError
 from hookviz.evaluation import faithfulness
 from hookviz.io.images import Box, encode_png
@@ -182,7 +182,7 @@ class CamJob(BaseJob):
         has its own, :meth:`_shown`)."""
         if isinstance(self.targets, Positive):
             return []
-        if self.targets is None:
+        if self.targets is None or isinstance(self.targets, Labelled):  # one target per input
             return [""]
         if isinstance(self.targets, str):
             k = int(self.targets[3:])
@@ -235,21 +235,15 @@ class CamJob(BaseJob):
                                self.methods, k, self.options)  # fmt: skip
         return est if not self.aug_smooth else Estimate(est.per_image * 2, est.fixed)
 
-    def compute(self, x: Any) -> CamBatch:
+    def _explained(self) -> Targets:
+        if isinstance(self.targets, Labelled):  # each input's own class: LabelledCamJob's
+            raise TypeError("--target label's classes are each input's: build a LabelledCamJob")
+        return self.targets
 
-        ex = explain(
-            self.loaded.model,
-            x,
-            self.layers,
-            self.methods,
-            self.targets,
-            relu=self.relu,
-            options=self.options,
-            progress=self.progress,
-            eigen_smooth=self.eigen_smooth,
-            aug_smooth=self.aug_smooth,
-            region=self.region,
-        )
+    def compute(self, x: Any) -> CamBatch:
+        ex = explain(self.loaded.model, x, self.layers, self.methods, self._explained(), relu=self.relu,
+                     options=self.options, progress=self.progress, eigen_smooth=self.eigen_smooth,
+                     aug_smooth=self.aug_smooth, region=self.region)  # fmt: skip
         self._check_assumptions(ex)
         maps = dict(ex.maps)
         if FUSED in self._layer_names():

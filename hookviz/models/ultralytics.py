@@ -247,8 +247,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         )
     path = Path(where).expanduser()
     local = path.is_file()
-    yolo = _loaded(YOLO, spec, where, path)
-    yolo = yolo.float().eval()
+    yolo: Any = _loaded(YOLO, spec, where, path).float().eval()
     kind = str(getattr(yolo, "task", None) or _task_of(yolo))
     if kind not in TASKS:
         raise UsageError(

@@ -93,7 +93,8 @@ class InputKind:
     ) -> torch.Tensor | None:
         """The first ``n`` readable inputs, preprocessed, as one batch on the model's device (those of the
         first one's shape only; ``--layer auto`` ranks layers on them), or None."""
-        read, preprocess, xs = self.read(loaded), self.preprocess(loaded), []
+        read, preprocess = self.read(loaded), self.preprocess(loaded)
+        xs: list[np.ndarray] = []
         for item in items:
             if not item.readable:
                 continue

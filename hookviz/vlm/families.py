@@ -21,10 +21,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import nn
 
 from hookviz.errors import UsageError
 from hookviz.io.images import Box
+
+#: A transformers model (or one of its parts): hookviz reads its config and submodules by their names, which
+#: ``nn.Module``'s static type does not know (its ``__getattr__`` says ``Tensor | Module``).
+HF = Any
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ class Family:
     name: ClassVar[str] = ""
     model_types: ClassVar[tuple[str, ...]] = ()
 
-    def claims(self, model: nn.Module) -> bool:
+    def claims(self, model: HF) -> bool:
         return getattr(model.config, "model_type", "") in self.model_types
 
     def processed(self, encoded: dict[str, Any]) -> np.ndarray:
@@ -186,38 +189,38 @@ class Family:
         language model reads their tokens (one view, unless the family cuts the photo into tiles)."""
         return [self.processed(encoded)]
 
-    def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
+    def grids(self, model: HF, encoded: dict[str, Any]) -> list[tuple[int, int]]:
         """Each view's image tokens ``(rows, cols)``."""
         return [self.grid(model, encoded)]
 
-    def patch(self, model: nn.Module) -> int:
+    def patch(self, model: HF) -> int:
         return int(model.config.vision_config.patch_size)
 
-    def grid(self, model: nn.Module, encoded: dict[str, Any]) -> tuple[int, int]:
+    def grid(self, model: HF, encoded: dict[str, Any]) -> tuple[int, int]:
         """The image tokens' ``(rows, cols)`` over the processed image, in the language model's order."""
         _, h, w = self.processed(encoded).shape
         p = self.patch(model)
         return h // p, w // p
 
     def placement(
-        self, model: nn.Module, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]
+        self, model: HF, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]
     ) -> Placement:
         """Where the first photo's image tokens lie on it (see :func:`measure`)."""
         return measure(processor, self, photo, self.grids(model, encoded))
 
-    def tower(self, model: nn.Module) -> nn.Module | None:
+    def tower(self, model: HF) -> HF | None:
         """The vision tower, where its tokens are the image tokens one for one (after a CLS token, if any):
         relevancy is carried on through it; None where tokens are merged or tiled."""
         return None
 
-    def image_token(self, model: nn.Module) -> int:
+    def image_token(self, model: HF) -> int:
         config = model.config
         found = getattr(config, "image_token_id", None)
         return int(found if found is not None else config.image_token_index)
 
-    def language_model(self, model: nn.Module) -> nn.Module:
+    def language_model(self, model: HF) -> HF:
         """The decoder that reads the image tokens (its ``layers`` are the decoder layers)."""
-        return model.model.language_model  # type: ignore[no-any-return]
+        return model.model.language_model
 
 
 class Llava(Family):
@@ -226,10 +229,10 @@ class Llava(Family):
     name = "llava"
     model_types = ("llava",)
 
-    def tower(self, model: nn.Module) -> nn.Module | None:
-        return model.model.vision_tower  # type: ignore[no-any-return]
+    def tower(self, model: HF) -> HF | None:
+        return model.model.vision_tower
 
-    def grid(self, model: nn.Module, encoded: dict[str, Any]) -> tuple[int, int]:
+    def grid(self, model: HF, encoded: dict[str, Any]) -> tuple[int, int]:
         if getattr(model.config, "vision_feature_select_strategy", "default") == "full":
             raise UsageError("a LLaVA that keeps the CLS token among its image tokens is not supported")
         return super().grid(model, encoded)
@@ -241,8 +244,8 @@ class PaliGemma(Family):
     name = "paligemma"
     model_types = ("paligemma",)
 
-    def tower(self, model: nn.Module) -> nn.Module | None:
-        return model.model.vision_tower  # type: ignore[no-any-return]
+    def tower(self, model: HF) -> HF | None:
+        return model.model.vision_tower
 
 
 class Qwen2VL(Family):
@@ -271,7 +274,7 @@ class Qwen2VL(Family):
                 return p
         raise UsageError(f"Qwen2-VL patches of {features} values: not a layout hookviz knows")
 
-    def grid(self, model: nn.Module, encoded: dict[str, Any]) -> tuple[int, int]:
+    def grid(self, model: HF, encoded: dict[str, Any]) -> tuple[int, int]:
         _, h, w = (int(v) for v in encoded["image_grid_thw"][0])
         m = int(model.config.vision_config.spatial_merge_size)
         return h // m, w // m
@@ -291,12 +294,12 @@ class Idefics3(Family):
         real = [v for v in range(len(pixels)) if mask is None or bool(mask[0, v].any())]  # batches pad
         return [pixels[v] for v in real]
 
-    def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
+    def grids(self, model: HF, encoded: dict[str, Any]) -> list[tuple[int, int]]:
         step = self.patch(model) * int(model.config.scale_factor)
         return [(v.shape[1] // step, v.shape[2] // step) for v in self.views(encoded)]
 
-    def language_model(self, model: nn.Module) -> nn.Module:
-        return model.model.text_model  # type: ignore[no-any-return]
+    def language_model(self, model: HF) -> HF:
+        return model.model.text_model
 
 
 class LlavaNext(Family):
@@ -311,7 +314,7 @@ class LlavaNext(Family):
         return list(np.asarray(encoded["pixel_values"][0].float()))
 
     def placement(
-        self, model: nn.Module, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]
+        self, model: HF, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]
     ) -> Placement:
         from transformers.models.llava_next.modeling_llava_next import (
             get_anyres_image_grid_shape,
@@ -355,11 +358,11 @@ class InternVL(Family):
     def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
         return list(np.asarray(encoded["pixel_values"].float()))  # one photo: every tile is its
 
-    def patch(self, model: nn.Module) -> int:
+    def patch(self, model: HF) -> int:
         size = model.config.vision_config.patch_size
         return int(size[0] if isinstance(size, (list, tuple)) else size)
 
-    def grids(self, model: nn.Module, encoded: dict[str, Any]) -> list[tuple[int, int]]:
+    def grids(self, model: HF, encoded: dict[str, Any]) -> list[tuple[int, int]]:
         step = round(self.patch(model) / float(model.config.downsample_ratio))
         return [(v.shape[1] // step, v.shape[2] // step) for v in self.views(encoded)]
 
@@ -367,7 +370,7 @@ class InternVL(Family):
 FAMILIES: list[Family] = [Llava(), LlavaNext(), PaliGemma(), Qwen2VL(), Idefics3(), InternVL()]
 
 
-def family_of(model: nn.Module) -> Family:
+def family_of(model: HF) -> Family:
     """The family of ``model``.
 
     Raises:
@@ -427,6 +430,7 @@ def _axis(plane: np.ndarray, along: int, photo: np.ndarray) -> Axis:
     """The line ``origin + step * u`` the ramp's values follow along one axis of the processed image (fitted
     inside the photo's pixels, away from their borders, where resampling clamps and padding begins)."""
     line = np.nonzero(photo.any(axis=1 - along))[0]  # where the photo lies along this axis
+    middle: tuple[int | slice, ...]
     if along == 1:
         rows = np.nonzero(photo.any(axis=1))[0]
         middle = (int(rows[len(rows) // 2]) if len(rows) else plane.shape[0] // 2, slice(None))

@@ -45,7 +45,7 @@ class VlmSettings:
 
 def explain_photo(
     vlm: Vlm, path: Path, settings: VlmSettings, stem: str
-) -> tuple[list[tuple[str, bytes]], dict]:
+) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
     """One photo's files and record (see :func:`hookviz.vlm.pictures.render_words`)."""
     rgb = load_rgb(path)
     wm = explain_words(

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.vlm.families import HF
+
 
 def rank_gaussian(grid: np.ndarray, size: int = 3) -> np.ndarray:
     """The rank Gaussian filter of a 2-D map (reflected at the borders)."""
@@ -43,7 +45,7 @@ def rank_gaussian(grid: np.ndarray, size: int = 3) -> np.ndarray:
     return out
 
 
-def final_states(model: nn.Module, lm: nn.Module, forced: dict[str, Any]) -> Tensor:
+def final_states(model: HF, lm: HF, forced: dict[str, Any]) -> Tensor:
     """The decoder's final (normalised) states ``(1, L, D)`` over the teacher-forced sequence, from one pass
     without gradients (what the output head reads: the logit lens, TAM)."""
     kept: dict[str, Tensor] = {}
@@ -61,8 +63,8 @@ def final_states(model: nn.Module, lm: nn.Module, forced: dict[str, Any]) -> Ten
 
 
 def token_activation_maps(
-    model: nn.Module,
-    lm: nn.Module,
+    model: HF,
+    lm: HF,
     forced: dict[str, Any],
     found: Any,
     image: Tensor,

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from hookviz.errors import InputError, SetupError, UsageError, first_line
 from hookviz.models.hf import quiet
-from hookviz.vlm.families import Family, Placement, family_of, processed
+from hookviz.vlm.families import HF, Family, Placement, family_of, processed
 from hookviz.vlm.tam import final_states, token_activation_maps
 
 #: The methods, in the order they are drawn.
@@ -65,7 +65,7 @@ TITLES = {
 class Vlm:
     """A loaded vision-language model, its processor and family."""
 
-    model: nn.Module
+    model: HF
     processor: Any
     family: Family
     name: str
@@ -283,8 +283,8 @@ def _scores(found: Answer, logits: Tensor) -> Tensor:
 
 
 def _gradients(
-    model: nn.Module,
-    lm: nn.Module,
+    model: HF,
+    lm: HF,
     forced: dict[str, Any],
     found: Answer,
     image: Tensor,
@@ -368,8 +368,8 @@ def _rolled(weights: list[Tensor], grads: list[Tensor], t: int) -> Tensor:
 
 
 def _relevancy(
-    model: nn.Module,
-    lm: nn.Module,
+    model: HF,
+    lm: HF,
     forced: dict[str, Any],
     found: Answer,
     image: Tensor,
@@ -418,9 +418,7 @@ def _relevancy(
     return np.stack(out)
 
 
-def _logit_lens(
-    model: nn.Module, lm: nn.Module, forced: dict[str, Any], found: Answer, image: Tensor
-) -> np.ndarray:
+def _logit_lens(model: HF, lm: HF, forced: dict[str, Any], found: Answer, image: Tensor) -> np.ndarray:
     """Each answer token's logit read at every image token ``(T, N)``: the decoder's final (normalised) state
     there through the output head."""
     final = final_states(model, lm, forced)
@@ -430,7 +428,7 @@ def _logit_lens(
 
 
 def _attention(
-    model: nn.Module, lm: nn.Module, forced: dict[str, Any], found: Answer, image: Tensor, layer: int | None
+    model: HF, lm: HF, forced: dict[str, Any], found: Answer, image: Tensor, layer: int | None
 ) -> np.ndarray:
     """Each answer token's predicting position's attention to the image tokens ``(T, N)``: the weights each
     decoder layer's attention returns in eager mode (eager for this pass alone), taken by hooks of ours
