@@ -103,6 +103,7 @@ def data(trained: Any, s3: Any, tmp_path_factory: pytest.TempPathFactory) -> dic
         str(folder / "shapes.pth"),
         "--input-size",
         "48",
+        *("--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1"),  # as the CNN was trained
     ]
     return {"folder": folder, "photos": photos, "model": model}
 
@@ -242,6 +243,7 @@ def test_ray_data_workers_give_the_cli_s_rows(data: dict[str, Any], tmp_path: Pa
     try:
         ds = ray.data.from_items([{"path": p} for p in photos])
         kwargs = {"model": "tests.conftest:TinyCNN", "out": str(tmp_path / "ray"), "input_size": 48,
+                  "resize": "squash", "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0),
                   "weights": data["model"][3], "methods": ("gradcam", "layercam"),
                   "layers": ("features.6",)}  # fmt: skip
         got = ds.map_batches(Explainer, fn_constructor_kwargs=kwargs, concurrency=2, batch_size=3, num_cpus=1)
@@ -272,6 +274,7 @@ def test_target_label_explains_each_input_s_own_class(data: dict[str, Any], s3: 
     assert len(got) == N and all(rec["settings"]["targets"] == "label" for rec in got.values())
     for stem, rec in got.items():
         assert rec["target"]["index"] == int(stem[1:]) % 3
+    assert all(rec["predicted"]["index"] == rec["target"]["index"] for rec in got.values())  # it sees them
     r = invoke("gradcam", str(data["photos"][4]), *data["model"], *METHODS, "--target", "1", "--save-raw",
                "--out", str(tmp_path / "one"))  # fmt: skip
     assert r.exit_code == 0, r.stderr
@@ -288,10 +291,23 @@ def test_target_label_explains_each_input_s_own_class(data: dict[str, Any], s3: 
     by = {_by_stem(g["input"]): g for g in map(json.loads, r.stdout.splitlines())}
     assert by["p000"]["target"]["index"] == 0 and by["p002"]["target"]["index"] == 2
     assert by["p001"]["status"] == "error" and "no label" in by["p001"]["error"]
-    r = invoke("evaluate", "--inputs-table", str(table), *data["model"], "--target", "label", "--out",
-               str(tmp_path / "ev"))  # fmt: skip
-    assert r.exit_code == 2 and "--target label: evaluate scores one class" in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    # evaluate likewise: each row's metrics for its own class, those of --target K on that photo alone.
+    r = invoke("evaluate", "--inputs-table", str(table), *data["model"], "--target", "label", "--labels",
+               str(_names(data)), "--json", "--out", str(tmp_path / "ev"))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    by = {_by_stem(g["input"]): g for g in map(json.loads, r.stdout.splitlines())}
+    assert by["p000"]["target"]["index"] == 0 and by["p002"]["target"]["index"] == 2
+    assert by["p001"]["status"] == "error" and "no label" in by["p001"]["error"]
+    r = invoke("evaluate", str(data["photos"][2]), *data["model"], "--target", "2", "--json", "--out",
+               str(tmp_path / "ev2"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    alone = json.loads(r.stdout.splitlines()[-1])
+    (cam,) = [name for name in alone["metrics"] if name.startswith("gradcam@")]
+    assert alone["metrics"].keys() == by["p002"]["metrics"].keys() == {cam, "random", "center"}
+    assert 0 < alone["metrics"][cam]["deletion_auc"] < 1
+    for name, figures in alone["metrics"].items():
+        for figure, value in figures.items():
+            assert by["p002"]["metrics"][name][figure] == pytest.approx(value, rel=1e-4, abs=1e-5), figure
 
 
 def _names(data: dict[str, Any]) -> Path:

@@ -26,8 +26,9 @@ CamLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_
     help="module name; repeatable (default: the last convolutional stage); auto: the most faithful of the "
     "candidate layers on the first images (--probe).")]  # fmt: skip
 CamTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
-    help="top1, topK (top5), a class index or name, a comma list, or positive (multi-label: every label "
-    "whose sigmoid reaches --threshold).")]  # fmt: skip
+    help="top1, topK (top5), a class index or name, a comma list, positive (multi-label: every label "
+    "whose sigmoid reaches --threshold), or label (each input's own: a table's target column, a shard "
+    "sample's .cls).")]  # fmt: skip
 
 
 @grouped

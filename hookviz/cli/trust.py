@@ -22,8 +22,9 @@ METRICS = "Metrics"
 
 EvalLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
     help="module name; repeatable (default: the CAM default).")]  # fmt: skip
-EvalTarget = Annotated[str, typer.Option("--target", "-t", help="top1, or a class index or name.",
-    rich_help_panel=MAPS)]  # fmt: skip
+EvalTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
+    help="top1, a class index or name, or label (each input's own: a table's target column, a shard "
+    "sample's .cls).")]  # fmt: skip
 Steps = Annotated[int, typer.Option("--steps", min=2, rich_help_panel=MAPS,
     help="points on the deletion/insertion and pixel-flipping curves.")]  # fmt: skip
 Metric = Annotated[list[str] | None, typer.Option("--metric", rich_help_panel=METRICS, help="families, "

@@ -448,10 +448,10 @@ def evaluate_job(
     mask_kind: str = "auto",
     **fields: Any,
 ) -> EvaluateJob:
-    """The ``evaluate`` job: ``layers`` (default: the CAM default), one class per image (``target``: top1 or
-    a class), the metric families ``metric`` as ``--metric`` names them (default: faithfulness, and
-    localisation where ``boxes`` or ``mask_dir`` say where the objects are), ``fields`` as
-    :class:`EvaluateJob` takes them (steps, metric_settings, seed...).
+    """The ``evaluate`` job: ``layers`` (default: the CAM default), one class per image (``target``: top1, a
+    class, or ``label``: each input's own), the metric families ``metric`` as ``--metric`` names them
+    (default: faithfulness, and localisation where ``boxes`` or ``mask_dir`` say where the objects are),
+    ``fields`` as :class:`EvaluateJob` takes them (steps, metric_settings, seed...).
 
     Raises:
         UsageError: a ``topK`` target, an unknown family; LayerError, TargetError: a bad layer or class;
@@ -465,9 +465,9 @@ def evaluate_job(
     calls = probe(loaded)
     chosen = chosen_layers(loaded, layers, calls)
     targets = parse_targets(target, loaded, num_classes(loaded))
-    if isinstance(targets, Labelled):
-        raise UsageError("--target label: evaluate scores one class for every image (top1 or a class), "
-                         "not each input's own; with annotations, each image's annotated class")  # fmt: skip
+    if isinstance(targets, Labelled) and annotations is not None:
+        raise UsageError("--target label with --boxes/--masks: the annotations name each image's classes; "
+                         "leave --target out")  # fmt: skip
     if isinstance(targets, (str, Positive)):
         raise UsageError(f"--target {target}: evaluate explains one class per image: top1 or a class")
     return EvaluateJob(

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hookviz.core.memory import Estimate
+from hookviz.core.targets import Labelled
 from hookviz.errors import InputError, UsageError
 from hookviz.evaluation.families import FIGURES, PIXEL_FAMILIES, MetricSettings, parse_metrics
 from hookviz.io.annotation import input_mask, resolve
@@ -19,6 +20,7 @@ from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
 from hookviz.methods.footprint import explain_estimate
+from hookviz.models.classes import label_class
 from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.models.settings import model_settings
 
@@ -34,7 +36,8 @@ class EvaluateJob(BaseJob):
     methods: Sequence[str] = ("gradcam",)
     #: The settings of the methods that take any (``--seed``, ``--samples``, ...).
     options: MethodOptions = field(default_factory=MethodOptions)
-    targets: str | list[int] | None = None
+    #: ``Labelled``: each image's own class (``--target label``), told batch by batch by ``annotate``.
+    targets: str | list[int] | Labelled | None = None
     steps: int = 16
     chunk: int | None = None  # perturbed images a pass: 64 on a GPU, 8 on the CPU
     metrics: Sequence[str] = ("faithfulness",)
@@ -43,6 +46,7 @@ class EvaluateJob(BaseJob):
     seed: int = 0
     kind: str = "evaluate"
     _pending: Any = field(default=None, init=False, repr=False)
+    _labels: list[int | str] | None = field(default=None, init=False, repr=False)
     _classes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,7 +68,7 @@ class EvaluateJob(BaseJob):
             "layers": list(self.layers),
             "methods": list(self.methods),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-            "targets": "annotated" if self.annotations is not None else self.targets or "top1",
+            "targets": "annotated" if self.annotations is not None else _targets_said(self.targets),
             "steps": self.steps,
             "baseline": "zeros (the data set's mean colour after normalisation)",
             "metrics": list(self.metrics),
@@ -95,7 +99,12 @@ class EvaluateJob(BaseJob):
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Before a batch: each image's annotated objects, as ``(label, mask)`` in the input's frame, the
         largest first (pipeline hook); an image whose annotation cannot be used gets its reason instead (it
-        fails alone)."""
+        fails alone); with ``--target label``, each image's own class (or why it has none)."""
+        if isinstance(self.targets, Labelled):
+            self._classes = self._classes or num_classes(self.loaded)
+            self._labels = [
+                label_class(item.name, item.label, self.loaded, self._classes) for item, _, _ in batch
+            ]
         if self.annotations is None:
             return
         objects: list[list[tuple[int | None, np.ndarray]] | str | None] = []
@@ -156,12 +165,15 @@ class EvaluateJob(BaseJob):
     def compute(self, x: Any) -> Any:
 
         objects, self._pending = self._pending, None
-        return compute(self, x, objects)
+        labels, self._labels = self._labels, None
+        return (*compute(self, x, objects, labels), labels)
 
     def render(
         self, result: Any, index: int, rgb: np.ndarray, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        ex, rows, objects, passes = result
+        ex, rows, objects, passes, labels = result
+        if labels is not None and isinstance(labels[index], str):
+            raise InputError(labels[index])
         if objects is not None and (objects[index] is None or isinstance(objects[index], str)):
             if isinstance(objects[index], str):
                 raise InputError(f"annotation refused: {objects[index]}")
@@ -197,6 +209,10 @@ class EvaluateJob(BaseJob):
                 for k, pixels, found in objects[index]
             ]
         return [], fields
+
+
+def _targets_said(targets: str | list[int] | Labelled | None) -> str | list[int]:
+    return "label" if isinstance(targets, Labelled) else targets or "top1"
 
 
 def _value(name: str, v: Any) -> Any:

@@ -39,11 +39,16 @@ class EvaluateJob(Protocol):
 Objects = list[list[tuple[int | None, np.ndarray]] | None] | None
 #: Objects as the job hands them over: an image whose annotation was refused has the reason instead.
 Given = Sequence[list[tuple[int | None, np.ndarray]] | str | None] | None
+#: ``--target label``'s classes, an image's or why it has none.
+Labels = Sequence[int | str] | None
 
 
-def _targets(job: EvaluateJob, x: Tensor, objects: Objects) -> Any:
-    """What to explain: ``--target`` as given, or each image's annotated classes ``(B, T)`` (the largest
+def _targets(job: EvaluateJob, x: Tensor, objects: Objects, labels: Labels) -> Any:
+    """What to explain: ``--target`` as given, each image's label (``--target label``: a class, or why it has
+    none, explained as class 0 and refused), or each image's annotated classes ``(B, T)`` (the largest
     object's first; a binary mask's object is the ``--target`` class; short rows padded with their first)."""
+    if labels is not None:
+        return torch.tensor([[k if isinstance(k, int) else 0] for k in labels], device=x.device)
     if objects is None:
         return job.targets
 
@@ -79,13 +84,13 @@ def _similarity(a: Tensor, b: Tensor) -> float:
     return ssim(a, b)
 
 
-def compute(job: EvaluateJob, x: Tensor, given: Given) -> Any:
+def compute(job: EvaluateJob, x: Tensor, given: Given, labels: Labels = None) -> Any:
 
     refused = [o if isinstance(o, str) else None for o in given] if given is not None else None
     # An image whose annotation was refused is explained as one without any (its record says why).
     objects: Objects = [None if isinstance(o, str) else o for o in given] if given is not None else None
     model, s, families = job.loaded.model, job.metric_settings, set(job.metrics)
-    ex = explain(model, x, job.layers, job.methods, _targets(job, x, objects), options=job.options)
+    ex = explain(model, x, job.layers, job.methods, _targets(job, x, objects, labels), options=job.options)
     t = ex.targets[:, 0]
     score = scorer(ex.labels, ex.region, ex.score_kind)  # a segmentation's class probability over its region
     size = tuple(int(v) for v in x.shape[2:])

@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookviz.errors import HookvizError, UsageError
+from hookviz.errors import UsageError
 from hookviz.io.images import Box
-from hookviz.io.inputs import Item
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.models.classes import parse_target
+from hookviz.models.classes import label_class
 from hookviz.models.loaded import num_classes
 
 
@@ -27,23 +26,16 @@ class LabelledCamJob(CamJob):
     #: The batch's classes (or why an input has none), told by ``annotate`` before each ``compute``.
     _given: list[int | str] = field(default_factory=list, repr=False)
     _batch: torch.Tensor | None = field(default=None, repr=False)
+    _classes: int = field(default=0, repr=False)
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "targets": "label"}
 
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Each input's class (or why it has none), for the ``compute`` that follows (pipeline hook)."""
-        self._given = [self._class_of(item) for item, _, _ in batch]
-
-    def _class_of(self, item: Item) -> int | str:
-        label = item.label
-        if label is None or not label.strip():
-            return f"{item.name!r}: no label to explain (a table's target column or a shard sample's .cls)"
-        try:
-            found = parse_target(str(label).strip(), self.loaded, num_classes(self.loaded), "label")
-        except HookvizError as exc:
-            return f"{item.name!r}: {exc}"
-        return found if found is not None else f"{item.name!r}: label {label!r} names no class"
+        if not self._classes:  # once: without class names it costs a forward pass
+            self._classes = num_classes(self.loaded)
+        self._given = [label_class(item.name, item.label, self.loaded, self._classes) for item, _, _ in batch]
 
     def _explained(self) -> torch.Tensor | None:
         return self._batch

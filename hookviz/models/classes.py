@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from hookviz.core.targets import Labelled, Positive
-from hookviz.errors import TargetError, close_matches
+from hookviz.errors import HookvizError, TargetError, close_matches
 from hookviz.models.labels import class_label, read_labels
 from hookviz.models.loaded import LoadedModel
 
@@ -79,6 +79,18 @@ def parse_target(
             "give a class index, or name the classes with --labels FILE"
         )
     return find_class(text, loaded.categories, option, loaded.name)
+
+
+def label_class(name: str, label: str | None, loaded: LoadedModel, num_classes: int) -> int | str:
+    """``--target label``: an input's own class from its label (a table row's target column, a shard sample's
+    ``.cls``: an index or a name), or the one line saying why it has none."""
+    if label is None or not label.strip():
+        return f"{name!r}: no label to explain (a table's target column or a shard sample's .cls)"
+    try:
+        found = parse_target(label.strip(), loaded, num_classes, "label")
+    except HookvizError as exc:
+        return f"{name!r}: {exc}"
+    return found if found is not None else f"{name!r}: label {label!r} names no class"
 
 
 #: What ``--target`` becomes: None (top-1), ``"topK"``, class indices, or :class:`Positive`.
