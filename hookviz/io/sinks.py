@@ -9,6 +9,7 @@ chunk: two ranks or two threads never write one), and a Parquet part per process
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -166,12 +167,13 @@ class ZarrMaps:
 
 def _open_group(zarr: Any, where: str, options: dict[str, Any] | None) -> Any:
     """The store's root group, made if there is none. Two ranks or workers opening a new store at once: one
-    finds none, then the other's group where it goes to make it; opened again, it is there."""
+    finds none, then the other's group where it goes to make it, or reads the group's metadata while the other
+    is writing it (a local file, empty or half written); opened again, it is there."""
     reason: Exception = OSError("not opened")
-    for attempt in range(5):
+    for attempt in range(8):
         try:
             return zarr.open_group(where, mode="a", storage_options=options)
-        except zarr.errors.ContainsGroupError as exc:
+        except (zarr.errors.ContainsGroupError, json.JSONDecodeError) as exc:
             reason = exc
             time.sleep(0.02 * (attempt + 1))
         except Exception as exc:  # unreachable, refused, not a Zarr store
