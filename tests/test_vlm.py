@@ -248,6 +248,16 @@ def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> 
     )
     assert r.exit_code == 1 and "missing.png" in r.stderr
     assert [rec["status"] for rec in records(tmp_path / "out")] == ["error", "ok"]
+    # A rerun resumes: the photo done is skipped (its files untouched), the missing one fails again.
+    done = records(tmp_path / "out")[1]
+    stamps = {p: Path(p).stat().st_mtime_ns for p in done["outputs"]}
+    r = invoke("vlm", str(tmp_path / "missing.png"), str(photo), *model, "--prompt", PROMPTS["llava"],
+               "--max-new-tokens", "1", "--json")  # fmt: skip
+    assert r.exit_code == 1
+    again = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [rec["status"] for rec in again] == ["error", "skipped"]
+    assert again[1]["answer"] == done["answer"] and again[1]["outputs"] == done["outputs"]
+    assert {p: Path(p).stat().st_mtime_ns for p in done["outputs"]} == stamps
 
 
 @pytest.mark.skipif(not FIXTURE.is_dir(), reason="make the fixture: python scripts/train_shapes_llava.py")

@@ -87,9 +87,10 @@ def _sayer(run: Any) -> Any:
     def say(record: dict[str, Any]) -> None:
         if run.as_json:
             typer.echo(json.dumps(record))
-        elif record.get("status") != "ok":
+        elif record.get("status") == "error":
             typer.echo(f"hookviz: {record['input']}: {record.get('error')}", err=True)
         elif not run.quiet:
-            typer.echo(f"{record['input']}: {record['answer']!r} ({len(record['maps'])} maps)")
+            done = " (skipped: done by an earlier run)" if record.get("status") == "skipped" else ""
+            typer.echo(f"{record['input']}: {record['answer']!r} ({len(record['maps'])} maps){done}")
 
     return say

@@ -76,6 +76,16 @@ def explain_photo(
     return files, record
 
 
+def done_before(output: Output, stem: str) -> dict[str, Any] | None:
+    """An earlier run's record of this photo with these settings, as ``skipped``, where all its files are
+    there (a rerun resumes: the photos done are not explained again)."""
+    earlier = output.previous.get(stem)
+    if earlier is None or not all(output.path(Path(o).name).exists() for o in earlier.get("outputs") or []):
+        return None
+    kept = {k: v for k, v in earlier.items() if k not in ("input", "time", "note", "status")}
+    return {**kept, "status": "skipped", "note": "done by an earlier run with these settings"}
+
+
 def run_vlm(
     spec: str,
     inputs: Sequence[str],
@@ -104,11 +114,16 @@ def run_vlm(
                 if item.error or item.path is None:
                     raise InputError(item.error or "not found")
                 stem = output_prefix(item.path, vlm.name, key) + ".vlm"
-                files, found = explain_photo(vlm, item.path, settings, stem)
-                if not overwrite and any(output.path(n).exists() for n, _ in files):
-                    raise InputError(f"{stem}: outputs of an earlier run exist; --overwrite replaces them")
-                written = [str(output.write(n, data)) for n, data in files]
-                record |= {"status": "ok", **found, "outputs": written, "settings": fields}
+                done = None if overwrite else done_before(output, stem)
+                if done is not None:
+                    record |= done
+                else:
+                    files, found = explain_photo(vlm, item.path, settings, stem)
+                    if not overwrite and any(output.path(n).exists() for n, _ in files):
+                        raise InputError(f"{stem}: outputs of an earlier run exist; --overwrite redoes them")
+                    written = [str(output.write(n, data)) for n, data in files]
+                    record |= {"status": "ok", "prefix": stem, **found, "outputs": written}
+                    record["settings"] = fields
             except InputError as exc:
                 failed += 1
                 record |= {"status": "error", "error": str(exc)}
