@@ -309,3 +309,9 @@ def test_a_table_of_inputs_gives_its_boxes_and_masks_to_evaluate(
     want = run("masks", str(d / "in"), "--masks", str(d / "masks"), "--metric", "localisation")
     assert run("tmasks", "--inputs-table", str(d / "rows.parquet"), "--masks", str(d / "rows.parquet"),
                "--metric", "localisation") == want  # fmt: skip
+    table = ["--inputs-table", str(d / "rows.csv"), "--boxes", str(d / "rows.csv")]
+    r = CliRunner().invoke(
+        app, ["evaluate", *_model(d), "--out", str(tmp_path / "both"), *table, "--target", "label"]
+    )
+    assert r.exit_code == 2 and "the annotations name each image's classes" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
