@@ -221,6 +221,26 @@ def post(server: Explorer, data: bytes, headers: dict[str, str], token: bool = T
         return exc.code, exc.read()
 
 
+def test_a_refused_upload_is_answered_and_its_connection_serves_the_next_request(server: Explorer) -> None:
+    """A refused POST (no token, another path) reads the body it was sent before answering: unread, the body
+    was parsed as the next request on the kept-alive connection (a 400), or reset the connection under the
+    answer (the client saw no status at all)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=60)
+    try:
+        body = b"x" * 200_000
+        for path, headers in (("/api/upload", {"X-Hookviz": "1"}), (f"/api/nope?token={server.token}", {})):
+            conn.request("POST", path, body=body, headers=headers)
+            answer = conn.getresponse()
+            assert answer.status in (403, 404) and b"error" in answer.read()
+            conn.request("GET", f"/api/model?token={server.token}")
+            answer = conn.getresponse()
+            assert answer.status == 200 and json.loads(answer.read())["name"]
+    finally:
+        conn.close()
+
+
 def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explorer, tmp_path: Path) -> None:
     """(Last in this file: it adds an input to the shared server.)"""
     from hookviz.io.images import encode_png

@@ -110,16 +110,20 @@ class Handler(BaseHTTPRequestHandler):
         """``/api/upload``: a photo dropped onto the page (its bytes; its name in ``X-Filename``)."""
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
+        size = int(self.headers.get("Content-Length") or 0)
+        # The body is read before any answer, a refusal too: left unread, it would be parsed as the next
+        # request on the kept-alive connection, or reset the connection under the answer. One over the limit
+        # is not read, and its connection closes after the answer.
+        data = self.rfile.read(size) if 0 < size <= MAX_UPLOAD else b""
+        self.close_connection = self.close_connection or size > MAX_UPLOAD
         if not self._allowed(query):
             return
         if parts.path != "/api/upload" or self.headers.get("X-Hookviz") != "1":  # no form from elsewhere
             self._error(HTTPStatus.NOT_FOUND, f"{parts.path}: nothing to post here")
             return
-        size = int(self.headers.get("Content-Length") or 0)
         if size > MAX_UPLOAD:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{size:,} bytes: {MAX_UPLOAD:,} at most")
             return
-        data = self.rfile.read(size)
         try:
             index = self.server.session.add(unquote(self.headers.get("X-Filename") or "photo"), data)
         except HookvizError as exc:
