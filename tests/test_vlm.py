@@ -258,6 +258,9 @@ def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> 
     assert [rec["status"] for rec in again] == ["error", "skipped"]
     assert again[1]["answer"] == done["answer"] and again[1]["outputs"] == done["outputs"]
     assert {p: Path(p).stat().st_mtime_ns for p in done["outputs"]} == stamps
+    r = invoke("vlm", str(photo), *model, "--prompt", PROMPTS["llava"], "--max-new-tokens", "1")
+    assert r.exit_code == 0 and r.stdout.strip().endswith("(skipped: done by an earlier run)"), r.stdout
+    assert not r.stderr.strip(), r.stderr
 
 
 @pytest.mark.skipif(not FIXTURE.is_dir(), reason="make the fixture: python scripts/train_shapes_llava.py")
