@@ -14,7 +14,7 @@ endif
 CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
 
-.PHONY: help install browser demo docs test test-fast check lint bench clean
+.PHONY: help install browser demo docs dist test test-fast check lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -67,8 +67,13 @@ bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
 	$(PY) bench/channels_bench.py
 	$(PY) bench/visualize_bench.py
 
+dist: $(STAMP)  ## build the sdist and the wheel into dist/ (python -m build) and check them with twine
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+
 clean:  ## remove outputs (keeps .venv)
-	rm -rf out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf out dist build .pytest_cache .mypy_cache .ruff_cache
 
 docs: $(STAMP)  ## build the documentation site into site/ (offline; open site/index.html)
 	$(PY) scripts/cli_docs.py

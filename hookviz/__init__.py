@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: The one source of the version (pyproject reads it from here).
-__version__ = "0.2.0"
+__version__ = "0.6.0"
 
 _EXPORTS = {
     "capture": "hookviz.core.hooks",
