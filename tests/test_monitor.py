@@ -223,7 +223,7 @@ def test_without_tensorboard_a_log_dir_is_one_line(tmp_path: Path, monkeypatch: 
 def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="every=0"):
         Monitor(TinyCNN(), _probe()[0], every=0, log_dir=tmp_path)
-    with pytest.raises(UsageError, match="give log_dir"):
+    with pytest.raises(UsageError, match="give one of log_dir"):
         Monitor(TinyCNN(), _probe()[0])
 
 
@@ -356,3 +356,38 @@ def test_a_users_own_gradients_over_the_parameters_still_work(tmp_path: Path) ->
         (loss + sum(g.pow(2).sum() for g in grads)).backward()
         mon.step(1)
     assert mon.first_nonfinite is None
+
+
+def test_an_mlflow_run_gets_the_same_figures_as_tensorboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    torch.manual_seed(1)
+    model = TinyCNN().eval()
+    x, y = _probe()
+    with Monitor(model, x, labels=y, every=1, log_dir=tmp_path / "tb") as mon:
+        mon.log(3)
+    ea = _events(tmp_path / "tb")
+    store = tmp_path / "mlruns"
+    with Monitor(model, x, labels=y, every=1, log=f"mlflow:{store}") as mon:
+        mon.log(3)
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("hookviz").experiment_id])
+    assert run.info.status == "FINISHED"
+    for tag in ("activations/features.0/mean", "gradients/fc.weight/norm"):
+        (point,) = client.get_metric_history(run.info.run_id, tag)
+        assert point.step == 3
+        assert point.value == pytest.approx(ea.Scalars(tag)[0].value, rel=1e-5)
+    fetched = Path(client.download_artifacts(run.info.run_id, "images", str(tmp_path / "back")))
+    pictures = [p for p in fetched.rglob("*.png") if "maps.gradcam.features.0" in p.name]
+    assert pictures, sorted(p.name for p in fetched.rglob("*"))
+    from PIL import Image
+
+    (image,) = ea.Images("maps/gradcam/features/0")
+    want = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB")).astype(int)
+    got = np.asarray(Image.open(pictures[0]).convert("RGB")).astype(int)
+    assert got.shape == want.shape and np.abs(got - want).max() <= 2
+    with pytest.raises(UsageError, match="give one of log_dir"):
+        Monitor(model, x, log="mlflow", log_dir=tmp_path)

@@ -49,6 +49,7 @@ from hookviz.cli.flags import (
     InputsTable,
     JsonOut,
     Labels,
+    LogOpt,
     MapsStore,
     MaskedBatch,
     Masks,
@@ -110,7 +111,7 @@ __all__ = [
 ]
 
 #: The data-set options (a table in, Parquet and Zarr out): commands that do not run the pipeline omit them.
-DATA = ("inputs_table", "inputs_column", "records", "maps", "no_pictures")
+DATA = ("inputs_table", "inputs_column", "records", "maps", "no_pictures", "log")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -214,6 +215,8 @@ class RunOptions:
     records: RecordsOpt = None
     maps: MapsStore = None
     no_pictures: NoPictures = False
+    #: An experiment tracker the run is logged to (:mod:`hookviz.io.trackers`): ``mlflow[:URI]``, ``wandb``.
+    log: LogOpt = None
     #: A line per input on stdout (``evaluate`` prints a table at the end instead; its bar stays).
     lines: bool = True
 

@@ -216,6 +216,7 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions, command: s
             added = (r.out / pipeline.MANIFEST).read_bytes()[len(before) :].decode("utf-8", "replace")
             sys.stdout.write(added)
             sys.stdout.flush()
+        _log_run(r, len(before), command, quiet=r.quiet)
         if r.report:
             typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
     # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
@@ -279,6 +280,12 @@ def _run_shard(
 
     _check_out(r)
     lead = dist is None or dist.rank == 0
+    if r.log is not None:
+        from hookviz.io.trackers import check_log
+
+        check_log(r.log)  # an unknown tracker or a missing package: said before any work
+    manifest = r.out / pipeline.MANIFEST
+    logged_from = manifest.stat().st_size if manifest.is_file() else 0
     output = pipeline.Output(
         r.out,
         overwrite=r.overwrite,
@@ -321,6 +328,8 @@ def _run_shard(
             reporter.close()
     if r.report and dist is None:
         typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
+    if dist is None:
+        _log_run(r, logged_from, command or job.kind, quiet=quiet)
     if reporter.failed:
         where = f"rank {dist.rank}: " if dist is not None else ""
         typer.echo(
@@ -329,6 +338,30 @@ def _run_shard(
             err=True,
         )
         raise typer.Exit(EXIT_INPUTS_FAILED)
+
+
+def _log_run(r: RunOptions, start: int, command: str | None, quiet: bool) -> None:
+    """``--log``: the records this run added to the manifest (from byte ``start``) and their files, to the
+    tracker. A tracker that fails is one warning: the files under ``--out`` are complete either way."""
+    if r.log is None:
+        return
+    import json
+
+    from hookviz.io.trackers import TrackerError, log_run
+    from hookviz.run import pipeline
+
+    manifest = r.out / pipeline.MANIFEST
+    lines = (
+        manifest.read_bytes()[start:].decode("utf-8", "replace").splitlines() if manifest.is_file() else []
+    )
+    records = [json.loads(line) for line in lines if line.strip()]
+    try:
+        logged = log_run(r.log, records, r.out, command=command or "run")
+    except TrackerError as exc:
+        warn(f"{exc}; nothing was logged, the maps and the manifest are in {r.out}")
+        return
+    if not quiet:
+        typer.echo(f"hookviz: {logged.line()}", err=True)
 
 
 def _report_records(

@@ -55,20 +55,31 @@ class Nonfinite:
 
 
 class _Sink:
-    """A TensorBoard ``SummaryWriter`` or a W&B run, behind one small interface."""
+    """A TensorBoard ``SummaryWriter``, a W&B run or an MLflow run, behind one small interface."""
 
-    def __init__(self, writer: Any) -> None:
+    def __init__(self, writer: Any, tracking_uri: str | None = None) -> None:
         self.writer = writer
-        self.wandb = hasattr(writer, "log") and not hasattr(writer, "add_scalar")
+        info = getattr(writer, "info", None)
+        #: An MLflow run (``mlflow.start_run()``'s, or a ``Run``): logged through a client, by its id.
+        self.mlflow_run: str | None = getattr(info, "run_id", None)
+        self.wandb = self.mlflow_run is None and hasattr(writer, "log") and not hasattr(writer, "add_scalar")
+        if self.mlflow_run is not None:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=tracking_uri)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
-        if self.wandb:
+        if self.mlflow_run is not None:
+            self.client.log_metric(self.mlflow_run, tag, value, step=step)
+        elif self.wandb:
             self.writer.log({tag: value}, step=step)
         else:
             self.writer.add_scalar(tag, value, step)
 
     def image(self, tag: str, rgb: np.ndarray, step: int) -> None:
-        if self.wandb:
+        if self.mlflow_run is not None:
+            self.client.log_image(self.mlflow_run, rgb, key=tag.replace("/", "."), step=step)
+        elif self.wandb:
             import wandb
 
             self.writer.log({tag: wandb.Image(rgb)}, step=step)
@@ -76,7 +87,14 @@ class _Sink:
             self.writer.add_image(tag, rgb, step, dataformats="HWC")
 
     def histogram(self, tag: str, values: Tensor, step: int) -> None:
-        if self.wandb:
+        if self.mlflow_run is not None:  # MLflow has no histograms: the counts as a JSON artifact
+            tally, edges = np.histogram(values.float().cpu().numpy(), bins=64)
+            self.client.log_dict(
+                self.mlflow_run,
+                {"step": step, "counts": tally.tolist(), "edges": edges.tolist()},
+                f"histograms/{tag}/{step:08d}.json",
+            )
+        elif self.wandb:
             import wandb
 
             counts = np.histogram(values.numpy(), bins=64)
@@ -85,14 +103,49 @@ class _Sink:
             self.writer.add_histogram(tag, values, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        if self.wandb:
+        if self.mlflow_run is not None:
+            self.client.log_text(self.mlflow_run, text, f"text/{tag}/{step:08d}.txt")
+        elif self.wandb:
             self.writer.log({tag: text}, step=step)
         else:
             self.writer.add_text(tag, text, step)
 
     def flush(self) -> None:
-        if not self.wandb:
+        if self.mlflow_run is None and not self.wandb:
             self.writer.flush()
+
+    def close(self) -> None:
+        """Close a writer the monitor opened (a TensorBoard directory, a tracker run from ``log=``)."""
+        if self.mlflow_run is not None:
+            self.client.set_terminated(self.mlflow_run, "FINISHED")
+        elif self.wandb:
+            self.writer.finish()
+        else:
+            self.writer.close()
+
+
+def _tracker_run(spec: str) -> tuple[Any, str | None]:
+    """``log="mlflow[:URI]"`` or ``"wandb[:PROJECT]"``: a new tracker run the monitor owns (and MLflow's
+    tracking URI)."""
+    from hookviz.io.trackers import check_log, parse_log
+
+    check_log(spec)
+    name, where = parse_log(spec)
+    if name == "wandb":
+        import wandb
+
+        return wandb.init(project=where or "hookviz", name="hookviz monitor", reinit="create_new"), None
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    if where is not None and "://" not in where:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # a folder the user named
+        where = Path(where).resolve().as_uri()
+    client = MlflowClient(tracking_uri=where)
+    found = client.get_experiment_by_name("hookviz")
+    experiment = found.experiment_id if found is not None else client.create_experiment("hookviz")
+    return client.create_run(experiment, run_name="hookviz monitor"), where
 
 
 class Monitor:
@@ -110,7 +163,10 @@ class Monitor:
             and every bounded activation).
         every: log every this many steps (and at step 0).
         log_dir: a TensorBoard directory.
-        writer: instead of ``log_dir``, a writer: a ``SummaryWriter`` or a W&B run.
+        writer: instead of ``log_dir``, a writer: a ``SummaryWriter``, a W&B run or an MLflow run
+            (``mlflow.start_run()``'s).
+        log: instead of either, a tracker run the monitor opens and closes: ``"mlflow[:TRACKING_URI]"``
+            or ``"wandb[:PROJECT]"`` (as the commands' ``--log``).
         images: the probe as pictures ``(B, H, W, 3)`` uint8 for the overlays (default: the probe scaled).
         watch: watch every module's output and gradient for NaN and inf at every step.
     """
@@ -130,14 +186,20 @@ class Monitor:
         writer: Any = None,
         images: np.ndarray | None = None,
         watch: bool = True,
+        log: str | None = None,
     ) -> None:
         if every < 1:
             raise UsageError(f"every={every}: log at least every step (1) or less often")
-        if (log_dir is None) == (writer is None):
+        if sum(x is not None for x in (log_dir, writer, log)) != 1:
             raise UsageError(
-                "give log_dir (a TensorBoard directory) or writer (a SummaryWriter or a W&B run)"
+                "give one of log_dir (a TensorBoard directory), writer (a SummaryWriter, a W&B or MLflow "
+                "run) or log ('mlflow[:URI]', 'wandb[:PROJECT]')"
             )
-        if writer is None:
+        uri = None
+        if log is not None:
+            writer, uri = _tracker_run(log)
+            self._owned = True
+        elif writer is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
@@ -150,7 +212,7 @@ class Monitor:
             self._owned = False
         self.model, self.probe, self.every = model, probe.detach(), every
         self.methods, self.labels, self.features = tuple(methods), labels, tuple(features)
-        self.sink = _Sink(writer)
+        self.sink = _Sink(writer, uri)
         with torch.random.fork_rng(devices=_cuda(probe)):
             calls = traced(model, tuple(probe.shape[1:]), probe.device)
         self.layer = layer or default_cam_layer(model, calls)
@@ -206,7 +268,7 @@ class Monitor:
             self._watch.remove()
             self._watch = None
         if self._owned:
-            self.sink.writer.close()
+            self.sink.close()
 
     def __enter__(self) -> Monitor:
         return self

@@ -1,0 +1,137 @@
+"""`--log mlflow[:URI]` and `--log wandb`: a run read back through the tracker's own client (MLflow) or from
+its offline files (W&B), equal to what the run wrote under --out."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import invoke, records
+
+
+def _run(photos: Path, out: Path, *extra: str) -> object:
+    return invoke(
+        "gradcam", str(photos), "--model", "resnet18", "--weights", "none", "--input-size", "48",
+        "--out", str(out), "--save-raw", "-q", *extra,
+    )  # fmt: skip
+
+
+def _rows(out: Path) -> dict[tuple[str, str], float]:
+    """(input, method) -> target score, from the manifest."""
+    return {(r["input"], m["method"]): m["target"]["score"] for r in records(out) for m in r["maps"]}
+
+
+def test_mlflow_run_reads_back_equal_to_the_files(photos: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    store, out = tmp_path / "mlruns", tmp_path / "out"
+    result = _run(photos, out, "--method", "gradcam,layercam", "--log", f"mlflow:{store}")
+    assert result.exit_code == 0, result.stderr
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    experiment = client.get_experiment_by_name("hookviz")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "hookviz gradcam"
+    first = records(out)[0]
+    assert run.data.params["model"] == "resnet18"
+    assert run.data.params["methods"] == "gradcam,layercam"
+    assert run.data.params["input.crop_size"] == str(first["settings"]["input"]["crop_size"])
+    fetched = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "back")))
+    # Every overlay and raw map written is there, byte for byte (the same files).
+    written = sorted(p.name for p in out.glob("*.png"))
+    assert len(written) >= 8 and sorted(p.name for p in (fetched / "overlays").glob("*.png")) == written
+    for raw in out.glob("*.npy"):
+        np.testing.assert_allclose(np.load(fetched / "maps" / raw.name), np.load(raw))
+    table = json.loads((fetched / "records.json").read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    got = {(r["input"], r["method"]): r["target_score"] for r in rows}
+    want = _rows(out)
+    assert got.keys() == want.keys() and len(rows) == 8
+    for key, score in want.items():
+        assert got[key] == pytest.approx(score, rel=1e-6)
+
+
+def test_mlflow_nested_under_the_callers_run(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path / "mlruns"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    parent = client.create_run(client.create_experiment("mine")).info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", parent)
+    result = _run(photos, tmp_path / "out", "--log", f"mlflow:{store}")
+    assert result.exit_code == 0, result.stderr
+    experiment = client.get_experiment_by_name("mine").experiment_id
+    children = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(children) == 1 and children[0].info.status == "FINISHED"
+
+
+def test_wandb_offline_run_reads_back_equal_to_the_files(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wb").mkdir()
+    out = tmp_path / "out"
+    result = _run(photos, out, "--log", "wandb:hookviz-test")
+    assert result.exit_code == 0, result.stderr
+    (run,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
+    files = run / "files"
+    # Offline, the settings live in the run's record log (protobuf strings, stored as they are).
+    (log,) = run.glob("run-*.wandb")
+    data = log.read_bytes()
+    assert b"input.crop_size" in data and b"resnet18" in data and b"hookviz gradcam" in data
+    images = sorted((files / "media" / "images").glob("*.png"))
+    assert len(images) == 4
+    written = {p.read_bytes() for p in out.glob("*.png")}
+    assert {p.read_bytes() for p in images} == written
+    (table_file,) = (files / "media" / "table").glob("records_*.table.json")
+    table = json.loads(table_file.read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    got = {(r["input"], r["method"]): r["target_score"] for r in rows}
+    want = _rows(out)
+    assert got.keys() == want.keys()
+    for key, score in want.items():
+        assert got[key] == pytest.approx(score, rel=1e-6)
+
+
+def test_an_unreachable_tracker_loses_nothing(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    result = _run(photos, out, "--log", f"mlflow:http://127.0.0.1:{port}")
+    assert result.exit_code == 0
+    assert "warning: --log mlflow:" in result.stderr and "nothing was logged" in result.stderr
+    assert len(records(out)) == 4 and len(list(out.glob("*.png"))) == 4
+
+
+def test_a_bad_or_missing_tracker_is_one_line_before_any_work(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    result = _run(photos, out, "--log", "comet")
+    assert result.exit_code == 2 and "use mlflow[:TRACKING_URI] or wandb[:PROJECT]" in result.stderr
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
+    result = _run(photos, out, "--log", "mlflow")
+    assert result.exit_code == 3
+    assert "pip install 'hookviz[mlflow]'" in result.stderr
+    assert not (out / "manifest.jsonl").exists()
