@@ -22,6 +22,7 @@ from hookviz.cli.app import (
 from hookviz.cli.loading import load_warm
 from hookviz.cli.options import RUNNING, ModelOptions, Prompts, RunOptions, Sampling
 from hookviz.errors import HookvizError
+from hookviz.io import trackers
 from hookviz.models.labels import class_label
 from hookviz.report import build_report
 from hookviz.run import distributed
@@ -257,7 +258,10 @@ def _said(built: BuiltJob, lead: bool, quiet: bool, reporter: Reporter) -> Job:
 
 
 def _check_out(r: RunOptions) -> None:
-    """``--out`` may not be one of the input folders (outputs would be read back as inputs)."""
+    """``--out`` may not be one of the input folders (outputs would be read back as inputs); ``--log``
+    names a tracker that is installed (both said before any work)."""
+    if r.log is not None:
+        trackers.check_log(r.log)
     real_out = r.out.resolve()
     for spec in r.inputs:
         if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
@@ -280,12 +284,6 @@ def _run_shard(
 
     _check_out(r)
     lead = dist is None or dist.rank == 0
-    if r.log is not None:
-        from hookviz.io.trackers import check_log
-
-        check_log(r.log)  # an unknown tracker or a missing package: said before any work
-    manifest = r.out / pipeline.MANIFEST
-    logged_from = manifest.stat().st_size if manifest.is_file() else 0
     output = pipeline.Output(
         r.out,
         overwrite=r.overwrite,
@@ -328,8 +326,6 @@ def _run_shard(
             reporter.close()
     if r.report and dist is None:
         typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
-    if dist is None:
-        _log_run(r, logged_from, command or job.kind, quiet=quiet)
     if reporter.failed:
         where = f"rank {dist.rank}: " if dist is not None else ""
         typer.echo(
@@ -347,7 +343,6 @@ def _log_run(r: RunOptions, start: int, command: str | None, quiet: bool) -> Non
         return
     import json
 
-    from hookviz.io.trackers import TrackerError, log_run
     from hookviz.run import pipeline
 
     manifest = r.out / pipeline.MANIFEST
@@ -356,8 +351,8 @@ def _log_run(r: RunOptions, start: int, command: str | None, quiet: bool) -> Non
     )
     records = [json.loads(line) for line in lines if line.strip()]
     try:
-        logged = log_run(r.log, records, r.out, command=command or "run")
-    except TrackerError as exc:
+        logged = trackers.log_run(r.log, records, r.out, command=command or "run")
+    except trackers.TrackerError as exc:
         warn(f"{exc}; nothing was logged, the maps and the manifest are in {r.out}")
         return
     if not quiet:
@@ -377,12 +372,14 @@ def _report_records(
     """The job run over ``items``, each record said as it comes (and the notes the job takes on the way); the
     raw maps into ``--maps``' Zarr store and each record into ``--records``' Parquet table, when asked."""
     from hookviz.io.sinks import data_sinks
-    from hookviz.run import runner
+    from hookviz.run import pipeline, runner
 
     quiet = reporter.quiet
     how = {n: getattr(r, n) for n in ("batch_size", "workers", "skip_existing", "max_pixels", "max_memory")}
     say = None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True)
     output.maps, table = data_sinks(r.out, r.maps, r.records, dist.rank if dist is not None else 0)
+    manifest = r.out / pipeline.MANIFEST
+    start = manifest.stat().st_size if manifest.is_file() else 0  # --log: what this run adds
     records = runner.run_job(job, loaded, items, output, kind=kind, note=say, **how)
     try:
         for done, rec in enumerate(records, start=1):
@@ -397,6 +394,8 @@ def _report_records(
     finally:
         if table is not None and table.count + len(table.pending):
             table.close()
+    if dist is None:  # under torchrun, rank 0 logs the merged manifest
+        _log_run(r, start, job.kind, quiet)
 
 
 def prepared(

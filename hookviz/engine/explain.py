@@ -34,6 +34,7 @@ from hookviz.methods._utils import in_fast_layout
 from hookviz.methods.compute import LayerPass
 from hookviz.methods.guided import guided_backprop_counted
 from hookviz.methods.pixel import BiasTerms
+from hookviz.render.notebook import CamDisplay, ExplanationDisplay
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
 
@@ -41,7 +42,7 @@ Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | Positiv
 
 
 @dataclass(frozen=True)
-class Explanation:
+class Explanation(ExplanationDisplay):
     """Maps for a batch and the predictions behind them (all tensors on the CPU).
 
     Attributes:
@@ -80,7 +81,7 @@ class Explanation:
 
 
 @dataclass(frozen=True)
-class CamResult:
+class CamResult(CamDisplay):
     """One method, one layer, one target per image (what :func:`grad_cam` returns)."""
 
     layer: str

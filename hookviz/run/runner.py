@@ -14,6 +14,7 @@ from hookviz.io.inputs import Item
 from hookviz.io.outputs import Output
 from hookviz.jobs.build import CamSettings
 from hookviz.models.loaded import LoadedModel
+from hookviz.render.notebook import Records
 from hookviz.run import pipeline
 from hookviz.run.kinds import InputKind, input_kind, input_kind_of
 from hookviz.tasks import make_cam_job, task_of
@@ -74,9 +75,10 @@ def explain_inputs(
     kind: str | None = None,
     overwrite: bool = False,
     batch_size: int | None = None,
-) -> list[dict[str, Any]]:
+) -> Records:
     """The ``hookviz gradcam`` of any model over its kind of inputs, from Python: the maps written under
-    ``out`` as the command writes them, and the records, also appended to ``out/manifest.jsonl``.
+    ``out`` as the command writes them, and the records, also appended to ``out/manifest.jsonl`` (a list
+    of dicts that a notebook displays as the overlays, with their captions).
 
     Args:
         loaded: :func:`hookviz.load_model`'s model: photos, a video model (its ``video`` says how clips are
@@ -109,7 +111,7 @@ def explain_inputs(
     output.prepare()
     try:
         size = batch_size or taken.batch_size
-        return list(run_job(built.job, loaded, items, output, kind=taken, batch_size=size))
+        return Records(run_job(built.job, loaded, items, output, kind=taken, batch_size=size))
     finally:
         output.close()
 

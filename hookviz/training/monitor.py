@@ -34,6 +34,7 @@ from hookviz.core.layers import default_cam_layer
 from hookviz.engine.explain import explain
 from hookviz.engine.features import feature_maps
 from hookviz.errors import SetupError, UsageError
+from hookviz.io import trackers
 from hookviz.io.images import Box
 from hookviz.render import enlarge_small, feature_grid, normalize, overlay
 from hookviz.training.gradients import gradient_flow
@@ -127,10 +128,8 @@ class _Sink:
 def _tracker_run(spec: str) -> tuple[Any, str | None]:
     """``log="mlflow[:URI]"`` or ``"wandb[:PROJECT]"``: a new tracker run the monitor owns (and MLflow's
     tracking URI)."""
-    from hookviz.io.trackers import check_log, parse_log
-
-    check_log(spec)
-    name, where = parse_log(spec)
+    trackers.check_log(spec)
+    name, where = trackers.parse_log(spec)
     if name == "wandb":
         import wandb
 
