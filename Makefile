@@ -14,7 +14,7 @@ endif
 CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
 
-.PHONY: help install browser demo docs dist test test-fast check lint bench clean
+.PHONY: help install browser demo docs docs-release dist test test-fast check lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -66,6 +66,11 @@ bench: $(STAMP)  ## speed and memory benchmarks (see bench/RESULTS.md)
 	$(PY) bench/monitor_bench.py
 	$(PY) bench/channels_bench.py
 	$(PY) bench/visualize_bench.py
+
+docs-release: $(STAMP)  ## publish this version's site to the gh-pages branch with mike (a version picker: latest and each release)
+	$(PY) scripts/cli_docs.py
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH NO_MKDOCS_2_WARNING=1 mike deploy --update-aliases $$($(PY) -c 'import hookviz; print(hookviz.__version__)') latest
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH mike set-default latest
 
 dist: $(STAMP)  ## build the sdist and the wheel into dist/ (python -m build) and check them with twine
 	rm -rf dist

@@ -207,3 +207,35 @@ def test_the_wheel_runs_outside_the_checkout(dist: Path, tmp_path: Path) -> None
         for stream in (explorer.stdout, explorer.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.mark.slow
+def test_the_docs_site_is_published_per_version_with_a_picker(tmp_path: Path) -> None:
+    """`make docs-release`'s mike: each release under its version, `latest` the newest, a version picker."""
+    pytest.importorskip("mike")
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
+    bin_dir = Path(sys.executable).parent
+    environ = {
+        **os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(clone),
+        "NO_MKDOCS_2_WARNING": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org",
+    }  # fmt: skip
+    for version in ("0.6.0", "0.7.0"):
+        done = subprocess.run(
+            ["mike", "deploy", "--update-aliases", version, "latest"],
+            cwd=clone, env=environ, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    subprocess.run(["mike", "set-default", "latest"], cwd=clone, env=environ, check=True, capture_output=True)
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"gh-pages:{path}"], cwd=clone, capture_output=True, text=True, check=True
+        ).stdout
+
+    versions = {v["version"]: v["aliases"] for v in json.loads(show("versions.json"))}
+    assert versions == {"0.7.0": ["latest"], "0.6.0": []}
+    page = show("0.6.0/index.html")
+    assert '"provider": "mike"' in page and "hookviz" in page
+    assert "latest/" in show("index.html")  # the site's root sends a visitor to the newest release
