@@ -1,4 +1,4 @@
-"""hookviz: look inside convolutional networks with PyTorch hooks.
+"""hookviz: what a vision network sees and where it looks, with PyTorch hooks.
 
 The public API is imported lazily, so ``import hookviz`` (and ``hookviz --help``) stays fast::
 

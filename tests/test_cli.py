@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -203,6 +204,66 @@ def test_every_command_has_help() -> None:
     for command in ("gradcam", "featuremaps", "layers", "models"):
         r = invoke(command, "--help")
         assert r.exit_code == 0 and len(r.stdout) > 100
+
+
+def _hard_breaks(help_page: str) -> list[str]:
+    """Lines of a rendered ``--help`` (no colour) broken where the wrapper would not have broken them: the
+    next line of the same paragraph or cell starts with a word that fits at this line's end (a hard newline in
+    the help text, a gap in mid-sentence)."""
+    found: list[str] = []
+    lines = help_page.splitlines()
+    panel: list[str] = []
+    for a, b in itertools.pairwise(lines):  # prose: the command's own help, the usage line
+        prose = not a.startswith("│") and a.strip() and b.strip() and not b.startswith(("│", "╭"))
+        if prose and len(a.rstrip()) + 1 + len(b.split()[0]) < len(a) - 1:  # padded: a space each side
+            found.append(a.strip())
+    # Boxes: in each panel, the description column starts where its continuation rows' text starts.
+    for line in lines:
+        if line.startswith("╭"):
+            panel = []
+        elif line.startswith("│"):
+            panel.append(line)
+        elif line.startswith("╰") and panel:
+            starts = [len(r) - len(r[1:].lstrip()) for r in panel if len(r) - len(r[1:].lstrip()) > 6]
+            starts = [s for s in starts if panel[0][s:].strip()]
+            if not starts:
+                continue
+            col = max(starts)
+            width = len(panel[0]) - 2 - col  # up to the right edge's padding
+            for a, b in itertools.pairwise(panel):
+                text, after = a[col:-1].rstrip(), b[col:-1].strip()
+                new_row = len(b) - len(b[1:].lstrip()) <= 6  # an option's (``*`` if required) or a command's
+                same = text and after and not new_row and not after.startswith("[")  # not [default: ...]
+                if same and len(text) + 1 + len(after.split()[0]) < width:
+                    found.append(text.strip())
+    return found
+
+
+def test_help_text_flows_as_text_at_a_fixed_width() -> None:
+    """No help string holds a newline inside a paragraph (Typer's rich help keeps a docstring's line breaks,
+    a gap in mid-sentence), and every ``--help`` at 100 columns wraps only where the line is full."""
+    import typer
+    from typer.testing import CliRunner
+
+    from hookviz.cli import app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    texts = [("hookviz", group.help or "")]
+    for name, command in group.commands.items():
+        texts.append((name, command.help or ""))
+        texts += [(f"{name} --{p.name}", getattr(p, "help", None) or "") for p in command.params]
+    for where, text in texts:
+        assert all("\n" not in paragraph for paragraph in text.split("\n\n")), (where, text)
+    first = (group.help or "").split("\n")[0]
+    assert "vision-language" in first and "ViT" in first and "convolutional networks" not in first
+    for name in ["", *group.commands]:
+        r = CliRunner().invoke(
+            app, [name, "--help"] if name else ["--help"], env={"COLUMNS": "100", "NO_COLOR": "1"}
+        )
+        assert r.exit_code == 0, r.output
+        assert max(map(len, r.stdout.splitlines())) == 100  # the width the test means
+        assert _hard_breaks(r.stdout) == [], (name, _hard_breaks(r.stdout))
 
 
 def test_help_does_not_import_heavy_modules() -> None:

@@ -293,6 +293,25 @@ def test_detection_leaves_the_model_as_found(detector: object) -> None:
         explain_detections(model, [x], ["backbone.2"], ["scorecam"])
 
 
+def test_detection_takes_a_photo_as_load_rgb_reads_it(detector: object, tmp_path: Path) -> None:
+    """An ``(H, W, 3)`` uint8 photo from ``load_rgb`` gives what its ``(3, H, W)`` tensor in [0, 1] gives;
+    anything else is one UsageError naming what an image is."""
+    from hookviz import load_rgb
+    from hookviz.errors import UsageError
+
+    model = detector.model  # type: ignore[attr-defined]
+    img = next(iter(scenes(1, seed=3, height=120, width=160, sizes=(9, 18))))[0]
+    cv2.imwrite(str(tmp_path / "scene.png"), img[:, :, ::-1])
+    rgb = load_rgb(tmp_path / "scene.png")
+    x = torch.from_numpy(rgb.transpose(2, 0, 1).copy()).float() / 255
+    [got] = explain_detections(model, [rgb], ["backbone.2"], score_threshold=0.0, max_boxes=2)
+    [want] = explain_detections(model, [x], ["backbone.2"], score_threshold=0.0, max_boxes=2)
+    assert torch.allclose(got.boxes, want.boxes, atol=1e-4) and len(got.boxes) == 2
+    torch.testing.assert_close(got.maps[("hirescam", "backbone.2")], want.maps[("hirescam", "backbone.2")])
+    with pytest.raises(UsageError, match=r"an image is a \(3, H, W\) tensor .* not a str"):
+        explain_detections(model, ["scene.png"], ["backbone.2"])
+
+
 def test_detection_cli_manifest_lists_every_box(detector: object, tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     img, boxes, labels, _ = shapes_scene(rng, 120, 160, 3, (9, 16))

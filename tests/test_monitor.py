@@ -277,6 +277,69 @@ def test_lightning_training_with_the_callback_is_bit_identical(tmp_path: Path) -
 
 
 @pytest.mark.slow
+def test_lightning_module_without_forward_is_watched_through_its_submodule(tmp_path: Path) -> None:
+    """Lightning calls ``forward`` optional: a module calling ``self.net`` in ``training_step`` is watched
+    through ``net`` (the child owning ``layer``, the one child with parameters, or ``module=``); one that
+    cannot be watched is said once, and the fit goes on."""
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import hookviz.lightning
+
+    class NoForward(L.LightningModule):
+        def __init__(self, second: bool = False) -> None:
+            super().__init__()
+            self.net = TinyCNN()
+            self.loss = nn.CrossEntropyLoss()  # a child without parameters
+            if second:
+                self.ema = TinyCNN()  # a second child with parameters: which to watch is the user's call
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, y = batch
+            return self.loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.net.parameters(), lr=0.05)
+
+    def fit(callback: Any, root: Path, second: bool = False) -> L.Trainer:
+        L.seed_everything(0, verbose=False)
+        x, y, _ = shapes_batch(48, np.random.default_rng(0))
+        trainer = L.Trainer(
+            max_steps=5, logger=TensorBoardLogger(root), callbacks=[callback], enable_progress_bar=False,
+            enable_model_summary=False, accelerator="cpu", default_root_dir=root, enable_checkpointing=False,
+        )  # fmt: skip
+        trainer.fit(NoForward(second), DataLoader(TensorDataset(x, y), batch_size=8))
+        return trainer
+
+    px, py = _probe()
+    for name, options in (
+        ("layer", {"layer": "net.features"}),
+        ("child", {}),
+        ("module", {"module": "net", "features": ["net.features.4"]}),
+    ):
+        callback = hookviz.lightning.Monitor(px, labels=py, every=4, **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # watched: no "not watching" warning
+            trainer = fit(callback, tmp_path / name)
+        assert trainer.global_step == 5 and callback.not_started is None, name
+        ea = _events(tmp_path / name)
+        assert [e.step for e in ea.Images("maps/gradcam/features/0")] == [0, 4], name
+        assert "gradients/fc.weight/norm" in ea.Tags()["scalars"], name
+    assert "features/features.4" in ea.Tags()["images"]
+    # Two children with parameters and no forward: said once, the fit goes on to its end.
+    callback = hookviz.lightning.Monitor(px, every=1)
+    with pytest.warns(RuntimeWarning, match=r"not watching NoForward \(UsageError: .*module=") as said:
+        trainer = fit(callback, tmp_path / "two", second=True)
+    assert trainer.global_step == 5 and callback.monitor is None and callback.not_started is not None
+    assert len([w for w in said if "hookviz" in str(w.message)]) == 1
+    from hookviz.training.lightning import _watched_module
+
+    with pytest.raises(UsageError, match="module='nope' is not a submodule of NoForward"):
+        _watched_module(NoForward(), "nope", None)
+
+
+@pytest.mark.slow
 def test_a_wandb_run_in_offline_mode_gets_the_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import wandb
 

@@ -3,6 +3,10 @@ one module per command family. Commands are registered here, in the order ``hook
 
 from __future__ import annotations
 
+from typing import Any
+
+from typer.core import TyperCommand
+
 from hookviz.cli import concepts, explain, explore, inspect, report, serve, training, trust, visual, vlm
 from hookviz.cli.app import (
     EXIT_BROKEN_PIPE,
@@ -13,25 +17,32 @@ from hookviz.cli.app import (
     EXIT_USAGE,
     MethodCommand,
     app,
+    flowing,
     main,
 )
 
-app.command(cls=MethodCommand)(explain.gradcam)
-app.command()(inspect.featuremaps)
-app.command()(concepts.channels)
-app.command()(concepts.tcav)
-app.command()(visual.visualize)
-app.command(cls=MethodCommand)(trust.evaluate)
-app.command(cls=MethodCommand)(trust.sanity)
-app.command()(inspect.layers)
-app.command()(training.gradflow)
-app.command()(training.dropblock)
-app.command()(inspect.summary)
-app.command()(report.report)
-app.command()(inspect.models)
-app.command()(serve.serve)
-app.command()(explore.explore)
-app.command()(vlm.vlm)
+
+def _command(fn: Any, cls: type[TyperCommand] | None = None) -> None:
+    """Register a command, its docstring as flowing help (one paragraph a line, rewrapped by the terminal)."""
+    app.command(cls=cls, help=flowing(fn.__doc__))(fn)
+
+
+_command(explain.gradcam, MethodCommand)
+_command(inspect.featuremaps)
+_command(concepts.channels)
+_command(concepts.tcav)
+_command(visual.visualize)
+_command(trust.evaluate, MethodCommand)
+_command(trust.sanity, MethodCommand)
+_command(inspect.layers)
+_command(training.gradflow)
+_command(training.dropblock)
+_command(inspect.summary)
+_command(report.report)
+_command(inspect.models)
+_command(serve.serve)
+_command(explore.explore)
+_command(vlm.vlm)
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

@@ -11,6 +11,7 @@ Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import warnings
@@ -24,9 +25,16 @@ from typer.core import TyperCommand
 from hookviz import __version__, methods
 from hookviz.errors import HookvizError
 
+#: What hookviz is, the first line of ``hookviz --help`` (and the package's description).
+ABOUT = (
+    "What a vision network sees and where it looks, with PyTorch hooks: CNNs, ViTs, detectors, segmenters, "
+    "video, volumes and vision-language models; CAM maps, feature maps, channels, how far each map can be "
+    "trusted, reports and a live explorer."
+)
+
 app = typer.Typer(
     name="hookviz",
-    help="Look inside convolutional networks with PyTorch hooks: feature maps, Grad-CAM, layers.",
+    help=ABOUT,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -81,7 +89,14 @@ def _root(
         typer.Option("--version", "-V", callback=_version, is_eager=True, help="print the version and exit."),
     ] = False,
 ) -> None:
-    """Look inside convolutional networks with PyTorch hooks: feature maps, Grad-CAM, layers."""
+    """What a vision network sees and where it looks, with PyTorch hooks (``ABOUT``, the help shown)."""
+
+
+def flowing(doc: str | None) -> str:
+    """A docstring as help text that flows: the lines of each paragraph joined (Typer's rich help keeps a
+    docstring's line breaks, which leave a gap in mid-sentence at any terminal width); paragraphs kept."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -134,7 +135,7 @@ def detector_of(model: nn.Module) -> Detects:
 
 def explain_detections(
     model: nn.Module,
-    images: Tensor | Sequence[Tensor],
+    images: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
     layers: Sequence[str],
     methods: Sequence[str] = ("hirescam",),
     *,
@@ -151,19 +152,26 @@ def explain_detections(
 
     Args:
         model: a torchvision detector (or one built from its classes).
-        images: ``(B, 3, H, W)`` or a list of ``(3, H, W)`` photos in [0, 1], each at its own size.
+        images: ``(B, 3, H, W)`` or a list of ``(3, H, W)`` photos in [0, 1], each at its own size, or
+            ``(H, W, 3)`` ``uint8`` photos as :func:`hookviz.load_rgb` reads them (moved to the model's
+            device).
         layers: module names (default in the CLI: the backbone's last stage, ``backbone.body.layer4``).
         classes: keep only detections of these classes.
         options: the methods' settings (D-RISE: ``masks``, ``cells``, ``seed``, ``batch``); ``progress`` is
             called as ``progress(done, total)`` over D-RISE's masked passes.
 
     Raises:
-        UsageError: a method that needs more than a gradient (Score-CAM, guided), or bad limits.
+        UsageError: a method that needs more than a gradient (Score-CAM, guided), bad limits, or an image
+            that is not a photo.
         LayerError: a layer that does not run once with a ``(1, C, h, w)`` output.
 
     Examples:
-        >>> [ex] = explain_detections(model, [photo], ["backbone.body.layer4"], score_threshold=0.7)
-        >>> ex.boxes, ex.maps[("gradcam", "backbone.body.layer4")].shape  # (N, 4), (N, h, w)
+        >>> import torchvision
+        >>> from hookviz import load_rgb
+        >>> model = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+        >>> photo = load_rgb("sample_images/cat.jpg")  # or a (3, H, W) tensor in [0, 1]
+        >>> [ex] = explain_detections(model, [photo], ["backbone.body.layer4"], max_boxes=3)
+        >>> ex.boxes, ex.maps[("hirescam", "backbone.body.layer4")].shape  # (N, 4), (N, h, w)
     """
     unknown = [m for m in methods if m not in detection_methods()]
     if unknown:
@@ -175,11 +183,13 @@ def explain_detections(
     if max_boxes < 1:
         raise UsageError(f"--max-boxes {max_boxes}: must be at least 1")
     model = unwrap_compiled(model)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    photos = [_photo(image, device) for image in images]
     layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
     options = options or MethodOptions()
     found = [
         _explain_one(model, image, layers, methods, score_threshold, max_boxes, classes, relu, eigen_smooth)
-        for image in images
+        for image in photos
     ]
     if "drise" not in methods:
         return found
@@ -192,7 +202,7 @@ def explain_detections(
             progress(done[0], total)
 
     out = []
-    for image, ex in zip(images, found, strict=True):
+    for image, ex in zip(photos, found, strict=True):
         m = drise(model, image, ex.boxes, ex.labels, options, advance)
         small = F.interpolate(m[:, None], size=ex.resized, mode="bilinear", align_corners=False)[:, 0]
         maps = dict(ex.maps)
@@ -200,6 +210,25 @@ def explain_detections(
             maps[("drise", layer)] = small
         out.append(dataclasses.replace(ex, maps={(k, la): maps[(k, la)] for k in methods for la in layers}))
     return out
+
+
+def _photo(image: Any, device: torch.device) -> Tensor:
+    """One photo as a detector takes it: a ``(3, H, W)`` tensor in [0, 1] as given, or an ``(H, W, 3)`` RGB
+    array (``uint8`` as :func:`hookviz.load_rgb` reads it, or floats in [0, 1]) turned into one on ``device``.
+
+    Raises:
+        UsageError: anything else (named with its type and shape).
+    """
+    if isinstance(image, Tensor) and image.dim() == 3 and image.shape[0] == 3:
+        return image
+    if isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[-1] == 3:
+        scale = 255.0 if image.dtype == np.uint8 else 1.0
+        return (torch.from_numpy(np.array(image, np.float32)).permute(2, 0, 1) / scale).to(device)
+    shape = tuple(getattr(image, "shape", ()))
+    raise UsageError(
+        f"explain_detections: an image is a (3, H, W) tensor in [0, 1] or an (H, W, 3) RGB array "
+        f"(load_rgb's), not a {type(image).__name__} of shape {shape}"
+    )
 
 
 def drise(
