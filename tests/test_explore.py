@@ -66,10 +66,11 @@ def test_it_answers_only_with_the_token_and_its_own_host(server: Explorer) -> No
     assert get(server, "/api/inputs", headers={"Host": "evil.example:80"})[0] == 403  # DNS rebinding
     bearer = {"Authorization": f"Bearer {server.token}"}
     assert get(server, "/api/inputs", token=False, headers=bearer)[0] == 200
-    cookie = {"Cookie": f"hookviz_explore={server.token}"}
-    assert get(server, "/api/inputs", token=False, headers=cookie)[0] == 200
-    status, page = get(server, "/")
+    cookie = {"Cookie": f"hookviz_explore={server.token}"}  # a cookie goes to every port: never taken
+    assert get(server, "/api/inputs", token=False, headers=cookie)[0] == 403
+    status, page = get(server, "/", token=False)  # the page holds no secret: a permalink opens it
     assert status == 200 and b"hookviz explore" in page and server.url.startswith("http://127.0.0.1:")
+    assert get(server, "/", token=False, headers={"Host": "evil.example:80"})[0] == 403
 
 
 def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
@@ -130,6 +131,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     browser.set_script_timeout(60)
     browser.get(server.url)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#strip button")) == 3)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#method option[value=layercam]"))  # listed after
     strip = [span.text for span in browser.find_elements(By.CSS_SELECTOR, "#strip span")]
     assert any(HOSTILE in name for name in strip)  # a hostile name is text, not markup
     assert browser.execute_script("return window.pwned === undefined")
@@ -141,7 +143,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     assert "input=1" in query and picture == get(server, f"/api/map?{query}&format=png")[1]
     command = browser.find_element(By.ID, "command").get_attribute("value")
     assert command.startswith("hookviz gradcam ") and "--method layercam" in command
-    # The permalink (no token in it: the cookie holds it) reopens the same view.
+    # The permalink (no token in it: the page's origin keeps it) reopens the same view.
     link = browser.find_element(By.ID, "permalink").get_attribute("href")
     assert "token" not in link
     browser.get("about:blank")
@@ -152,6 +154,63 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
         == "layercam"
     )
     assert shown() == (query, picture)
+
+
+def test_the_token_stays_with_its_own_server(server: Explorer, browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Browsers do not keep cookies apart by port: a token in a cookie went to every other server on 127.0.0.1
+    (a dev server, Jupyter, a hostile process), and a second explorer's overwrote the first's, whose tab then
+    answered 403. The page keeps it in its own origin and sends it as a header."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    heard: list[str] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):  # another local server: what does the browser send it?
+        def do_GET(self) -> None:
+            heard.append(f"{self.path}\n{self.headers}")
+            body = b"<!doctype html><title>elsewhere</title><img src='/pixel.png'>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    photo = write_image(tmp_path / "c.png", np.random.default_rng(1).integers(0, 256, (48, 64, 3), np.uint8))
+    second = Explorer(Session(load_model("tests.conftest:TinyCNN", "none", input_size=48), [str(photo)]))
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    for s in (second, elsewhere):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        wait = WebDriverWait(browser, 60)
+        view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
+        browser.get(server.url)
+        wait.until(lambda d: view(d))
+        first = browser.current_window_handle
+        browser.switch_to.new_window("tab")
+        browser.get(second.url)  # a second explorer, side by side
+        wait.until(lambda d: view(d))
+        browser.get(f"http://127.0.0.1:{elsewhere.server_address[1]}/")
+        wait.until(lambda d: len(heard) >= 2)  # the page and its picture
+        assert not any(server.token in h or second.token in h for h in heard), heard
+        # Both explorers still answer their tabs.
+        browser.get(second.url.split("?")[0] + "?input=0&method=layercam")  # a permalink: no token in it
+        wait.until(lambda d: "method=layercam" in view(d) or d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "status").text == "" and "method=layercam" in view(browser)
+        browser.close()
+        browser.switch_to.window(first)
+        Select(browser.find_element(By.ID, "method")).select_by_value("gradcampp")
+        wait.until(lambda d: "method=gradcampp" in view(d) or d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "status").text == "" and "method=gradcampp" in view(browser)
+    finally:
+        for s in (second, elsewhere):
+            s.shutdown()
+            s.server_close()
+        second.session.close()
 
 
 def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> None:

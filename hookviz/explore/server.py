@@ -1,7 +1,8 @@
 """The explorer's HTTP side: the standard library's threading server on 127.0.0.1, a random token on
-every request (``?token=``, the cookie the first page sets, or ``Authorization: Bearer``), the ``Host``
-header checked (no DNS rebinding), and nothing served but the page and the JSON API over the session's own
-inputs.
+every API request (``?token=`` or ``Authorization: Bearer``; never a cookie, which a browser would send to
+every server on 127.0.0.1 whatever its port), the ``Host`` header checked (no DNS rebinding), and nothing
+served but the page (static: it keeps the token its address holds in its own origin) and the JSON API over
+the session's own inputs.
 
 API (every answer JSON unless said; ``input`` is an index or a name as ``/api/inputs`` lists it):
 ``/api/inputs``, ``/api/layers``, ``/api/methods``, ``/api/predict?input=&k=``, ``/api/thumb?input=`` (PNG),
@@ -24,7 +25,6 @@ import shlex
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
-from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -36,8 +36,6 @@ from hookviz.explore.session import MAX_UPLOAD, Session
 from hookviz.explore.view import View
 from hookviz.explore.words import VlmSession
 from hookviz.io.outputs import finite
-
-COOKIE = "hookviz_explore"
 
 
 class Explorer(ThreadingHTTPServer):
@@ -91,15 +89,14 @@ class Handler(BaseHTTPRequestHandler):
         if "token" in query:
             return query["token"][0]
         auth = self.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            return auth[7:].strip()
-        jar = SimpleCookie(self.headers.get("Cookie", ""))
-        return jar[COOKIE].value if COOKIE in jar else None
+        return auth[7:].strip() if auth.startswith("Bearer ") else None
 
-    def _allowed(self, query: dict[str, list[str]]) -> bool:
+    def _allowed(self, query: dict[str, list[str]], page: bool = False) -> bool:
         if self.headers.get("Host", "") not in self.server.hosts:
             self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
             return False
+        if page:  # the page holds no secret; a permalink (no token in it) opens it
+            return True
         given = self._token(query)
         if given is None or not secrets.compare_digest(given, self.server.token):
             self._error(HTTPStatus.FORBIDDEN, "open the address hookviz explore printed (it holds the token)")
@@ -137,7 +134,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
-        if not self._allowed(query):
+        if not self._allowed(query, page=parts.path == "/"):
             return
         try:
             self._route(parts.path, query)
@@ -179,9 +176,9 @@ class Handler(BaseHTTPRequestHandler):
         answer()
 
     def _page(self) -> None:
-        cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
         page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
-        self._send(200, page, "text/html; charset=utf-8", {"Set-Cookie": cookie})
+        framed = {"Content-Security-Policy": "frame-ancestors 'none'"}  # no page elsewhere wraps it
+        self._send(200, page, "text/html; charset=utf-8", framed)
 
     def _input(self, one: dict[str, str]) -> int:
         """The input asked for, by index or by name as listed; anything else is not found."""
