@@ -6,9 +6,15 @@ file name is text."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import os
+import queue
 import shlex
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,7 +29,7 @@ import pytest
 from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.tasks import load_model
-from tests.conftest import invoke, write_image
+from tests.conftest import ROOT, invoke, write_image
 from tests.test_report import HOSTILE, browser  # noqa: F401 - the browser fixture
 
 MODEL = ["--model", "tests.conftest:TinyCNN", "--weights", "none"]
@@ -319,3 +325,98 @@ def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explore
     assert get(server, "/api/map?input=3")[0] == 200
     server.session.close()
     assert not kept.parent.exists()
+
+
+@contextlib.contextmanager
+def explore_process(tmp_path: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``hookviz explore`` on a photo in a process group of its own, its temporary folder ``tmp_path/tmp``;
+    the process and the address it printed. Its group is killed on the way out if it still runs."""
+    photo = write_image(tmp_path / "a.png", np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env |= {"TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "hookviz", "explore", str(photo), *MODEL, "--input-size", "48",
+           "--no-browser", "--device", "cpu", *flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        said: list[str] = []
+        while not said or "explore at " not in said[-1]:
+            line = lines.get(timeout=180)
+            assert line is not None, f"it stopped before listening: {''.join(said)}"
+            said.append(line)
+        yield proc, said[-1].split("explore at ", 1)[1].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        reader.join(timeout=60)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _upload(url: str, data: bytes) -> dict[str, Any]:
+    base, token = url.split("/?token=")
+    request = urllib.request.Request(f"{base}/api/upload?token={token}", data=data, method="POST",
+                                     headers={"X-Hookviz": "1", "X-Filename": "dropped.png"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return dict(json.loads(r.read()))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_explorer_removes_its_dropped_photos(tmp_path: Path, sig: signal.Signals) -> None:
+    """An IDE's stop button, systemd (SIGTERM) or a closed terminal (SIGHUP) removed nothing: only Ctrl-C did.
+    And a dead explorer's folder (killed, so nothing ran) goes at the next start: only that one."""
+    from hookviz.io.images import encode_png
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    left = tmp / f"hookviz-explore-{dead.pid}-abc123"  # a killed explorer's
+    running = tmp / f"hookviz-explore-{os.getpid()}-def456"  # a running one's (this process's id)
+    for folder in (left, running):
+        folder.mkdir(mode=0o700)
+        (folder / "0001-photo.png").write_bytes(b"kept")
+    with explore_process(tmp_path) as (proc, url):
+        assert not left.exists() and (running / "0001-photo.png").read_bytes() == b"kept"
+        photo = encode_png(np.random.default_rng(3).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+        kept = Path(_upload(url, photo)["file"])
+        assert kept.read_bytes() == photo and kept.parent.parent == tmp
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+    assert not kept.parent.exists() and running.exists()
+
+
+def test_only_a_dead_explorers_own_folders_are_swept(tmp_path: Path) -> None:
+    from hookviz.explore import uploads
+
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    gone = tmp_path / f"hookviz-explore-{dead.pid}-x1"
+    alive = tmp_path / f"hookviz-explore-{os.getpid()}-x2"
+    older = tmp_path / "hookviz-explore-x3yz"  # no process id in its name: whose it was is unknown
+    other = tmp_path / "elsewhere"
+    for folder in (gone, alive, older, other):
+        folder.mkdir()
+    link = tmp_path / f"hookviz-explore-{dead.pid}-x4"
+    link.symlink_to(other)
+    theirs = tmp_path / f"hookviz-explore-{dead.pid}-x5"  # another user's
+    theirs.mkdir()
+    if os.getuid() == 0:
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs.rmdir()
+    assert uploads.sweep(tmp_path) == [gone]
+    assert not gone.exists() and alive.is_dir() and older.is_dir() and link.is_symlink() and other.is_dir()
+    assert theirs.is_dir() or os.getuid() != 0

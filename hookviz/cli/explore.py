@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +47,7 @@ def explore(
 ) -> None:
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
+    from hookviz.explore import uploads
     from hookviz.explore.looks import ChannelsRun
     from hookviz.explore.server import Explorer
     from hookviz.explore.session import Session
@@ -62,17 +68,41 @@ def explore(
         loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
         words = _model_words(model)
         session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
+    uploads.sweep()  # the photos a killed explorer left
     server = Explorer(session, host, port)
-    typer.echo(f"hookviz: explore at {server.url}", err=True)
-    if not no_browser and sys.stderr.isatty():
-        import webbrowser
+    atexit.register(session.close)  # its dropped photos go on any way out
+    with _stopped_by_signals():
+        try:
+            typer.echo(f"hookviz: explore at {server.url}", err=True)
+            if not no_browser and sys.stderr.isatty():
+                import webbrowser
 
-        webbrowser.open(server.url)
+                webbrowser.open(server.url)
+            server.serve_forever()
+        finally:
+            server.server_close()
+            session.close()
+            atexit.unregister(session.close)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (an IDE's stop button, systemd, a closed terminal) stop it as Ctrl-C does, through
+    the ``finally`` that removes its dropped photos, exiting as a shell reports a process the signal ended."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    wanted = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+        yield
+        return
+    before = {s: signal.signal(s, stop) for s in wanted}
     try:
-        server.serve_forever()
+        yield
     finally:
-        server.server_close()
-        session.close()
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def _model_words(m: ModelOptions) -> list[str]:
