@@ -420,3 +420,40 @@ def test_only_a_dead_explorers_own_folders_are_swept(tmp_path: Path) -> None:
     assert uploads.sweep(tmp_path) == [gone]
     assert not gone.exists() and alive.is_dir() and older.is_dir() and link.is_symlink() and other.is_dir()
     assert theirs.is_dir() or os.getuid() != 0
+
+
+def _explore_fails(tmp_path: Path, *flags: str) -> tuple[int, str]:
+    """The exit code and stderr of ``hookviz explore`` that is expected to stop at once (its process group
+    killed if it does not)."""
+    photo = write_image(tmp_path / "a.png", np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "hookviz", "explore", str(photo), *MODEL, "--no-browser", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+def test_a_port_in_use_or_an_address_not_its_own_is_one_line(tmp_path: Path) -> None:
+    """Both were "internal error" (exit 70)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _explore_fails(tmp_path, "--port", str(port))
+    assert code == 2 and err.splitlines() == [
+        f"hookviz: error: --port {port}: in use on 127.0.0.1 (another server listens there); give another "
+        "port, or --port 0 for a free one"
+    ]
+    code, err = _explore_fails(tmp_path, "--host", "192.0.2.1")  # TEST-NET-1: no machine's own
+    assert code == 2 and err.splitlines() == [
+        "hookviz: error: --host 192.0.2.1: cannot listen there (Cannot assign requested address); give one "
+        "of this machine's addresses: 127.0.0.1 (this machine only) or 0.0.0.0 (every network)"
+    ]

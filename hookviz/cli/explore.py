@@ -49,9 +49,10 @@ def explore(
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
     from hookviz.explore import uploads
     from hookviz.explore.looks import ChannelsRun
-    from hookviz.explore.server import Explorer
+    from hookviz.explore.server import Explorer, check_address
     from hookviz.explore.session import Session
 
+    check_address(host, port)  # a port in use is said before the model loads
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
                    err=True)  # fmt: skip
@@ -69,7 +70,11 @@ def explore(
         words = _model_words(model)
         session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
     uploads.sweep()  # the photos a killed explorer left
-    server = Explorer(session, host, port)
+    try:
+        server = Explorer(session, host, port)
+    except BaseException:
+        session.close()
+        raise
     atexit.register(session.close)  # its dropped photos go on any way out
     with _stopped_by_signals():
         try:

@@ -19,9 +19,11 @@ a volume's slice).
 
 from __future__ import annotations
 
+import errno
 import json
 import secrets
 import shlex
+import socket
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
@@ -30,7 +32,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from hookviz.errors import HookvizError
+from hookviz.errors import HookvizError, UsageError, first_line
 from hookviz.explore.looks import NotFound
 from hookviz.explore.session import MAX_UPLOAD, Session
 from hookviz.explore.view import View
@@ -46,7 +48,16 @@ class Explorer(ThreadingHTTPServer):
     def __init__(
         self, session: Session | VlmSession, host: str = "127.0.0.1", port: int = 0, token: str | None = None
     ):
-        super().__init__((host, port), Handler)
+        """Listen on ``host:port`` (0: a free port).
+
+        Raises:
+            UsageError: the port is in use or not allowed, or the address is not this machine's.
+        """
+        self.address_family = _family(host)
+        try:
+            super().__init__((host, port), Handler)
+        except OSError as exc:
+            raise _unbound(exc, host, port) from None
         self.session, self.token = session, token or secrets.token_urlsafe(24)
         self.latest = 0  # the newest view asked for: an older one still waiting is not made
         self.count = threading.Lock()
@@ -54,6 +65,37 @@ class Explorer(ThreadingHTTPServer):
         shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "") else host
         self.hosts = {f"{h}:{bound}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
         self.url = f"http://{shown}:{bound}/?token={self.token}"
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise the error :class:`Explorer` would raise on ``host:port``, before a model takes its time to load.
+
+    Raises:
+        UsageError: the port is in use or not allowed, or the address is not this machine's.
+    """
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _unbound(exc, host, port) from None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _unbound(exc: OSError, host: str, port: int) -> UsageError:
+    """The one line for an address the server cannot listen on, naming the fix."""
+    why = exc.strerror or first_line(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return UsageError(f"--port {port}: in use on {host} (another server listens there); give another "
+                          "port, or --port 0 for a free one")  # fmt: skip
+    if exc.errno == errno.EACCES:
+        return UsageError(f"--port {port}: not allowed here ({why}; ports under 1024 need root); "
+                          "give one from 1024 up, or --port 0 for a free one")  # fmt: skip
+    return UsageError(f"--host {host}: cannot listen there ({why}); give one of this machine's "
+                      "addresses: 127.0.0.1 (this machine only) or 0.0.0.0 (every network)")  # fmt: skip
 
 
 class Handler(BaseHTTPRequestHandler):
