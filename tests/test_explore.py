@@ -457,3 +457,62 @@ def test_a_port_in_use_or_an_address_not_its_own_is_one_line(tmp_path: Path) -> 
         "hookviz: error: --host 192.0.2.1: cannot listen there (Cannot assign requested address); give one "
         "of this machine's addresses: 127.0.0.1 (this machine only) or 0.0.0.0 (every network)"
     ]
+
+
+def _own_address() -> str | None:
+    """One of this machine's IPv4 addresses other than loopback (the one a route out leaves by), if any."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # a UDP "connect" sends nothing: it only picks the route
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_listening_everywhere_answers_its_own_addresses_and_names_only(server: Explorer) -> None:
+    """``--host 0.0.0.0`` warned that other machines could reach it, but the Host check refused every request
+    addressed to the machine's IP or name. A foreign name is still refused (DNS rebinding)."""
+    import socket
+
+    everywhere = Explorer(server.session, host="0.0.0.0", allow_hosts=["Box.lan"])
+    threading.Thread(target=everywhere.serve_forever, daemon=True).start()
+    try:
+        port = everywhere.server_address[1]
+        assert everywhere.url == f"http://127.0.0.1:{port}/?token={everywhere.token}"
+
+        def status(host: str, via: str = "127.0.0.1") -> int:
+            url = f"http://{via}:{port}/api/model?token={everywhere.token}"
+            request = urllib.request.Request(url, headers={"Host": host})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                return int(exc.code)
+
+        for own in (socket.gethostname(), socket.getfqdn(), "box.lan", "192.0.2.7", "[fd00::2]", "localhost"):
+            assert status(f"{own}:{port}") == 200, own
+        for foreign in ("evil.example", "localhost.evil.example", f"{socket.gethostname()}.evil.example",
+                        "127.0.0.1@evil.example", "evil.example/127.0.0.1", ""):  # fmt: skip
+            assert status(f"{foreign}:{port}" if foreign else "") == 403, foreign
+        address = _own_address()
+        if address is not None:  # a real request to the machine's own address, as another machine sends it
+            assert status(f"{address}:{port}", via=address) == 200
+    finally:
+        everywhere.shutdown()
+        everywhere.server_close()
+
+
+def test_an_ipv6_address_listens_and_prints_a_usable_address(server: Explorer) -> None:
+    v6 = Explorer(server.session, host="::1")
+    threading.Thread(target=v6.serve_forever, daemon=True).start()
+    try:
+        assert v6.url.startswith("http://[::1]:")
+        with urllib.request.urlopen(v6.url.replace("/?", "/api/model?"), timeout=60) as r:
+            assert r.status == 200 and json.loads(r.read())["name"]
+    finally:
+        v6.shutdown()
+        v6.server_close()

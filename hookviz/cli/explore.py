@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import dataclasses
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,7 +21,11 @@ from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grou
 
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
 Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "
-    "localhost lets other machines reach it (with the token).")]  # fmt: skip
+    "localhost lets other machines reach it (with the token): 0.0.0.0 at any of this machine's addresses or "
+    "its name.")]  # fmt: skip
+AllowHost = Annotated[list[str] | None, typer.Option("--allow-host", help="another name a browser may "
+    "reach it by (a DNS alias, NAME.local); the Host check refuses names it was not told, against DNS "
+    "rebinding. Repeatable.")]  # fmt: skip
 ChannelsRunOpt = Annotated[Path | None, typer.Option("--channels-run", help="the --out folder of a "
     "`hookviz channels` run over these photos (same model): the channel view shows each channel's best "
     "photos.")]  # fmt: skip
@@ -40,6 +45,7 @@ def explore(
     model: PlainModel = ModelOptions(),
     port: Port = 0,
     host: Host = "127.0.0.1",
+    allow_host: AllowHost = None,
     no_browser: NoBrowser = False,
     channels_run: ChannelsRunOpt = None,
     prompt: VlmPrompt = None,
@@ -53,7 +59,11 @@ def explore(
     from hookviz.explore.session import Session
 
     check_address(host, port)  # a port in use is said before the model loads
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host in ("0.0.0.0", "::", ""):
+        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token) "
+                   f"at this machine's addresses or its name ({socket.gethostname()}); another name needs "
+                   "--allow-host NAME", err=True)  # fmt: skip
+    elif host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
                    err=True)  # fmt: skip
     session: Any
@@ -71,7 +81,7 @@ def explore(
         session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
     uploads.sweep()  # the photos a killed explorer left
     try:
-        server = Explorer(session, host, port)
+        server = Explorer(session, host, port, allow_hosts=allow_host or ())
     except BaseException:
         session.close()
         raise

@@ -20,12 +20,14 @@ a volume's slice).
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
+import re
 import secrets
 import shlex
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -39,6 +41,9 @@ from hookviz.explore.view import View
 from hookviz.explore.words import VlmSession
 from hookviz.io.outputs import finite
 
+#: A ``Host`` header: a name or an IPv4 address, or an IPv6 one in brackets, and a port.
+_HOST = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._-]+))(?::\d{1,5})?")
+
 
 class Explorer(ThreadingHTTPServer):
     """The server of one :class:`Session`; ``url`` is the first address to open (it holds the token)."""
@@ -46,9 +51,17 @@ class Explorer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, session: Session | VlmSession, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+        self,
+        session: Session | VlmSession,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        allow_hosts: Iterable[str] = (),
     ):
-        """Listen on ``host:port`` (0: a free port).
+        """Listen on ``host:port`` (0: a free port). A request's ``Host`` must be an IP address,
+        ``localhost``, ``host``, one of ``allow_hosts`` or, listening on every address (``0.0.0.0``, ``::``),
+        this machine's name: a page elsewhere reaches the server by DNS rebinding only through a name of its
+        own.
 
         Raises:
             UsageError: the port is in use or not allowed, or the address is not this machine's.
@@ -62,9 +75,26 @@ class Explorer(ThreadingHTTPServer):
         self.latest = 0  # the newest view asked for: an older one still waiting is not made
         self.count = threading.Lock()
         bound = self.server_address[1]
-        shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "") else host
-        self.hosts = {f"{h}:{bound}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
-        self.url = f"http://{shown}:{bound}/?token={self.token}"
+        everywhere = host in ("0.0.0.0", "::", "")
+        shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+        self.names = {"localhost", host.lower(), *(h.lower() for h in allow_hosts)}
+        if everywhere:  # what other machines call this one
+            self.names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        self.url = f"http://{_netloc(shown, bound)}/?token={self.token}"
+
+    def serves(self, host: str) -> bool:
+        """Whether a request's ``Host`` header names this server (any port: a forwarded one too)."""
+        found = _HOST.fullmatch(host)
+        if found is None:
+            return False
+        name = (found[1] or found[2]).lower()
+        if name in self.names:
+            return True
+        try:
+            ipaddress.ip_address(name)  # an address is no name a page elsewhere could point here
+        except ValueError:
+            return False
+        return True
 
 
 def check_address(host: str, port: int) -> None:
@@ -83,6 +113,10 @@ def check_address(host: str, port: int) -> None:
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _unbound(exc: OSError, host: str, port: int) -> UsageError:
@@ -134,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
         return auth[7:].strip() if auth.startswith("Bearer ") else None
 
     def _allowed(self, query: dict[str, list[str]], page: bool = False) -> bool:
-        if self.headers.get("Host", "") not in self.server.hosts:
+        if not self.server.serves(self.headers.get("Host", "")):
             self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
             return False
         if page:  # the page holds no secret; a permalink (no token in it) opens it
