@@ -452,9 +452,13 @@ def test_a_port_in_use_or_an_address_not_its_own_is_one_line(tmp_path: Path) -> 
         f"hookviz: error: --port {port}: in use on 127.0.0.1 (another server listens there); give another "
         "port, or --port 0 for a free one"
     ]
-    code, err = _explore_fails(tmp_path, "--host", "192.0.2.1")  # TEST-NET-1: no machine's own
+    foreign = "203.0.113.77"  # TEST-NET-3: documentation only
+    with socket.socket() as probe, contextlib.suppress(OSError):
+        probe.bind((foreign, 0))
+        pytest.skip(f"{foreign} is this machine's")
+    code, err = _explore_fails(tmp_path, "--host", foreign)
     assert code == 2 and err.splitlines() == [
-        "hookviz: error: --host 192.0.2.1: cannot listen there (Cannot assign requested address); give one "
+        f"hookviz: error: --host {foreign}: cannot listen there (Cannot assign requested address); give one "
         "of this machine's addresses: 127.0.0.1 (this machine only) or 0.0.0.0 (every network)"
     ]
 
