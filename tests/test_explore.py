@@ -6,9 +6,15 @@ file name is text."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import os
+import queue
 import shlex
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,7 +29,7 @@ import pytest
 from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.tasks import load_model
-from tests.conftest import invoke, write_image
+from tests.conftest import ROOT, invoke, write_image
 from tests.test_report import HOSTILE, browser  # noqa: F401 - the browser fixture
 
 MODEL = ["--model", "tests.conftest:TinyCNN", "--weights", "none"]
@@ -66,10 +72,11 @@ def test_it_answers_only_with_the_token_and_its_own_host(server: Explorer) -> No
     assert get(server, "/api/inputs", headers={"Host": "evil.example:80"})[0] == 403  # DNS rebinding
     bearer = {"Authorization": f"Bearer {server.token}"}
     assert get(server, "/api/inputs", token=False, headers=bearer)[0] == 200
-    cookie = {"Cookie": f"hookviz_explore={server.token}"}
-    assert get(server, "/api/inputs", token=False, headers=cookie)[0] == 200
-    status, page = get(server, "/")
+    cookie = {"Cookie": f"hookviz_explore={server.token}"}  # a cookie goes to every port: never taken
+    assert get(server, "/api/inputs", token=False, headers=cookie)[0] == 403
+    status, page = get(server, "/", token=False)  # the page holds no secret: a permalink opens it
     assert status == 200 and b"hookviz explore" in page and server.url.startswith("http://127.0.0.1:")
+    assert get(server, "/", token=False, headers={"Host": "evil.example:80"})[0] == 403
 
 
 def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
@@ -130,6 +137,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     browser.set_script_timeout(60)
     browser.get(server.url)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#strip button")) == 3)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#method option[value=layercam]"))  # listed after
     strip = [span.text for span in browser.find_elements(By.CSS_SELECTOR, "#strip span")]
     assert any(HOSTILE in name for name in strip)  # a hostile name is text, not markup
     assert browser.execute_script("return window.pwned === undefined")
@@ -141,7 +149,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     assert "input=1" in query and picture == get(server, f"/api/map?{query}&format=png")[1]
     command = browser.find_element(By.ID, "command").get_attribute("value")
     assert command.startswith("hookviz gradcam ") and "--method layercam" in command
-    # The permalink (no token in it: the cookie holds it) reopens the same view.
+    # The permalink (no token in it: the page's origin keeps it) reopens the same view.
     link = browser.find_element(By.ID, "permalink").get_attribute("href")
     assert "token" not in link
     browser.get("about:blank")
@@ -152,6 +160,63 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
         == "layercam"
     )
     assert shown() == (query, picture)
+
+
+def test_the_token_stays_with_its_own_server(server: Explorer, browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Browsers do not keep cookies apart by port: a token in a cookie went to every other server on 127.0.0.1
+    (a dev server, Jupyter, a hostile process), and a second explorer's overwrote the first's, whose tab then
+    answered 403. The page keeps it in its own origin and sends it as a header."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    heard: list[str] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):  # another local server: what does the browser send it?
+        def do_GET(self) -> None:
+            heard.append(f"{self.path}\n{self.headers}")
+            body = b"<!doctype html><title>elsewhere</title><img src='/pixel.png'>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    photo = write_image(tmp_path / "c.png", np.random.default_rng(1).integers(0, 256, (48, 64, 3), np.uint8))
+    second = Explorer(Session(load_model("tests.conftest:TinyCNN", "none", input_size=48), [str(photo)]))
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    for s in (second, elsewhere):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        wait = WebDriverWait(browser, 60)
+        view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
+        browser.get(server.url)
+        wait.until(lambda d: view(d))
+        first = browser.current_window_handle
+        browser.switch_to.new_window("tab")
+        browser.get(second.url)  # a second explorer, side by side
+        wait.until(lambda d: view(d))
+        browser.get(f"http://127.0.0.1:{elsewhere.server_address[1]}/")
+        wait.until(lambda d: len(heard) >= 2)  # the page and its picture
+        assert not any(server.token in h or second.token in h for h in heard), heard
+        # Both explorers still answer their tabs.
+        browser.get(second.url.split("?")[0] + "?input=0&method=layercam")  # a permalink: no token in it
+        wait.until(lambda d: "method=layercam" in view(d) or d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "status").text == "" and "method=layercam" in view(browser)
+        browser.close()
+        browser.switch_to.window(first)
+        Select(browser.find_element(By.ID, "method")).select_by_value("gradcampp")
+        wait.until(lambda d: "method=gradcampp" in view(d) or d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "status").text == "" and "method=gradcampp" in view(browser)
+    finally:
+        for s in (second, elsewhere):
+            s.shutdown()
+            s.server_close()
+        second.session.close()
 
 
 def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> None:
@@ -260,3 +325,198 @@ def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explore
     assert get(server, "/api/map?input=3")[0] == 200
     server.session.close()
     assert not kept.parent.exists()
+
+
+@contextlib.contextmanager
+def explore_process(tmp_path: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``hookviz explore`` on a photo in a process group of its own, its temporary folder ``tmp_path/tmp``;
+    the process and the address it printed. Its group is killed on the way out if it still runs."""
+    photo = write_image(tmp_path / "a.png", np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env |= {"TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "hookviz", "explore", str(photo), *MODEL, "--input-size", "48",
+           "--no-browser", "--device", "cpu", *flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        said: list[str] = []
+        while not said or "explore at " not in said[-1]:
+            line = lines.get(timeout=180)
+            assert line is not None, f"it stopped before listening: {''.join(said)}"
+            said.append(line)
+        yield proc, said[-1].split("explore at ", 1)[1].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        reader.join(timeout=60)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _upload(url: str, data: bytes) -> dict[str, Any]:
+    base, token = url.split("/?token=")
+    request = urllib.request.Request(f"{base}/api/upload?token={token}", data=data, method="POST",
+                                     headers={"X-Hookviz": "1", "X-Filename": "dropped.png"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return dict(json.loads(r.read()))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_explorer_removes_its_dropped_photos(tmp_path: Path, sig: signal.Signals) -> None:
+    """An IDE's stop button, systemd (SIGTERM) or a closed terminal (SIGHUP) removed nothing: only Ctrl-C did.
+    And a dead explorer's folder (killed, so nothing ran) goes at the next start: only that one."""
+    from hookviz.io.images import encode_png
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    left = tmp / f"hookviz-explore-{dead.pid}-abc123"  # a killed explorer's
+    running = tmp / f"hookviz-explore-{os.getpid()}-def456"  # a running one's (this process's id)
+    for folder in (left, running):
+        folder.mkdir(mode=0o700)
+        (folder / "0001-photo.png").write_bytes(b"kept")
+    with explore_process(tmp_path) as (proc, url):
+        assert not left.exists() and (running / "0001-photo.png").read_bytes() == b"kept"
+        photo = encode_png(np.random.default_rng(3).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+        kept = Path(_upload(url, photo)["file"])
+        assert kept.read_bytes() == photo and kept.parent.parent == tmp
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+    assert not kept.parent.exists() and running.exists()
+
+
+def test_only_a_dead_explorers_own_folders_are_swept(tmp_path: Path) -> None:
+    from hookviz.explore import uploads
+
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    gone = tmp_path / f"hookviz-explore-{dead.pid}-x1"
+    alive = tmp_path / f"hookviz-explore-{os.getpid()}-x2"
+    older = tmp_path / "hookviz-explore-x3yz"  # no process id in its name: whose it was is unknown
+    other = tmp_path / "elsewhere"
+    for folder in (gone, alive, older, other):
+        folder.mkdir()
+    link = tmp_path / f"hookviz-explore-{dead.pid}-x4"
+    link.symlink_to(other)
+    theirs = tmp_path / f"hookviz-explore-{dead.pid}-x5"  # another user's
+    theirs.mkdir()
+    if os.getuid() == 0:
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs.rmdir()
+    assert uploads.sweep(tmp_path) == [gone]
+    assert not gone.exists() and alive.is_dir() and older.is_dir() and link.is_symlink() and other.is_dir()
+    assert theirs.is_dir() or os.getuid() != 0
+
+
+def _explore_fails(tmp_path: Path, *flags: str) -> tuple[int, str]:
+    """The exit code and stderr of ``hookviz explore`` that is expected to stop at once (its process group
+    killed if it does not)."""
+    photo = write_image(tmp_path / "a.png", np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "hookviz", "explore", str(photo), *MODEL, "--no-browser", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+def test_a_port_in_use_or_an_address_not_its_own_is_one_line(tmp_path: Path) -> None:
+    """Both were "internal error" (exit 70)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _explore_fails(tmp_path, "--port", str(port))
+    assert code == 2 and err.splitlines() == [
+        f"hookviz: error: --port {port}: in use on 127.0.0.1 (another server listens there); give another "
+        "port, or --port 0 for a free one"
+    ]
+    foreign = "203.0.113.77"  # TEST-NET-3: documentation only
+    with socket.socket() as probe, contextlib.suppress(OSError):
+        probe.bind((foreign, 0))
+        pytest.skip(f"{foreign} is this machine's")
+    code, err = _explore_fails(tmp_path, "--host", foreign)
+    assert code == 2 and err.splitlines() == [
+        f"hookviz: error: --host {foreign}: cannot listen there (Cannot assign requested address); give one "
+        "of this machine's addresses: 127.0.0.1 (this machine only) or 0.0.0.0 (every network)"
+    ]
+
+
+def _own_address() -> str | None:
+    """One of this machine's IPv4 addresses other than loopback (the one a route out leaves by), if any."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # a UDP "connect" sends nothing: it only picks the route
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_listening_everywhere_answers_its_own_addresses_and_names_only(server: Explorer) -> None:
+    """``--host 0.0.0.0`` warned that other machines could reach it, but the Host check refused every request
+    addressed to the machine's IP or name. A foreign name is still refused (DNS rebinding)."""
+    import socket
+
+    everywhere = Explorer(server.session, host="0.0.0.0", allow_hosts=["Box.lan"])
+    threading.Thread(target=everywhere.serve_forever, daemon=True).start()
+    try:
+        port = everywhere.server_address[1]
+        assert everywhere.url == f"http://127.0.0.1:{port}/?token={everywhere.token}"
+
+        def status(host: str, via: str = "127.0.0.1") -> int:
+            url = f"http://{via}:{port}/api/model?token={everywhere.token}"
+            request = urllib.request.Request(url, headers={"Host": host})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                return int(exc.code)
+
+        for own in (socket.gethostname(), socket.getfqdn(), "box.lan", "192.0.2.7", "[fd00::2]", "localhost"):
+            assert status(f"{own}:{port}") == 200, own
+        for foreign in ("evil.example", "localhost.evil.example", f"{socket.gethostname()}.evil.example",
+                        "127.0.0.1@evil.example", "evil.example/127.0.0.1", ""):  # fmt: skip
+            assert status(f"{foreign}:{port}" if foreign else "") == 403, foreign
+        address = _own_address()
+        if address is not None:  # a real request to the machine's own address, as another machine sends it
+            assert status(f"{address}:{port}", via=address) == 200
+    finally:
+        everywhere.shutdown()
+        everywhere.server_close()
+
+
+def test_an_ipv6_address_listens_and_prints_a_usable_address(server: Explorer) -> None:
+    v6 = Explorer(server.session, host="::1")
+    threading.Thread(target=v6.serve_forever, daemon=True).start()
+    try:
+        assert v6.url.startswith("http://[::1]:")
+        with urllib.request.urlopen(v6.url.replace("/?", "/api/model?"), timeout=60) as r:
+            assert r.status == 200 and json.loads(r.read())["name"]
+    finally:
+        v6.shutdown()
+        v6.server_close()

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import signal
+import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +21,11 @@ from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grou
 
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
 Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "
-    "localhost lets other machines reach it (with the token).")]  # fmt: skip
+    "localhost lets other machines reach it (with the token): 0.0.0.0 at any of this machine's addresses or "
+    "its name.")]  # fmt: skip
+AllowHost = Annotated[list[str] | None, typer.Option("--allow-host", help="another name a browser may "
+    "reach it by (a DNS alias, NAME.local); the Host check refuses names it was not told, against DNS "
+    "rebinding. Repeatable.")]  # fmt: skip
 ChannelsRunOpt = Annotated[Path | None, typer.Option("--channels-run", help="the --out folder of a "
     "`hookviz channels` run over these photos (same model): the channel view shows each channel's best "
     "photos.")]  # fmt: skip
@@ -35,6 +45,7 @@ def explore(
     model: PlainModel = ModelOptions(),
     port: Port = 0,
     host: Host = "127.0.0.1",
+    allow_host: AllowHost = None,
     no_browser: NoBrowser = False,
     channels_run: ChannelsRunOpt = None,
     prompt: VlmPrompt = None,
@@ -42,11 +53,17 @@ def explore(
 ) -> None:
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
+    from hookviz.explore import uploads
     from hookviz.explore.looks import ChannelsRun
-    from hookviz.explore.server import Explorer
+    from hookviz.explore.server import Explorer, check_address
     from hookviz.explore.session import Session
 
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    check_address(host, port)  # a port in use is said before the model loads
+    if host in ("0.0.0.0", "::", ""):
+        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token) "
+                   f"at this machine's addresses or its name ({socket.gethostname()}); another name needs "
+                   "--allow-host NAME", err=True)  # fmt: skip
+    elif host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
                    err=True)  # fmt: skip
     session: Any
@@ -62,17 +79,45 @@ def explore(
         loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
         words = _model_words(model)
         session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
-    server = Explorer(session, host, port)
-    typer.echo(f"hookviz: explore at {server.url}", err=True)
-    if not no_browser and sys.stderr.isatty():
-        import webbrowser
-
-        webbrowser.open(server.url)
+    uploads.sweep()  # the photos a killed explorer left
     try:
-        server.serve_forever()
-    finally:
-        server.server_close()
+        server = Explorer(session, host, port, allow_hosts=allow_host or ())
+    except BaseException:
         session.close()
+        raise
+    atexit.register(session.close)  # its dropped photos go on any way out
+    with _stopped_by_signals():
+        try:
+            typer.echo(f"hookviz: explore at {server.url}", err=True)
+            if not no_browser and sys.stderr.isatty():
+                import webbrowser
+
+                webbrowser.open(server.url)
+            server.serve_forever()
+        finally:
+            server.server_close()
+            session.close()
+            atexit.unregister(session.close)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (an IDE's stop button, systemd, a closed terminal) stop it as Ctrl-C does, through
+    the ``finally`` that removes its dropped photos, exiting as a shell reports a process the signal ended."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    wanted = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+        yield
+        return
+    before = {s: signal.signal(s, stop) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def _model_words(m: ModelOptions) -> list[str]:

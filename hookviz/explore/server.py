@@ -1,7 +1,8 @@
 """The explorer's HTTP side: the standard library's threading server on 127.0.0.1, a random token on
-every request (``?token=``, the cookie the first page sets, or ``Authorization: Bearer``), the ``Host``
-header checked (no DNS rebinding), and nothing served but the page and the JSON API over the session's own
-inputs.
+every API request (``?token=`` or ``Authorization: Bearer``; never a cookie, which a browser would send to
+every server on 127.0.0.1 whatever its port), the ``Host`` header checked (no DNS rebinding), and nothing
+served but the page (static: it keeps the token its address holds in its own origin) and the JSON API over
+the session's own inputs.
 
 API (every answer JSON unless said; ``input`` is an index or a name as ``/api/inputs`` lists it):
 ``/api/inputs``, ``/api/layers``, ``/api/methods``, ``/api/predict?input=&k=``, ``/api/thumb?input=`` (PNG),
@@ -18,26 +19,30 @@ a volume's slice).
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
+import re
 import secrets
 import shlex
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from hookviz.errors import HookvizError
+from hookviz.errors import HookvizError, UsageError, first_line
 from hookviz.explore.looks import NotFound
 from hookviz.explore.session import MAX_UPLOAD, Session
 from hookviz.explore.view import View
 from hookviz.explore.words import VlmSession
 from hookviz.io.outputs import finite
 
-COOKIE = "hookviz_explore"
+#: A ``Host`` header: a name or an IPv4 address, or an IPv6 one in brackets, and a port.
+_HOST = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._-]+))(?::\d{1,5})?")
 
 
 class Explorer(ThreadingHTTPServer):
@@ -46,16 +51,85 @@ class Explorer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, session: Session | VlmSession, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+        self,
+        session: Session | VlmSession,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        allow_hosts: Iterable[str] = (),
     ):
-        super().__init__((host, port), Handler)
+        """Listen on ``host:port`` (0: a free port). A request's ``Host`` must be an IP address,
+        ``localhost``, ``host``, one of ``allow_hosts`` or, listening on every address (``0.0.0.0``, ``::``),
+        this machine's name: a page elsewhere reaches the server by DNS rebinding only through a name of its
+        own.
+
+        Raises:
+            UsageError: the port is in use or not allowed, or the address is not this machine's.
+        """
+        self.address_family = _family(host)
+        try:
+            super().__init__((host, port), Handler)
+        except OSError as exc:
+            raise _unbound(exc, host, port) from None
         self.session, self.token = session, token or secrets.token_urlsafe(24)
         self.latest = 0  # the newest view asked for: an older one still waiting is not made
         self.count = threading.Lock()
         bound = self.server_address[1]
-        shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "") else host
-        self.hosts = {f"{h}:{bound}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
-        self.url = f"http://{shown}:{bound}/?token={self.token}"
+        everywhere = host in ("0.0.0.0", "::", "")
+        shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+        self.names = {"localhost", host.lower(), *(h.lower() for h in allow_hosts)}
+        if everywhere:  # what other machines call this one
+            self.names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        self.url = f"http://{_netloc(shown, bound)}/?token={self.token}"
+
+    def serves(self, host: str) -> bool:
+        """Whether a request's ``Host`` header names this server (any port: a forwarded one too)."""
+        found = _HOST.fullmatch(host)
+        if found is None:
+            return False
+        name = (found[1] or found[2]).lower()
+        if name in self.names:
+            return True
+        try:
+            ipaddress.ip_address(name)  # an address is no name a page elsewhere could point here
+        except ValueError:
+            return False
+        return True
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise the error :class:`Explorer` would raise on ``host:port``, before a model takes its time to load.
+
+    Raises:
+        UsageError: the port is in use or not allowed, or the address is not this machine's.
+    """
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _unbound(exc, host, port) from None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _unbound(exc: OSError, host: str, port: int) -> UsageError:
+    """The one line for an address the server cannot listen on, naming the fix."""
+    why = exc.strerror or first_line(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return UsageError(f"--port {port}: in use on {host} (another server listens there); give another "
+                          "port, or --port 0 for a free one")  # fmt: skip
+    if exc.errno == errno.EACCES:
+        return UsageError(f"--port {port}: not allowed here ({why}; ports under 1024 need root); "
+                          "give one from 1024 up, or --port 0 for a free one")  # fmt: skip
+    return UsageError(f"--host {host}: cannot listen there ({why}); give one of this machine's "
+                      "addresses: 127.0.0.1 (this machine only) or 0.0.0.0 (every network)")  # fmt: skip
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -91,15 +165,14 @@ class Handler(BaseHTTPRequestHandler):
         if "token" in query:
             return query["token"][0]
         auth = self.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            return auth[7:].strip()
-        jar = SimpleCookie(self.headers.get("Cookie", ""))
-        return jar[COOKIE].value if COOKIE in jar else None
+        return auth[7:].strip() if auth.startswith("Bearer ") else None
 
-    def _allowed(self, query: dict[str, list[str]]) -> bool:
-        if self.headers.get("Host", "") not in self.server.hosts:
+    def _allowed(self, query: dict[str, list[str]], page: bool = False) -> bool:
+        if not self.server.serves(self.headers.get("Host", "")):
             self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
             return False
+        if page:  # the page holds no secret; a permalink (no token in it) opens it
+            return True
         given = self._token(query)
         if given is None or not secrets.compare_digest(given, self.server.token):
             self._error(HTTPStatus.FORBIDDEN, "open the address hookviz explore printed (it holds the token)")
@@ -137,7 +210,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
-        if not self._allowed(query):
+        if not self._allowed(query, page=parts.path == "/"):
             return
         try:
             self._route(parts.path, query)
@@ -179,9 +252,9 @@ class Handler(BaseHTTPRequestHandler):
         answer()
 
     def _page(self) -> None:
-        cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
         page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
-        self._send(200, page, "text/html; charset=utf-8", {"Set-Cookie": cookie})
+        framed = {"Content-Security-Policy": "frame-ancestors 'none'"}  # no page elsewhere wraps it
+        self._send(200, page, "text/html; charset=utf-8", framed)
 
     def _input(self, one: dict[str, str]) -> int:
         """The input asked for, by index or by name as listed; anything else is not found."""

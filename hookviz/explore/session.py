@@ -26,6 +26,7 @@ from hookviz.core.readout import scorer
 from hookviz.engine.features import feature_maps
 from hookviz.errors import HookvizError, InputError, UsageError
 from hookviz.evaluation.faithfulness import faithfulness, random_maps
+from hookviz.explore import uploads
 from hookviz.explore.looks import ChannelsRun, NotFound, visualisation
 from hookviz.explore.view import Made, View
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within, shrunk
@@ -199,12 +200,10 @@ class Session:
         Raises:
             InputError: too large, or not a photo hookviz can read.
         """
-        import tempfile
-
         if len(data) > MAX_UPLOAD:
             raise InputError(f"{name}: {len(data):,} bytes; a dropped photo may hold {MAX_UPLOAD:,} at most")
         if self._uploads is None:
-            self._uploads = Path(tempfile.mkdtemp(prefix="hookviz-explore-"))  # mode 0700: the user's only
+            self._uploads = uploads.make()
         safe = UNSAFE.sub("_", Path(name).name).lstrip("._-")[:80] or "photo"
         path = self._uploads / f"{len(self.items):04d}-{safe}"
         path.write_bytes(data)
@@ -218,11 +217,8 @@ class Session:
 
     def close(self) -> None:
         """Stop the model's thread; remove the photos dropped onto the page."""
-        import shutil
-
         self._model_thread.shutdown(wait=False)
-        if self._uploads is not None:
-            shutil.rmtree(self._uploads, ignore_errors=True)
+        uploads.remove(self._uploads)
 
     def trust(self, view: View, steps: int = 16) -> dict[str, Any]:
         """How faithful the view's map is, against chance: deletion and insertion AUC of the map and of a
