@@ -154,6 +154,38 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     assert shown() == (query, picture)
 
 
+def test_the_page_scales_the_map_to_its_pane(server: Explorer, browser: Any) -> None:  # noqa: F811
+    """A 48x64 photo's view (a 128 px PNG over a caption band) fills most of its pane's width, enlarged by a
+    whole factor with square pixels; the caption band is cut off under the map and shown beside it, at its
+    own size (it was drawn at the PNG's own size: 128 px in a pane of 900 and more, under its caption)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    before = browser.get_window_size()
+    browser.set_window_size(1400, 900)
+    try:
+        browser.get(server.url + "&input=0&method=gradcam")
+        shown = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view")  # noqa: E731
+        WebDriverWait(browser, 60).until(shown)
+        size = browser.execute_script(
+            "const box = (id) => document.getElementById(id)?.getBoundingClientRect();"
+            "const img = document.getElementById('overlay');"
+            "const map = document.getElementById('mapbox') ? box('mapbox') : img.getBoundingClientRect();"
+            "return [img.getBoundingClientRect().width, map.height, box('view').width, img.naturalWidth,"
+            " img.naturalHeight, getComputedStyle(img).imageRendering, box('capclip')?.height,"
+            " map.bottom <= innerHeight, document.getElementById('capbox')?.hidden]"
+        )
+    finally:
+        browser.set_window_size(before["width"], before["height"])
+    shown_w, shown_h, pane, png_w, png_h, rendering, band, on_screen, folded = size
+    assert png_w == 128 and png_h > 96  # the PNG: the 64 px wide photo enlarged twice, its caption under it
+    assert shown_w >= 0.6 * pane, size  # the map is what the eye lands on
+    scale = shown_w / png_w
+    assert scale == int(scale) and shown_h == pytest.approx(96 * scale, abs=0.5)  # the caption cut off
+    assert rendering == "pixelated" and on_screen and not folded
+    assert band == pytest.approx(png_h - 96, abs=0.5)  # the caption, beside it at its own size
+
+
 def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> None:
     """On the shapes CNN: Grad-CAM's map of a disc beats a random map at deletion and insertion, and the
     channel view lists the layer's channels by activation, each map drawn over the photo."""

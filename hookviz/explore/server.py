@@ -35,7 +35,7 @@ from hookviz.explore import params
 from hookviz.explore.looks import Gone, NotFound
 from hookviz.explore.params import Query
 from hookviz.explore.session import MAX_UPLOAD, Session
-from hookviz.explore.view import View
+from hookviz.explore.view import Made, View
 from hookviz.explore.words import VlmSession
 from hookviz.io.outputs import finite
 from hookviz.render import COLORMAPS
@@ -245,7 +245,10 @@ class Handler(BaseHTTPRequestHandler):
         if made is None:
             self._send(HTTPStatus.NO_CONTENT, b"", "text/plain")
         elif fmt == "png":
-            self._send(200, made.png_of(view), "image/png")
+            # The page scales the picture to its pane and shows the caption under it beside the map.
+            size = made.picture_of(view) if isinstance(made, Made) else None
+            picture = {"X-Hookviz-Picture": f"{size[0]}x{size[1]}"} if size else {}
+            self._send(200, made.png_of(view), "image/png", picture)
         elif fmt == "npy":
             self._send(200, made.npy_of(view), "application/octet-stream")
         else:
