@@ -299,9 +299,16 @@ def test_a_body_whose_length_is_not_a_number_is_answered_and_nothing_is_printed(
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(tmp_path: Path) -> None:
+def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
+    tmp_path: Path,
+    browser: Any,  # noqa: F811
+) -> None:
     """A photo rewritten while the page is open: the next view is of the new photo (and its shell line
-    writes it), with a note; one touched (the same bytes) is not read again; one deleted is a 410."""
+    writes it), with a note the page shows; one touched (the same bytes) is not read again; one deleted is
+    a 410."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
     rng = np.random.default_rng(5)
     path = write_image(tmp_path / "p.png", rng.integers(0, 256, (48, 48, 3), dtype=np.uint8))
     session = Session(load_model("tests.conftest:TinyCNN", "none", input_size=48), [str(path)],
@@ -309,6 +316,9 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(tmp_path:
     explorer = Explorer(session)
     threading.Thread(target=explorer.serve_forever, daemon=True).start()
     try:
+        browser.get(explorer.url + "&input=0&layer=features.4")
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
         view = "/api/map?input=0&layer=features.4"
         old = get(explorer, view)[1]
         assert "note" not in json.loads(get(explorer, view + "&format=json")[1])
@@ -323,6 +333,8 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(tmp_path:
         assert status == 200 and new != old
         info = json.loads(get(explorer, view + "&format=json")[1])
         assert "p.png changed on disk" in info["note"]
+        Select(browser.find_element(By.ID, "colormap")).select_by_value("viridis")  # the page's next view
+        wait.until(lambda d: "p.png changed on disk" in d.find_element(By.ID, "changed").text)
         out = tmp_path / "out"
         r = invoke(*shlex.split(info["command"])[1:-1], str(out))
         assert r.exit_code == 0, r.stderr
