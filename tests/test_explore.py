@@ -275,6 +275,12 @@ def test_a_bad_parameter_is_one_400_naming_it_its_value_and_what_is_allowed(
     assert "\n" not in error and "invalid literal" not in error and "could not convert" not in error
 
 
+def test_the_page_s_own_address_is_not_checked_as_api_parameters(server: Explorer) -> None:
+    """The page reads its address's parameters itself (a permalink's view): a bad one is the page's to show,
+    the page is served (the API answers it 400 when the page asks)."""
+    assert get(server, "/?box=-3&utm_source=x")[0] == 200
+
+
 def test_a_body_whose_length_is_not_a_number_is_answered_and_nothing_is_printed(
     server: Explorer, capsys: pytest.CaptureFixture[str]
 ) -> None:

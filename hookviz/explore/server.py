@@ -199,7 +199,7 @@ class Handler(BaseHTTPRequestHandler):
         answer = answers.get(path)
         if answer is None:
             raise NotFound(f"{path}: nothing here")
-        answer(Query(query))
+        answer(Query(query if path.startswith("/api/") else {}))  # the page reads its own address's
 
     def _page(self) -> None:
         cookie = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
