@@ -24,6 +24,7 @@ _EXPORTS = {
     "Explanation": "hookviz.engine.explain",
     "explain_detections": "hookviz.engine.detection",
     "explain_inputs": "hookviz.run.runner",
+    "widget": "hookviz.explore.widget",
     "explain_videos": "hookviz.run.runner",
     "explain_volumes": "hookviz.run.runner",
     "explain_samples": "hookviz.run.runner",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.engine.explain import CamResult, Explanation, explain, grad_cam
     from hookviz.engine.features import FeatureMap, feature_maps
     from hookviz.errors import HookvizError
+    from hookviz.explore.widget import widget
     from hookviz.io.images import Preprocess, load_rgb
     from hookviz.io.volume import read_volume
     from hookviz.jobs.evaluate import evaluate
@@ -116,6 +118,7 @@ __all__ = [
     "resolve_layers",
     "summarize",
     "trace_shapes",
+    "widget",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 

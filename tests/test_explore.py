@@ -219,6 +219,38 @@ def test_the_token_stays_with_its_own_server(server: Explorer, browser: Any, tmp
         second.session.close()
 
 
+def test_the_page_scales_the_map_to_its_pane(server: Explorer, browser: Any) -> None:  # noqa: F811
+    """A 48x64 photo's view (a 128 px PNG over a caption band) fills most of its pane's width, enlarged by a
+    whole factor with square pixels; the caption band is cut off under the map and shown beside it, at its
+    own size (it was drawn at the PNG's own size: 128 px in a pane of 900 and more, under its caption)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    before = browser.get_window_size()
+    browser.set_window_size(1400, 900)
+    try:
+        browser.get(server.url + "&input=0&method=gradcam")
+        shown = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view")  # noqa: E731
+        WebDriverWait(browser, 60).until(shown)
+        size = browser.execute_script(
+            "const box = (id) => document.getElementById(id)?.getBoundingClientRect();"
+            "const img = document.getElementById('overlay');"
+            "const map = document.getElementById('mapbox') ? box('mapbox') : img.getBoundingClientRect();"
+            "return [img.getBoundingClientRect().width, map.height, box('view').width, img.naturalWidth,"
+            " img.naturalHeight, getComputedStyle(img).imageRendering, box('capclip')?.height,"
+            " map.bottom <= innerHeight, document.getElementById('capbox')?.hidden]"
+        )
+    finally:
+        browser.set_window_size(before["width"], before["height"])
+    shown_w, shown_h, pane, png_w, png_h, rendering, band, on_screen, folded = size
+    assert png_w == 128 and png_h > 96  # the PNG: the 64 px wide photo enlarged twice, its caption under it
+    assert shown_w >= 0.6 * pane, size  # the map is what the eye lands on
+    scale = shown_w / png_w
+    assert scale == int(scale) and shown_h == pytest.approx(96 * scale, abs=0.5)  # the caption cut off
+    assert rendering == "pixelated" and on_screen and not folded
+    assert band == pytest.approx(png_h - 96, abs=0.5)  # the caption, beside it at its own size
+
+
 def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> None:
     """On the shapes CNN: Grad-CAM's map of a disc beats a random map at deletion and insertion, and the
     channel view lists the layer's channels by activation, each map drawn over the photo."""
@@ -275,6 +307,124 @@ def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser
     assert status == 200 and json.loads(data)["channels"][0]["channel"] == int(first.text.split(":")[0])
 
 
+BAD = [  # (query, the parameter, the value as the answer quotes it, what it must say is allowed)
+    ("/api/map?input=0&box=-3", "box", "'-3'", "from 0"),
+    ("/api/map?input=0&axis=9", "axis", "'9'", "from 0 to 2"),
+    ("/api/map?input=0&relu=banana", "relu", "'banana'", "1 or 0"),
+    ("/api/map?input=0&alpha=nan", "alpha", "'nan'", "from 0 to 1"),
+    ("/api/map?input=0&alpha=1.5", "alpha", "'1.5'", "from 0 to 1"),
+    ("/api/map?input=0&frame=x", "frame", "'x'", "whole number"),
+    ("/api/map?input=0&method=gradcam%2Clayercam", "method", "'gradcam,layercam'", "one method"),
+    ("/api/map?input=0&method=nope", "method", "'nope'", "layercam"),
+    ("/api/map?input=0&colormap=nope", "colormap", "'nope'", "viridis"),
+    ("/api/map?input=0&format=gif", "format", "'gif'", "png, npy or json"),
+    ("/api/map?input=0&target=%D9%A3", "target", "'\u0663'", "ASCII digits"),  # an Arabic-Indic 3
+    ("/api/map?input=%D9%A0", "input", "'\u0660'", "ASCII digits"),  # an Arabic-Indic 0
+    ("/api/map?input=0&box=%D9%A1", "box", "'\u0661'", "ASCII digits"),
+    ("/api/map?input=0&boxx=1", "'boxx'", "unknown parameter", "box"),
+    ("/api/map?input=0&box=1&box=2", "box", "'1', '2'", "once"),
+    ("/api/channel?input=0&channel=abc", "channel", "'abc'", "from 0"),
+    ("/api/visualize?channel=0&steps=1e9", "steps", "'1e9'", "from 1 to 2048"),
+    ("/api/predict?input=0&k=0", "k", "'0'", "from 1 to 1000"),
+]
+
+
+@pytest.mark.parametrize(("path", "name", "value", "allowed"), BAD, ids=[b[0].split("?")[1] for b in BAD])
+def test_a_bad_parameter_is_one_400_naming_it_its_value_and_what_is_allowed(
+    server: Explorer, path: str, name: str, value: str, allowed: str
+) -> None:
+    status, body = get(server, path)
+    error = json.loads(body)["error"]
+    assert status == 400, (status, error)
+    assert name in error and value in error and allowed in error
+    assert "\n" not in error and "invalid literal" not in error and "could not convert" not in error
+
+
+def test_the_page_s_own_address_is_not_checked_as_api_parameters(server: Explorer) -> None:
+    """The page reads its address's parameters itself (a permalink's view): a bad one is the page's to show,
+    the page is served (the API answers it 400 when the page asks)."""
+    assert get(server, "/?box=-3&utm_source=x")[0] == 200
+
+
+def test_a_body_whose_length_is_not_a_number_is_answered_and_nothing_is_printed(
+    server: Explorer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``Content-Length`` of ``abc`` (or in chunks) is one line, 400 (411), and the connection closed: it
+    dropped the connection with a traceback on the server's terminal."""
+    import socket
+
+    port = server.server_address[1]
+    for length, want in (("Content-Length: abc", 400), ("Content-Length: -5", 400),
+                         ("Transfer-Encoding: chunked", 411)):  # fmt: skip
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            head = (f"POST /api/upload?token={server.token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                    f"X-Hookviz: 1\r\n{length}\r\n\r\n")  # fmt: skip
+            sock.sendall(head.encode("utf-8") + b"5\r\nhello\r\n0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after its answer
+                answer += chunk
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert status_line.split()[1] == str(want).encode(), answer
+        error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+        assert "Content-Length" in error and ("abc" in error or "'-5'" in error or "chunks" in error)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
+    tmp_path: Path,
+    browser: Any,  # noqa: F811
+) -> None:
+    """A photo rewritten while the page is open: the next view is of the new photo (and its shell line
+    writes it), with a note the page shows; one touched (the same bytes) is not read again; one deleted is
+    a 410."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    rng = np.random.default_rng(5)
+    path = write_image(tmp_path / "p.png", rng.integers(0, 256, (48, 48, 3), dtype=np.uint8))
+    session = Session(load_model("tests.conftest:TinyCNN", "none", input_size=48), [str(path)],
+                      model_words=[*MODEL, "--input-size", "48"])  # fmt: skip
+    explorer = Explorer(session)
+    threading.Thread(target=explorer.serve_forever, daemon=True).start()
+    try:
+        browser.get(explorer.url + "&input=0&layer=features.4")
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
+        view = "/api/map?input=0&layer=features.4"
+        old = get(explorer, view)[1]
+        assert "note" not in json.loads(get(explorer, view + "&format=json")[1])
+        touched = path.stat().st_mtime_ns + 5_000_000_000
+        import os
+
+        os.utime(path, ns=(touched, touched))  # the same bytes, another time: the same photo
+        assert get(explorer, view)[1] == old
+        assert "note" not in json.loads(get(explorer, view + "&format=json")[1])
+        write_image(path, rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))
+        status, new = get(explorer, view)
+        assert status == 200 and new != old
+        info = json.loads(get(explorer, view + "&format=json")[1])
+        assert "p.png changed on disk" in info["note"]
+        Select(browser.find_element(By.ID, "colormap")).select_by_value("viridis")  # the page's next view
+        wait.until(lambda d: "p.png changed on disk" in d.find_element(By.ID, "changed").text)
+        out = tmp_path / "out"
+        r = invoke(*shlex.split(info["command"])[1:-1], str(out))
+        assert r.exit_code == 0, r.stderr
+        (written,) = out.glob("*.png")
+        assert written.read_bytes() == new  # the shell line writes what the page shows
+        thumb = get(explorer, "/api/thumb?input=0")[1]
+        from tests.test_explore_tasks import _decoded
+
+        assert _decoded(thumb).shape[:2] == (40, 56)  # the new photo's thumbnail (the old one: 48x48)
+        path.unlink()
+        for api in (view, "/api/thumb?input=0", "/api/predict?input=0"):
+            status, body = get(explorer, api)
+            assert status == 410 and "p.png: its file is gone" in json.loads(body)["error"], api
+    finally:
+        explorer.shutdown()
+        explorer.server_close()
+        session.close()
+
+
 def post(server: Explorer, data: bytes, headers: dict[str, str], token: bool = True) -> tuple[int, bytes]:
     port = server.server_address[1]
     url = f"http://127.0.0.1:{port}/api/upload" + (f"?token={server.token}" if token else "")
@@ -314,15 +464,21 @@ def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explore
     ours = {"X-Hookviz": "1", "X-Filename": "..%2F..%2Fevil%20name.png"}
     assert post(server, photo, ours, token=False)[0] == 403
     assert post(server, photo, {"X-Filename": "a.png"})[0] == 404  # a plain form from another page
-    assert post(server, b"not a picture", ours)[0] == 400
+    status, body = post(server, b"not a picture", ours)
+    assert status == 400 and b"evil name.png" in body and b"hookviz-explore-" not in body
     status, body = post(server, photo, ours)
     assert status == 200, body
     item = json.loads(body)
-    assert item["name"] == "dropped: evil name.png" and item["index"] == 3
-    kept = Path(item["file"])
+    # The answer names the photo as dropped (an opaque index and its name), never the private copy's path.
+    assert item == {"index": 3, "name": "dropped: evil name.png", "file": "evil name.png", "dropped": True}
+    assert b"hookviz-explore-" not in get(server, "/api/inputs")[1]
+    kept = server.session.items[3].path
+    assert kept is not None
     assert kept.parent.name.startswith("hookviz-explore-") and (kept.parent.stat().st_mode & 0o077) == 0
     assert ".." not in kept.name and kept.read_bytes() == photo
     assert get(server, "/api/map?input=3")[0] == 200
+    command = json.loads(get(server, "/api/map?input=3&format=json")[1])["command"]
+    assert shlex.split(command)[2] == "evil name.png" and "hookviz-explore-" not in command
     server.session.close()
     assert not kept.parent.exists()
 
@@ -391,8 +547,10 @@ def test_a_stopped_explorer_removes_its_dropped_photos(tmp_path: Path, sig: sign
     with explore_process(tmp_path) as (proc, url):
         assert not left.exists() and (running / "0001-photo.png").read_bytes() == b"kept"
         photo = encode_png(np.random.default_rng(3).integers(0, 256, (40, 40, 3), dtype=np.uint8))
-        kept = Path(_upload(url, photo)["file"])
-        assert kept.read_bytes() == photo and kept.parent.parent == tmp
+        assert _upload(url, photo)["dropped"] is True  # the answer names no private path: look for it
+        (folder,) = [d for d in tmp.iterdir() if d.name.startswith(f"hookviz-explore-{proc.pid}-")]
+        (kept,) = folder.iterdir()
+        assert kept.read_bytes() == photo
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 128 + sig
     assert not kept.parent.exists() and running.exists()

@@ -79,6 +79,25 @@ def test_a_detector_s_boxes_are_each_the_png_and_raw_map_gradcam_writes(
     assert "not available for detectors" in methods["scorecam"]["why"]
 
 
+def _photo_shape(session: Session, layer: str) -> list[int]:
+    """The shape of ``layer``'s output in input 0's own pass."""
+    from hookviz.engine.features import feature_maps
+
+    _, x, _ = session.read(0)
+    (found,) = feature_maps(session.loaded.model, torch.from_numpy(x)[None], [layer], "output")
+    return list(found.tensor.shape)
+
+
+def test_the_layer_picker_shows_the_shapes_of_the_photo_viewed(detector_server: Explorer) -> None:
+    """A detector's layers for its photo (240x320) are not those of a test input of the model's size (64x64):
+    ``/api/layers?input=`` gives the shapes the photo's own pass has."""
+    listed = json.loads(get(detector_server, "/api/layers?input=0")[1])
+    default = next(layer for layer in listed if layer["default"])
+    assert default["shape"] == _photo_shape(detector_server.session, default["name"])
+    tested = next(layer for layer in json.loads(get(detector_server, "/api/layers")[1]) if layer["default"])
+    assert tested["shape"] != default["shape"]  # the test input's are other shapes
+
+
 def test_clicking_a_box_on_the_page_shows_its_map(detector_server: Explorer, browser: Any) -> None:  # noqa: F811
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -103,6 +122,10 @@ def test_clicking_a_box_on_the_page_shows_its_map(detector_server: Explorer, bro
         "return [...document.querySelectorAll('#method option:disabled')].map(o => o.value)"
     )
     assert "scorecam" in disabled and "hirescam" not in disabled
+    # The layer picker says the shapes of the photo viewed.
+    name = next(x for x in json.loads(get(detector_server, "/api/layers")[1]) if x["default"])["name"]
+    picked = browser.find_element(By.CSS_SELECTOR, "#layer option[value='']").text
+    assert "x".join(map(str, _photo_shape(detector_server.session, name))) in picked, picked
 
 
 def test_a_segmenter_lists_its_classes_by_their_pixels(tmp_path: Path) -> None:

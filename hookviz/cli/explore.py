@@ -54,31 +54,11 @@ def explore(
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
     from hookviz.explore import uploads
-    from hookviz.explore.looks import ChannelsRun
     from hookviz.explore.server import Explorer, check_address
-    from hookviz.explore.session import Session
 
     check_address(host, port)  # a port in use is said before the model loads
-    if host in ("0.0.0.0", "::", ""):
-        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token) "
-                   f"at this machine's addresses or its name ({socket.gethostname()}); another name needs "
-                   "--allow-host NAME", err=True)  # fmt: skip
-    elif host not in ("127.0.0.1", "localhost", "::1"):
-        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
-                   err=True)  # fmt: skip
-    session: Any
-    if prompt is not None:  # a vision-language model
-        from hookviz.explore.words import VlmSession
-        from hookviz.vlm.words import load_vlm
-
-        words = ["--model", model.model]
-        session = VlmSession(load_vlm(model.model, run.device), inputs, prompt, max_pixels=run.max_pixels,
-                             model_words=words)  # fmt: skip
-    else:
-        best = ChannelsRun(channels_run) if channels_run is not None else None
-        loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
-        words = _model_words(model)
-        session = Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
+    _warn_host(host)
+    session = _session(inputs, model, run, channels_run, prompt)
     uploads.sweep()  # the photos a killed explorer left
     try:
         server = Explorer(session, host, port, allow_hosts=allow_host or ())
@@ -98,6 +78,34 @@ def explore(
             server.server_close()
             session.close()
             atexit.unregister(session.close)
+
+
+def _warn_host(host: str) -> None:
+    """Listening beyond this machine is said, with the names other machines may use."""
+    if host in ("0.0.0.0", "::", ""):
+        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token) "
+                   f"at this machine's addresses or its name ({socket.gethostname()}); another name needs "
+                   "--allow-host NAME", err=True)  # fmt: skip
+    elif host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(f"hookviz: warning: --host {host}: other machines can reach the explorer (with its token)",
+                   err=True)  # fmt: skip
+
+
+def _session(inputs: list[str], model: ModelOptions, run: RunOptions, channels_run: Any, prompt: Any) -> Any:
+    """The explorer's session: a vision-language model's (``--prompt``) or a model's over its inputs."""
+    from hookviz.explore.looks import ChannelsRun
+    from hookviz.explore.session import Session
+
+    if prompt is not None:  # a vision-language model
+        from hookviz.explore.words import VlmSession
+        from hookviz.vlm.words import load_vlm
+
+        return VlmSession(load_vlm(model.model, run.device), inputs, prompt, max_pixels=run.max_pixels,
+                          model_words=["--model", model.model])  # fmt: skip
+    best = ChannelsRun(channels_run) if channels_run is not None else None
+    loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
+    words = _model_words(model)
+    return Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,10 @@ class NotFound(LookupError):
     """What was asked for is not this session's to serve (the server answers 404)."""
 
 
+class Gone(LookupError):
+    """An input's file was deleted or moved away while the explorer ran (the server answers 410)."""
+
+
 def visualisation(loaded: LoadedModel, layer: str, channel: int, steps: int = 128, seed: int = 0) -> bytes:
     """The picture that drives ``channel`` of ``layer`` most (``hookviz visualize LAYER --channel C
     --steps STEPS --seed SEED``'s optimisation, 128 pixels), as a PNG."""

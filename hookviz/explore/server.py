@@ -35,11 +35,14 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hookviz.errors import HookvizError, UsageError, first_line
-from hookviz.explore.looks import NotFound
+from hookviz.explore import params
+from hookviz.explore.looks import Gone, NotFound
+from hookviz.explore.params import Query
 from hookviz.explore.session import MAX_UPLOAD, Session
-from hookviz.explore.view import View
+from hookviz.explore.view import Made, View
 from hookviz.explore.words import VlmSession
 from hookviz.io.outputs import finite
+from hookviz.render import COLORMAPS
 
 #: A ``Host`` header: a name or an IPv4 address, or an IPv6 one in brackets, and a port.
 _HOST = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._-]+))(?::\d{1,5})?")
@@ -183,7 +186,9 @@ class Handler(BaseHTTPRequestHandler):
         """``/api/upload``: a photo dropped onto the page (its bytes; its name in ``X-Filename``)."""
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
-        size = int(self.headers.get("Content-Length") or 0)
+        size = self._length()
+        if size is None:
+            return
         # The body is read before any answer, a refusal too: left unread, it would be parsed as the next
         # request on the kept-alive connection, or reset the connection under the answer. One over the limit
         # is not read, and its connection closes after the answer.
@@ -204,6 +209,20 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._json(self.server.session.inputs()[index])
 
+    def _length(self) -> int | None:
+        """The body's length (``Content-Length``); None, answered 400 or 411 and the connection closed, when
+        it is not a whole number of bytes in ASCII digits or the body comes in chunks: it cannot be read."""
+        given = self.headers.get("Content-Length")
+        chunked = "Transfer-Encoding" in self.headers
+        if (given is None and not chunked) or (given is not None and given.isascii() and given.isdigit()):
+            return int(given or 0)
+        self.close_connection = True
+        if given is None:
+            self._error(HTTPStatus.LENGTH_REQUIRED, "send the photo with a Content-Length, not in chunks")
+        else:
+            self._error(HTTPStatus.BAD_REQUEST, f"Content-Length {given!r}: a whole number of bytes")
+        return None
+
     def do_HEAD(self) -> None:
         self.do_GET()
 
@@ -212,8 +231,14 @@ class Handler(BaseHTTPRequestHandler):
         query = parse_qs(parts.query)
         if not self._allowed(query, page=parts.path == "/"):
             return
+        self._answer(parts.path, query)
+
+    def _answer(self, path: str, query: dict[str, list[str]]) -> None:
+        """The route's answer, or its error's (the explorer's page and ``hookviz.widget`` ask alike)."""
         try:
-            self._route(parts.path, query)
+            self._route(path, query)
+        except Gone as exc:
+            self._error(HTTPStatus.GONE, str(exc))
         except NotFound as exc:
             self._error(HTTPStatus.NOT_FOUND, str(exc))
         except (HookvizError, ValueError) as exc:
@@ -222,76 +247,88 @@ class Handler(BaseHTTPRequestHandler):
     # -- what is served -----------------------------------------------------------------------------------
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         s = self.server.session
-        one = {k: v[0] for k, v in query.items()}
         png = "image/png"
-        layer, channel = one.get("layer", ""), int(one.get("channel", "0"))
-        answers: dict[str, Callable[[], None]] = {
-            "/": self._page,
-            "/api/inputs": lambda: self._json(s.inputs()),
-            "/api/layers": lambda: self._json(s.layers()),
-            "/api/methods": lambda: self._json(s.methods()),
-            "/api/model": lambda: self._json(s.describe()),
-            "/api/predict": lambda: self._json(s.predict(self._input(one), int(one.get("k", 5)))),
-            "/api/thumb": lambda: self._send(200, s.thumbnail(self._input(one)), png),
-            "/api/photo": lambda: self._send(200, s.photo(self._input(one)), png),
-            "/api/map": lambda: self._map(one),
-            "/api/trust": lambda: self._json(s.trust(self._view(one))),
-            "/api/channels": lambda: self._json(s.channel_list(self._input(one), layer)),
-            "/api/channel": lambda: self._send(
-                200, s.channel_png(self._input(one), layer, channel, float(one.get("alpha", 0.5))), png
+        answers: dict[str, Callable[[Query], None]] = {
+            "/": lambda q: self._page(),
+            "/api/inputs": lambda q: self._json(s.inputs()),
+            "/api/layers": lambda q: self._json(s.layers(self._input(q) if "input" in q.one else None)),
+            "/api/methods": lambda q: self._json(s.methods()),
+            "/api/model": lambda q: self._json(s.describe()),
+            "/api/predict": lambda q: self._json(s.predict(self._input(q), q.whole("k", 5, 1, 1000))),
+            "/api/thumb": lambda q: self._send(200, s.thumbnail(self._input(q)), png),
+            "/api/photo": lambda q: self._send(200, s.photo(self._input(q)), png),
+            "/api/map": self._map,
+            "/api/trust": lambda q: self._json(s.trust(self._view(q))),
+            "/api/channels": lambda q: self._json(s.channel_list(self._input(q), q.text("layer"))),
+            "/api/channel": lambda q: self._send(
+                200,
+                s.channel_png(self._input(q), q.text("layer"), q.whole("channel", 0, 0), self._alpha(q)),
+                png,
             ),
-            "/api/visualize": lambda: self._send(
-                200, s.visualise(layer, channel, int(one.get("steps", 128))), png
+            "/api/visualize": lambda q: self._send(
+                200,
+                s.visualise(q.text("layer"), q.whole("channel", 0, 0), q.whole("steps", 128, 1, 2048)),
+                png,
             ),
-            "/api/best": lambda: self._json(s.best(layer, channel)),
-            "/api/sheet": lambda: self._send(200, s.sheet(layer, channel), png),
+            "/api/best": lambda q: self._json(s.best(q.text("layer"), q.whole("channel", 0, 0))),
+            "/api/sheet": lambda q: self._send(200, s.sheet(q.text("layer"), q.whole("channel", 0, 0)), png),
         }
         answer = answers.get(path)
         if answer is None:
             raise NotFound(f"{path}: nothing here")
-        answer()
+        answer(Query(query if path.startswith("/api/") else {}))  # the page reads its own address's
 
     def _page(self) -> None:
         page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
         framed = {"Content-Security-Policy": "frame-ancestors 'none'"}  # no page elsewhere wraps it
         self._send(200, page, "text/html; charset=utf-8", framed)
 
-    def _input(self, one: dict[str, str]) -> int:
-        """The input asked for, by index or by name as listed; anything else is not found."""
-        given = one.get("input", "0")
+    def _input(self, q: Query) -> int:
+        """The input asked for, by index (ASCII digits) or by name as listed; anything else is not found."""
+        given = q.text("input", "0")
         names = {item["name"]: item["index"] for item in self.server.session.inputs()}
         if given in names:
             return int(names[given])
-        if given.isdigit() and int(given) < len(names):
+        if given.isdigit() and given.isascii() and int(given) < len(names):
             return int(given)
-        raise NotFound(f"input {given!r} is not one of this session's inputs (/api/inputs lists them)")
+        if given.isdigit() and not given.isascii():  # digits of another script: int() would read them
+            raise params.BadParameter(f"input={given!r}: an index in ASCII digits (0 to {len(names) - 1})")
+        raise NotFound(f"input={given!r} is not one of this session's inputs: an index from 0 to "
+                       f"{len(names) - 1} or a name as /api/inputs lists them")  # fmt: skip
 
-    def _view(self, one: dict[str, str]) -> View:
+    @staticmethod
+    def _alpha(q: Query) -> float:
+        return q.number("alpha", 0.5, 0.0, 1.0)
+
+    def _view(self, q: Query) -> View:
+        names = [m["name"] for m in self.server.session.methods()]
         return View(
-            input=self._input(one), layer=one.get("layer", ""), method=one.get("method", "gradcam"),
-            target=one.get("target", "top1"), box=int(one.get("box", 1)), frame=int(one.get("frame", -1)),
-            axis=int(one.get("axis", 2)), alpha=float(one.get("alpha", 0.5)),
-            colormap=one.get("colormap", "jet"), relu=one.get("relu", "1") not in ("0", "false"),
+            input=self._input(q), layer=q.text("layer"), method=params.method(q, names),
+            target=params.target(q), box=q.whole("box", 1, 0, what=" (1: the best box; 0: all boxes)"),
+            frame=q.whole("frame", -1, -1, what=" (-1: all frames or slices)"), axis=q.whole("axis", 2, 0, 2),
+            alpha=self._alpha(q), colormap=q.choice("colormap", "jet", COLORMAPS), relu=q.flag("relu", True),
         )  # fmt: skip
 
-    def _map(self, one: dict[str, str]) -> None:
-        view = self._view(one)
+    def _map(self, q: Query) -> None:
+        fmt = q.choice("format", "png", ("png", "npy", "json"))
+        view = self._view(q)
         with self.server.count:
             self.server.latest += 1
             mine = self.server.latest
         # The page's views supersede each other (a dragged slider never queues work); a script's do not.
-        wanted = (lambda: mine == self.server.latest) if one.get("supersede") == "1" else None
-        fmt = one.get("format", "png")
-        made = self.server.session.view(view, wanted, draw=fmt != "npy")
+        wanted = (lambda: mine == self.server.latest) if q.flag("supersede", False) else None
+        session = self.server.session
+        made = session.view(view, wanted, draw=fmt != "npy")
         if made is None:
             self._send(HTTPStatus.NO_CONTENT, b"", "text/plain")
-            return
-        if fmt == "png":
-            self._send(200, made.png_of(view), "image/png")
+        elif fmt == "png":
+            # The page scales the picture to its pane and shows the caption under it beside the map.
+            size = made.picture_of(view) if isinstance(made, Made) else None
+            picture = {"X-Hookviz-Picture": f"{size[0]}x{size[1]}"} if size else {}
+            self._send(200, made.png_of(view), "image/png", picture)
         elif fmt == "npy":
             self._send(200, made.npy_of(view), "application/octet-stream")
-        elif fmt == "json":
-            session = self.server.session
-            self._json({"record": made.record_of(view), "command": shlex.join(session.command(view))})
         else:
-            self._error(HTTPStatus.BAD_REQUEST, f"format={fmt}: png, npy or json")
+            note = session.note(view.input)
+            self._json({"record": made.record_of(view), "command": shlex.join(session.command(view))}
+                       | ({"note": note} if note else {}))  # fmt: skip

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hookviz import methods, render
+from hookviz.core.hooks import traced
 from hookviz.core.layers import default_cam_layer
 from hookviz.core.readout import scorer
 from hookviz.engine.features import feature_maps
@@ -29,6 +30,7 @@ from hookviz.evaluation.faithfulness import faithfulness, random_maps
 from hookviz.explore import uploads
 from hookviz.explore.looks import ChannelsRun, NotFound, visualisation
 from hookviz.explore.view import Made, View
+from hookviz.explore.watch import Watch
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within, shrunk
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
@@ -86,6 +88,8 @@ class Session:
         # each time (a new thread's first pass builds its own OpenMP team: 30-40 ms a view).
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookviz-explore")
         self._uploads: Path | None = None
+        self._dropped: dict[int, str] = {}  # a dropped photo's index: its name as dropped
+        self._watch = Watch()
         self._methods: list[dict[str, Any]] | None = None
         self._pictures: dict[tuple[str, int, int], bytes] = {}
         self.channels_run = channels_run
@@ -103,17 +107,47 @@ class Session:
                 "kind": self.kind.name, "channels_run": self.channels_run is not None}  # fmt: skip
 
     def command(self, view: View) -> list[str]:
-        """The ``hookviz gradcam`` line that writes ``view``'s PNG (see :meth:`View.command`)."""
-        return view.command(self.model_words, str(self.items[view.input].path))
+        """The ``hookviz gradcam`` line that writes ``view``'s PNG (see :meth:`View.command`); a dropped
+        photo by its own name (the user's copy; the session's is private and goes with it)."""
+        photo = self._dropped.get(view.input) or str(self.items[view.input].path)
+        return view.command(self.model_words, photo)
 
     def inputs(self) -> list[dict[str, Any]]:
         """Each input: its index, its name as given (a video's clip: the video's, its number after it), its
-        file, and for a clip the video it is cut from (``group``)."""
-        return [_listed(i, item) for i, item in enumerate(self.items)]
+        file (a dropped photo's: its name as dropped, and ``dropped``), and for a clip the video it is cut
+        from (``group``)."""
+        return [_listed(i, item, self._dropped.get(i)) for i, item in enumerate(self.items)]
 
-    def layers(self) -> list[dict[str, Any]]:
-        """Each module that runs: name, type, output shape, whether it is the default CAM layer."""
+    def note(self, index: int) -> str | None:
+        """The line saying input ``index``'s file changed on disk and was read again, if it did."""
+        return self._watch.note(index)
+
+    def _fresh(self, index: int) -> None:
+        """Check input ``index``'s file: changed since it was read, what was made of it is dropped (read
+        again when next asked for).
+
+        Raises:
+            InputError: no such input.
+            Gone: its file was deleted or moved away.
+        """
+        if not 0 <= index < len(self.items):
+            raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+        item = self.items[index]
+        assert item.path is not None
+        if self._watch.changed(index, item.path, self._dropped.get(index) or item.name):
+            for kept in (self._read, self._top, self._thumbs):
+                kept.pop(index, None)
+            for key in [k for k in self._made if k[0] == index]:
+                self._made.pop(key, None)
+
+    def layers(self, index: int | None = None) -> list[dict[str, Any]]:
+        """Each module that runs: name, type, output shape (for input ``index``, as its pass sees it; without
+        one, for a test input of the model's size), whether it is the default CAM layer."""
         default = default_cam_layer(self.loaded.model, self.calls)
+        calls = self.calls
+        if index is not None:
+            _, x, _ = self.read(index)
+            calls = self._on_model(lambda: traced(self.loaded.model, tuple(x.shape), self.loaded.device))
         found = [
             {
                 "name": c.name,
@@ -121,7 +155,7 @@ class Session:
                 "shape": list(c.output_shape or ()),
                 "default": c.name == default,
             }
-            for c in self.calls
+            for c in calls
             if c.calls and c.name
         ]
         if default not in {c["name"] for c in found}:  # a NAME:input tensor (the pooling's input)
@@ -137,8 +171,7 @@ class Session:
 
     def read(self, index: int) -> tuple[Any, np.ndarray, Any]:
         """Input ``index`` as the pipeline reads it: (the photo, the model's input, the box it saw)."""
-        if not 0 <= index < len(self.items):
-            raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+        self._fresh(index)
         if index not in self._read:
             self._read[index] = self.kind.read(self.loaded)(
                 self.items[index], self.kind.preprocess(self.loaded), self.max_pixels
@@ -151,6 +184,7 @@ class Session:
         ``positive`` at 0.5 or more), ``regions`` (a segmenter's classes by their share of the pixels) or
         ``boxes`` (a detector's, numbered from 1 as ``gradcam`` names their files); ``targets`` each with
         index, name and score."""
+        self._fresh(index)
         if index not in self._top:
             made = self.view(View(input=index), draw=False)
             assert made is not None
@@ -163,6 +197,7 @@ class Session:
         """The view's PNG, raw map and record, made by ``hookviz gradcam``'s own job (kept once made); None
         when ``wanted()`` says, once the model is free, that a newer view has been asked for instead.
         ``draw``: draw its picture now, on the model's thread (where OpenCV's and torch's pools are warm)."""
+        self._fresh(view.input)
         key = view.made_of()
         if key in self._made:
             self._made.move_to_end(key)
@@ -204,15 +239,18 @@ class Session:
             raise InputError(f"{name}: {len(data):,} bytes; a dropped photo may hold {MAX_UPLOAD:,} at most")
         if self._uploads is None:
             self._uploads = uploads.make()
-        safe = UNSAFE.sub("_", Path(name).name).lstrip("._-")[:80] or "photo"
+        own = Path(name).name or "photo"
+        safe = UNSAFE.sub("_", own).lstrip("._-")[:80] or "photo"
         path = self._uploads / f"{len(self.items):04d}-{safe}"
         path.write_bytes(data)
         try:
             load_rgb(path, max_pixels=self.max_pixels)
-        except InputError:
+        except InputError as exc:
             path.unlink()
-            raise
-        self.items.append(Item(f"dropped: {Path(name).name}", path))
+            # Its message names the private copy: the page is told the photo's own name.
+            raise InputError(str(exc).replace(str(path), own).replace(path.name, own)) from None
+        self.items.append(Item(f"dropped: {own}", path))
+        self._dropped[len(self.items) - 1] = own
         return len(self.items) - 1
 
     def close(self) -> None:
@@ -311,10 +349,10 @@ class Session:
 
     def thumbnail(self, index: int, side: int = 160) -> bytes:
         """Input ``index`` as a small PNG (the strip of inputs), made once."""
+        self._fresh(index)
         if index not in self._thumbs:
-            path = self.items[index].path if 0 <= index < len(self.items) else None
-            if path is None:
-                raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+            path = self.items[index].path
+            assert path is not None
             if self.kind.name == "photo":
                 small = load_rgb_within(path, side, self.max_pixels)[0]
             else:
@@ -333,8 +371,11 @@ def _still(read: Any) -> np.ndarray:
     return np.ascontiguousarray(np.repeat(plane[..., None], 3, axis=-1))
 
 
-def _listed(index: int, item: Item) -> dict[str, Any]:
-    """An input as ``/api/inputs`` lists it (a clip named after its video and its number)."""
+def _listed(index: int, item: Item, dropped: str | None = None) -> dict[str, Any]:
+    """An input as ``/api/inputs`` lists it (a clip named after its video and its number; a dropped photo by
+    its own name, never the private copy's path)."""
+    if dropped is not None:
+        return {"index": index, "name": item.name, "file": dropped, "dropped": True}
     listed = {"index": index, "name": item.name, "file": str(item.path)}
     if item.clip is not None:
         clip = item.clip

@@ -16,6 +16,7 @@ from hookviz.io.images import encode_png
 from hookviz.io.video import ClipFrames
 from hookviz.jobs.build import CamSettings
 from hookviz.jobs.common import npy_bytes
+from hookviz.render import MIN_CAPTION_WIDTH
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,17 @@ class Made:
                 return own[0] if own else next(d for n, d in files if n.endswith(".detections.png"))
             raise InputError(f"box {view.box}: the detector found {self.boxes} (1 to {self.boxes})")
         return next(data for n, data in files if ".sheet" not in n)
+
+    def picture_of(self, view: View) -> tuple[int, int] | None:
+        """``(width, height)`` of the picture at the top of :meth:`png_of`'s PNG, above its caption (a photo
+        narrower than the caption's least width enlarged, as ``gradcam`` draws it); None for a frame, a
+        slice or a sheet (the page shows those whole)."""
+        rgb, _ = self.photo
+        if view.frame >= 0 or not isinstance(rgb, np.ndarray) or isinstance(self.job, Stills):
+            return None
+        h, w = rgb.shape[:2]
+        k = max(1, -(-MIN_CAPTION_WIDTH // max(1, w)))
+        return w * k, h * k
 
     @property
     def png(self) -> bytes:

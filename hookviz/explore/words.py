@@ -18,6 +18,7 @@ import numpy as np
 
 from hookviz.errors import InputError, UsageError
 from hookviz.explore.view import View
+from hookviz.explore.watch import Watch
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
 from hookviz.io.inputs import Item, expand_inputs
 from hookviz.vlm.faithful import word_faithfulness
@@ -37,7 +38,8 @@ class MadeWords:
 
     def token(self, view: View) -> int:
         n = len(self.wm.answer.tokens)
-        k = 0 if view.target in ("top1", "") else int(view.target) if view.target.isdigit() else -1
+        given = view.target
+        k = 0 if given in ("top1", "") else int(given) if given.isascii() and given.isdigit() else -1
         if not 0 <= k < n:
             raise InputError(f"target {view.target!r}: the answer has {n} tokens (0 to {n - 1})")
         return k
@@ -111,6 +113,7 @@ class VlmSession:
         self._made: dict[int, MadeWords] = {}
         self._thumbs: dict[int, bytes] = {}
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookviz-explore")
+        self._watch = Watch()
 
     def _on_model(self, work: Callable[[], T]) -> T:
         return self._model_thread.submit(work).result()
@@ -129,7 +132,21 @@ class VlmSession:
     def inputs(self) -> list[dict[str, Any]]:
         return [{"index": i, "name": item.name, "file": str(item.path)} for i, item in enumerate(self.items)]
 
-    def layers(self) -> list[dict[str, Any]]:
+    def note(self, index: int) -> str | None:
+        """The line saying input ``index``'s file changed on disk and was read again, if it did."""
+        return self._watch.note(index)
+
+    def _fresh(self, index: int) -> None:
+        """Input ``index``'s maps and thumbnail dropped when its file changed since (see :class:`Watch`)."""
+        if not 0 <= index < len(self.items):
+            raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+        item = self.items[index]
+        assert item.path is not None
+        if self._watch.changed(index, item.path, item.name):
+            self._made.pop(index, None)
+            self._thumbs.pop(index, None)
+
+    def layers(self, index: int | None = None) -> list[dict[str, Any]]:
         """The decoder layer LLaVA-CAM and tokengrad read (`hookviz vlm --layer` takes the others)."""
         depth = len(self.vlm.family.language_model(self.vlm.model).layers)
         return [{"name": "", "type": f"decoder layer {(depth - 1) // 2}", "shape": [], "default": True}]
@@ -151,8 +168,7 @@ class VlmSession:
         ]
 
     def _read(self, index: int) -> MadeWords:
-        if not 0 <= index < len(self.items):
-            raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
+        self._fresh(index)
         if index not in self._made:
             item = self.items[index]
             assert item.path is not None
@@ -209,9 +225,8 @@ class VlmSession:
         )
 
     def thumbnail(self, index: int, side: int = 160) -> bytes:
+        self._fresh(index)
         if index not in self._thumbs:
-            if not 0 <= index < len(self.items):
-                raise InputError(f"input {index}: there are {len(self.items)} (0 to {len(self.items) - 1})")
             path = self.items[index].path
             assert path is not None
             self._thumbs[index] = encode_png(load_rgb_within(path, side, self.max_pixels)[0])

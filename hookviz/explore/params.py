@@ -1,0 +1,105 @@
+"""The explorer API's query parameters, each checked once: a bad one is refused with one line naming the
+parameter, the value given and what is allowed (numbers in ASCII digits only: ``int()`` reads an Arabic-Indic
+zero, U+0660, as 0)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+
+from hookviz.errors import UsageError
+
+#: Every parameter some endpoint reads (``token``: the secret; ``supersede``: the page's views; ``v``: a
+#: picture asked for again after its photo changed).
+KNOWN = ("input", "layer", "method", "target", "box", "frame", "axis", "alpha", "colormap", "relu", "format",
+         "k", "channel", "steps", "supersede", "token", "v")  # fmt: skip
+
+_WHOLE = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class BadParameter(UsageError):
+    """A query parameter the API cannot take (the server answers 400)."""
+
+
+class Query:
+    """A request's parameters: each given once, each known to the API.
+
+    Raises:
+        BadParameter: a parameter given twice, or one the API does not know.
+    """
+
+    def __init__(self, query: dict[str, list[str]]) -> None:
+        for name, values in query.items():
+            if name not in KNOWN:
+                raise BadParameter(f"unknown parameter {name!r}; the API takes {', '.join(KNOWN[:-3])}")
+            if len(values) > 1 and name != "token":
+                shown = ", ".join(repr(v) for v in values)
+                raise BadParameter(f"{name} given {len(values)} times ({shown}); give it once")
+        self.one = {name: values[0] for name, values in query.items()}
+
+    def text(self, name: str, default: str = "") -> str:
+        return self.one.get(name, default)
+
+    def whole(self, name: str, default: int, low: int, high: int | None = None, what: str = "") -> int:
+        """A whole number from ``low`` (to ``high``), in ASCII digits."""
+        given = self.one.get(name)
+        if given is None:
+            return default
+        span = f"from {low}" if high is None else f"from {low} to {high}"
+        value = int(given) if _WHOLE.fullmatch(given) else None
+        if value is None or value < low or (high is not None and value > high):
+            raise BadParameter(f"{name}={given!r}: a whole number {span} in ASCII digits{what}")
+        return value
+
+    def number(self, name: str, default: float, low: float, high: float) -> float:
+        """A finite number from ``low`` to ``high``, in ASCII digits."""
+        given = self.one.get(name)
+        if given is None:
+            return default
+        value = float(given) if _NUMBER.fullmatch(given) else math.nan
+        if not low <= value <= high:  # NaN too
+            raise BadParameter(f"{name}={given!r}: a number from {low:g} to {high:g} in ASCII digits")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        given = self.one.get(name)
+        if given is None:
+            return default
+        if given.lower() in _YES + _NO:
+            return given.lower() in _YES
+        raise BadParameter(f"{name}={given!r}: 1 or 0 (true or false)")
+
+    def choice(self, name: str, default: str, allowed: Iterable[str], what: str = "") -> str:
+        given = self.one.get(name)
+        if given is None:
+            return default
+        names = list(allowed)
+        if given not in names:
+            raise BadParameter(f"{name}={given!r}: {what or 'one of'} {_listed(names)}")
+        return given
+
+
+def method(query: Query, names: Sequence[str], default: str = "gradcam") -> str:
+    """The one method a view shows (a list ``a,b`` is ``hookviz gradcam``'s, one file each: refused)."""
+    given = query.text("method", default)
+    if "," in given:
+        raise BadParameter(f"method={given!r}: a view shows one method; give one of {_listed(names)} "
+                           "(hookviz gradcam --method a,b writes one picture each)")  # fmt: skip
+    return query.choice("method", default, names)
+
+
+def target(query: Query) -> str:
+    """The class a view explains: ``top1``/``topK``, ``positive``, a class index or a name; a number only in
+    ASCII digits."""
+    given = query.text("target", "top1").strip() or "top1"
+    number = given[3:] if given.lower().startswith("top") else given
+    if number.isdigit() and not number.isascii():
+        raise BadParameter(f"target={given!r}: topK, positive, a class index (ASCII digits) or a class name")
+    return given
+
+
+def _listed(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
