@@ -75,13 +75,14 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
         "--out",
         str(tmp_path / "gen"),
     )
-    assert r.exit_code == 0, r.stderr
+    assert r.exit_code == 1, r.stderr  # nothing drawn: the answer kept in an error record
     rec = json.loads(r.stdout.splitlines()[-1])
     assert (
-        rec["generated"]
+        rec["status"] == "error"
+        and rec["generated"]
         and len(rec["tokens"]) <= 2
         and rec["maps"] == []
-        and "none of the words" in rec["note"]
+        and "none of the words 'nothing-said'" in rec["error"]
     )
 
 
@@ -537,3 +538,63 @@ def test_odd_photos_the_model_runs_are_explained_and_placed_where_the_processor_
                     checked += 1
     # (Qwen2-VL's and InternVL's few tokens over a tiny photo: none wholly bright or dark.)
     assert checked > 0 or h * w <= 4 or family in ("qwen2-vl", "internvl")
+
+
+def test_a_photo_the_model_cannot_take_is_its_own_error_record_and_the_others_go_on(tmp_path: Path) -> None:
+    folder = save("qwen2-vl", tmp_path / "qwen")
+    rng = np.random.default_rng(0)
+    photos = [
+        write_image(tmp_path / f"{name}.png", rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+        for name, size in [("dot", (1, 1)), ("small", (4, 4)), ("line", (2, 1000)), ("photo", (57, 95))]
+    ]
+    out = tmp_path / "out"
+    r = invoke("vlm", *map(str, photos), "--model", f"hf:{folder}", "--prompt", PROMPTS["qwen2-vl"],
+               "--answer", "a disc", "--method", "attention", "--out", str(out))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"hookviz: {photos[2]}: a photo of 1000x2 pixels: the processor cannot take it (absolute aspect "
+        "ratio must be smaller than 200, got 500.0)"
+    ]
+    got = {Path(rec["input"]).name: rec for rec in records(out)}
+    assert {k: v["status"] for k, v in got.items()} == {
+        "dot.png": "ok",
+        "small.png": "ok",
+        "line.png": "error",
+        "photo.png": "ok",
+    }
+    assert got["dot.png"]["box"] == [0, 0, 1, 1] and got["dot.png"]["maps"][1]["peak"] == [0, 0]
+
+
+def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_answer(tmp_path: Path) -> None:
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.zeros((40, 40, 3), np.uint8))
+    model = ["--model", f"hf:{folder}", "--method", "attention"]
+    for extra, said in [
+        (["--prompt", "USER: <image> <image> what shape is this ? ASSISTANT:"],
+         "holds 2 image tokens; hookviz vlm explains one photo per prompt: put <image> in it once"),
+        (["--prompt", PROMPTS["llava"], "--answer", ""],
+         "--answer '': an empty answer has no words to explain"),
+        (["--prompt", PROMPTS["llava"], "--answer", "  "], "an empty answer has no words to explain"),
+    ]:  # fmt: skip
+        r = invoke("vlm", str(photo), *model, *extra, "--out", str(tmp_path / "bad"))
+        assert r.exit_code == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # Some of the words: those drawn, the others named; none of them: an error record keeping the answer.
+    answer = ["--prompt", PROMPTS["llava"], "--answer", "a disc"]
+    r = invoke("vlm", str(photo), *model, *answer, "--tokens", "disc,zebra", "--out", str(tmp_path / "some"))
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.strip() == (
+        f"hookviz: {photo}: the answer 'a disc' has no word 'zebra' (its words: 'a', 'disc'); the others are "
+        "drawn"
+    )
+    (rec,) = records(tmp_path / "some")
+    assert rec["status"] == "ok" and [m["text"] for m in rec["maps"]] == ["disc"]
+    r = invoke("vlm", str(photo), *model, *answer, "--tokens", "zebra,cat", "--out", str(tmp_path / "none"))
+    assert r.exit_code == 1
+    assert r.stderr.strip() == (
+        f"hookviz: {photo}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
+        "(its words: 'a', 'disc')"
+    )
+    (rec,) = records(tmp_path / "none")
+    assert rec["status"] == "error" and rec["answer"] == "a disc" and rec["maps"] == []
+    assert "outputs" not in rec
+    assert not any(p.suffix == ".png" for p in (tmp_path / "none").iterdir())
