@@ -75,13 +75,14 @@ def test_every_family_runs_end_to_end_from_its_folder(family: str, tmp_path: Pat
         "--out",
         str(tmp_path / "gen"),
     )
-    assert r.exit_code == 0, r.stderr
+    assert r.exit_code == 1, r.stderr  # nothing drawn: the answer kept in an error record
     rec = json.loads(r.stdout.splitlines()[-1])
     assert (
-        rec["generated"]
+        rec["status"] == "error"
+        and rec["generated"]
         and len(rec["tokens"]) <= 2
         and rec["maps"] == []
-        and "none of the words" in rec["note"]
+        and "none of the words 'nothing-said'" in rec["error"]
     )
 
 
@@ -119,8 +120,8 @@ def _processed_views(vlm: Vlm, encoded: dict[str, Any], placement: Any) -> list[
     """Each view's normalised first channel as the processor made it, cut to the view's tokens: LLaVA-NeXT's
     tiles joined into one picture and its unpadded rows or columns taken, as the model joins their tokens."""
     views = [v[0] if v.ndim == 3 else v for v in vlm.family.views(encoded)]
-    if vlm.family.name != "llava-next":
-        return views
+    if vlm.family.name != "llava-next" or len(placement.views) == 1:  # (a thin photo: no tile rows)
+        return views[: len(placement.views)]
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
 
     side = int(vlm.model.config.vision_config.image_size)
@@ -457,3 +458,143 @@ def test_tam_s_rank_gaussian_filter_keeps_a_flat_map_and_quiets_a_lone_spike() -
     assert (out >= windows.min(-1) - 1e-12).all() and (out <= windows.max(-1) + 1e-12).all()
     # The spike sits at the top rank, far from the middle one: it weighs little, far below a box mean.
     assert out[4, 4] < windows[4, 4].mean() - 0.05 and out[4, 4] < 0.35
+
+
+@pytest.mark.parametrize("size", [(40, 100), (400, 1000), (210, 500)])
+def test_llava_next_s_tile_grid_is_drawn_at_its_place_where_it_hangs_over_the_photo_s_edge(
+    size: tuple[int, int],
+) -> None:
+    """LLaVA-NeXT's unpadded tile grid reaches past the photo's top and bottom by part of a row: drawn, each
+    token's map peaks (a lone hot token, the base view cold) within a pixel of the record's peak, the centre
+    of the photo pixels its cell covers (the grid cut at the photo's edge, not squeezed onto it)."""
+    vlm = _vlm("llava-next")
+    h, w = size
+    encoded = encode(vlm, np.zeros((h, w, 3), np.uint8), PROMPTS["llava-next"])
+    placement = vlm.family.placement(vlm.model, vlm.processor, encoded, size)
+    base, tiles = placement.views
+    y0, y1 = tiles.y.span()
+    assert y0 < -1 and y1 > h + 1, (y0, y1)  # the grid hangs over the edge
+    rows, cols = tiles.grid
+    start = base.grid[0] * base.grid[1]
+    checked = 0
+    for r in range(rows):
+        for c in range(cols):
+            k = start + r * (cols + tiles.row_extra) + c
+            ys, xs = placement.token_pixels(k)
+            cell = tiles.y.step * tiles.y.size / rows
+            if ys.min() == 0 or ys.max() == h - 1 or xs.min() == 0 or xs.max() == w - 1:
+                continue  # a cell cut by the photo's edge: its drawn peak is its centre, off the photo
+            scores = np.zeros(placement.tokens)
+            scores[k] = 1.0
+            picture = placement.picture(scores)
+            y, x = np.unravel_index(np.nanargmax(picture), picture.shape)
+            px, py = placement.peak(scores)
+            assert abs(x - px) <= 1 and abs(y - py) <= 1, (r, c, (x, y), (px, py), cell)
+            checked += 1
+    assert checked >= cols - 2
+
+
+ODD = [("llava", (1, 1)), ("llava", (4, 4)), ("qwen2-vl", (1, 1)), ("qwen2-vl", (4, 4)),
+       ("qwen2-vl", (3, 400)), ("paligemma", (2, 2)), ("internvl", (4, 4)), ("llava-next", (4, 4)),
+       ("llava-next", (17, 300)), ("llava-next", (9, 150)), ("llava-next", (300, 17)),
+       ("llava-next", (3, 400)), ("idefics3", (2, 2)), ("idefics3", (28, 28)), ("idefics3", (20, 28)),
+       ("idefics3", (17, 300)), ("idefics3", (9, 150))]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "size"), ODD, ids=[f"{f}-{h}x{w}" for f, (h, w) in ODD])
+def test_odd_photos_the_model_runs_are_explained_and_placed_where_the_processor_puts_them(
+    family: str, size: tuple[int, int]
+) -> None:
+    """Tiny, thin and very wide photos (read as (H, W, C), never as channels first): the map has a score per
+    image token the model reads, and each token's centre, placed on the photo, lies in the planted block
+    where the processor's own output is bright there, outside it where dark."""
+    vlm = _vlm(family)
+    h, w = size
+    photo = np.full((h, w, 3), 20, np.uint8)
+    y0, y1 = (h // 4, h - h // 4) if h >= 4 else (0, h)
+    x0, x1 = (w // 4, w - w // 4) if w >= 4 else (0, w)
+    photo[y0:y1, x0:x1] = 235
+    block = np.zeros((h, w), bool)
+    block[y0:y1, x0:x1] = True
+    wm = explain_words(vlm, photo, PROMPTS[family], answer="a disc", methods=("attention",))
+    encoded = encode(vlm, photo, PROMPTS[family])
+    image = (encoded["input_ids"][0] == vlm.family.image_token(vlm.model)).sum()
+    placement = wm.placement
+    assert wm.maps["attention"].shape == (2, placement.tokens) and placement.tokens == int(image)
+    assert placement.picture(wm.maps["attention"][1]).shape == (h, w)
+    checked = 0
+    for processed, g in zip(_processed_views(vlm, encoded, placement), placement.views, strict=True):
+        if not g.grid[0] * g.grid[1]:  # a tall photo's LLaVA-NeXT tiles keep no column: row-end tokens alone
+            continue
+        (rows, cols), middle = g.grid, (processed.max() + processed.min()) / 2
+        ph, pw = processed.shape[0] // rows, processed.shape[1] // cols
+        seen = (processed > middle).reshape(rows, ph, cols, pw).mean(axis=(1, 3))
+        for r in range(rows):
+            for c in range(cols):
+                y = g.y.origin + g.y.step * ((r + 0.5) * ph - 0.5)
+                x = g.x.origin + g.x.step * ((c + 0.5) * pw - 0.5)
+                if 0 <= y < h and 0 <= x < w and (seen[r, c] > 0.9 or seen[r, c] < 0.1) and np.ptp(processed):
+                    assert block[int(y), int(x)] == (seen[r, c] > 0.5), (r, c, y, x, seen[r, c])
+                    checked += 1
+    # (Qwen2-VL's and InternVL's few tokens over a tiny photo: none wholly bright or dark.)
+    assert checked > 0 or h * w <= 4 or family in ("qwen2-vl", "internvl")
+
+
+def test_a_photo_the_model_cannot_take_is_its_own_error_record_and_the_others_go_on(tmp_path: Path) -> None:
+    folder = save("qwen2-vl", tmp_path / "qwen")
+    rng = np.random.default_rng(0)
+    photos = [
+        write_image(tmp_path / f"{name}.png", rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+        for name, size in [("dot", (1, 1)), ("small", (4, 4)), ("line", (2, 1000)), ("photo", (57, 95))]
+    ]
+    out = tmp_path / "out"
+    r = invoke("vlm", *map(str, photos), "--model", f"hf:{folder}", "--prompt", PROMPTS["qwen2-vl"],
+               "--answer", "a disc", "--method", "attention", "--out", str(out))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"hookviz: {photos[2]}: a photo of 1000x2 pixels: the processor cannot take it (absolute aspect "
+        "ratio must be smaller than 200, got 500.0)"
+    ]
+    got = {Path(rec["input"]).name: rec for rec in records(out)}
+    assert {k: v["status"] for k, v in got.items()} == {
+        "dot.png": "ok",
+        "small.png": "ok",
+        "line.png": "error",
+        "photo.png": "ok",
+    }
+    assert got["dot.png"]["box"] == [0, 0, 1, 1] and got["dot.png"]["maps"][1]["peak"] == [0, 0]
+
+
+def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_answer(tmp_path: Path) -> None:
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.zeros((40, 40, 3), np.uint8))
+    model = ["--model", f"hf:{folder}", "--method", "attention"]
+    for extra, said in [
+        (["--prompt", "USER: <image> <image> what shape is this ? ASSISTANT:"],
+         "holds 2 image tokens; hookviz vlm explains one photo per prompt: put <image> in it once"),
+        (["--prompt", PROMPTS["llava"], "--answer", ""],
+         "--answer '': an empty answer has no words to explain"),
+        (["--prompt", PROMPTS["llava"], "--answer", "  "], "an empty answer has no words to explain"),
+    ]:  # fmt: skip
+        r = invoke("vlm", str(photo), *model, *extra, "--out", str(tmp_path / "bad"))
+        assert r.exit_code == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # Some of the words: those drawn, the others named; none of them: an error record keeping the answer.
+    answer = ["--prompt", PROMPTS["llava"], "--answer", "a disc"]
+    r = invoke("vlm", str(photo), *model, *answer, "--tokens", "disc,zebra", "--out", str(tmp_path / "some"))
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.strip() == (
+        f"hookviz: {photo}: the answer 'a disc' has no word 'zebra' (its words: 'a', 'disc'); the others are "
+        "drawn"
+    )
+    (rec,) = records(tmp_path / "some")
+    assert rec["status"] == "ok" and [m["text"] for m in rec["maps"]] == ["disc"]
+    r = invoke("vlm", str(photo), *model, *answer, "--tokens", "zebra,cat", "--out", str(tmp_path / "none"))
+    assert r.exit_code == 1
+    assert r.stderr.strip() == (
+        f"hookviz: {photo}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
+        "(its words: 'a', 'disc')"
+    )
+    (rec,) = records(tmp_path / "none")
+    assert rec["status"] == "error" and rec["answer"] == "a disc" and rec["maps"] == []
+    assert "outputs" not in rec
+    assert not any(p.suffix == ".png" for p in (tmp_path / "none").iterdir())

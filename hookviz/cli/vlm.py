@@ -89,8 +89,11 @@ def _sayer(run: Any) -> Any:
             typer.echo(json.dumps(record))
         elif record.get("status") == "error":
             typer.echo(f"hookviz: {record['input']}: {record.get('error')}", err=True)
-        elif not run.quiet:
-            done = " (skipped: done by an earlier run)" if record.get("status") == "skipped" else ""
-            typer.echo(f"{record['input']}: {record['answer']!r} ({len(record['maps'])} maps){done}")
+        else:
+            if not run.quiet:
+                done = " (skipped: done by an earlier run)" if record.get("status") == "skipped" else ""
+                typer.echo(f"{record['input']}: {record['answer']!r} ({len(record['maps'])} maps){done}")
+            if record.get("status") == "ok" and record.get("note"):  # --tokens words the answer lacks
+                typer.echo(f"hookviz: {record['input']}: {record['note']}", err=True)
 
     return say

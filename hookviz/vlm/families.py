@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from hookviz.errors import UsageError
+from hookviz.errors import InputError, UsageError
 from hookviz.io.images import Box
 
 #: A transformers model (or one of its parts): hookviz reads its config and submodules by their names, which
@@ -115,7 +115,8 @@ class Placement:
         for view, (r, c) in zip(self.views, self.grids, strict=True):
             width = c + view.row_extra
             block = out[start : start + r * width].reshape(r, width)
-            block[:, :c] = change(block[:, :c])
+            if r * c:  # (a grid of row-end tokens alone has nothing to change)
+                block[:, :c] = change(block[:, :c])
             start += r * width
         return out
 
@@ -131,24 +132,25 @@ class Placement:
 
     def box(self) -> Box:
         """The part of the photo some view saw."""
-        boxes = [v.box() for v in self.views]
+        boxes = [v.box() for v in self.views if v.grid[0] * v.grid[1]]
         return Box(min(b.x0 for b in boxes), min(b.y0 for b in boxes), max(b.x1 for b in boxes),
                    max(b.y1 for b in boxes))  # fmt: skip
 
     def picture(self, scores: np.ndarray) -> np.ndarray:
-        """The map over the photo ``(H, W)`` for drawing: each view's grid upsampled bilinearly onto its part
-        of the photo, the views' mean where several cover a pixel (NaN where none does)."""
-        import cv2
-
+        """The map over the photo ``(H, W)`` for drawing: each view's grid interpolated bilinearly at its
+        place (a token's score at its cell's centre; beyond the outer centres the edge tokens' scores), the
+        views' mean where several cover a pixel (NaN where none does). A grid that reaches past the photo's
+        edge (LLaVA-NeXT's unpadded tiles keep part of a row of padding) is cut there, not squeezed in."""
         total = np.zeros(self.photo, np.float64)
         count = np.zeros(self.photo, np.float64)
         for view, grid in zip(self.views, self.split(scores), strict=True):
-            b = view.box()
-            if b.width < 1 or b.height < 1:
+            if grid.size == 0:
                 continue
-            up = cv2.resize(grid.astype(np.float32), (b.width, b.height), interpolation=cv2.INTER_LINEAR)
-            total[b.y0 : b.y1, b.x0 : b.x1] += up
-            count[b.y0 : b.y1, b.x0 : b.x1] += 1
+            wy, iy = _bilinear(view.y, self.photo[0], grid.shape[0])
+            wx, ix = _bilinear(view.x, self.photo[1], grid.shape[1])
+            inside = iy[:, None] & ix[None, :]
+            total[inside] += (wy @ grid.astype(np.float64) @ wx.T)[inside]
+            count[inside] += 1
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
 
@@ -161,7 +163,8 @@ class Placement:
                 if col >= c:
                     return np.zeros(0, int), np.zeros(0, int)
                 rows, cols = view.cells()
-                return np.nonzero(rows == row)[0], np.nonzero(cols == col)[0]
+                return (_covered(rows, row, view.y, r, self.photo[0]),
+                        _covered(cols, col, view.x, c, self.photo[1]))  # fmt: skip
             index -= r * width
         raise IndexError(index)
 
@@ -327,20 +330,27 @@ class LlavaNext(Family):
         got = processed(processor.image_processor, images=ramp, do_rescale=False, do_normalize=False,
                         return_tensors="pt")  # fmt: skip
         views = self.views(dict(got))
-        base = Geometry(_axis(views[0][0], 1, views[0][2] > 0.5), _axis(views[0][1], 0, views[0][2] > 0.5),
+        base = Geometry(_axis(views[0][0], 1, views[0][2] > 0.5, photo[1]),
+                        _axis(views[0][1], 0, views[0][2] > 0.5, photo[0]),
                         (side // patch, side // patch), photo)  # fmt: skip
         canvas = np.concatenate(
             [np.concatenate(views[1 + i * tiles_w : 1 + (i + 1) * tiles_w], axis=2) for i in range(tiles_h)],
             axis=1,
         )
         mask = canvas[2] > 0.5
-        x, y = _axis(canvas[0], 1, mask), _axis(canvas[1], 0, mask)
+        x, y = _axis(canvas[0], 1, mask, photo[1]), _axis(canvas[1], 0, mask, photo[0])
         rows, cols = tiles_h * side // patch, tiles_w * side // patch
         index = torch.arange(rows * cols).reshape(1, rows, cols)
         kept = unpad_image(index, torch.tensor(list(photo)))[0]
-        r0, c0 = divmod(int(kept[0, 0]), cols)
         kr, kc = kept.shape
         extra = 1 if getattr(model.model, "image_newline", None) is not None else 0
+        if kept.numel() == 0:  # a photo so thin that its tiles' rows or columns round to none
+            if kr == 0 or not extra:  # no tokens at all: the base view alone
+                return Placement((base,), photo)
+            # No column left: each row is its row-end token alone, with no place on the photo.
+            ends = Axis(y.origin, y.step, kr * patch)
+            return Placement((base, Geometry(Axis(x.origin, x.step, 0), ends, (kr, 0), photo, extra)), photo)
+        r0, c0 = divmod(int(kept[0, 0]), cols)
         grid_view = Geometry(
             Axis(x.origin + x.step * c0 * patch, x.step, kc * patch),
             Axis(y.origin + y.step * r0 * patch, y.step, kr * patch), (kr, kc), photo, row_extra=extra,
@@ -396,23 +406,49 @@ def measure(
                     return_tensors="pt")  # fmt: skip
     views = family.views(dict(got))
     if len(views) != len(grids):
-        raise UsageError(f"the processor made {len(views)} views of the ramp and {len(grids)} of the photo")
+        raise InputError(f"the processor made {len(views)} views of the ramp and {len(grids)} of the photo")
     placed = tuple(
-        Geometry(_axis(v[0], 1, v[2] > 0.5), _axis(v[1], 0, v[2] > 0.5), grid, photo)
+        Geometry(_axis(v[0], 1, v[2] > 0.5, photo[1]), _axis(v[1], 0, v[2] > 0.5, photo[0]), grid, photo)
         for v, grid in zip(views, grids, strict=True)
     )
     return Placement(placed, photo)
 
 
 def processed(processor: Any, **kwargs: Any) -> Any:
-    """``processor(**kwargs)``, its library's deprecation notices silenced (they are its own, not the user's:
-    some transformers releases warn inside their image processors under NumPy 2)."""
+    """``processor(**kwargs)`` on pictures ``(H, W, C)`` (said outright: left to guess, the processor takes
+    a photo 4 or fewer pixels high for ``(C, H, W)``, a 4 x 4 photo for four channels of 4 x 3), its
+    library's deprecation notices silenced (they are its own, not the user's: some transformers releases warn
+    inside their image processors under NumPy 2)."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        return processor(**kwargs)
+        return processor(**kwargs, input_data_format="channels_last")
+
+
+def _covered(cells: np.ndarray, cell: int, axis: Axis, tokens: int, n: int) -> np.ndarray:
+    """The photo pixels along one axis whose centres lie in token ``cell``; where none does (a photo
+    enlarged: a cell narrower than a pixel), the pixel holding the cell's centre (none: off the photo)."""
+    found = np.nonzero(cells == cell)[0]
+    if len(found):
+        return found
+    centre = axis.origin + axis.step * ((cell + 0.5) * axis.size / tokens - 0.5)
+    return np.array([int(np.floor(centre))] if 0 <= centre < n else [], int)
+
+
+def _bilinear(axis: Axis, n: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Along one axis, each of the photo's ``n`` pixels as a bilinear mix of the ``tokens`` cells' centres
+    ``(n, tokens)`` (clamped at the outer ones, as ``cv2.resize`` is), and which pixels the view covers."""
+    u = ((np.arange(n) + 0.5) - axis.origin) / axis.step  # processed pixel, continuous (centres at integers)
+    at = np.clip((u + 0.5) * tokens / axis.size - 0.5, 0, tokens - 1)  # token, continuous
+    low = np.minimum(np.floor(at).astype(int), tokens - 1)
+    high = np.minimum(low + 1, tokens - 1)
+    weights = np.zeros((n, tokens))
+    rows = np.arange(n)
+    np.add.at(weights, (rows, low), 1 - (at - low))
+    np.add.at(weights, (rows, high), at - low)
+    return weights, (u >= -0.5) & (u < axis.size - 0.5)
 
 
 def _ramp(photo: tuple[int, int]) -> np.ndarray:
@@ -426,9 +462,18 @@ def _ramp(photo: tuple[int, int]) -> np.ndarray:
     return ramp
 
 
-def _axis(plane: np.ndarray, along: int, photo: np.ndarray) -> Axis:
-    """The line ``origin + step * u`` the ramp's values follow along one axis of the processed image (fitted
-    inside the photo's pixels, away from their borders, where resampling clamps and padding begins)."""
+def _axis(plane: np.ndarray, along: int, photo: np.ndarray, length: int) -> Axis:
+    """The line ``origin + step * u`` the ramp's values follow along one axis of the processed image (a photo
+    of ``length`` pixels along it).
+
+    Fitted inside the photo's pixels: from their middle half outwards, as far as the values stay on the line.
+    Only near the photo's own borders may they leave it (resampling clamps there: a kernel reaching past
+    the border reads the border pixel again), which on a photo a few pixels wide is most of it. A photo one
+    pixel wide along the axis (a constant ramp) is spread evenly over the processed pixels it covers.
+
+    Raises:
+        InputError: the values leave the line away from the photo's borders (not a resize hookviz knows).
+    """
     line = np.nonzero(photo.any(axis=1 - along))[0]  # where the photo lies along this axis
     middle: tuple[int | slice, ...]
     if along == 1:
@@ -437,13 +482,35 @@ def _axis(plane: np.ndarray, along: int, photo: np.ndarray) -> Axis:
     else:
         cols = np.nonzero(photo.any(axis=0))[0]
         middle = (slice(None), int(cols[len(cols) // 2]) if len(cols) else plane.shape[1] // 2)
-    values = plane[middle]
+    values = plane[middle].astype(np.float64)
     n = len(values)
     first, last = (int(line[0]), int(line[-1]) + 1) if len(line) else (0, n)
-    margin = min(3, (last - first) // 4)
-    inner = np.arange(first + margin, max(last - margin, first + margin + 2))
-    step, origin = np.polyfit(inner.astype(np.float64), values[inner].astype(np.float64), 1)
-    # Within half a processed pixel (two resamplings, as Idefics3's tiles, wobble by less than that).
-    if not np.allclose(origin + step * inner, values[inner], atol=0.5 * abs(step)):
-        raise UsageError("the processor does not resize the photo linearly; hookviz cannot place its tokens")
+    inside = np.arange(first, last)
+    seen = values[inside]
+    if len(inside) < 2 or np.ptp(seen) <= 1e-6 * max(1, length):  # within one photo pixel: nothing to fit
+        step = 1.0 / max(len(inside), 1)
+        pixel = float(np.clip(np.floor(seen.mean() if len(seen) else 0.0), 0, max(length - 1, 0)))
+        return Axis(pixel + step * (0.5 - first), step, n)
+    quarter = len(inside) // 4 if len(inside) >= 4 else 0
+    lo, hi = quarter, len(inside) - quarter  # the run of values on the line, [lo, hi) of ``inside``
+    centre = len(inside) // 2
+    for _ in range(4):
+        step, origin = np.polyfit(inside[lo:hi].astype(np.float64), seen[lo:hi], 1)
+        # Within half a processed pixel (two resamplings, as Idefics3's tiles, wobble by less than that).
+        on = np.abs(origin + step * inside - seen) <= 0.5 * abs(step) + 1e-9 * max(1, length)
+        if not on[centre]:
+            break
+        off = np.nonzero(~on)[0]
+        grown = int(off[off < centre].max() + 1) if (off < centre).any() else 0
+        upto = int(off[off > centre].min()) if (off > centre).any() else len(inside)
+        if (grown, upto) == (lo, hi) or upto - grown < 2:
+            break
+        lo, hi = grown, upto
+    # Off the line only where a resampling kernel (Lanczos' three pixels, widened by a downscale) reaches
+    # past the photo's border: on a photo a few pixels wide, everywhere (the middle half's line is kept).
+    reach = 2 + 3 * max(1.0, abs(step))
+    off = np.abs(origin + step * inside - seen) > 0.5 * abs(step) + 1e-9 * max(1, length)
+    border = np.minimum(seen, length - seen) <= reach
+    if (off & ~border).any() or abs(step) < 1e-12:
+        raise InputError("the processor does not resize the photo linearly; hookviz cannot place its tokens")
     return Axis(float(origin), float(step), n)

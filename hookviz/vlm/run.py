@@ -17,7 +17,7 @@ from hookviz.io.outputs import Output, settings_key
 from hookviz.run.pipeline import output_prefix
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.pictures import chosen_tokens, render_words
-from hookviz.vlm.words import DEFAULT_METHODS, METHODS, Vlm, explain_words, load_vlm
+from hookviz.vlm.words import DEFAULT_METHODS, METHODS, Vlm, empty_answer, explain_words, load_vlm
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,16 @@ class VlmSettings:
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise UsageError(f"--method {bad[0] if bad else ''!r}: hookviz vlm has {', '.join(METHODS)}")
+        if self.answer is not None and not self.answer.strip():
+            raise UsageError(empty_answer(self.answer))
 
 
 def explain_photo(
     vlm: Vlm, path: Path, settings: VlmSettings, stem: str
 ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-    """One photo's files and record (see :func:`hookviz.vlm.pictures.render_words`)."""
+    """One photo's files and record (see :func:`hookviz.vlm.pictures.render_words`); where ``settings.words``
+    names words the answer does not have, the record's ``note`` names them (and, where it has none of them,
+    nothing is drawn and the record's ``error`` says so)."""
     rgb = load_rgb(path)
     wm = explain_words(
         vlm,
@@ -71,8 +75,16 @@ def explain_photo(
     if settings.metrics:
         for entry in record["maps"]:
             entry["metrics"] = word_faithfulness(vlm, wm, entry["method"], entry["token"])
-    if settings.words and not tokens:
-        record["note"] = f"the answer has none of the words {', '.join(settings.words)}"
+    said = {wm.answer.tokens[k].strip().lower() for k in tokens}
+    missing = [w for w in settings.words if w.strip().lower() not in said]
+    if missing:
+        words = ", ".join(repr(t.strip()) for t in wm.answer.tokens)
+        if tokens:
+            record["note"] = f"the answer {wm.answer.text!r} has no word {', '.join(map(repr, missing))} " \
+                             f"(its words: {words}); the others are drawn"  # fmt: skip
+        else:
+            record["error"] = f"the answer {wm.answer.text!r} has none of the words " \
+                f"{', '.join(map(repr, missing))}; nothing drawn (its words: {words})"  # fmt: skip
     return files, record
 
 
@@ -119,6 +131,9 @@ def run_vlm(
                     record |= done
                 else:
                     files, found = explain_photo(vlm, item.path, settings, stem)
+                    if "error" in found:  # none of --tokens' words in the answer: kept, nothing drawn
+                        record |= found
+                        raise InputError(found["error"])
                     if not overwrite and any(output.path(n).exists() for n, _ in files):
                         raise InputError(f"{stem}: outputs of an earlier run exist; --overwrite redoes them")
                     written = [str(output.write(n, data)) for n, data in files]

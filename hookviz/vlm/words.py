@@ -133,9 +133,16 @@ def encode(vlm: Vlm, rgb: np.ndarray, prompt: str) -> dict[str, Any]:
     one and the prompt holds no image token; else the prompt as given, which must hold the image token).
 
     Raises:
-        UsageError: the prompt has no image token and the processor no chat template.
+        UsageError: the prompt has no image token and the processor no chat template, or several.
+        InputError: the processor cannot take this photo (the others may go on).
     """
     token = vlm.processor.tokenizer.convert_ids_to_tokens(vlm.family.image_token(vlm.model))
+    held = max(prompt.count(w) for w in {_image_word(vlm), str(token)})
+    if held > 1:
+        raise UsageError(
+            f"--prompt {prompt!r} holds {held} image tokens; hookviz vlm explains one photo per prompt: put "
+            f"{_image_word(vlm)} in it once"
+        )
     text = prompt
     if _image_word(vlm) not in prompt and token not in prompt:
         if getattr(vlm.processor, "chat_template", None):
@@ -147,7 +154,12 @@ def encode(vlm: Vlm, rgb: np.ndarray, prompt: str) -> dict[str, Any]:
                 f"{_image_word(vlm)} where the photo goes"
             )
     images = [[np.array(rgb)]] if vlm.family.name == "idefics3" else np.array(rgb)
-    encoded = dict(processed(vlm.processor, images=images, text=[text], return_tensors="pt"))
+    try:
+        encoded = dict(processed(vlm.processor, images=images, text=[text], return_tensors="pt"))
+    except ValueError as exc:  # the processor refuses the photo (Qwen2-VL: an aspect ratio over 200)
+        h, w = rgb.shape[:2]
+        said = first_line(exc)
+        raise InputError(f"a photo of {w}x{h} pixels: the processor cannot take it ({said})") from None
     return {k: v.to(vlm.device) if isinstance(v, Tensor) else v for k, v in encoded.items()}
 
 
@@ -159,8 +171,10 @@ def answer_of(vlm: Vlm, encoded: dict[str, Any], answer: str | None, max_new_tok
     """The answer given (its tokens checked) or generated greedily, after the prompt.
 
     Raises:
-        UsageError: ``answer`` has a word the tokenizer does not know, or reads back as other text.
+        UsageError: ``answer`` is empty, has a word the tokenizer does not know, or reads back as other text.
     """
+    if answer is not None and not answer.strip():
+        raise UsageError(empty_answer(answer))
     tokenizer = vlm.processor.tokenizer
     prompt = encoded["input_ids"][:1]
     if answer is None:
@@ -197,6 +211,14 @@ def answer_of(vlm: Vlm, encoded: dict[str, Any], answer: str | None, max_new_tok
     tokens = [tokenizer.decode([t]) for t in new]
     said = " ".join(tokenizer.decode(new, skip_special_tokens=True).split())
     return Answer(ids, prompt.shape[1], tokens, list(new), said, generated=answer is None)
+
+
+def empty_answer(answer: str) -> str:
+    """What is wrong with an empty ``--answer``."""
+    return (
+        f"--answer {answer!r}: an empty answer has no words to explain; give the answer's words, or leave "
+        "--answer out to generate one"
+    )
 
 
 def _forced(encoded: dict[str, Any], answer: Answer) -> dict[str, Any]:
