@@ -1,5 +1,5 @@
-"""hookviz.widget: the explorer's routes over the kernel's comm (answers equal to the explorer server's), one
-line outside a kernel, and the front end driven in headless Chromium inside JupyterLab against a live kernel."""
+"""hookviz.widget: the explorer's routes over the kernel's comm (answers equal to the explorer server's),
+one line outside a kernel, and the front end driven in headless Chromium in JupyterLab on a live kernel."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from hookviz.explore.session import Session
 from hookviz.explore.view import View
 from hookviz.tasks.api import load_model
 from tests.conftest import TinyCNN, write_image
+from tests.test_report import browser  # noqa: F401 - the browser fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("anywidget")
@@ -63,7 +64,7 @@ def test_the_widget_answers_as_the_explorer_does(weighed: tuple[Path, Path]) -> 
                      "/api/map?input=1&method=layercam", "/api/map?input=0&box=-3"):  # fmt: skip
             message, buffers = answer(host, path)
             url = f"http://127.0.0.1:{explorer.server_address[1]}{path}&token={explorer.token}"
-            url = url.replace(f"inputs&token", "inputs?token")
+            url = url.replace("inputs&token", "inputs?token")
             try:
                 with urllib.request.urlopen(url, timeout=120) as r:
                     status, body = r.status, r.read()
@@ -107,7 +108,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     environ = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PYTHONPATH": str(ROOT),
                "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", "--allow-root",
          f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
          "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None", "--LabApp.check_for_updates_class="
          "jupyterlab.NeverCheckForUpdate"],
@@ -127,17 +128,20 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 time.sleep(0.5)
         yield f"{url}/lab/tree/widget.ipynb?token={token}", work
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @pytest.mark.slow
 def test_the_widget_in_jupyterlab_shows_the_maps_the_explorer_makes(
-    lab: tuple[str, Path], weighed: tuple[Path, Path], browser: Any
+    lab: tuple[str, Path],
+    weighed: tuple[Path, Path],
+    browser: Any,  # noqa: F811
 ) -> None:
     nbformat = pytest.importorskip("nbformat")
     from selenium.webdriver.common.by import By
@@ -146,15 +150,17 @@ def test_the_widget_in_jupyterlab_shows_the_maps_the_explorer_makes(
     url, work = lab
     code = (
         "import hookviz\n"
-        f"w = hookviz.widget({str(weighed[1])!r}, model='tests.conftest:TinyCNN', weights={str(weighed[0])!r}, "
-        "input_size=48)\nw"
+        f"w = hookviz.widget({str(weighed[1])!r}, model='tests.conftest:TinyCNN',\n"
+        f"                   weights={str(weighed[0])!r}, input_size=48)\nw"
     )
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, work / "widget.ipynb")
     browser.get(url)
     wait = WebDriverWait(browser, 240)
-    wait.until(lambda d: d.execute_script("return !!(window.jupyterapp && document.querySelector('.jp-Notebook'))"))
+    wait.until(
+        lambda d: d.execute_script("return !!(window.jupyterapp && document.querySelector('.jp-Notebook'))")
+    )
     # The kernel must be idle before the cell runs (a kernel still starting drops the command).
     wait.until(lambda d: d.execute_script(
         "const w = window.jupyterapp.shell.currentWidget;"
@@ -162,7 +168,8 @@ def test_the_widget_in_jupyterlab_shows_the_maps_the_explorer_makes(
         " && w.sessionContext.session.kernel.status === 'idle')"))  # fmt: skip
     browser.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     state = lambda d: d.execute_script(  # noqa: E731
-        "const e = document.querySelector('.hookviz-widget'); return e && e.parentElement.dataset.state")
+        "const e = document.querySelector('.hookviz-widget'); return e && e.parentElement.dataset.state"
+    )
     wait.until(lambda d: state(d) in ("shown", "error"))
     assert state(browser) == "shown", browser.find_element(By.CSS_SELECTOR, ".hookviz-widget .status").text
     Select(browser.find_element(By.CSS_SELECTOR, "[data-pick='input']")).select_by_value("1")

@@ -28,7 +28,7 @@ from hookviz.training import monitor
 
 class Monitor(Callback):
     """A :class:`hookviz.training.monitor.Monitor` for a Lightning module; the arguments are the same, less
-    the model and the writer (the trainer's logger's).
+    the model and the writer (the trainer's logger's, unless ``log`` names a tracker run of its own).
 
     The model watched is the LightningModule being fitted when it defines ``forward``; otherwise its
     submodule that owns ``layer`` (``layer="net.layer4"``: ``net``), or the one child that holds
@@ -51,9 +51,13 @@ class Monitor(Callback):
         images: np.ndarray | None = None,
         watch: bool = True,
         module: str | None = None,
+        log: str | None = None,
     ) -> None:
         super().__init__()
         self.probe, self.every, self.watch, self.module = probe, every, watch, module
+        #: A tracker run of the monitor's own (``"mlflow[:URI]"``, ``"wandb[:PROJECT]"``) instead of the
+        #: trainer's logger.
+        self.log = log
         self.options: dict[str, Any] = {
             "layer": layer, "methods": methods, "labels": labels, "features": features, "stats": stats,
             "images": images,
@@ -69,7 +73,7 @@ class Monitor(Callback):
             return
         try:
             name, model = _watched_module(pl_module, self.module, self.options["layer"])
-            writer, log_dir = _writer(trainer)
+            writer, log_dir = (None, None) if self.log else _writer(trainer)
             labels = self.options["labels"]
             options = {
                 **self.options,
@@ -86,6 +90,7 @@ class Monitor(Callback):
                 writer=writer,
                 log_dir=log_dir,
                 watch=self.watch,
+                log=self.log,
             )
         except Exception as exc:  # a monitor never stops the training it watches
             self.monitor = None
