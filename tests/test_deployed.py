@@ -178,6 +178,48 @@ def test_an_onnx_model_lists_its_module_paths_and_refuses_in_one_line(
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "layer", "optimize"),
+    [
+        ("mobilenet_v3_small", "features", False),  # squeeze-excite, flatten: the exporter's own scope
+        ("resnet18", "layer4", True),  # flatten
+        ("shufflenet_v2_x0_5", "conv5", True),  # the channel shuffle's reshapes
+    ],
+)
+def test_torch_s_default_onnx_export_of_torchvision_classifiers_gives_their_maps(
+    name: str, layer: str, optimize: bool, tmp_path: Path
+) -> None:
+    """torchvision classifiers (weights=None) exported by torch's default (dynamo) exporter with a dynamic
+    batch: the scope its passes record for the batch's size (``_empty_nn_module_stack_from_metadata_hook``,
+    a scalar; kept when the graph is not optimised) is not a layer, and Eigen-CAM and the prediction equal
+    the PyTorch module's."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None).eval()
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    file = tmp_path / f"{name}.onnx"
+    batch = {"x": {0: torch.export.Dim("batch")}}
+    torch.onnx.export(model, (torch.zeros(2, 3, 64, 64),), file, dynamic_shapes=batch, optimize=optimize,
+                      verbose=False)  # fmt: skip
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(4).integers(0, 256, (70, 90, 3), np.uint8))
+    runs = {}
+    module = ["--model", name, "--weights", str(tmp_path / "w.pth"), "--input-size", "64"]
+    for run, spec in (("module", module), ("onnx", ["--model", str(file)])):
+        r = invoke("gradcam", str(photo), *spec, "--layer", layer, "--method", "eigencam", "--save-raw",
+                   "--out", str(tmp_path / run))  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        (runs[run],) = records(tmp_path / run)
+    assert runs["onnx"]["predicted"]["index"] == runs["module"]["predicted"]["index"]
+    assert runs["onnx"]["predicted"]["score"] == pytest.approx(runs["module"]["predicted"]["score"], abs=1e-4)
+    raw = [np.load(tmp_path / run / Path(runs[run]["maps"][0]["file"]).name.replace(".png", ".npy"))
+           for run in ("onnx", "module")]  # fmt: skip
+    np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4)
+
+
 # -- TorchScript -------------------------------------------------------------------------------------------
 def test_a_torchscript_archive_gives_its_model_s_input_maps_and_refuses_the_rest_in_one_line(
     exported: tuple[Path, Path, Path], trained: Any, tmp_path: Path

@@ -166,18 +166,32 @@ def _scopes(node: Any) -> list[str]:
     return scopes
 
 
+#: The scope torch's exporter gives the nodes its own passes add (no module's: a dynamic size's ``sym_size_int``).
+_SYNTHETIC = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def _taps(proto: Any) -> dict[str, tuple[str, tuple[int | None, ...]]]:
-    """Each module path with the tensor that leaves it (its last node's first output) and its shape."""
+    """Each module path with the tensor that leaves it (its last node's first output) and its shape.
+
+    Only a scope whose tensor has a batch axis and more (``(B, C, H, W)`` maps, ``(B, N, D)`` tokens,
+    ``(B, C)`` scores) is a layer: torch's exporter also records scopes of its own passes
+    (``_empty_nn_module_stack_from_metadata_hook``) whose tensor is a scalar (a ``sym_size_int``, the
+    dynamic batch's size), which no hook can take."""
     shapes = {
         v.name: tuple((d.dim_value or None) for d in v.type.tensor_type.shape.dim)
         for v in [*proto.graph.value_info, *proto.graph.output]
+        if v.type.tensor_type.HasField("shape")
     }
     found: dict[str, tuple[str, tuple[int | None, ...]]] = {}
     for node in proto.graph.node:
         for scope in _scopes(node):
             if node.output:
                 found[scope] = (node.output[0], shapes.get(node.output[0], ()))
-    return found
+    return {
+        scope: (tensor, shape)
+        for scope, (tensor, shape) in found.items()
+        if _SYNTHETIC not in scope and (tensor not in shapes or len(shape) >= 2)
+    }
 
 
 @lru_cache(maxsize=1)
