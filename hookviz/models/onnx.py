@@ -166,7 +166,8 @@ def _scopes(node: Any) -> list[str]:
     return scopes
 
 
-#: The scope torch's exporter gives the nodes its own passes add (no module's: a dynamic size's ``sym_size_int``).
+#: The scope torch's exporter gives the nodes its own passes add (no module's: a dynamic size's
+#: ``sym_size_int``).
 _SYNTHETIC = "_empty_nn_module_stack_from_metadata_hook"
 
 
