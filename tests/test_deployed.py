@@ -400,3 +400,78 @@ def test_a_yolo_onnx_export_gives_the_checkpoint_s_d_rise_and_eigen_cam(
         r = invoke("gradcam", str(photo), "--model", str(fixed), *extra, "--out", str(tmp_path / "o"))
         assert r.exit_code == 2 and said in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _graph(path: Path, inputs: dict[str, list[Any]], nhwc: bool = False) -> Path:
+    """A small ONNX classifier (mean over space, then 3 scores) with the given inputs, written to ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes, first = [], next(iter(inputs))
+    if len(inputs) > 1:
+        nodes.append(helper.make_node("Add", list(inputs), ["sum"]))
+        first = "sum"
+    if nhwc:
+        nodes.append(helper.make_node("Transpose", [first], ["nchw"], perm=[0, 3, 1, 2]))
+        first = "nchw"
+    nodes += [
+        helper.make_node("GlobalAveragePool", [first], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_deployed_models_the_photo_cannot_feed_are_one_line_naming_the_reason(
+    trained: Any, tmp_path: Path
+) -> None:
+    """A channels-last ONNX graph is called that (not "64x3, not square"); a graph of two inputs is not blamed
+    on onnxruntime (exit 2, not 3); a fixed non-square .pt2 names its size (no "leave --input-size out" when
+    none was given); a .pt2 of dynamic height and width asks for --input-size, as an ONNX graph does."""
+    pytest.importorskip("onnxruntime")
+    img, _ = draw_shape(1, 48, np.random.default_rng(5))
+    photo = write_image(tmp_path / "disc.png", (img * 255).round().astype(np.uint8))
+    nhwc = _graph(tmp_path / "nhwc.onnx", {"x": ["N", 64, 64, 3]}, nhwc=True)
+    two = _graph(tmp_path / "two.onnx", {"rgb": ["N", 3, 32, 32], "depth": ["N", 3, 32, 32]})
+    model = trained.model.eval()
+    batch = torch.export.Dim("batch")
+    wide = tmp_path / "wide.pt2"
+    program = torch.export.export(model, (torch.zeros(2, 3, 48, 64),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(program, wide)
+    anysize = tmp_path / "any.pt2"
+    sides = {
+        0: batch,
+        2: 16 * torch.export.Dim("h", min=2, max=8),
+        3: 16 * torch.export.Dim("w", min=2, max=8),
+    }
+    torch.export.save(torch.export.export(model, (torch.zeros(2, 3, 48, 48),), dynamic_shapes={"x": sides}),
+                      anysize)  # fmt: skip
+    cases = [
+        (nhwc, "eigencam", 2, "nhwc.onnx takes channels-last inputs (N, 64, 64, 3: NHWC)"),
+        (two, "eigencam", 2, "two.onnx takes 2 inputs (rgb, depth), and hookviz feeds one"),
+        (wide, "gradcam", 2, "wide.pt2 takes 48x64 inputs only"),
+        (
+            anysize,
+            "gradcam",
+            2,
+            "any.pt2 takes any input size (its height and width are dynamic): give --input-size",
+        ),
+    ]
+    for file, method, code, said in cases:
+        r = invoke(
+            "gradcam", str(photo), "--model", str(file), "--method", method, "--out", str(tmp_path / "o")
+        )
+        assert r.exit_code == code and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "leave --input-size out" not in r.stderr, r.stderr
+    r = invoke(
+        "gradcam", str(photo), "--model", str(anysize), "--input-size", "48", "--out", str(tmp_path / "a")
+    )
+    assert r.exit_code == 0, r.stderr
+    (rec,) = records(tmp_path / "a")
+    assert rec["predicted"]["index"] == 1 and rec["settings"]["input"]["crop_size"] == 48  # the disc, at 48

@@ -70,8 +70,8 @@ def picked(out: Any, output: int | str | None) -> Tensor:
     if output is None:
         return logits_of(out)
     if isinstance(out, dict):
-        return out[output]  # type: ignore[no-any-return]
-    return out[int(output)]  # type: ignore[no-any-return]
+        return out[output]
+    return out[int(output)]
 
 
 def _outputs(out: Any) -> list[tuple[int | str, Tensor]]:

@@ -25,6 +25,7 @@ from torch import nn
 from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
+from hookviz.models.facade import Facade
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra
 from hookviz.models.ultralytics import OnnxYolo, onnx_detector
 
@@ -214,6 +215,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         onnx.checker.check_model(proto)
     except Exception as exc:  # a truncated or foreign file: onnx's own reasons vary
         raise WeightsError(f"{path}: not an ONNX model onnx can read ({first_line(exc, 160)})") from None
+    _check_input(path, proto)
     model = OnnxModel(path, proto)
     try:
         model._segments(())
@@ -239,6 +241,28 @@ def build(spec: str, weights: str, options: Options) -> Built:
         preprocess = Preprocess(crop_size=side, resize_size=round(side * 256 / 224))
     return Built(model, path.name, f"the file's own ({path.name})", True, f"sha256:{file_digest(path)}",
                  preprocess=preprocess, input_size_note=size_note)  # fmt: skip
+
+
+def _check_input(path: Path, proto: Any) -> None:
+    """Refuse, in one line, a graph hookviz cannot feed a photo: one of several inputs, or channels last.
+
+    Raises:
+        UsageError: the graph takes several inputs, or ``(N, H, W, C)`` ones.
+    """
+    weights = {init.name for init in proto.graph.initializer}  # older exports list them as inputs too
+    inputs = [i.name for i in proto.graph.input if i.name not in weights]
+    if len(inputs) > 1:
+        raise UsageError(
+            f"{path.name} takes {len(inputs)} inputs ({', '.join(inputs)}), and hookviz feeds one (the "
+            "photo): export the model with its image as its only input"
+        )
+    dims = [d.dim_value or None for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    if len(dims) == 4 and dims[3] in (1, 3, 4) and dims[1] not in (1, 3, 4):
+        h, w, c = (str(d) if d is not None else "?" for d in dims[1:])
+        raise UsageError(
+            f"{path.name} takes channels-last inputs (N, {h}, {w}, {c}: NHWC), and hookviz feeds "
+            f"channels-first ones (N, {c}, H, W): export it from a model that takes (N, C, H, W)"
+        )
 
 
 def head_inputs(proto: Any) -> tuple[str, ...]:
@@ -279,7 +303,9 @@ class Scripted(nn.Module):
 
 def refuse_unavailable(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:
     """One line naming the methods a deployed model can run (an ONNX graph: forward passes only; TorchScript:
-    the input alone), when any of ``methods`` needs more."""
+    the input alone), when any of ``methods`` needs more (through the heads wrapping it: ``--head``)."""
+    while isinstance(model, Facade) and not isinstance(model, OnnxYolo):
+        model = model.wrapped
     if isinstance(model, (OnnxModel, OnnxYolo)):
         allowed, why, hint = (
             FORWARD_ONLY,
