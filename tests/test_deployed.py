@@ -178,6 +178,48 @@ def test_an_onnx_model_lists_its_module_paths_and_refuses_in_one_line(
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "layer", "optimize"),
+    [
+        ("mobilenet_v3_small", "features", False),  # squeeze-excite, flatten: the exporter's own scope
+        ("resnet18", "layer4", True),  # flatten
+        ("shufflenet_v2_x0_5", "conv5", True),  # the channel shuffle's reshapes
+    ],
+)
+def test_torch_s_default_onnx_export_of_torchvision_classifiers_gives_their_maps(
+    name: str, layer: str, optimize: bool, tmp_path: Path
+) -> None:
+    """torchvision classifiers (weights=None) exported by torch's default (dynamo) exporter with a dynamic
+    batch: the scope its passes record for the batch's size (``_empty_nn_module_stack_from_metadata_hook``,
+    a scalar; kept when the graph is not optimised) is not a layer, and Eigen-CAM and the prediction equal
+    the PyTorch module's."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None).eval()
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    file = tmp_path / f"{name}.onnx"
+    batch = {"x": {0: torch.export.Dim("batch")}}
+    torch.onnx.export(model, (torch.zeros(2, 3, 64, 64),), file, dynamic_shapes=batch, optimize=optimize,
+                      verbose=False)  # fmt: skip
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(4).integers(0, 256, (70, 90, 3), np.uint8))
+    runs = {}
+    module = ["--model", name, "--weights", str(tmp_path / "w.pth"), "--input-size", "64"]
+    for run, spec in (("module", module), ("onnx", ["--model", str(file)])):
+        r = invoke("gradcam", str(photo), *spec, "--layer", layer, "--method", "eigencam", "--save-raw",
+                   "--out", str(tmp_path / run))  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        (runs[run],) = records(tmp_path / run)
+    assert runs["onnx"]["predicted"]["index"] == runs["module"]["predicted"]["index"]
+    assert runs["onnx"]["predicted"]["score"] == pytest.approx(runs["module"]["predicted"]["score"], abs=1e-4)
+    raw = [np.load(tmp_path / run / Path(runs[run]["maps"][0]["file"]).name.replace(".png", ".npy"))
+           for run in ("onnx", "module")]  # fmt: skip
+    np.testing.assert_allclose(_unit(raw[0]), _unit(raw[1]), atol=1e-4)
+
+
 # -- TorchScript -------------------------------------------------------------------------------------------
 def test_a_torchscript_archive_gives_its_model_s_input_maps_and_refuses_the_rest_in_one_line(
     exported: tuple[Path, Path, Path], trained: Any, tmp_path: Path
@@ -358,3 +400,78 @@ def test_a_yolo_onnx_export_gives_the_checkpoint_s_d_rise_and_eigen_cam(
         r = invoke("gradcam", str(photo), "--model", str(fixed), *extra, "--out", str(tmp_path / "o"))
         assert r.exit_code == 2 and said in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _graph(path: Path, inputs: dict[str, list[Any]], nhwc: bool = False) -> Path:
+    """A small ONNX classifier (mean over space, then 3 scores) with the given inputs, written to ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes, first = [], next(iter(inputs))
+    if len(inputs) > 1:
+        nodes.append(helper.make_node("Add", list(inputs), ["sum"]))
+        first = "sum"
+    if nhwc:
+        nodes.append(helper.make_node("Transpose", [first], ["nchw"], perm=[0, 3, 1, 2]))
+        first = "nchw"
+    nodes += [
+        helper.make_node("GlobalAveragePool", [first], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_deployed_models_the_photo_cannot_feed_are_one_line_naming_the_reason(
+    trained: Any, tmp_path: Path
+) -> None:
+    """A channels-last ONNX graph is called that (not "64x3, not square"); a graph of two inputs is not blamed
+    on onnxruntime (exit 2, not 3); a fixed non-square .pt2 names its size (no "leave --input-size out" when
+    none was given); a .pt2 of dynamic height and width asks for --input-size, as an ONNX graph does."""
+    pytest.importorskip("onnxruntime")
+    img, _ = draw_shape(1, 48, np.random.default_rng(5))
+    photo = write_image(tmp_path / "disc.png", (img * 255).round().astype(np.uint8))
+    nhwc = _graph(tmp_path / "nhwc.onnx", {"x": ["N", 64, 64, 3]}, nhwc=True)
+    two = _graph(tmp_path / "two.onnx", {"rgb": ["N", 3, 32, 32], "depth": ["N", 3, 32, 32]})
+    model = trained.model.eval()
+    batch = torch.export.Dim("batch")
+    wide = tmp_path / "wide.pt2"
+    program = torch.export.export(model, (torch.zeros(2, 3, 48, 64),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(program, wide)
+    anysize = tmp_path / "any.pt2"
+    sides = {
+        0: batch,
+        2: 16 * torch.export.Dim("h", min=2, max=8),
+        3: 16 * torch.export.Dim("w", min=2, max=8),
+    }
+    torch.export.save(torch.export.export(model, (torch.zeros(2, 3, 48, 48),), dynamic_shapes={"x": sides}),
+                      anysize)  # fmt: skip
+    cases = [
+        (nhwc, "eigencam", 2, "nhwc.onnx takes channels-last inputs (N, 64, 64, 3: NHWC)"),
+        (two, "eigencam", 2, "two.onnx takes 2 inputs (rgb, depth), and hookviz feeds one"),
+        (wide, "gradcam", 2, "wide.pt2 takes 48x64 inputs only"),
+        (
+            anysize,
+            "gradcam",
+            2,
+            "any.pt2 takes any input size (its height and width are dynamic): give --input-size",
+        ),
+    ]
+    for file, method, code, said in cases:
+        r = invoke(
+            "gradcam", str(photo), "--model", str(file), "--method", method, "--out", str(tmp_path / "o")
+        )
+        assert r.exit_code == code and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "leave --input-size out" not in r.stderr, r.stderr
+    r = invoke(
+        "gradcam", str(photo), "--model", str(anysize), "--input-size", "48", "--out", str(tmp_path / "a")
+    )
+    assert r.exit_code == 0, r.stderr
+    (rec,) = records(tmp_path / "a")
+    assert rec["predicted"]["index"] == 1 and rec["settings"]["input"]["crop_size"] == 48  # the disc, at 48

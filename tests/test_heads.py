@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,102 @@ def test_a_hugging_face_problem_type_decides_the_head(tmp_path: Path) -> None:
         transformers.ViTForImageClassification(config).save_pretrained(folder)
         loaded = load_model(f"hf:{folder}", weights="DEFAULT")
         assert getattr(loaded.model, "score_kind", "softmax") == kind, problem
+
+
+SOFTMAXED = f"{ROOT / 'tests' / 'heads_net.py'}:make_softmax"
+TWO_OUTPUTS = f"{ROOT / 'tests' / 'heads_net.py'}:make_two_outputs"
+
+
+def test_a_model_ending_in_a_softmax_is_read_as_probabilities_never_twice(tmp_path: Path) -> None:
+    """Its outputs (non-negative rows summing to 1) are reported as they are, as a PyTorch module, a
+    TorchScript archive and an ONNX graph: the record's score is the model's own probability, not the softmax
+    of it; one note says so; Grad-CAM explains the log-probability (computed here with one hook)."""
+    loaded = load_model(SOFTMAXED, weights="DEFAULT", input_size=32, resize="squash")
+    assert loaded.model.reads_as == "probabilities" and any("gives probabilities" in n for n in loaded.notes)
+    x = torch.from_numpy(loaded.preprocess(_photo(5))[0])[None]
+    raw = loaded.model.wrapped
+    with torch.no_grad():
+        probs = raw(x)[0]
+    top = int(probs.argmax())
+    assert float(probs[top]) > 0.3 and float(torch.softmax(probs, 0)[top]) < 0.3  # twice would be far off
+    ex = explain(loaded.model, x, ["features.2"], ["gradcam"])
+    assert int(ex.predicted[0]) == top and float(ex.predicted_score[0]) == pytest.approx(
+        float(probs[top]), abs=1e-6
+    )
+    store: dict[str, torch.Tensor] = {}
+    handle = raw.features[2].register_forward_hook(lambda m, a, out: store.setdefault("a", out))
+    try:
+        (g,) = torch.autograd.grad(torch.log(raw(x)[0, top]), store.setdefault("a", torch.empty(0)))
+    finally:
+        handle.remove()
+    direct = F.relu((g.mean(dim=(2, 3), keepdim=True) * store["a"]).sum(dim=1))[0].detach()
+    got = ex.maps[("gradcam", "features.2")][0, 0]
+    assert torch.allclose(got, direct, atol=1e-5 * float(direct.max() + 1e-9))
+
+    photo = write_image(tmp_path / "p.png", _photo(5))
+    script = tmp_path / "softmaxed.pt"
+    with pytest.warns(FutureWarning):  # torch.jit itself is deprecated
+        torch.jit.save(torch.jit.trace(raw.eval(), torch.zeros(1, 3, 32, 32)), str(script))
+    specs = {"module": [SOFTMAXED, "--method", "gradcam"], "script": [str(script), "--method", "saliency"]}
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnxscript"):
+        graph = tmp_path / "softmaxed.onnx"
+        batch = {"x": {0: torch.export.Dim("batch")}}
+        torch.onnx.export(
+            raw.eval(), (torch.zeros(2, 3, 32, 32),), graph, dynamic_shapes=batch, verbose=False
+        )
+        specs["onnx"] = [str(graph), "--method", "scorecam"]
+    for name, (model, *method) in specs.items():
+        r = invoke("gradcam", str(photo), "--model", model, *method, "--input-size", "32", "--resize",
+                   "squash", "--out", str(tmp_path / name))  # fmt: skip
+        assert r.exit_code == 0, r.output
+        assert sum("gives probabilities" in line for line in r.stderr.splitlines()) == 1, r.stderr
+        (rec,) = records(tmp_path / name)
+        assert rec["predicted"]["index"] == top, name
+        assert rec["predicted"]["score"] == pytest.approx(float(probs[top]), abs=1e-4), name
+        assert (rec["settings"]["head"], rec["settings"]["explained"]) == ("probabilities", "log-probability")
+    r = invoke("gradcam", str(photo), "--model", SOFTMAXED, "--input-size", "32", "--resize", "squash",
+               "--head", "softmax", "--out", str(tmp_path / "twice"))  # fmt: skip
+    assert r.exit_code == 0 and "gives probabilities" not in r.stderr, r.output
+    (rec,) = records(tmp_path / "twice")  # asked for: the probabilities read as logits
+    assert rec["predicted"]["score"] == pytest.approx(float(torch.softmax(probs, 0)[top]), abs=1e-4)
+
+
+def test_a_model_returning_several_tensors_says_which_it_explains_and_output_picks(tmp_path: Path) -> None:
+    """``(tanh(y[:, :5]), y)``: the first is explained with a note naming it and the record saying it;
+    ``--output 1`` explains the 10 logits; a dict's outputs by name; an output it has not, or on a model
+    returning one tensor: one line, exit 2."""
+    photo = write_image(tmp_path / "p.png", _photo(6))
+    common = ["--input-size", "32", "--resize", "squash"]
+    loaded = load_model(TWO_OUTPUTS, weights="DEFAULT", input_size=32, resize="squash")
+    x = torch.from_numpy(loaded.preprocess(_photo(6))[0])[None]
+    with torch.no_grad():
+        first, logits = loaded.model.wrapped(x)
+    for output, want, said in ((None, first[0], "explaining [0] (--output N picks another)"),
+                               ("1", logits[0], "explaining [1]")):  # fmt: skip
+        extra = ["--output", output] if output else []
+        out = tmp_path / f"o{output}"
+        r = invoke("gradcam", str(photo), "--model", TWO_OUTPUTS, *common, *extra, "--out", str(out))
+        assert r.exit_code == 0, r.output
+        assert "returns a tuple of 2 tensors: [0] (B, 5), [1] (B, 10)" in r.stderr and said in r.stderr
+        (rec,) = records(out)
+        assert rec["settings"]["output"] == (int(output) if output else 0)
+        assert rec["predicted"]["index"] == int(want.argmax())
+        assert rec["predicted"]["score"] == pytest.approx(float(torch.softmax(want, 0).max()), abs=1e-5)
+    named = f"{ROOT / 'tests' / 'heads_net.py'}:make_named_outputs"
+    r = invoke("gradcam", str(photo), "--model", named, *common, "--output", "scores",
+               "--out", str(tmp_path / "named"))  # fmt: skip
+    assert r.exit_code == 0 and "explaining 'scores'" in r.stderr, r.output
+    (rec,) = records(tmp_path / "named")
+    assert rec["settings"]["output"] == "scores" and rec["predicted"]["index"] == int(logits[0].argmax())
+    cases = [
+        (
+            [TWO_OUTPUTS, "--output", "2"],
+            "--output 2: heads_net:make_two_outputs returns a tuple of 2 tensors",
+        ),
+        ([named], "none named as class scores; pick one with --output NAME"),
+        ([SOFTMAXED, "--output", "1"], "--output 1: heads_net:make_softmax returns one tensor"),
+    ]
+    for model, said in cases:
+        r = invoke("gradcam", str(photo), "--model", *model, *common, "--out", str(tmp_path / "x"))
+        assert r.exit_code == 2 and said in r.stderr, r.output
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

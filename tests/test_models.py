@@ -149,3 +149,29 @@ def test_devices() -> None:
             resolve_device("cuda")
     with pytest.raises(DeviceError, match="not a device"):
         resolve_device("gpu0")
+
+
+def test_a_model_that_cannot_take_the_default_size_asks_for_the_size_it_was_built_for(tmp_path: Path) -> None:
+    """A fixed-size MONAI volume network (a Regressor built for 32³) run at the default 64³: the hint asks for
+    ``--input-size D,H,W`` (not "leave --input-size out", which was not given); with a wrong size given,
+    the hint is to leave it out."""
+    pytest.importorskip("monai")
+    import numpy as np
+
+    from tests.conftest import invoke
+
+    np.save(tmp_path / "v.npy", np.random.default_rng(1).normal(size=(32, 32, 32)).astype(np.float32))
+    spec = "monai:Regressor?in_shape=(1,32,32,32)&out_shape=(2,)&channels=(4,8)&strides=(2,2)"
+    for extra, said in (
+        ([], "cannot take a 1x64x64x64 input"),
+        (["--input-size", "24,24,24"], "cannot take a 1x24x24x24 input"),
+    ):
+        r = invoke("gradcam", str(tmp_path / "v.npy"), "--model", spec, "--weights", "none", *extra,
+                   "--out", str(tmp_path / "o"))  # fmt: skip
+        assert r.exit_code == 3 and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert ("leave --input-size out" in r.stderr) == bool(extra), r.stderr
+        assert ("give it with --input-size D,H,W" in r.stderr) != bool(extra), r.stderr
+    r = invoke("gradcam", str(tmp_path / "v.npy"), "--model", spec, "--weights", "none", "--input-size",
+               "32,32,32", "--out", str(tmp_path / "ok"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr

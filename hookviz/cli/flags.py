@@ -57,8 +57,20 @@ Labels = Annotated[
         rich_help_panel=MODEL,
     ),
 ]
-_HEAD = "softmax (one class), sigmoid (multi-label), raw (regression); auto: the model's own (problem_type)"
+_HEAD = (
+    "softmax (one class), sigmoid (multi-label), raw (regression), probabilities (the model ends in a "
+    "softmax); auto: the model's own (problem_type, probabilities when its rows sum to 1)"
+)
 HeadOpt = Annotated[str, typer.Option("--head", help=_HEAD, rich_help_panel=MODEL)]
+OutputOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--output",
+        help="a model returning several tensors: which one holds the class scores (N: a tuple's index, "
+        "NAME: a dict's key; default the first, a dict's logits).",
+        rich_help_panel=MODEL,
+    ),
+]
 Negate = Annotated[
     bool, typer.Option("--negate", help="regression: explain what lowers it.", rich_help_panel=MODEL)
 ]

@@ -63,7 +63,8 @@ def _digest(path: Path) -> str:
 
 #: The model options :func:`hookviz.tasks.load_model` takes as they are.
 _AS_GIVEN = (
-    "input_size", "labels", "weights_key", "trust_pickle", "head", "negate", "task", "volumes", "inputs"
+    "input_size", "labels", "weights_key", "trust_pickle", "head", "negate", "output", "task", "volumes",
+    "inputs",
 )  # fmt: skip
 
 

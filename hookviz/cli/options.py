@@ -66,6 +66,7 @@ from hookviz.cli.flags import (
     NormalizeOpt,
     Null,
     Out,
+    OutputOpt,
     Overwrite,
     Probe,
     Prompt,
@@ -158,6 +159,8 @@ class ModelOptions:
     trust_pickle: TrustPickle = False
     #: How a classifier's outputs are read (``--head``), and ``--negate`` for a regression.
     head: HeadOpt = "auto"
+    #: ``--output``: which tensor of a model returning several holds the class scores.
+    output: OutputOpt = None
     #: ``--task``: what the output is, where the model and the inputs do not tell.
     task: TaskOpt = None
     negate: Negate = False
@@ -174,7 +177,7 @@ class ModelOptions:
 
 #: The model options of the commands that read a model's classes as they are (no ``--head``, ``--task``,
 #: ``--negate``): featuremaps, channels, tcav, gradflow, dropblock.
-PlainModel = Annotated[ModelOptions, omit("head", "task", "negate")]
+PlainModel = Annotated[ModelOptions, omit("head", "task", "negate", "output")]
 
 
 @group

@@ -49,11 +49,21 @@ def build(spec: str, weights: str, options: Options) -> Built:
             f"{path.name} was exported for a batch of {shape[0]}; export it with a dynamic batch dimension "
             '(dynamic_shapes={"x": {0: torch.export.Dim("batch")}}): hookviz runs photos in batches'
         )
-    module = torch.export.unflatten(program)
-    preprocess = Preprocess()
-    if len(shape) == 4 and shape[2] is not None and shape[2] == shape[3]:  # a fixed square input: its size
+    preprocess, size_note = Preprocess(), None
+    if len(shape) == 4 and (shape[2] is None or shape[3] is None):
+        size_note = (
+            f"{path.name} takes any input size (its height and width are dynamic): give --input-size N, "
+            "the side it was trained at"
+        )
+    elif len(shape) == 4 and shape[2] != shape[3]:
+        raise UsageError(
+            f"{path.name} takes {shape[2]}x{shape[3]} inputs only, and hookviz feeds square ones: export it "
+            "at a square size or with a dynamic height and width"
+        )
+    elif len(shape) == 4 and shape[2] is not None:  # a fixed square input: its size
         preprocess = dataclasses.replace(
             preprocess, crop_size=shape[2], resize_size=round(shape[2] * 256 / 224)
         )
+    module = torch.export.unflatten(program)
     return Built(module, path.name, f"the program's own ({path.name})", True, f"sha256:{file_digest(path)}",
-                 preprocess=preprocess)  # fmt: skip
+                 preprocess=preprocess, input_size_note=size_note)  # fmt: skip

@@ -111,6 +111,8 @@ class LoadedModel:
     several: SeveralPreprocess | None = None
     #: Lines for the user about how the model was set up (prompts cut to the tokenizer's limit, ...).
     notes: tuple[str, ...] = ()
+    #: Whether the input size is the user's (``--input-size``), not the source's or the task's default.
+    sized: bool = False
 
     @property
     def task_name(self) -> str:
@@ -182,6 +184,7 @@ def prepare(
         task,
         video,
         volume,
+        sized=side is not None or size3 is not None,
     )
 
 
@@ -294,10 +297,12 @@ def probe(loaded: LoadedModel) -> list[ModuleCall]:
     except Exception as exc:  # a model's own size checks raise AssertionError, RuntimeError, ValueError
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         size = "x".join(map(str, shape))
-        raise SetupError(
-            f"{loaded.name} cannot take a {size} input ({first}); leave --input-size out, or build the "
-            "model for that size (timm:NAME?img_size=N)"
-        ) from None
+        if loaded.sized:
+            fix = "leave --input-size out, or build the model for that size (timm:NAME?img_size=N)"
+        else:  # the size is the default one: the model may have been built for another
+            sides = "D,H,W" if loaded.volume is not None else "N"
+            fix = f"if it was built for another input size, give it with --input-size {sides}"
+        raise SetupError(f"{loaded.name} cannot take a {size} input ({first}); {fix}") from None
 
 
 def num_classes(loaded: LoadedModel) -> int:

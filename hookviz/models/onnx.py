@@ -25,6 +25,7 @@ from torch import nn
 from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
+from hookviz.models.facade import Facade
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra
 from hookviz.models.ultralytics import OnnxYolo, onnx_detector
 
@@ -166,18 +167,33 @@ def _scopes(node: Any) -> list[str]:
     return scopes
 
 
+#: The scope torch's exporter gives the nodes its own passes add (no module's: a dynamic size's
+#: ``sym_size_int``).
+_SYNTHETIC = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def _taps(proto: Any) -> dict[str, tuple[str, tuple[int | None, ...]]]:
-    """Each module path with the tensor that leaves it (its last node's first output) and its shape."""
+    """Each module path with the tensor that leaves it (its last node's first output) and its shape.
+
+    Only a scope whose tensor has a batch axis and more (``(B, C, H, W)`` maps, ``(B, N, D)`` tokens,
+    ``(B, C)`` scores) is a layer: torch's exporter also records scopes of its own passes
+    (``_empty_nn_module_stack_from_metadata_hook``) whose tensor is a scalar (a ``sym_size_int``, the
+    dynamic batch's size), which no hook can take."""
     shapes = {
         v.name: tuple((d.dim_value or None) for d in v.type.tensor_type.shape.dim)
         for v in [*proto.graph.value_info, *proto.graph.output]
+        if v.type.tensor_type.HasField("shape")
     }
     found: dict[str, tuple[str, tuple[int | None, ...]]] = {}
     for node in proto.graph.node:
         for scope in _scopes(node):
             if node.output:
                 found[scope] = (node.output[0], shapes.get(node.output[0], ()))
-    return found
+    return {
+        scope: (tensor, shape)
+        for scope, (tensor, shape) in found.items()
+        if _SYNTHETIC not in scope and (tensor not in shapes or len(shape) >= 2)
+    }
 
 
 @lru_cache(maxsize=1)
@@ -199,6 +215,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
         onnx.checker.check_model(proto)
     except Exception as exc:  # a truncated or foreign file: onnx's own reasons vary
         raise WeightsError(f"{path}: not an ONNX model onnx can read ({first_line(exc, 160)})") from None
+    _check_input(path, proto)
     model = OnnxModel(path, proto)
     try:
         model._segments(())
@@ -224,6 +241,28 @@ def build(spec: str, weights: str, options: Options) -> Built:
         preprocess = Preprocess(crop_size=side, resize_size=round(side * 256 / 224))
     return Built(model, path.name, f"the file's own ({path.name})", True, f"sha256:{file_digest(path)}",
                  preprocess=preprocess, input_size_note=size_note)  # fmt: skip
+
+
+def _check_input(path: Path, proto: Any) -> None:
+    """Refuse, in one line, a graph hookviz cannot feed a photo: one of several inputs, or channels last.
+
+    Raises:
+        UsageError: the graph takes several inputs, or ``(N, H, W, C)`` ones.
+    """
+    weights = {init.name for init in proto.graph.initializer}  # older exports list them as inputs too
+    inputs = [i.name for i in proto.graph.input if i.name not in weights]
+    if len(inputs) > 1:
+        raise UsageError(
+            f"{path.name} takes {len(inputs)} inputs ({', '.join(inputs)}), and hookviz feeds one (the "
+            "photo): export the model with its image as its only input"
+        )
+    dims = [d.dim_value or None for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    if len(dims) == 4 and dims[3] in (1, 3, 4) and dims[1] not in (1, 3, 4):
+        h, w, c = (str(d) if d is not None else "?" for d in dims[1:])
+        raise UsageError(
+            f"{path.name} takes channels-last inputs (N, {h}, {w}, {c}: NHWC), and hookviz feeds "
+            f"channels-first ones (N, {c}, H, W): export it from a model that takes (N, C, H, W)"
+        )
 
 
 def head_inputs(proto: Any) -> tuple[str, ...]:
@@ -264,7 +303,9 @@ class Scripted(nn.Module):
 
 def refuse_unavailable(model: nn.Module, methods: list[str], families: dict[str, str]) -> None:
     """One line naming the methods a deployed model can run (an ONNX graph: forward passes only; TorchScript:
-    the input alone), when any of ``methods`` needs more."""
+    the input alone), when any of ``methods`` needs more (through the heads wrapping it: ``--head``)."""
+    while isinstance(model, Facade) and not isinstance(model, OnnxYolo):
+        model = model.wrapped
     if isinstance(model, (OnnxModel, OnnxYolo)):
         allowed, why, hint = (
             FORWARD_ONLY,

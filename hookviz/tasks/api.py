@@ -44,6 +44,7 @@ def load_model(
     task: str | None = None,
     head: str = "auto",
     negate: bool = False,
+    output: str | None = None,
     volumes: bool = False,
     inputs: Sequence[str] = (),
 ) -> LoadedModel:
@@ -74,6 +75,9 @@ def load_model(
         head: how a classifier's outputs are read: ``softmax``, ``sigmoid`` (multi-label), ``raw``
             (regression); ``auto``: a Hugging Face ``problem_type``, a single output (raw), else softmax.
         negate: a regression: explain what lowers the value (the target is the negated output).
+        output: which of the tensors a classifier returns is explained, where it returns several: an index
+            of its tuple (``"1"``) or a key of its dict; None: the first (a dict's ``logits`` or ``out``),
+            with a note naming it.
         inputs: the names of a model's several inputs (``("rgb", "depth")``): called with them by name when
             its ``forward`` has them, else in this order; each input's bands found by calling it. ``mean``
             and ``std`` may then be a mapping from input name to values.
@@ -96,13 +100,13 @@ def load_model(
         chosen = get_task("volume")
     if inputs:  # each input normalised by its own (with_several)
         loaded = prepare(built, chosen, device=device, input_size=input_size, resize=resize, labels=labels)
-        return with_head(with_several(loaded, mean, std), head, negate)
+        return with_head(with_several(loaded, mean, std), head, negate, output)
     if isinstance(mean, Mapping) or isinstance(std, Mapping):
         raise UsageError("--mean/--std NAME=... are for a model of several inputs (--input NAME=PATH)")
     loaded = prepare(
         built, chosen, device=device, input_size=input_size, resize=resize, mean=mean, std=std, labels=labels
     )
-    return with_head(loaded, head, negate)
+    return with_head(loaded, head, negate, output)
 
 
 def make_cam_job(
