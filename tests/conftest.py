@@ -344,3 +344,9 @@ def ball_video(path: Path, frames: int = 20, size: tuple[int, int] = (96, 72), g
         writer.write(frame)
     writer.release()
     return path
+
+
+def evaluation_file(out: Path, kind: str = "evaluation", ext: str = "json") -> Path:
+    """The one ``evaluate`` file of ``kind`` in ``out``: ``evaluation.KEY.json`` (keyed by its settings)."""
+    (found,) = out.glob(f"{kind}.*.{ext}")
+    return found

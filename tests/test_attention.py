@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from hookviz.engine.explain import explain
 from hookviz.methods import MethodOptions
-from tests.conftest import invoke, write_image
+from tests.conftest import evaluation_file, invoke, write_image
 
 ROOT = Path(__file__).resolve().parent.parent
 VIT = f"{ROOT / 'examples' / 'shapes_vit.py'}:make_vit"
@@ -266,7 +266,7 @@ def test_evaluate_and_sanity_take_the_attention_methods(tmp_path: Path) -> None:
               "--mean", "0,0,0", "--std", "1,1,1", "-q"]  # fmt: skip
     r = invoke("evaluate", *photos, *common, "--method", "rollout,chefer", "--out", str(tmp_path / "e"))
     assert r.exit_code == 0, r.stderr
-    rows = json.loads((tmp_path / "e" / "evaluation.json").read_text())
+    rows = json.loads(evaluation_file(tmp_path / "e").read_text())
     rows = rows["rows"] if isinstance(rows, dict) else rows
     by = {row["method"]: row for row in rows}
     assert by["chefer"]["insertion_auc"] > by["random"]["insertion_auc"]

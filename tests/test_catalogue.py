@@ -14,7 +14,16 @@ from torch import nn
 from hookviz import methods as registry
 from hookviz.engine.explain import explain
 from hookviz.methods import MethodOptions
-from tests.conftest import TinyCNN, Trained, hook_counts, invoke, records, shapes_batch, write_image
+from tests.conftest import (
+    TinyCNN,
+    Trained,
+    evaluation_file,
+    hook_counts,
+    invoke,
+    records,
+    shapes_batch,
+    write_image,
+)
 from tests.test_localisation import _peak_hits
 
 FAST = MethodOptions(samples=4, steps=16, masks=400, window=8, stride=4)
@@ -295,7 +304,7 @@ def test_evaluate_sanity_metrics_and_report_take_the_new_methods(tmp_path: Path)
     settings = ["--window", "24", "--stride", "24", "--seed", "4"]
     r = invoke("evaluate", str(photos), *model, "--method", chosen, *settings, "--out", str(tmp_path / "e"))
     assert r.exit_code == 0, r.stderr
-    rows = list(csv.DictReader((tmp_path / "e" / "evaluation.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(evaluation_file(tmp_path / "e", ext="csv").read_text().splitlines()))
     assert [row["method"] for row in rows] == ["saliency", "occlusion", "randomcam", "random", "center"]
     r = invoke(
         "sanity", str(photos / "p0.png"), *model, "--method", chosen, *settings, "--out", str(tmp_path / "s")

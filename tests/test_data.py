@@ -118,7 +118,6 @@ def _by_stem(name: str) -> str:
 def test_shards_in_s3_give_the_folder_run_s_records_as_parquet_and_raw_maps_as_zarr(
     data: dict[str, Any], s3: Any, tmp_path: Path
 ) -> None:
-    import pyarrow.parquet as pq
     import zarr
 
     local = tmp_path / "local"
@@ -132,8 +131,7 @@ def test_shards_in_s3_give_the_folder_run_s_records_as_parquet_and_raw_maps_as_z
     r = invoke("gradcam", shards, *data["model"], *METHODS, "--records", table_url, "--maps", maps_url,
                "--out", str(tmp_path / "cloud"))  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    with s3.open(f"{BUCKET}/run/records.parquet/part-0.parquet", "rb") as f:
-        rows = pq.read_table(f).to_pylist()
+    rows = _table(table_url).to_pylist()
     assert len(rows) == N * 2  # a row per photo x method (one layer, one target)
     endpoint = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
     group = zarr.open_group(store=maps_url, mode="r", storage_options=endpoint)
@@ -155,6 +153,64 @@ def test_shards_in_s3_give_the_folder_run_s_records_as_parquet_and_raw_maps_as_z
                "--out", str(tmp_path / "cloud"), "--json")  # fmt: skip
     assert r.exit_code == 0, r.stderr
     assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["skipped"] * N
+    assert len(_table(table_url)) == N * 2  # the skipped photos' rows are there: none added twice
+
+
+def _table(where: str) -> Any:
+    """The Parquet table at ``where`` (a folder or an s3:// URL), every part, as pyarrow.dataset reads it."""
+    import pyarrow.dataset as ds
+
+    if not where.startswith("s3://"):
+        return ds.dataset(where, format="parquet").to_table()
+    import s3fs
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    fs = s3fs.S3FileSystem(endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    return ds.dataset(where[5:], format="parquet", filesystem=PyFileSystem(FSSpecHandler(fs))).to_table()
+
+
+def _rows_of(manifest: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The rows the manifest's records give (input, status, method); a skipped record of an input x settings
+    already recorded gives none (a rerun repeats its results)."""
+    from hookviz.io.sinks import record_rows
+
+    seen: set[str] = set()
+    rows = []
+    for rec in manifest:
+        if rec["status"] == "skipped" and rec["prefix"] in seen:
+            continue
+        seen.add(rec.get("prefix") or "")
+        rows += [(r["input"], r["status"], r["method"]) for r in record_rows(rec)]
+    return sorted(rows)
+
+
+def test_a_second_run_into_one_out_adds_its_rows_to_the_parquet_table(
+    data: dict[str, Any], s3: Any, tmp_path: Path
+) -> None:
+    """Two folders of photos run one after the other into one --out, then again (all skipped), then one
+    folder with another method: the table (every part) holds each run's rows, as the manifest does, none
+    twice; the same at an s3:// URL."""
+    folders = []
+    for k in range(2):
+        folder = tmp_path / f"in{k}"
+        folder.mkdir()
+        for p in data["photos"][k * 3 : k * 3 + 3]:
+            (folder / p.name).write_bytes(p.read_bytes())
+        folders.append(str(folder))
+    for records_at in ("parquet", f"s3://{BUCKET}/grown/records.parquet"):
+        out = tmp_path / ("local" if records_at == "parquet" else "cloud")
+        where = str(out / "records.parquet") if records_at == "parquet" else records_at
+        run = [*data["model"], "--layer", "features.6", "--records", records_at, "--out", str(out)]
+        for folder in (*folders, *folders):
+            r = invoke("gradcam", folder, *run)
+            assert r.exit_code == 0, r.stderr
+        r = invoke("gradcam", folders[0], *run, "--method", "layercam")
+        assert r.exit_code == 0, r.stderr
+        manifest = records(out)
+        assert [m["status"] for m in manifest] == ["ok"] * 6 + ["skipped"] * 6 + ["ok"] * 3
+        got = sorted((r["input"], r["status"], r["method"]) for r in _table(where).to_pylist())
+        assert got == _rows_of(manifest) and len(got) == 9
+        assert len({(r[0], r[2]) for r in got}) == 9  # no row twice
 
 
 def test_a_table_of_urls_and_a_local_table_read_each_row(
@@ -291,6 +347,7 @@ def test_target_label_explains_each_input_s_own_class(data: dict[str, Any], s3: 
     by = {_by_stem(g["input"]): g for g in map(json.loads, r.stdout.splitlines())}
     assert by["p000"]["target"]["index"] == 0 and by["p002"]["target"]["index"] == 2
     assert by["p001"]["status"] == "error" and "no label" in by["p001"]["error"]
+    assert by["p001"]["error"].count("p001.png") == 1, by["p001"]["error"]  # the input named once
     # evaluate likewise: each row's metrics for its own class, those of --target K on that photo alone.
     r = invoke("evaluate", "--inputs-table", str(table), *data["model"], "--target", "label", "--labels",
                str(_names(data)), "--json", "--out", str(tmp_path / "ev"))  # fmt: skip
@@ -298,6 +355,7 @@ def test_target_label_explains_each_input_s_own_class(data: dict[str, Any], s3: 
     by = {_by_stem(g["input"]): g for g in map(json.loads, r.stdout.splitlines())}
     assert by["p000"]["target"]["index"] == 0 and by["p002"]["target"]["index"] == 2
     assert by["p001"]["status"] == "error" and "no label" in by["p001"]["error"]
+    assert by["p001"]["error"].count("p001.png") == 1, by["p001"]["error"]
     r = invoke("evaluate", str(data["photos"][2]), *data["model"], "--target", "2", "--json", "--out",
                str(tmp_path / "ev2"))  # fmt: skip
     assert r.exit_code == 0, r.stderr
@@ -335,8 +393,24 @@ def test_no_pictures_writes_the_store_and_table_only_and_resumes(
     assert r.exit_code == 0, r.stderr
     assert not list(out.glob("*.png")) and not list(out.glob("*.npy"))
     assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["ok"] * N
+    # Records and rows name what was written: no picture, the raw map's array in the store.
+    import zarr
+
+    store = zarr.open_group(str(out / "maps.zarr"), mode="r")
+    maps = [m for rec in records(out) for m in rec["maps"]]
+    assert len(maps) == N and all(m["file"] is None for m in maps)
+    assert all(store[m["raw"].split("/maps.zarr/")[1]].attrs["complete"] for m in maps)
+    rows = _table(str(out / "records.parquet")).to_pylist()
+    assert sorted((r["file"], r["raw"]) for r in rows) == sorted((None, m["raw"]) for m in maps)
     r = invoke(*run, "--out", str(out))
     assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["skipped"] * N
+    assert all(m["file"] is None for line in r.stdout.splitlines() for m in json.loads(line)["maps"])
+    r = invoke("gradcam", folder, *data["model"], "--no-pictures", "--save-raw", "--json", "--out",
+               str(tmp_path / "raw"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    for rec in map(json.loads, r.stdout.splitlines()):
+        (m,) = rec["maps"]
+        assert m["file"] is None and m["raw"] in rec["outputs"] and np.load(m["raw"]).ndim == 2
     r = invoke("gradcam", folder, *data["model"], "--no-pictures", "--out", str(tmp_path / "none"))
     assert r.exit_code == 2 and r.stderr.count("error") == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith("would write no file; add --save-raw or --maps zarr")
@@ -371,3 +445,57 @@ def test_two_processes_opening_one_new_zarr_store_at_once_both_write(tmp_path: P
             assert pool.starmap(_open_and_write, [(where, start, 0), (where, start, 1)]) == ["ok", "ok"]
             group = zarr.open_group(where, mode="r")
             assert sorted(group.keys()) == ["p0-0a1b.net.0123abcd", "p1-0a1b.net.0123abcd"]
+
+
+def test_shard_samples_with_dotted_extensions_are_read_and_a_second_image_is_said(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    """WebDataset keys a member by its basename up to the first dot and decodes an image by the extension's
+    last component: ``h.multi.dot.png`` is sample ``h``'s photo, ``k.seg.png`` a second image of sample ``k``
+    (the first explained, the other named in the record's note and on stderr), and a sample without an image
+    fails alone."""
+    import webdataset as wds
+
+    photos = [p.read_bytes() for p in data["photos"][:3]]
+    shard = tmp_path / "dots.tar"
+    with wds.TarWriter(str(shard)) as sink:
+        sink.write({"__key__": "a", "png": photos[0], "cls": b"0"})
+        sink.write({"__key__": "h", "multi.dot.png": photos[1], "cls": b"1"})
+        sink.write({"__key__": "k", "png": photos[2], "seg.png": photos[0]})
+        sink.write({"__key__": "m", "json": b"{}"})
+    r = invoke("gradcam", str(shard), *data["model"], "--json", "--out", str(tmp_path / "out"))
+    assert r.exit_code == 1, r.stderr
+    got = {g["input"].rsplit("#", 1)[1]: g for g in map(json.loads, r.stdout.splitlines())}
+    assert sorted(got) == ["a.png", "h.multi.dot.png", "k.png", "m"]
+    assert [got[n]["status"] for n in ("a.png", "h.multi.dot.png", "k.png")] == ["ok"] * 3
+    assert got["k.png"]["note"] == "this sample has 2 images: k.png is explained, k.seg.png left out"
+    assert "note" not in got["a.png"] and "note" not in got["h.multi.dot.png"]
+    assert got["m"]["status"] == "error"
+    assert "no image in this sample (its members: m.json)" in got["m"]["error"]
+    assert "k.seg.png left out" in r.stderr
+    one = invoke("gradcam", str(data["photos"][1]), *data["model"], "--json", "--out", str(tmp_path / "one"))
+    assert json.loads(one.stdout)["predicted"] == got["h.multi.dot.png"]["predicted"]  # its photo was read
+
+
+def test_a_table_s_duplicate_row_is_done_once_and_recorded_after_the_first(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    """A photo listed twice in a table: its first row is computed (``ok``), its second row ``skipped``,
+    repeating the first's results, in input order; the Parquet table holds its rows once."""
+    table = data["folder"] / "twice.csv"
+    table.write_text("path\nphotos/p000.png\nphotos/p001.png\nphotos/p000.png\n")
+    out = tmp_path / "out"
+    r = invoke("gradcam", "--inputs-table", str(table), *data["model"], "--records", "parquet", "--json",
+               "--out", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(g["input"], g["status"]) for g in got] == [
+        ("photos/p000.png", "ok"), ("photos/p001.png", "ok"), ("photos/p000.png", "skipped")
+    ]  # fmt: skip
+    assert got[2]["note"] == "listed twice in this run: done once, for its first listing"
+    assert got[2]["predicted"] == got[0]["predicted"] and got[2]["outputs"] == got[0]["outputs"]
+    assert [rec["status"] for rec in records(out)] == ["ok", "ok", "skipped"]
+    rows = _table(str(out / "records.parquet")).to_pylist()
+    assert sorted((row["input"], row["status"]) for row in rows) == [
+        ("photos/p000.png", "ok"), ("photos/p001.png", "ok")
+    ]  # fmt: skip

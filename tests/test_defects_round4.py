@@ -20,7 +20,7 @@ from hookviz.errors import OutputError, UsageError
 from hookviz.io import annotation as ann
 from hookviz.io.files import append_line
 from hookviz.run.pipeline import Output
-from tests.conftest import ROOT, invoke, records, write_image
+from tests.conftest import ROOT, evaluation_file, invoke, records, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
 LABELS = "square\ndisc\ncross\n"
@@ -296,7 +296,7 @@ def test_one_image_has_no_interval(photos: Path, tmp_path: Path) -> None:
     r = invoke("evaluate", str(photos / "p0.png"), *TINY, "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.stderr
     assert "±0.000" not in r.stdout and "(n/a)" in r.stdout
-    rows = json.loads((tmp_path / "o" / "evaluation.json").read_text())["rows"]
+    rows = json.loads(evaluation_file(tmp_path / "o").read_text())["rows"]
     assert rows[0]["deletion_auc_ci95"] is None
 
 

@@ -24,7 +24,7 @@ from hookviz.io.shapes import shapes_scene
 from hookviz.methods import MethodOptions
 from hookviz.models.torchvision import list_models
 from hookviz.tasks import load_model
-from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
+from tests.conftest import ROOT, evaluation_file, hook_counts, invoke, picture, records, write_image
 from tests.shapes_net import make_segmenter
 
 DETECTOR = f"{ROOT / 'examples' / 'shapes_detector.py'}:make_detector"
@@ -420,7 +420,7 @@ def test_evaluate_a_segmentation_model(segmenter: tuple[torch.nn.Module, Path], 
         "--out", str(out),
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    rows = {row["method"]: row for row in json.loads((out / "evaluation.json").read_text())["rows"]}
+    rows = {row["method"]: row for row in json.loads(evaluation_file(out).read_text())["rows"]}
     assert rows["gradcam"]["images"] == 16
 
     assert rows["gradcam"]["insertion_auc"] > rows["random"]["insertion_auc"] + 0.05, rows

@@ -199,7 +199,7 @@ def test_two_ranks_share_one_zarr_store_and_one_parquet_table(tmp_path: Path) ->
     two = _run([*TORCHRUN, "--nproc-per-node", "2", *cam, "--out", "two"], tmp_path)
     assert one.returncode == two.returncode == 1, two.stderr  # broken.png failed; the others were done
     parts = sorted(p.name for p in (tmp_path / "two" / "records.parquet").iterdir())
-    assert parts == ["part-0.parquet", "part-1.parquet"]
+    assert [p.rsplit("-", 1)[1] for p in parts] == ["0.parquet", "1.parquet"], parts  # a part per rank
 
     def rows(out: str) -> list[tuple[object, ...]]:
         table = pq.read_table(tmp_path / out / "records.parquet").to_pylist()
@@ -214,3 +214,30 @@ def test_two_ranks_share_one_zarr_store_and_one_parquet_table(tmp_path: Path) ->
             a, b = (stores[out][prefix][name] for out in ("one", "two"))
             assert a.attrs["complete"] and b.attrs["complete"] and a.attrs["box"] == b.attrs["box"]
             np.testing.assert_allclose(a[...].astype(np.float32), b[...].astype(np.float32), atol=2e-3)
+
+
+@pytest.mark.slow
+def test_two_torchrun_jobs_and_a_rerun_with_fewer_ranks_keep_every_row(tmp_path: Path) -> None:
+    """Two torchrun jobs of two ranks, each over its own folder, into one --out, then one process over both
+    folders (every photo skipped): the Parquet table (every part, as pyarrow.dataset reads the folder) holds
+    each photo's rows once, as the manifest does, and the Zarr store each photo's arrays."""
+    ds = pytest.importorskip("pyarrow.dataset")
+    zarr = pytest.importorskip("zarr")
+    for k in range(2):
+        (tmp_path / f"in{k}").mkdir()
+        for i in range(3):
+            rgb = np.random.default_rng(10 * k + i).integers(0, 256, (40, 52, 3), dtype=np.uint8)
+            write_image(tmp_path / f"in{k}" / f"p{k}{i}.png", rgb)
+    cam = [*ARGS, "--records", "parquet", "--maps", "zarr", "--no-pictures", "--out", "o"]
+    for k in range(2):
+        job = _run([*TORCHRUN, "--nproc-per-node", "2", "-m", "hookviz", "gradcam", f"in{k}", *cam], tmp_path)
+        assert job.returncode == 0, job.stderr
+    again = _run([sys.executable, "-m", "hookviz", "gradcam", "in0", "in1", *cam], tmp_path)
+    assert again.returncode == 0, again.stderr
+    recs = _records(tmp_path / "o")
+    assert [r["status"] for r in recs] == ["ok"] * 6 + ["skipped"] * 6
+    rows = ds.dataset(tmp_path / "o" / "records.parquet", format="parquet").to_table().to_pylist()
+    assert sorted((r["input"], r["status"], r["prefix"]) for r in rows) == sorted(
+        (r["input"], r["status"], r["prefix"]) for r in recs[:6]
+    )
+    assert len(zarr.open_group(str(tmp_path / "o" / "maps.zarr"), mode="r")) == 6

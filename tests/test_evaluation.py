@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from hookviz import evaluation as ev
 from hookviz.cli import app
 from hookviz.engine.explain import explain
 from hookviz.io.shapes import SHAPES, draw_shape, shapes_batch
-from tests.conftest import TinyCNN, hook_counts, train_on_shapes, write_image
+from tests.conftest import TinyCNN, evaluation_file, hook_counts, train_on_shapes, write_image
 
 
 class LeftHalf(nn.Module):
@@ -145,7 +145,7 @@ def test_evaluate_command_writes_the_table_csv_and_json(
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
     assert "12 image(s)" in r.stdout and "forward passes" in r.stdout
-    rows = list(csv.DictReader((out / "evaluation.csv").read_text().splitlines()))
+    rows = list(csv.DictReader(evaluation_file(out, ext="csv").read_text().splitlines()))
     assert [(row["method"], row["layer"]) for row in rows] == [
         ("gradcam", "features"), ("layercam", "features"), ("random", "-"), ("center", "-"),
     ]  # fmt: skip
@@ -153,8 +153,38 @@ def test_evaluate_command_writes_the_table_csv_and_json(
                             "increase_in_confidence"}  # fmt: skip
     by = {row["method"]: row for row in rows}
     assert float(by["gradcam"]["insertion_auc"]) > float(by["random"]["insertion_auc"])
-    data = json.loads((out / "evaluation.json").read_text())
+    data = json.loads(evaluation_file(out).read_text())
     assert data["images"] == 12 and data["forward_passes"] == 12 * 4 * (17 + 17 + 1)
+
+
+def test_evaluations_with_other_settings_in_one_out_keep_their_own_files(
+    shape_photos: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two evaluations of other method sets into one --out each keep their files (keyed by the settings, as
+    the maps are); the same settings again keep the files there untouched, and grow them with more photos."""
+    d, out = shape_photos["dir"], tmp_path / "o"
+    photos = [str(d / "in" / f"{i:02d}.png") for i in range(4)]
+
+    def run(method: str, *inputs: str) -> Result:
+        r = CliRunner().invoke(
+            app, ["evaluate", *inputs, *_cli_model(d), "--method", method, "--out", str(out)]
+        )
+        assert r.exit_code == 0, r.stderr
+        return r
+
+    run("gradcam", *photos[:3])
+    first = {p.name: p.read_text() for p in out.glob("evaluation.*")}
+    run("layercam", *photos[:3])
+    files = {p.name: p.read_text() for p in out.glob("evaluation.*")}
+    assert len(files) == 4 and {n: files[n] for n in first} == first  # the first's csv and json, as they were
+    methods = sorted(json.loads(t)["rows"][0]["method"] for n, t in files.items() if n.endswith(".json"))
+    assert methods == ["gradcam", "layercam"]
+    (summary,) = [out / n for n in first if n.endswith(".json")]
+    stamp = summary.stat().st_mtime_ns
+    r = run("gradcam", *photos[:3])  # every photo skipped: the same figures
+    assert summary.stat().st_mtime_ns == stamp and f"kept {out}" in r.stdout, r.stdout
+    run("gradcam", *photos)  # one more photo: the same settings' table grows
+    assert json.loads(summary.read_text())["images"] == 4
 
 
 def test_sanity_command_writes_strips_and_json(shape_photos: dict[str, Path], tmp_path: Path) -> None:

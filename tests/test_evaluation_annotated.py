@@ -23,7 +23,7 @@ from hookviz.io import annotation as ann
 from hookviz.io.shapes import SHAPES, draw_shape
 from hookviz.jobs.sanity import _edges
 from hookviz.report import build_report
-from tests.conftest import Trained, write_image
+from tests.conftest import Trained, evaluation_file, write_image
 
 N = 30
 #: The photos' side: twice what the model was trained on (it is fully convolutional), so that the shapes
@@ -93,7 +93,7 @@ def _evaluate(d: Path, out: Path, *extra: str) -> dict[str, Any]:
         app, ["evaluate", str(d / "in"), *_model(d), "--out", str(out), "--tolerance", "2", *extra]
     )
     assert r.exit_code == 0, r.stderr
-    return json.loads((out / "evaluation.json").read_text())
+    return json.loads(evaluation_file(out).read_text())
 
 
 def test_the_four_box_formats_give_the_same_numbers_and_grad_cam_points_at_the_shapes(
@@ -125,7 +125,7 @@ def test_the_four_box_formats_give_the_same_numbers_and_grad_cam_points_at_the_s
     page = build_report(tmp_path / "coco").read_text()  # the report shows the tables
     assert "<caption>localisation</caption>" in page and "localisation by annotated class" in page
     assert page.count("<td>gradcam</td>") == 1 + 3  # overall, and one row a class
-    table = (tmp_path / "coco" / "evaluation_by_class.csv").read_text().splitlines()
+    table = evaluation_file(tmp_path / "coco", "evaluation_by_class", "csv").read_text().splitlines()
     assert table[0].startswith("method,layer,class,name,objects,pointing_game,pointing_game_ci95_low")
     # The figures are each object's own: the pointing game by hand for the CSV's first photo.
     rec = next(json.loads(line) for line in (tmp_path / "csv" / "manifest.jsonl").read_text().splitlines()
@@ -299,7 +299,7 @@ def test_a_table_of_inputs_gives_its_boxes_and_masks_to_evaluate(
         r = CliRunner().invoke(app, ["evaluate", *_model(d), "--out", str(tmp_path / out), "--tolerance", "2",
                                      *extra])  # fmt: skip
         assert r.exit_code == 0, r.stderr
-        return json.loads((tmp_path / out / "evaluation.json").read_text())["rows"]  # type: ignore[no-any-return]
+        return json.loads(evaluation_file(tmp_path / out).read_text())["rows"]  # type: ignore[no-any-return]
 
     want = run("csv", str(d / "in"), "--boxes", str(d / "boxes.csv"), "--metric", "localisation")
     assert run("parquet", "--inputs-table", str(d / "rows.parquet"), "--boxes", str(d / "rows.parquet"),

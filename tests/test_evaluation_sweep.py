@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from hookviz.cli import app
 from hookviz.evaluation.families import FIGURES
-from tests.conftest import write_image
+from tests.conftest import evaluation_file, write_image
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_every_family_runs_on(model: str, tmp_path: Path) -> None:
               "--regions", "4", "--out", str(tmp_path / "o"), "-q"],
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    rows = {r["method"]: r for r in json.loads((tmp_path / "o" / "evaluation.json").read_text())["rows"]}
+    rows = {r["method"]: r for r in json.loads(evaluation_file(tmp_path / "o").read_text())["rows"]}
     assert set(rows) == {"gradcam", "layercam", "random", "center"}
     image_level = [f for f, spec in FIGURES.items() if spec[0] != "localisation"]
     names = {"increase": "increase_in_confidence"}

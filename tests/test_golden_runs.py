@@ -33,6 +33,7 @@ LABELS = "square\ndisc\ncross\n"
 def _mask(text: str, root: Path) -> str:
     text = text.replace(str(root), "<tmp>")
     text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", "<time>", text)
+    text = re.sub(r"(evaluation(?:_by_class)?\.)[0-9a-f]{8}\.", r"\1KEY.", text)  # keyed by its settings
     return re.sub(r"(-)[0-9a-f]{8}(\.)", r"\1PATHHASH\2", text)
 
 

@@ -19,6 +19,7 @@ from hookviz.engine.explain import explain
 from hookviz.methods.guided import guided_backprop, guided_backprop_counted
 from tests.conftest import (
     GRADIENT_METHODS,
+    evaluation_file,
     hook_counts,
     invoke,
     records,
@@ -296,7 +297,7 @@ def test_input_tensor_names_in_evaluate_and_sanity(tmp_path: Path) -> None:
     out = tmp_path / "e"
     r = invoke("evaluate", str(photo), *fast, "--layer", "avgpool:input", "--out", str(out))
     assert r.exit_code == 0, r.stderr
-    rows = json.loads((out / "evaluation.json").read_text())["rows"]
+    rows = json.loads(evaluation_file(out).read_text())["rows"]
     assert rows[0]["layer"] == "avgpool:input"
     out = tmp_path / "s"
     r = invoke("sanity", str(photo), *fast, "--layer", "avgpool:input", "--out", str(out))

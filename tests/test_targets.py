@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hookviz.io.shapes import draw_shape, shape_mask
-from tests.conftest import invoke, records, train_on_shapes, write_image
+from tests.conftest import evaluation_file, invoke, records, train_on_shapes, write_image
 from tests.shapes_net import ShapesNet
 
 RAW = ["--input-size", "48", "--resize", "shorter", "--mean", "0,0,0", "--std", "1,1,1"]
@@ -123,7 +123,7 @@ def test_similarity_runs_through_evaluate_and_sanity(shapes: dict, tmp_path: Pat
     scenes = [str(p) for p in sorted((d / "scenes").iterdir())[:4]]
     r = invoke("evaluate", *scenes, *common, "--out", str(tmp_path / "e"), "-q", "--json")
     assert r.exit_code == 0, r.stderr
-    rows = json.loads((tmp_path / "e" / "evaluation.json").read_text())
+    rows = json.loads(evaluation_file(tmp_path / "e").read_text())
     row = next(r for r in (rows["rows"] if isinstance(rows, dict) else rows) if r["method"] == "gradcam")
     assert row["insertion_auc"] > row["deletion_auc"]
     r = invoke("sanity", *scenes[:2], *common, "--out", str(tmp_path / "s"), "-q")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hookviz.errors import InputError
 from hookviz.io.inputs import Item, clip_items
 from hookviz.io.video import VideoPreprocess, plan_clips, probe, read_clip
-from tests.conftest import ball_video, invoke, records
+from tests.conftest import ball_video, evaluation_file, invoke, records
 from tests.video_net import CLASSES, FRAMES, SIDE, ShapesVideoNet, moving_shape, normalised, trained
 
 NET = str(Path(__file__).with_name("video_net.py")) + ":ShapesVideoNet"
@@ -430,7 +430,7 @@ def test_evaluate_and_sanity_on_a_trained_video_model(
     res = invoke("evaluate", str(folder), *common, "--metric", families, "--robust-samples", "2",
                  "--out", str(tmp_path / "ev"))  # fmt: skip
     assert res.exit_code == 0, res.output
-    rows = {r["method"]: r for r in json.loads((tmp_path / "ev" / "evaluation.json").read_text())["rows"]}
+    rows = {r["method"]: r for r in json.loads(evaluation_file(tmp_path / "ev").read_text())["rows"]}
     assert rows["gradcam"]["images"] == 6 and rows["gradcam"]["max_sensitivity"] >= 0
     assert rows["gradcam"]["random_logit"] < rows["center"]["random_logit"] == 1.0
     refused = invoke("evaluate", str(folder), *common, "--metric", "road", "--out", str(tmp_path / "r"))

@@ -19,7 +19,7 @@ from hookviz.engine.explain import explain
 from hookviz.io.volume import read_volume
 from hookviz.tasks import load_model
 from tests import volume_net
-from tests.conftest import invoke, records
+from tests.conftest import evaluation_file, invoke, records
 
 FIXTURE = Path(__file__).parent / "fixtures" / "volume_net.safetensors"
 NET = f"{Path(volume_net.__file__)}:make"
@@ -293,7 +293,7 @@ def test_evaluate_and_sanity_on_volumes(tmp_path: Path) -> None:
     out = tmp_path / "ev"
     r = invoke("evaluate", str(tmp_path), "--model", NET, "--weights", str(FIXTURE), "-o", str(out))
     assert r.exit_code == 0, r.output
-    table = json.loads((out / "evaluation.json").read_text())
+    table = json.loads(evaluation_file(out).read_text())
     rows = {row["method"]: row for row in table["rows"]}
     assert table["images"] == 4
     assert rows["gradcam"]["deletion_auc"] < 0.5 * rows["random"]["deletion_auc"]

@@ -109,6 +109,8 @@ class Reporter:
             self.say(to_json(rec))
         elif not self.quiet and self.lines and rec["status"] != "error":
             self.say(_describe(rec))
+        if rec["status"] == "ok" and rec.get("note") and not self.quiet:  # a shard sample's other images
+            self.say(f"hookviz: note: {rec['input']}: {rec['note']}", err=True)
         if self.bar is not None:
             if self.count_from is not None:
                 self.bar.update(self._task, completed=max(self.ok + self.failed, self.count_from()))
@@ -392,7 +394,7 @@ def _report_records(
             if dist is not None:
                 distributed.write_progress(r.out, dist, done)
     finally:
-        if table is not None and table.count + len(table.pending):
+        if table is not None:
             table.close()
     if dist is None:  # under torchrun, rank 0 logs the merged manifest
         _log_run(r, start, job.kind, quiet)

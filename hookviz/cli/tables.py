@@ -1,5 +1,5 @@
-"""``evaluate``'s words and files: the cost said before it starts, the tables after, ``evaluation.csv`` /
-``evaluation_by_class.csv`` / ``evaluation.json``."""
+"""``evaluate``'s words and files: the cost said before it starts, the tables after, ``evaluation.KEY.csv`` /
+``evaluation_by_class.KEY.csv`` / ``evaluation.KEY.json`` (``KEY``: the settings' key, as the maps have)."""
 
 from __future__ import annotations
 
@@ -80,9 +80,12 @@ def _table(rows: list[dict[str, Any]], families: list[str], label: bool = False)
     return out
 
 
-def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
-    """The tables (stdout, or stderr with --json), OUT/evaluation.csv, OUT/evaluation_by_class.csv (with
-    annotations) and OUT/evaluation.json."""
+def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool, overwrite: bool = False) -> None:
+    """The tables (stdout, or stderr with --json), OUT/evaluation.KEY.csv, OUT/evaluation_by_class.KEY.csv
+    (with annotations) and OUT/evaluation.KEY.json, ``KEY`` the settings' key: an evaluation with other
+    settings (another method set) in the same folder keeps its own files. Files of these settings already
+    there are kept when they hold the same figures, replaced when the folder's run has grown (more images:
+    those of before are among them) or with ``overwrite``, else kept and said."""
     from hookviz.evaluation.summary import summarise_by_class, summarise_evaluation
 
     key = settings_key(job.settings())
@@ -93,10 +96,10 @@ def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
     passes = sum(int(x.get("forward_passes", 0)) for x in recs)
     lead = ["method", "layer", "images", *(["objects"] if job.annotations is not None else [])]
     columns, flat = _columns(rows, lead)
-    files = [("evaluation.csv", _csv(columns, flat))]
+    files = [(f"evaluation.{key}.csv", _csv(columns, flat))]
     if job.annotations is not None:
         ccols, cflat = _columns(by_class, ["method", "layer", "class", "name", "objects"])
-        files.append(("evaluation_by_class.csv", _csv(ccols, cflat)))
+        files.append((f"evaluation_by_class.{key}.csv", _csv(ccols, cflat)))
     summary = {
         "key": key,
         "settings": job.settings(),
@@ -105,9 +108,8 @@ def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
         "rows": rows,
         **({"by_class": by_class} if job.annotations is not None else {}),
     }
-    files.append(("evaluation.json", json.dumps(finite(summary), indent=1, allow_nan=False)))
-    for name, text in files:
-        atomic_write(out / name, text)
+    files.append((f"evaluation.{key}.json", json.dumps(finite(summary), indent=1, allow_nan=False)))
+    said = _written(out, files, len(recs), overwrite)
     table = _table(rows, list(job.metrics))
     if by_class and len({r["class"] for r in by_class}) > 1:
         table += ["", "by annotated class:", *_table(by_class, ["localisation"], label=True)]
@@ -115,6 +117,28 @@ def write_evaluation(job: Any, out: Path, quiet: bool, as_json: bool) -> None:
         f"{len(recs)} image(s), {passes:,} forward passes; ± is the 95 % confidence interval of the mean "
         "(Student's t), [low, high] that of a proportion (Wilson); random and center are chance baselines"
     )
-    table.append("wrote " + ", ".join(str(out / name) for name, _ in files))
+    table.append(said)
     if not quiet or not as_json:
         typer.echo("\n".join(table), err=as_json)
+
+
+def _written(out: Path, files: list[tuple[str, str]], images: int, overwrite: bool) -> str:
+    """Write an evaluation's files unless those there (the same settings) hold the same figures, or other
+    figures over as many images or more and no ``overwrite``; what was done, in words."""
+    named = ", ".join(str(out / name) for name, _ in files)
+    there = out / files[-1][0]  # the summary (.json): its images tell a grown run from another
+    if there.is_file():
+        if all((out / n).is_file() and (out / n).read_text(encoding="utf-8") == t for n, t in files):
+            return f"kept {named} (the same figures: these settings over the same images)"
+        try:
+            before = int(json.loads(there.read_text(encoding="utf-8")).get("images", 0))
+        except (ValueError, TypeError, AttributeError):
+            before = images + 1  # unreadable: never replaced silently
+        if not overwrite and images <= before:
+            return (
+                f"kept {named}: they hold other figures for these settings ({before} image(s)); pass "
+                "--overwrite to replace them"
+            )
+    for name, text in files:
+        atomic_write(out / name, text)
+    return f"wrote {named}"

@@ -116,7 +116,7 @@ def evaluate(
     options = dataclasses.replace(method.options(), masks=metrics.rise())
     job = made_by(evaluate_job, layers=layers, methods=methods, target=target, options=options, steps=steps,
                   compare=method.compare, seed=method.seed, **metrics.settings())  # fmt: skip
-    summarise = lambda job: write_evaluation(job, run.out, run.quiet, run.as_json)  # noqa: E731
+    summarise = lambda job: write_evaluation(job, run.out, run.quiet, run.as_json, run.overwrite)  # noqa: E731
     run_command(job, model, run, inputs, several, sampling, prompts=prompts, announce=announce,
                 summarise=summarise, lines=False)  # fmt: skip
 

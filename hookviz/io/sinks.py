@@ -2,8 +2,11 @@
 maps in one chunked Zarr store; each at a local path or an fsspec URL (``s3://bucket/run/maps.zarr``).
 
 Both are written per input, as the pipeline finishes it: a Zarr array per input, method and layer (its own
-chunk: two ranks or two threads never write one), and a Parquet part per process, replaced whole at the end
-(``records.parquet/part-R.parquet``, rank ``R``; pyarrow and every engine read the folder as one table).
+chunk: two ranks or two threads never write one), and a Parquet part per process and run, put in place whole
+at the end (``records.parquet/part-<run>-<R>.parquet``: the run's start time and a random id, rank ``R``;
+pyarrow and every engine read the folder as one table). A part is never replaced: a second run into the folder
+(more photos, other settings, another torchrun job, fewer ranks) adds its own, and a skipped input whose rows
+the table holds already adds none.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import io
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +56,8 @@ def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             **base, "method": entry.get("method"), "layer": entry.get("layer"),
             "target_index": target.get("index"), "target_name": _text(target.get("name")),
             "target_score": target.get("score"), "map_min": entry.get("min"), "map_max": entry.get("max"),
-            "finite": entry.get("finite"), "file": file or None, "raw": _raw_of(file, outputs),
+            "finite": entry.get("finite"), "file": file or None,
+            "raw": entry.get("raw") or _raw_of(file, outputs),
         })  # fmt: skip
     return rows or [base]
 
@@ -80,11 +85,17 @@ def _array_name(name: str) -> tuple[str, str]:
     return parts[0], ".".join(parts[1:])
 
 
-class RecordTable:
-    """The run's rows, written as one Parquet file at ``where/part-R.parquet`` when the run ends (a row group
-    every ``rows`` rows meanwhile, so a long run holds little)."""
+def run_id() -> str:
+    """A name for one run's parts: when it started (sorts in time order) and 8 random hex digits."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
-    def __init__(self, where: str, rank: int = 0, rows: int = 512) -> None:
+
+class RecordTable:
+    """The run's rows, written as one Parquet file at ``where/part-<run>-<rank>.parquet`` when the run ends
+    (a row group every ``rows`` rows meanwhile, so a long run holds little). Rows of a ``skipped`` record are
+    left out when the table (every part there) holds that input's rows for these settings already."""
+
+    def __init__(self, where: str, rank: int = 0, rows: int = 512, run: str | None = None) -> None:
         try:
             import pyarrow as pa
         except ImportError:
@@ -94,14 +105,23 @@ class RecordTable:
             [(n, pa.list_(pa.int64()) if t.startswith("list") else t) for n, t in COLUMNS]
         )
         self.where, self.rank, self.limit = where.rstrip("/"), rank, rows
-        self.final = f"{self.where}/part-{rank}.parquet"
-        self.temp = self.final if is_url(self.where) else f"{self.where}/.part-{rank}.{os.getpid()}.tmp"
+        self.run = run or run_id()
+        self.final = f"{self.where}/part-{self.run}-{rank}.parquet"
+        temp = f"{self.where}/.part-{self.run}-{rank}.{os.getpid()}.tmp"
+        self.temp = self.final if is_url(self.where) else temp
         self.pending: list[dict[str, Any]] = []
         self.writer: Any = None
         self.count = 0
+        #: The output prefixes (input x settings) whose rows the table holds.
+        self.held = held_prefixes(self.where)
 
     def add(self, record: dict[str, Any]) -> None:
+        prefix = record.get("prefix")
+        if record.get("status") == "skipped" and prefix in self.held:
+            return  # its rows are there (an earlier run's, or this run's for the same input listed twice)
         self.pending += record_rows(record)
+        if prefix:
+            self.held.add(str(prefix))
         if len(self.pending) >= self.limit:
             self._flush()
 
@@ -117,13 +137,39 @@ class RecordTable:
             self.count += len(self.pending)
             self.pending = []
 
-    def close(self) -> str:
-        """Write what is left and put the file in place (a local one by a rename: never half a table)."""
+    def close(self) -> str | None:
+        """Write what is left and put the file in place (a local one by a rename: never half a table); None
+        when the run added no row (no part is written)."""
+        if self.writer is None and not self.pending:
+            return None
         self._flush()
         self.writer.close()
         if self.temp != self.final:
-            os.replace(self.temp, self.final)
+            os.replace(self.temp, self.final)  # a name of this run's own: nothing there to replace
         return self.final
+
+
+def held_prefixes(where: str) -> set[str]:
+    """The output prefixes of the rows in the Parquet table at ``where`` (every part; none when there is no
+    table yet).
+
+    Raises:
+        OutputError: a table that is there but cannot be read.
+    """
+    import pyarrow.dataset as ds
+
+    fs, path = _fs(where)
+    try:
+        if not fs.isdir(path):
+            return set()
+        parts = ds.dataset(fs._strip_protocol(path), format="parquet", filesystem=_arrow_fs(fs))
+        if not parts.files:
+            return set()
+        table = parts.to_table(columns=["prefix"])
+    except Exception as exc:  # a part pyarrow refuses, a store that refuses
+        why = first_line(exc, 160)
+        raise OutputError(f"--records {where}: cannot read the table there ({why})") from None
+    return {str(p) for p in table.column("prefix").to_pylist() if p}
 
 
 class ZarrMaps:

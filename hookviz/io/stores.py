@@ -16,7 +16,7 @@ import os
 import re
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,8 @@ class Blob:
     name: str
     start: int | None = None
     size: int | None = None
+    #: What the record should say about it (a shard sample's other images, left out).
+    note: str | None = None
 
     def open(self) -> Bytes:
         """The bytes, read now (one request).
@@ -169,11 +171,12 @@ def find_stored(spec: str) -> Iterator[Found]:
 
 
 def shard_members(shard: str) -> Iterator[Found]:
-    """A WebDataset shard's samples (members grouped by key, ``dir/key.ext``): each key's image, in order,
-    with its ``.cls`` as the label. A shard that is missing, not a tar or cut short gives the samples read
-    whole before the fault, then one error."""
+    """A WebDataset shard's samples (members grouped by key, ``dir/key.ext``, as WebDataset groups them): each
+    key's first image, in order, with its ``.cls`` as the label; a sample of several images names the others
+    in its note, a sample of none is an error of its own. A shard that is missing, not a tar or cut short
+    gives the samples read whole before the fault, then one error."""
     fs, where = filesystem(shard)
-    samples: dict[str, list[Any]] = {}  # key -> [image member, label]
+    samples: dict[str, _Sample] = {}
     try:
         total = int(fs.size(where))
         opened = fs.open(where, "rb", block_size=_LIST_BLOCK) if is_url(shard) else open(where, "rb")  # noqa: SIM115
@@ -183,34 +186,66 @@ def shard_members(shard: str) -> Iterator[Found]:
                 end = member.offset_data + -(-member.size // 512) * 512
                 if end > total:  # its bytes are not all there
                     raise EOFError("cut short")
+                if not member.isfile():
+                    continue
                 key, _, ext = _split_key(member.name)
-                sample = samples.setdefault(key, [None, None])
-                if member.isfile() and ext.lower() == "cls" and member.size < 256:
-                    sample[1] = tar.extractfile(member).read().decode("utf-8", "replace").strip()  # type: ignore[union-attr]
-                elif member.isfile() and f".{ext.lower()}" in image_suffixes() and sample[0] is None:
-                    sample[0] = member
+                sample = samples.setdefault(key, _Sample())
+                sample.members.append(member.name)
+                if ext.lower() == "cls" and member.size < 256:
+                    sample.label = tar.extractfile(member).read().decode("utf-8", "replace").strip()  # type: ignore[union-attr]
+                elif is_image_extension(ext):
+                    sample.images.append(member)
             if total < end + 1024:  # no end-of-archive blocks: cut at a member's boundary
                 raise EOFError("cut short: no end-of-archive marker")
     except FileNotFoundError:
         yield shard, None, f"{shard!r}: no such shard", None
         return
     except (tarfile.TarError, EOFError, OSError) as exc:
-        yield from _images(shard, samples)
-        count = sum(1 for image, _ in samples.values() if image is not None)
+        yield from _images(shard, samples, whole=False)
+        count = sum(1 for s in samples.values() if s.images)
         after = f" after {count} sample(s)" if count else ""
         yield shard, None, f"{shard!r}: not a readable tar shard{after} ({first_line(exc, 120)})", None
         return
     except Exception as exc:  # a store's own errors
         yield shard, None, f"{shard!r}: cannot read it ({first_line(exc, 160)})", None
         return
-    yield from _images(shard, samples)
+    yield from _images(shard, samples, whole=True)
 
 
-def _images(shard: str, samples: dict[str, list[Any]]) -> Iterator[Found]:
-    for image, label in samples.values():
-        if image is not None:
-            name = f"{shard}#{image.name}"
-            yield name, Blob(shard, name, image.offset_data, image.size), None, label
+@dataclass
+class _Sample:
+    """One key's members in a shard: their names, its images (tar members) and its ``.cls`` label."""
+
+    members: list[str] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)
+    label: str | None = None
+
+
+def is_image_extension(ext: str) -> bool:
+    """Whether a WebDataset extension (``png``, ``seg.png``, ``multi.dot.jpg``) is an image's: its last
+    component, as WebDataset's image decoder looks at it."""
+    return f".{ext.rsplit('.', 1)[-1].lower()}" in image_suffixes()
+
+
+def _images(shard: str, samples: dict[str, _Sample], whole: bool) -> Iterator[Found]:
+    """Each sample's first image as an input (the others named in its note); a sample without an image, an
+    error (not for the last sample of a shard cut short: the rest of it may be past the cut)."""
+    last = next(reversed(samples), None)
+    for key, sample in samples.items():
+        if not sample.images:
+            if whole or key != last:
+                members = ", ".join(m.rpartition("/")[2] for m in sample.members[:4])
+                why = f"{shard}#{key}: no image in this sample (its members: {members})"
+                yield f"{shard}#{key}", None, why, sample.label
+            continue
+        image, others = sample.images[0], sample.images[1:]
+        name = f"{shard}#{image.name}"
+        note = None
+        if others:
+            left = ", ".join(o.name.rpartition("/")[2] for o in others)
+            first = image.name.rpartition("/")[2]
+            note = f"this sample has {len(sample.images)} images: {first} is explained, {left} left out"
+        yield name, Blob(shard, name, image.offset_data, image.size, note), None, sample.label
 
 
 def _split_key(name: str) -> tuple[str, str, str]:

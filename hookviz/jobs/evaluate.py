@@ -102,9 +102,7 @@ class EvaluateJob(BaseJob):
         fails alone); with ``--target label``, each image's own class (or why it has none)."""
         if isinstance(self.targets, Labelled):
             self._classes = self._classes or num_classes(self.loaded)
-            self._labels = [
-                label_class(item.name, item.label, self.loaded, self._classes) for item, _, _ in batch
-            ]
+            self._labels = [label_class(item.label, self.loaded, self._classes) for item, _, _ in batch]
         if self.annotations is None:
             return
         objects: list[list[tuple[int | None, np.ndarray]] | str | None] = []

@@ -35,7 +35,7 @@ class LabelledCamJob(CamJob):
         """Each input's class (or why it has none), for the ``compute`` that follows (pipeline hook)."""
         if not self._classes:  # once: without class names it costs a forward pass
             self._classes = num_classes(self.loaded)
-        self._given = [label_class(item.name, item.label, self.loaded, self._classes) for item, _, _ in batch]
+        self._given = [label_class(item.label, self.loaded, self._classes) for item, _, _ in batch]
 
     def _explained(self) -> torch.Tensor | None:
         return self._batch

@@ -81,16 +81,17 @@ def parse_target(
     return find_class(text, loaded.categories, option, loaded.name)
 
 
-def label_class(name: str, label: str | None, loaded: LoadedModel, num_classes: int) -> int | str:
+def label_class(label: str | None, loaded: LoadedModel, num_classes: int) -> int | str:
     """``--target label``: an input's own class from its label (a table row's target column, a shard sample's
-    ``.cls``: an index or a name), or the one line saying why it has none."""
+    ``.cls``: an index or a name), or the one line saying why it has none (the pipeline puts the input's name
+    before it)."""
     if label is None or not label.strip():
-        return f"{name!r}: no label to explain (a table's target column or a shard sample's .cls)"
+        return "no label to explain (a table's target column or a shard sample's .cls)"
     try:
         found = parse_target(label.strip(), loaded, num_classes, "label")
     except HookvizError as exc:
-        return f"{name!r}: {exc}"
-    return found if found is not None else f"{name!r}: label {label!r} names no class"
+        return str(exc)
+    return found if found is not None else f"label {label!r} names no class"
 
 
 #: What ``--target`` becomes: None (top-1), ``"topK"``, class indices, or :class:`Positive`.

@@ -169,13 +169,15 @@ def _runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _evaluation(out: Path, warn: Callable[[str], None] | None) -> dict[str, Any] | None:
-    """``evaluation.json`` of the folder as tables for the page (None when no evaluation ran)."""
+    """The folder's latest evaluation (``evaluation.KEY.json``, one per settings; ``evaluation.json`` of an
+    older hookviz) as tables for the page (None when no evaluation ran)."""
     from hookviz.evaluation.families import FAMILIES
     from hookviz.evaluation.summary import tables
 
-    path = out / "evaluation.json"
-    if not path.is_file():
+    found = [p for p in (*out.glob("evaluation.*.json"), out / "evaluation.json") if p.is_file()]
+    if not found:
         return None
+    path = max(found, key=lambda p: p.stat().st_mtime_ns)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         rows = [r for r in _list(data.get("rows")) if isinstance(r, dict)]

@@ -193,6 +193,10 @@ class _Run:
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers))
         self.said_split: set[tuple[int, ...]] = set()
         self.done = 0
+        #: The output prefixes this run has started, and the record of each (an input listed twice, as a
+        #: table's duplicate row, is done once: its second listing repeats the first's record).
+        self.seen: set[str] = set()
+        self.recorded: dict[str, dict[str, Any]] = {}
 
     def records(self, batches: Iterator[list[tuple[Item, str]]]) -> Iterator[dict[str, Any]]:
         """Each input's record, in input order: the next batch decodes and this one renders while the model
@@ -248,15 +252,23 @@ class _Run:
             item.partners
         ):  # a sample of several inputs: every file of it, by input (the pipeline records them)
             entry["inputs"] = {name: str(path) for name, path in item.partners}
+        if item.blob is not None and item.blob.note:  # what its store knows (a shard sample's other images)
+            entry["note"] = "; ".join(n for n in (entry.get("note"), item.blob.note) if n)
         entry.setdefault("outputs", [])
         entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.output.record(entry)
+        if entry.get("prefix"):
+            self.recorded.setdefault(str(entry["prefix"]), entry)
         return entry
 
     def start(self, chunk: list[tuple[Item, str]]) -> list[_Started]:
         """Each input of ``chunk`` with what to do about it; the readable ones start decoding."""
         started: list[_Started] = []
         for item, prefix in chunk:
+            if item.error is None and prefix in self.seen:  # listed again: recorded after its first listing
+                started.append((item, prefix, None, "again"))
+                continue
+            self.seen.add(prefix)
             note = item.error if item.error is not None else self._existing(item, prefix)
             if item.error is not None or note not in (None, "fill", "add"):
                 started.append((item, prefix, None, note))
@@ -290,6 +302,16 @@ class _Run:
         kept["prefix"] = prefix
         kept["outputs"] = [self.output.where(n) for n in self.planned(prefix)]
         return self.record(item, "skipped", note=why, **kept)
+
+    def again(self, item: Item, prefix: str) -> dict[str, Any]:
+        """The record of an input listed a second time in this run: ``skipped``, repeating the first
+        listing's results (recorded before it: records follow the input order), or an error where that
+        failed."""
+        first = self.recorded.get(prefix)
+        if first is None:
+            return self.record(item, "error", f"{quote(item.name)}: listed twice in this run; its first "
+                                              "listing failed (see its record)")  # fmt: skip
+        return self.skipped(item, prefix, first, "listed twice in this run: done once, for its first listing")
 
     def finish(self, item: Item, prefix: str, box: Box, note: str | None, fut: Future[Any]) -> dict[str, Any]:
         """Wait for one input's render and writing, and record it."""
@@ -327,6 +349,7 @@ class _Run:
         stopped the writing; the record's fields)``; nothing is written for "fill"."""
         with timing.stage("render"):
             files, fields = self.job.render(result, index, rgb, box, prefix)
+        fields = self._written_only(fields, prefix)
         if note == "fill":
             return None, fields
         try:
@@ -335,6 +358,22 @@ class _Run:
                 return self._write(files, note, attrs), fields
         except OSError as exc:  # raised by finish, with the fields kept for its record
             return exc, fields
+
+    def _written_only(self, fields: dict[str, Any], prefix: str) -> dict[str, Any]:
+        """``fields`` naming only what is written: with ``--no-pictures`` a map's ``file`` (its PNG) is None,
+        and ``raw`` says where its raw map went (a ``.npy`` file, its Zarr array), if anywhere."""
+        maps = fields.get("maps")
+        if self.output.pictures or not isinstance(maps, list):
+            return fields
+        planned = set(self.planned(prefix))
+        named = []
+        for entry in maps:
+            file = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(file, str) and not self.output.keeps(file):
+                raw = f"{file[: -len('.png')]}.npy"
+                entry = {**entry, "file": None, **({"raw": self.output.where(raw)} if raw in planned else {})}
+            named.append(entry)
+        return {**fields, "maps": named}
 
     def planned(self, prefix: str) -> list[str]:
         """The outputs an input gets: the job's, less those the output does not keep (``--no-pictures``)."""
@@ -362,6 +401,8 @@ class _Run:
                 if note == "skipped":
                     why = "outputs exist for these settings"
                     finishers.append(partial(self.skipped, item, prefix, self.output.previous[prefix], why))
+                elif note == "again":
+                    finishers.append(partial(self.again, item, prefix))
                 else:
                     finishers.append(partial(self.record, item, "error", note))
                 continue
