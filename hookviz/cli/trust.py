@@ -1,4 +1,5 @@
-"""Which map to trust: ``hookviz evaluate`` (faithfulness) and ``hookviz sanity`` (randomisation)."""
+"""Which map to trust: ``hookviz evaluate`` (faithfulness), ``hookviz sanity`` (randomisation) and
+``hookviz trust`` (every method through one battery of tests, and a verdict)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.flags import MAPS, SETTINGS, InputOpt, MaybeInputs, Methods
-from hookviz.cli.options import MethodFlags, ModelOptions, Prompts, RunOptions, Sampling, group, grouped, omit
+from hookviz.cli.flags import MAPS, SETTINGS, InputOpt, Inputs, MaybeInputs, Methods
+from hookviz.cli.options import (
+    DATA,
+    MethodFlags,
+    ModelOptions,
+    PlainModel,
+    Prompts,
+    RunOptions,
+    Sampling,
+    group,
+    grouped,
+    omit,
+)
 from hookviz.cli.runner import run_command
 from hookviz.cli.tables import announce, write_evaluation
 from hookviz.io.files import atomic_write
@@ -210,3 +222,50 @@ def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
         )
     lines_out.append(f"wrote {out / 'sanity.json'}")
     typer.echo("\n".join(lines_out), err=as_json)
+
+
+TrustLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
+    help="module name; repeatable (default: the CAM default).")]  # fmt: skip
+TrustSeed = Annotated[int, typer.Option("--seed", rich_help_panel=METRICS,
+    help="the random maps, the randomised classifier and the noise (same seed, same JSON).")]  # fmt: skip
+MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=METRICS,
+    help="photos tested, the first by name (16 give intervals worth reading).")]  # fmt: skip
+TrustRun = Annotated[RunOptions, omit(
+    "skip_existing", "batch_size", "workers", "max_memory", "report", "null", *DATA,
+)]  # fmt: skip
+
+
+@grouped
+def trust(
+    inputs: Inputs,
+    model: PlainModel = ModelOptions(),
+    methods: Methods = None,
+    layers: TrustLayers = None,
+    seed: TrustSeed = 0,
+    max_photos: MaxPhotos = 16,
+    run: TrustRun = RunOptions(),
+) -> None:
+    """Which map to believe for this model: every method that applies, tested for randomisation, class
+    sensitivity, faithfulness and stability over the photos, with an edge detector as the control, and the
+    model checked for predictions at chance. Writes OUT/trust.json, trust.md and trust.png."""
+    import shlex
+    import sys
+
+    from hookviz.cli.explore import _model_words
+    from hookviz.cli.loading import load_warm
+    from hookviz.run.trust import table, trust_photos, write_trust
+
+    loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
+    report, refused = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
+                                   max_photos=max_photos, max_pixels=run.max_pixels)  # fmt: skip
+    words = ["hookviz", "trust", *inputs, *_model_words(model)]
+    words += [w for m in methods or [] for w in ("--method", m)] + [
+        w for la in layers or [] for w in ("-l", la)
+    ]
+    words += ["--seed", str(seed), "--max-photos", str(max_photos), "--out", str(run.out)]
+    paths = write_trust(report, run.out, command=shlex.join(words), refused=refused, overwrite=run.overwrite)
+    if run.as_json:
+        sys.stdout.write(paths[0].read_text() + "\n")
+    if not run.quiet or not run.as_json:
+        typer.echo("\n".join(table(report)), err=run.as_json)
+    typer.echo(f"hookviz: wrote {', '.join(str(p) for p in paths)}", err=True)

@@ -17,6 +17,9 @@ from urllib.parse import parse_qs, urlsplit
 from hookviz.errors import SetupError, UsageError
 from hookviz.explore.server import Handler
 from hookviz.explore.session import Session
+from hookviz.models.loaded import LoadedModel
+from hookviz.models.sources import WEIGHTS_DEFAULT
+from hookviz.tasks.api import load_model
 
 try:
     import anywidget
@@ -142,10 +145,6 @@ def widget(
             "hookviz.widget needs a notebook kernel (JupyterLab, VS Code, Colab); from a shell, "
             "hookviz explore PHOTOS serves the same views in the browser"
         )
-    from hookviz.models.loaded import LoadedModel
-    from hookviz.models.sources import WEIGHTS_DEFAULT
-    from hookviz.tasks.api import load_model
-
     if isinstance(model, LoadedModel):
         loaded = model
     else:

@@ -4,6 +4,7 @@ battery of :mod:`hookviz.evaluation.trust`, and the report written as ``trust.js
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ VERDICT_COLOURS = {"recommended": COLOURS["pass"], "care": COLOURS["care"], "fai
 
 def candidate_methods(
     loaded: LoadedModel, wanted: Sequence[str] | None, calls: Any
-) -> tuple[list[str], dict]:
+) -> tuple[list[str], dict[str, str]]:
     """The methods to test (named, ``all``, or the default set) and those the registry refuses, with why."""
     names = registry.parse(list(wanted)) if wanted else list(DEFAULT_METHODS)
     kept: list[str] = []
@@ -199,6 +200,7 @@ def write_trust(
 
 
 def _version() -> str:
-    from hookviz import __version__
-
-    return __version__
+    try:
+        return importlib.metadata.version("hookviz")
+    except importlib.metadata.PackageNotFoundError:  # a source tree not installed
+        return "unknown"
