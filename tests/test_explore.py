@@ -23,7 +23,7 @@ import pytest
 from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.tasks import load_model
-from tests.conftest import invoke, write_image
+from tests.conftest import PATIENCE, invoke, write_image
 from tests.test_report import HOSTILE, browser  # noqa: F401 - the browser fixture
 
 MODEL = ["--model", "tests.conftest:TinyCNN", "--weights", "none"]
@@ -54,7 +54,8 @@ def get(server: Explorer, path: str, *, token: bool = True, headers: dict[str, s
     sep = "&" if "?" in path else "?"
     url = f"http://127.0.0.1:{port}{path}" + (f"{sep}token={server.token}" if token else "")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=120) as r:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=PATIENCE) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -79,6 +80,21 @@ def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
         assert get(server, f"/api/map?input={urllib.request.quote(bad)}")[0] == 404, bad
         assert get(server, f"/api/thumb?input={urllib.request.quote(bad)}")[0] == 404, bad
     assert get(server, "/api/../../etc/passwd")[0] == 404 and get(server, "/secret.txt")[0] == 404
+
+
+def choose(page: Any, select: str, value: str) -> None:
+    """Choose ``value`` in the page's ``select`` once the page can take it: the option listed and enabled
+    and the list's handler bound (the page fills its lists one request after another; on a busy machine
+    the strip of inputs shows well before the methods are listed)."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    ready = (
+        "const s = document.getElementById(arguments[0]);"
+        "const o = s && Array.from(s.options).find((o) => o.value === arguments[1]);"
+        "return Boolean(o && !o.disabled && s.onchange);"
+    )
+    WebDriverWait(page, PATIENCE).until(lambda d: d.execute_script(ready, select, value))
+    Select(page.find_element("id", select)).select_by_value(value)
 
 
 def test_a_view_is_the_png_and_raw_map_its_command_writes(server: Explorer, tmp_path: Path) -> None:
@@ -116,7 +132,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
 
     def shown() -> tuple[str, bytes]:
         """The view the page shows (its query) and the bytes of its picture."""
-        WebDriverWait(browser, 60).until(
+        WebDriverWait(browser, PATIENCE).until(
             lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view")
         )
         data = browser.execute_async_script(
@@ -126,15 +142,15 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
         )
         return data[0], base64.b64decode(data[1])
 
-    wait = WebDriverWait(browser, 60)
-    browser.set_script_timeout(60)
+    wait = WebDriverWait(browser, PATIENCE)
+    browser.set_script_timeout(PATIENCE)
     browser.get(server.url)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#strip button")) == 3)
     strip = [span.text for span in browser.find_elements(By.CSS_SELECTOR, "#strip span")]
     assert any(HOSTILE in name for name in strip)  # a hostile name is text, not markup
     assert browser.execute_script("return window.pwned === undefined")
     browser.find_elements(By.CSS_SELECTOR, "#strip button")[1].click()
-    Select(browser.find_element(By.ID, "method")).select_by_value("layercam")
+    choose(browser, "method", "layercam")
     view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
     wait.until(lambda d: "method=layercam" in view(d))
     query, picture = shown()
@@ -146,7 +162,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     assert "token" not in link
     browser.get("about:blank")
     browser.get(link)
-    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
+    wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
     assert (
         Select(browser.find_element(By.ID, "method")).first_selected_option.get_attribute("value")
         == "layercam"
@@ -185,14 +201,14 @@ def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> 
 
 def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser: Any) -> None:  # noqa: F811
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 60)
+    wait = WebDriverWait(browser, PATIENCE)
     browser.get(server.url + "&input=0&layer=features.4")
     view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
     wait.until(lambda d: "layer=features.4" in view(d))
     browser.find_element(By.ID, "pin").click()
-    Select(browser.find_element(By.ID, "method")).select_by_value("gradcampp")
+    choose(browser, "method", "gradcampp")
     wait.until(lambda d: "method=gradcampp" in view(d))
     browser.find_element(By.ID, "pin").click()
     figures = browser.find_elements(By.CSS_SELECTOR, "#grid figure")
@@ -215,7 +231,7 @@ def post(server: Explorer, data: bytes, headers: dict[str, str], token: bool = T
     url = f"http://127.0.0.1:{port}/api/upload" + (f"?token={server.token}" if token else "")
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=120) as r:
+        with urllib.request.urlopen(request, timeout=PATIENCE) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
