@@ -14,10 +14,10 @@ endif
 CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
 
-.PHONY: help install browser demo docs docs-release dist test test-fast check lint bench clean
+.PHONY: help install browser demo docs docs-release dist test test-fast test-cuda check lint bench clean
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 install: $(STAMP)  ## create .venv and install hookviz with its test tools
 
@@ -44,6 +44,9 @@ test: $(STAMP) browser  ## run the test suite (slow tests included; two workers,
 
 test-fast: $(STAMP) browser  ## the inner loop: every test but the slow model sweeps
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=10
+
+test-cuda: $(STAMP)  ## every command and front door on --device cuda, against the CPU (needs a GPU; skipped without)
+	$(PY) -m pytest -q -m cuda -rs tests/test_cuda.py
 
 lint: $(STAMP)  ## ruff + mypy
 	$(VENV)/bin/ruff check hookviz tests bench examples scripts

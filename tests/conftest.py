@@ -13,6 +13,11 @@ os.environ["HOOKVIZ_SERVER"] = "none"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -350,3 +355,80 @@ def evaluation_file(out: Path, kind: str = "evaluation", ext: str = "json") -> P
     """The one ``evaluate`` file of ``kind`` in ``out``: ``evaluation.KEY.json`` (keyed by its settings)."""
     (found,) = out.glob(f"{kind}.*.{ext}")
     return found
+
+
+# -- subprocesses --------------------------------------------------------------------------------------
+
+#: How long a test's subprocess may run before it is called hung: the margin a busy laptop needs. A command
+#: that takes seconds on a quiet machine took over two minutes beside two CPU-heavy processes (``make test``
+#: in a fresh clone); a hung one is still caught, later.
+PATIENCE = 900.0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member that changed its user: still there
+        return True
+    return True
+
+
+def stop_group(proc: subprocess.Popen[Any], grace: float = 15.0) -> None:
+    """End ``proc`` and every process of its group (it was started in a session of its own, by
+    :func:`started`): SIGTERM first, which torchrun passes on to its ranks (they run in sessions of their
+    own), then, whatever is left after ``grace`` seconds, SIGKILL. The leader is reaped and its pipes
+    closed: nothing of it outlives the test, to fail the next one on the worker with a ResourceWarning."""
+    pgid = proc.pid
+    if proc.poll() is None or _group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        # a zombie leader is still a member: poll() reaps it, so that an empty group reads as gone
+        while (proc.poll() is None or _group_alive(pgid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+@contextlib.contextmanager
+def started(cmd: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """``subprocess.Popen(cmd, **popen)`` in a session (and process group) of its own; on the way out,
+    however the test ends (an assertion, a ``TimeoutExpired``), the whole group is ended by
+    :func:`stop_group`: a process the test left running cannot break a later test."""
+    proc = subprocess.Popen(list(cmd), start_new_session=True, **popen)
+    try:
+        yield proc
+    finally:
+        stop_group(proc)
+
+
+def run_cli(
+    cmd: Sequence[str],
+    *,
+    timeout: float = PATIENCE,
+    input: str | bytes | None = None,
+    check: bool = False,
+    capture_output: bool = True,
+    text: bool = True,
+    **popen: Any,
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` for the tests: the command in a process group of its own, a timeout with the
+    margin a loaded machine needs (:data:`PATIENCE`), and on that timeout the whole group killed (children
+    and torchrun's ranks too) before ``TimeoutExpired`` is raised."""
+    if capture_output:
+        popen.setdefault("stdout", subprocess.PIPE)
+        popen.setdefault("stderr", subprocess.PIPE)
+    if input is not None:
+        popen["stdin"] = subprocess.PIPE
+    with started(cmd, text=text, **popen) as proc:
+        out, err = proc.communicate(input, timeout=timeout)
+    res = subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+    if check:
+        res.check_returncode()
+    return res

@@ -258,3 +258,21 @@ def test_the_job_protocol_is_not_probed() -> None:
     for module in ("hookviz.run.pipeline", "hookviz.run.runner", "hookviz.cli.runner"):
         text = MODULES[module].read_text()
         assert "getattr(job" not in text and "getattr(self.job" not in text, module
+
+
+def test_tensors_reach_numpy_through_one_function() -> None:
+    """``tensor.numpy()`` fails on a GPU tensor (and on one with a graph, or bfloat16): every move to NumPy
+    goes through :func:`hookviz.core.arrays.to_numpy`, so that ``--device cuda`` works where the CPU did."""
+    calls = []
+    for module, path in MODULES.items():
+        if module == "hookviz.core.arrays":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "numpy"
+                and not (isinstance(node.func.value, ast.Name) and node.func.value.id in ("np", "numpy"))
+            ):
+                calls.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    assert not calls, "use hookviz.core.arrays.to_numpy:\n" + "\n".join(calls)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from hookviz.concepts.dataset import crop, parse_channels
 from hookviz.concepts.examples import TopK, channel_scores, receptive_field
 from hookviz.errors import UsageError
 from hookviz.io.shapes import draw_shape
-from tests.conftest import TinyCNN, Trained, invoke, write_image
+from tests.conftest import TinyCNN, Trained, invoke, run_cli, write_image
 
 LAYER = "features.10"  # the last ReLU: its mean over the map feeds the head
 
@@ -220,9 +219,7 @@ def test_torchrun_gives_the_same_file(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     run = [*cmd, "-m", "hookviz", *args, "--out", str(tmp_path / "two")]
-    res = subprocess.run(
-        run, capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parent.parent
-    )
+    res = run_cli(run, env=env, cwd=Path(__file__).parent.parent)
     assert res.returncode == 0, res.stderr
     a = gathered(tmp_path / "one")
     b = gathered(tmp_path / "two")

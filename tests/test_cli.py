@@ -6,7 +6,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import urllib.error
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import ROOT, SAMPLES, invoke, picture, records, write_image
+from tests.conftest import ROOT, SAMPLES, invoke, picture, records, run_cli, write_image
 
 FAST = ["--model", "resnet18", "--weights", "none", "--input-size", "64", "--device", "cpu"]
 
@@ -272,7 +271,7 @@ def test_help_does_not_import_heavy_modules() -> None:
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('torch', 'cv2', 'matplotlib', 'numpy', 'torchvision') if m in sys.modules))"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    res = run_cli([sys.executable, "-c", code], check=True, cwd=ROOT)
     assert res.stdout.strip().splitlines()[-1] == "[]"
 
 
@@ -281,13 +280,8 @@ def test_installed_script_on_the_sample_images(tmp_path: Path) -> None:
     assert exe, "the hookviz console script is not installed"
     out = tmp_path / "out"
     env = {**os.environ, "TORCH_HOME": str(tmp_path / "hub")}
-    res = subprocess.run(
-        [exe, "gradcam", str(SAMPLES), "--weights", "none", "--out", str(out), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    cmd = [exe, "gradcam", str(SAMPLES), "--weights", "none", "--out", str(out), "--device", "cpu"]
+    res = run_cli(cmd, env=env)
     assert res.returncode == 0, res.stderr
     recs = records(out)
     assert sorted(Path(str(r["input"])).name for r in recs) == [
@@ -302,9 +296,7 @@ def test_installed_script_on_the_sample_images(tmp_path: Path) -> None:
         with Image.open(str(rec["input"])) as src:
             width = src.width
         assert picture(png).shape[1] == width and Path(png).parent == out  # the photo's own width
-    res = subprocess.run(
-        [sys.executable, "-m", "hookviz", "--help"], capture_output=True, text=True, cwd=ROOT
-    )
+    res = run_cli([sys.executable, "-m", "hookviz", "--help"], cwd=ROOT)
     assert res.returncode == 0 and "gradcam" in res.stdout
 
 

@@ -23,7 +23,7 @@ import torch
 
 from hookviz.io.shapes import draw_shape
 from hookviz.ray import Explainer
-from tests.conftest import invoke, records, write_image
+from tests.conftest import PATIENCE, invoke, records, write_image
 
 pytest.importorskip("s3fs")
 pytest.importorskip("pyarrow")
@@ -281,12 +281,49 @@ def test_a_corrupt_shard_a_table_without_paths_and_an_unreachable_store_are_one_
     assert "cannot read it" in got[0]["error"]
 
 
+def patient_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Ray, set to start a local node on a busy machine: its processes' timeouts (read from the
+    environment when they start) raised to :data:`PATIENCE`, and its wait for the new node to register
+    (30 s, fixed in ``ray._private.node``; it timed out beside two CPU-heavy processes) made a wait on that
+    condition: ``services.get_node`` asks again until the node is there or PATIENCE has passed."""
+    seconds = str(int(PATIENCE))
+    for name, value in {
+        "RAY_gcs_server_request_timeout_seconds": seconds,
+        "RAY_gcs_rpc_server_connect_timeout_s": seconds,
+        "RAY_gcs_rpc_server_reconnect_timeout_s": seconds,
+        "RAY_worker_register_timeout_seconds": seconds,
+        "RAY_health_check_timeout_ms": str(60_000),
+        "RAY_health_check_failure_threshold": "30",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    ray = pytest.importorskip("ray")
+    services = getattr(getattr(ray, "_private", None), "services", None)
+    real = getattr(services, "get_node", None)
+    if real is not None:
+
+        def get_node(*args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + PATIENCE
+            while True:
+                try:
+                    return real(*args, **kwargs)
+                except RuntimeError:  # not registered yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+
+        monkeypatch.setattr(services, "get_node", get_node)
+    return ray
+
+
 @pytest.mark.slow  # a local Ray cluster starts (about 20 s): make test runs it
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray's own, on its settings
-def test_ray_data_workers_give_the_cli_s_rows(data: dict[str, Any], tmp_path: Path) -> None:
+def test_ray_data_workers_give_the_cli_s_rows(
+    data: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two actors of hookviz.ray.Explainer on a local two-CPU Ray cluster: the rows equal those
     ``--records parquet`` writes for the same photos (but for the time)."""
-    ray = pytest.importorskip("ray")
+    ray = patient_ray(monkeypatch)
     import pyarrow.parquet as pq
 
     photos = [str(p) for p in data["photos"]]
@@ -295,7 +332,7 @@ def test_ray_data_workers_give_the_cli_s_rows(data: dict[str, Any], tmp_path: Pa
     )
     assert r.exit_code == 0, r.stderr
     want = pq.read_table(tmp_path / "cli" / "records.parquet").to_pylist()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         ds = ray.data.from_items([{"path": p} for p in photos])
         kwargs = {"model": "tests.conftest:TinyCNN", "out": str(tmp_path / "ray"), "input_size": 48,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 from hookviz.engine.explain import explain
-from tests.conftest import ROOT, TinyCNN, hook_counts, invoke, records, write_image
+from tests.conftest import ROOT, TinyCNN, hook_counts, invoke, records, run_cli, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
 
@@ -175,10 +174,8 @@ def test_a_usage_error_under_torchrun_is_said_once(tmp_path: Path) -> None:
     said = []
     for rank in ("0", "1"):
         env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank}
-        res = subprocess.run(
-            [sys.executable, "-m", "hookviz", "gradcam", "-", *FAST, "--out", str(tmp_path / "o")],
-            input="x.png\n", capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
-        )  # fmt: skip
+        res = run_cli([sys.executable, "-m", "hookviz", "gradcam", "-", *FAST, "--out", str(tmp_path / "o")],
+                      input="x.png\n", cwd=ROOT, env=env)  # fmt: skip
         assert res.returncode == 2 and "Traceback" not in res.stderr
         said.append(res.stderr.strip())
     assert "not supported under torchrun" in said[0] and said[1] == ""
@@ -193,8 +190,7 @@ def test_layer_auto_is_one_choice_per_torchrun_job(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "hookviz", "gradcam", "in", *FAST, "--layer", "auto", "--probe", "2",
            "--out", "o", "-q"]  # fmt: skip
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    res = run_cli(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr
     recs = records(tmp_path / "o")
     assert len(recs) == 4 and len({r["key"] for r in recs}) == 1 and len({r["layer"] for r in recs}) == 1

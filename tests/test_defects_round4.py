@@ -5,6 +5,7 @@ videos, top-k records)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from hookviz.errors import OutputError, UsageError
 from hookviz.io import annotation as ann
 from hookviz.io.files import append_line
 from hookviz.run.pipeline import Output
-from tests.conftest import ROOT, evaluation_file, invoke, records, write_image
+from tests.conftest import PATIENCE, ROOT, evaluation_file, invoke, records, started, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
 LABELS = "square\ndisc\ncross\n"
@@ -175,8 +176,12 @@ def test_two_identical_runs_into_one_folder_at_once_report_no_failure(photos: Pa
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "hookviz", "gradcam", str(photos), *TINY, "--out", str(out), "-q", "-b", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    said = [p.communicate(timeout=300)[1] for p in runs]
+    with contextlib.ExitStack() as stack:
+        runs = [
+            stack.enter_context(started(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True))
+            for _ in range(2)
+        ]
+        said = [p.communicate(timeout=PATIENCE)[1] for p in runs]
     codes = [p.returncode for p in runs]
     assert codes == [0, 0], said
     recs = records(out)

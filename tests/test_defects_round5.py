@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from hookviz.serve.wire import ask
-from tests.conftest import ROOT, invoke, write_image
+from tests.conftest import PATIENCE, ROOT, invoke, run_cli, started, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
 unix_only = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets only")
@@ -37,8 +37,7 @@ def _env(sock: Path, pythonpath: str = str(ROOT)) -> dict[str, str]:
 
 
 def _hookviz(sock: Path, *args: str, pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hookviz", *args], cwd=ROOT, env=_env(sock, pythonpath),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return run_cli([sys.executable, "-m", "hookviz", *args], cwd=ROOT, env=_env(sock, pythonpath))
 
 
 def _server(sock: Path, pythonpath: str = str(ROOT)) -> Any:
@@ -90,7 +89,7 @@ def test_a_server_removes_only_its_own_socket_on_the_way_out(tmp_path: Path) -> 
         sock.write_text("someone else's")
         ask(sock, {"op": "stop"})  # no answer: the path is not a socket any more
         proc.send_signal(15)
-        proc.wait(timeout=60)
+        proc.wait(timeout=PATIENCE)
     assert sock.read_text() == "someone else's"
 
 
@@ -101,19 +100,19 @@ def test_serving_on_is_said_once_the_server_listens(tmp_path: Path) -> None:
     private.mkdir(mode=0o700)
     sock = private / "s.sock"
     cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr is not None
-        while True:
-            line = proc.stderr.readline()
-            assert line, "the server exited"
-            if "serving on" in line:
-                break
-        # The line comes once a client is served: a status asked at once is answered.
-        assert ask(sock, {"op": "status"}, timeout=5.0) is not None
-    finally:
-        ask(sock, {"op": "stop"})
-        proc.communicate(timeout=60)
+    with started(cmd, cwd=ROOT, env=_env(sock), stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stderr is not None
+            while True:
+                line = proc.stderr.readline()
+                assert line, "the server exited"
+                if "serving on" in line:
+                    break
+            # The line comes once a client is served: a status asked at once is answered.
+            assert ask(sock, {"op": "status"}, timeout=5.0) is not None
+        finally:
+            ask(sock, {"op": "stop"})
+            proc.communicate(timeout=PATIENCE)
 
 
 def _vit(folder: Path, seed: int) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import PATIENCE, ROOT, run_cli
 
 
 @pytest.mark.slow  # the whole demo (about 30 s): make test runs it
@@ -22,8 +21,7 @@ def test_the_demo_offline_shows_a_trained_model(tmp_path: Path) -> None:
     env = {**os.environ, "TORCH_HOME": str(tmp_path / "torch"), "HF_HUB_OFFLINE": "1",
            "https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}  # fmt: skip
     out = tmp_path / "demo"
-    r = subprocess.run(["bash", "scripts/demo.sh", str(hv), str(out)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)  # fmt: skip
+    r = run_cli(["bash", "scripts/demo.sh", str(hv), str(out)], cwd=ROOT, env=env, timeout=2 * PATIENCE)
     said = r.stdout + r.stderr
     assert r.returncode == 0, said[-3000:]
     assert "uses efficientnet_lite0 instead" in said and "the model: efficientnet_lite0" in said

@@ -14,7 +14,7 @@ import pytest
 from hookviz.io.images import decode_png
 from hookviz.run.distributed import Dist, from_env, merge_parts, shard
 from hookviz.run.pipeline import Item
-from tests.conftest import ROOT, ball_video, write_image
+from tests.conftest import ROOT, ball_video, run_cli, write_image
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 ARGS = ["--weights", "none", "--input-size", "64", "--device", "cpu", "-q"]
@@ -31,7 +31,7 @@ def _photos(folder: Path, n: int = 12) -> Path:
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    return run_cli(cmd, cwd=cwd, env=env)
 
 
 def _records(out: Path) -> list[dict[str, object]]:
@@ -118,14 +118,11 @@ def test_a_partial_run_is_completed_by_three_ranks(tmp_path: Path) -> None:
 
 def test_stdin_is_refused_under_torchrun(tmp_path: Path) -> None:
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
-    res = subprocess.run(
+    res = run_cli(
         [sys.executable, "-m", "hookviz", "gradcam", "-", *ARGS, "--out", str(tmp_path / "o")],
         input="x.png\n",
-        capture_output=True,
-        text=True,
         cwd=ROOT,
         env=env,
-        timeout=120,
     )
     assert res.returncode == 2
     assert "reading paths from stdin is not supported under torchrun" in res.stderr

@@ -6,13 +6,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, run_cli
+
 spec = importlib.util.spec_from_file_location("cli_docs", ROOT / "scripts" / "cli_docs.py")
 assert spec is not None and spec.loader is not None
 cli_docs = importlib.util.module_from_spec(spec)
@@ -51,8 +51,8 @@ def test_the_site_builds_offline_with_warnings_as_errors(tmp_path: Path) -> None
     pytest.importorskip("mkdocs")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     site = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)]
+    r = run_cli(build, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     for page in ("index.html", "getting-started.html", "gallery.html", "api.html", "cli/gradcam.html"):
         assert (site / page).is_file(), page
@@ -122,8 +122,7 @@ def test_the_python_examples_of_each_page_run(page: Path, tmp_path: Path) -> Non
         **os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "TORCH_HOME": str(tmp_path / "hub"),
         "HF_HUB_OFFLINE": "1", "HOOKVIZ_SERVER": "none",
     }  # fmt: skip
-    r = subprocess.run(
-        [sys.executable, "-c", RUN_BLOCKS, page.name], input=json.dumps(blocks), cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=600, start_new_session=True,
-    )  # fmt: skip
+    r = run_cli(
+        [sys.executable, "-c", RUN_BLOCKS, page.name], input=json.dumps(blocks), cwd=tmp_path, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]

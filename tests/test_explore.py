@@ -29,7 +29,7 @@ import pytest
 from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.tasks import load_model
-from tests.conftest import ROOT, invoke, write_image
+from tests.conftest import PATIENCE, ROOT, invoke, run_cli, started, write_image
 from tests.test_report import HOSTILE, browser  # noqa: F401 - the browser fixture
 
 MODEL = ["--model", "tests.conftest:TinyCNN", "--weights", "none"]
@@ -60,7 +60,8 @@ def get(server: Explorer, path: str, *, token: bool = True, headers: dict[str, s
     sep = "&" if "?" in path else "?"
     url = f"http://127.0.0.1:{port}{path}" + (f"{sep}token={server.token}" if token else "")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=120) as r:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=PATIENCE) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -86,6 +87,21 @@ def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
         assert get(server, f"/api/map?input={urllib.request.quote(bad)}")[0] == 404, bad
         assert get(server, f"/api/thumb?input={urllib.request.quote(bad)}")[0] == 404, bad
     assert get(server, "/api/../../etc/passwd")[0] == 404 and get(server, "/secret.txt")[0] == 404
+
+
+def choose(page: Any, select: str, value: str) -> None:
+    """Choose ``value`` in the page's ``select`` once the page can take it: the option listed and enabled
+    and the list's handler bound (the page fills its lists one request after another; on a busy machine
+    the strip of inputs shows well before the methods are listed)."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    ready = (
+        "const s = document.getElementById(arguments[0]);"
+        "const o = s && Array.from(s.options).find((o) => o.value === arguments[1]);"
+        "return Boolean(o && !o.disabled && s.onchange);"
+    )
+    WebDriverWait(page, PATIENCE).until(lambda d: d.execute_script(ready, select, value))
+    Select(page.find_element("id", select)).select_by_value(value)
 
 
 def test_a_view_is_the_png_and_raw_map_its_command_writes(server: Explorer, tmp_path: Path) -> None:
@@ -123,7 +139,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
 
     def shown() -> tuple[str, bytes]:
         """The view the page shows (its query) and the bytes of its picture."""
-        WebDriverWait(browser, 60).until(
+        WebDriverWait(browser, PATIENCE).until(
             lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view")
         )
         data = browser.execute_async_script(
@@ -133,8 +149,8 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
         )
         return data[0], base64.b64decode(data[1])
 
-    wait = WebDriverWait(browser, 60)
-    browser.set_script_timeout(60)
+    wait = WebDriverWait(browser, PATIENCE)
+    browser.set_script_timeout(PATIENCE)
     browser.get(server.url)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#strip button")) == 3)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#method option[value=layercam]"))  # listed after
@@ -142,7 +158,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     assert any(HOSTILE in name for name in strip)  # a hostile name is text, not markup
     assert browser.execute_script("return window.pwned === undefined")
     browser.find_elements(By.CSS_SELECTOR, "#strip button")[1].click()
-    Select(browser.find_element(By.ID, "method")).select_by_value("layercam")
+    choose(browser, "method", "layercam")
     view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
     wait.until(lambda d: "method=layercam" in view(d))
     query, picture = shown()
@@ -154,7 +170,7 @@ def test_the_page_shows_the_views_the_api_makes(server: Explorer, browser: Any) 
     assert "token" not in link
     browser.get("about:blank")
     browser.get(link)
-    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
+    wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
     assert (
         Select(browser.find_element(By.ID, "method")).first_selected_option.get_attribute("value")
         == "layercam"
@@ -282,14 +298,14 @@ def test_trust_and_channels_on_a_trained_model(trained: Any, tmp_path: Path) -> 
 
 def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser: Any) -> None:  # noqa: F811
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 60)
+    wait = WebDriverWait(browser, PATIENCE)
     browser.get(server.url + "&input=0&layer=features.4")
     view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
     wait.until(lambda d: "layer=features.4" in view(d))
     browser.find_element(By.ID, "pin").click()
-    Select(browser.find_element(By.ID, "method")).select_by_value("gradcampp")
+    choose(browser, "method", "gradcampp")
     wait.until(lambda d: "method=gradcampp" in view(d))
     browser.find_element(By.ID, "pin").click()
     figures = browser.find_elements(By.CSS_SELECTOR, "#grid figure")
@@ -430,7 +446,7 @@ def post(server: Explorer, data: bytes, headers: dict[str, str], token: bool = T
     url = f"http://127.0.0.1:{port}/api/upload" + (f"?token={server.token}" if token else "")
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=120) as r:
+        with urllib.request.urlopen(request, timeout=PATIENCE) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -493,32 +509,30 @@ def explore_process(tmp_path: Path, *flags: str) -> Iterator[tuple[subprocess.Po
     env |= {"TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "hookviz", "explore", str(photo), *MODEL, "--input-size", "48",
            "--no-browser", "--device", "cpu", *flags]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    lines: queue.Queue[str | None] = queue.Queue()
+    with started(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        lines: queue.Queue[str | None] = queue.Queue()
 
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.put(line)
-        lines.put(None)
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.put(line)
+            lines.put(None)
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        said: list[str] = []
-        while not said or "explore at " not in said[-1]:
-            line = lines.get(timeout=180)
-            assert line is not None, f"it stopped before listening: {''.join(said)}"
-            said.append(line)
-        yield proc, said[-1].split("explore at ", 1)[1].strip()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        reader.join(timeout=60)
-        if proc.stderr is not None:
-            proc.stderr.close()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            said: list[str] = []
+            while not said or "explore at " not in said[-1]:
+                line = lines.get(timeout=PATIENCE)
+                assert line is not None, f"it stopped before listening: {''.join(said)}"
+                said.append(line)
+            yield proc, said[-1].split("explore at ", 1)[1].strip()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=PATIENCE)
+            reader.join(timeout=PATIENCE)  # the reader reaches the end of stderr before the pipe is closed
 
 
 def _upload(url: str, data: bytes) -> dict[str, Any]:
@@ -537,8 +551,8 @@ def test_a_stopped_explorer_removes_its_dropped_photos(tmp_path: Path, sig: sign
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    dead = subprocess.Popen([sys.executable, "-c", ""])
-    dead.wait()
+    with started([sys.executable, "-c", ""]) as dead:
+        dead.wait()
     left = tmp / f"hookviz-explore-{dead.pid}-abc123"  # a killed explorer's
     running = tmp / f"hookviz-explore-{os.getpid()}-def456"  # a running one's (this process's id)
     for folder in (left, running):
@@ -559,8 +573,8 @@ def test_a_stopped_explorer_removes_its_dropped_photos(tmp_path: Path, sig: sign
 def test_only_a_dead_explorers_own_folders_are_swept(tmp_path: Path) -> None:
     from hookviz.explore import uploads
 
-    dead = subprocess.Popen([sys.executable, "-c", ""])
-    dead.wait()
+    with started([sys.executable, "-c", ""]) as dead:
+        dead.wait()
     gone = tmp_path / f"hookviz-explore-{dead.pid}-x1"
     alive = tmp_path / f"hookviz-explore-{os.getpid()}-x2"
     older = tmp_path / "hookviz-explore-x3yz"  # no process id in its name: whose it was is unknown
@@ -586,15 +600,8 @@ def _explore_fails(tmp_path: Path, *flags: str) -> tuple[int, str]:
     photo = write_image(tmp_path / "a.png", np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | {"PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "hookviz", "explore", str(photo), *MODEL, "--no-browser", *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return proc.returncode, err
+    done = run_cli(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return done.returncode, done.stderr
 
 
 def test_a_port_in_use_or_an_address_not_its_own_is_one_line(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.explore.view import View
 from hookviz.tasks import load_model
-from tests.conftest import ball_video, invoke, write_image
+from tests.conftest import PATIENCE, ball_video, invoke, write_image
 from tests.test_dense import DETECTOR, FIXTURE, NAMES, photo, scenes
 from tests.test_explore import get
 from tests.test_report import browser  # noqa: F401 - the browser fixture
@@ -102,8 +102,8 @@ def test_clicking_a_box_on_the_page_shows_its_map(detector_server: Explorer, bro
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 120)
-    browser.set_script_timeout(60)
+    wait = WebDriverWait(browser, PATIENCE)
+    browser.set_script_timeout(PATIENCE)
     browser.get(detector_server.url + "&method=hirescam")
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#boxsvg rect")) >= 2)
     view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731

@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 from hookviz import render
-from tests.conftest import ROOT, invoke, write_image
+from tests.conftest import PATIENCE, ROOT, invoke, run_cli, write_image
 from tests.golden_compare import TEXT_SUFFIXES, compare_file
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
@@ -150,8 +149,6 @@ def test_the_golden_run_holds_on_other_kernels_and_thread_counts() -> None:
     }
     env.pop("PYTEST_XDIST_WORKER", None)
     test = f"{Path(__file__).relative_to(ROOT)}::test_every_command_writes_what_it_wrote_before"
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", test],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    r = run_cli([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", test],
+                cwd=ROOT, env=env, timeout=2 * PATIENCE)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +32,14 @@ from hookviz.training.gradients import gradient_flow
 from tests.conftest import (
     BUILT_IN_CAMS,
     GRADIENT_FORMULAS,
+    PATIENCE,
     ROOT,
     SAMPLES,
     TinyCNN,
     hook_counts,
     invoke,
+    run_cli,
+    started,
     write_image,
 )
 
@@ -249,7 +254,8 @@ def _gradcam_cmd(src: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _slow_run(tmp_path: Path, n: int = 48) -> tuple[subprocess.Popen[str], Path, Path]:
+@contextlib.contextmanager
+def _slow_run(tmp_path: Path, n: int = 48) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
     src = tmp_path / "src"
     src.mkdir()
     for i in range(n):
@@ -261,26 +267,30 @@ def _slow_run(tmp_path: Path, n: int = 48) -> tuple[subprocess.Popen[str], Path,
     # A shell that ignores SIGINT (nohup, `cmd &`, some CI runners) passes that on to its children, and
     # Python then never turns SIGINT into KeyboardInterrupt: pretend to be such a parent, and give the
     # child the default handler back, as a user's terminal would.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    deadline = time.time() + 120
-    manifest = out / "manifest.jsonl"
-    # mid-run: pictures written (by the pool's threads, ahead of their records) and some inputs recorded
-    while time.time() < deadline and (
-        len(list(out.glob("*.png"))) < 6 or not manifest.exists() or not manifest.read_bytes().strip()
-    ):
-        time.sleep(0.05)
-    return proc, src, out
+    with contextlib.ExitStack() as stack:  # the run's whole process group ends with the test
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc = stack.enter_context(
+                started(
+                    cmd,
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                )
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        deadline = time.monotonic() + PATIENCE
+        manifest = out / "manifest.jsonl"
+        # mid-run: pictures written (by the pool's threads, ahead of their records) and some inputs recorded
+        while time.monotonic() < deadline and (
+            len(list(out.glob("*.png"))) < 6 or not manifest.exists() or not manifest.read_bytes().strip()
+        ):
+            assert proc.poll() is None, "the run ended before it could be interrupted"
+            time.sleep(0.05)
+        yield proc, src, out
 
 
 def _check_complete(out: Path) -> int:
@@ -298,9 +308,9 @@ def _check_complete(out: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_a_killed_run_leaves_only_complete_files_and_resumes(tmp_path: Path, sig: signal.Signals) -> None:
-    proc, src, out = _slow_run(tmp_path)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    with _slow_run(tmp_path) as (proc, src, out):
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=PATIENCE)
     if sig == signal.SIGINT:
         assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
         assert not list(out.glob(".*.tmp"))
@@ -309,13 +319,7 @@ def test_a_killed_run_leaves_only_complete_files_and_resumes(tmp_path: Path, sig
     done = _check_complete(out)
     assert 0 < done < 48
     before = checksums(src)
-    res = subprocess.run(
-        _gradcam_cmd(src, out, "--batch-size", "8", "--skip-existing", "-q"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_cli(_gradcam_cmd(src, out, "--batch-size", "8", "--skip-existing", "-q"), cwd=ROOT)
     assert res.returncode == 0, res.stderr
     recs = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()][done:]
     assert len(recs) == 48

@@ -357,16 +357,12 @@ def test_a_wandb_run_in_offline_mode_gets_the_logs(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.slow
 def test_the_example_logs_maps_a_user_can_open(tmp_path: Path) -> None:
-    import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, run_cli
 
     example = str(ROOT / "examples/monitor_shapes.py")
-    r = subprocess.run(
-        [sys.executable, example, "--steps", "60", "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    r = run_cli([sys.executable, example, "--steps", "60", "--log-dir", str(tmp_path)])
     assert r.returncode == 0, r.stderr[-2000:]
     ea = _events(tmp_path)
     assert [e.step for e in ea.Images("maps/gradcam/10/0")] == [0, 50]

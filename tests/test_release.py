@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -17,6 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import PATIENCE, run_cli, started
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_images"
@@ -69,13 +70,13 @@ def test_changelog_has_a_section_for_this_version() -> None:
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sdist and the wheel built from this checkout, as `make dist` builds them."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
+    run_cli(
         [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-        check=True, capture_output=True, timeout=900,
+        check=True, capture_output=True, timeout=PATIENCE,
     )  # fmt: skip
-    twine = subprocess.run(
+    twine = run_cli(
         [sys.executable, "-m", "twine", "check", "--strict", *map(str, out.iterdir())],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=PATIENCE,
     )  # fmt: skip
     assert twine.returncode == 0, twine.stdout + twine.stderr
     return out
@@ -97,7 +98,7 @@ def test_the_wheel_ships_the_package_its_data_and_its_licence(dist: Path) -> Non
     # Every file the wheel ships is the project's own (the package) or its metadata; NOTICE names the rest.
     strangers = [n for n in names if not (n.startswith("hookviz/") or n.startswith(info + "/"))]
     assert strangers == []
-    tracked = subprocess.run(
+    tracked = run_cli(
         ["git", "ls-files", "hookviz"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
     missing = sorted(set(tracked) - set(names))
@@ -121,14 +122,14 @@ def _fresh_env(tmp: Path, wheel: Path) -> Path:
     env = tmp / "env"
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
-    purelib = subprocess.run(
+    purelib = run_cli(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     (Path(purelib) / "_reuse_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run(
+    run_cli(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        check=True, capture_output=True, timeout=600,
+        check=True, capture_output=True, timeout=PATIENCE,
     )  # fmt: skip
     return env
 
@@ -151,12 +152,12 @@ def test_the_wheel_runs_outside_the_checkout(dist: Path, tmp_path: Path) -> None
     environ = _clean_environ()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [hookviz, *args], cwd=work, env=environ, capture_output=True, text=True, timeout=600
+        return run_cli(
+            [hookviz, *args], cwd=work, env=environ, capture_output=True, text=True, timeout=PATIENCE
         )
 
     probe = "import hookviz, json, sys; print(hookviz.__file__); print(json.dumps(sys.path))"
-    where = subprocess.run(
+    where = run_cli(
         [str(env / "bin" / "python"), "-c", probe],
         cwd=work, env=environ, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -180,12 +181,9 @@ def test_the_wheel_runs_outside_the_checkout(dist: Path, tmp_path: Path) -> None
     page = (work / "out" / "index.html").read_text()
     assert "cat" in page and "<html" in page.lower()
 
-    explorer = subprocess.Popen(
-        [hookviz, "explore", "cat.jpg", "--model", "efficientnet_lite0", "--no-browser", "--port", "0"],
-        cwd=work, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
+    command = [hookviz, "explore", "cat.jpg", "--model", "efficientnet_lite0", "--no-browser", "--port", "0"]
+    with started(command, cwd=work, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 text=True) as explorer:  # fmt: skip
         url = None
         assert explorer.stderr is not None
         for line in explorer.stderr:  # waits on the line, not on a clock (the test's timeout bounds it)
@@ -194,19 +192,9 @@ def test_the_wheel_runs_outside_the_checkout(dist: Path, tmp_path: Path) -> None
                 url = match.group(1)
                 break
         assert url, "the explorer never said where it serves"
-        with urllib.request.urlopen(url, timeout=120) as answer:
+        with urllib.request.urlopen(url, timeout=PATIENCE) as answer:
             assert answer.status == 200
             assert b"hookviz explore" in answer.read()
-    finally:
-        os.killpg(explorer.pid, signal.SIGTERM)
-        try:
-            explorer.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(explorer.pid, signal.SIGKILL)
-            explorer.wait()
-        for stream in (explorer.stdout, explorer.stderr):
-            if stream is not None:
-                stream.close()
 
 
 @pytest.mark.slow
@@ -214,7 +202,7 @@ def test_the_docs_site_is_published_per_version_with_a_picker(tmp_path: Path) ->
     """`make docs-release`'s mike: each release under its version, `latest` the newest, a version picker."""
     pytest.importorskip("mike")
     clone = tmp_path / "repo"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
+    run_cli(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=PATIENCE)
     bin_dir = Path(sys.executable).parent
     environ = {
         **os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(clone),
@@ -222,15 +210,15 @@ def test_the_docs_site_is_published_per_version_with_a_picker(tmp_path: Path) ->
         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org",
     }  # fmt: skip
     for version in ("0.6.0", "0.7.0"):
-        done = subprocess.run(
+        done = run_cli(
             ["mike", "deploy", "--update-aliases", version, "latest"],
-            cwd=clone, env=environ, capture_output=True, text=True, timeout=900,
+            cwd=clone, env=environ, capture_output=True, text=True, timeout=PATIENCE,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
-    subprocess.run(["mike", "set-default", "latest"], cwd=clone, env=environ, check=True, capture_output=True)
+    run_cli(["mike", "set-default", "latest"], cwd=clone, env=environ, check=True, capture_output=True)
 
     def show(path: str) -> str:
-        return subprocess.run(
+        return run_cli(
             ["git", "show", f"gh-pages:{path}"], cwd=clone, capture_output=True, text=True, check=True
         ).stdout
 

@@ -22,7 +22,7 @@ from hookviz.engine.explain import explain
 from hookviz.io.images import decode_png
 from hookviz.models.classes import find_class
 from hookviz.models.torchvision import imagenet_categories
-from tests.conftest import ROOT, invoke, records, write_image
+from tests.conftest import PATIENCE, ROOT, invoke, records, run_cli, started, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
 
@@ -199,12 +199,9 @@ main()
 
 
 def test_json_stdout_holds_records_whatever_a_dependency_prints(photos: Path, tmp_path: Path) -> None:
-    r = subprocess.run(
+    r = run_cli(
         [sys.executable, "-c", _NOISY, "gradcam", str(photos), *FAST, "--out", str(tmp_path / "o"), "--json"],
-        capture_output=True,
-        text=True,
         cwd=ROOT,
-        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -216,7 +213,7 @@ def test_json_stdout_holds_records_whatever_a_dependency_prints(photos: Path, tm
 
 def test_a_closed_stdout_pipe_ends_the_run_quietly(photos: Path, tmp_path: Path) -> None:
     """`hookviz ... --json | head -c 1`: the reader goes away; exit 141, no traceback, no internal error."""
-    proc = subprocess.Popen(
+    with started(
         [
             sys.executable,
             "-m",
@@ -231,12 +228,11 @@ def test_a_closed_stdout_pipe_ends_the_run_quietly(photos: Path, tmp_path: Path)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # nobody reads the records
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
-    assert proc.wait(timeout=300) == 141, err
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # nobody reads the records
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=PATIENCE) == 141, err
     assert "Traceback" not in err and "internal error" not in err and "Exception ignored" not in err
 
 

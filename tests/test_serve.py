@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from hookviz.serve.wire import ask
-from tests.conftest import ROOT, write_image
+from tests.conftest import PATIENCE, ROOT, run_cli, started, write_image
 from tests.test_golden_runs import COMMANDS, _run_everything, assert_golden
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets only")
@@ -36,8 +36,7 @@ def _env(sock: Path | str, pythonpath: str = str(ROOT)) -> dict[str, str]:
 def hookviz(sock: Path | str, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     """The installed ``hookviz`` entry point in a process of its own, with ``HOOKVIZ_SERVER`` set."""
     cmd = [sys.executable, "-m", "hookviz", *args]
-    return subprocess.run(cmd, cwd=kw.pop("cwd", ROOT), env=_env(sock), capture_output=True, text=True,
-                          timeout=300, **kw)  # type: ignore[call-overload]  # fmt: skip
+    return run_cli(cmd, cwd=kw.pop("cwd", ROOT), env=_env(sock), **kw)
 
 
 @contextlib.contextmanager
@@ -47,23 +46,19 @@ def running_server(
     """A server started by ``python`` (``-m hookviz`` or a script) at ``sock`` with ``pythonpath``, stopped on
     the way out; its process is given."""
     cmd = [sys.executable, *python, "serve", "--socket", str(sock), *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock, pythonpath), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
-        while ask(sock, {"op": "status"}, timeout=2.0) is None:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
-        yield proc
-    finally:
-        ask(sock, {"op": "stop"})
+    with started(cmd, cwd=ROOT, env=_env(sock, pythonpath), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 text=True) as proc:  # fmt: skip
         try:
-            proc.wait(timeout=60)
+            deadline = time.monotonic() + PATIENCE
+            while ask(sock, {"op": "status"}, timeout=2.0) is None:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+            yield proc
         finally:
-            proc.kill()
-            if proc.stderr:
-                proc.stderr.close()
+            ask(sock, {"op": "stop"})
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=PATIENCE)  # then started() ends whatever is left
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +111,8 @@ def test_records_on_stdout_and_exit_codes_are_the_commands_own(
 
 
 def test_stdin_paths_and_the_working_directory_are_the_clients(server: Path, photos: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "hookviz", "gradcam", "-", *TINY, "--out", "rel_out", "--json", "-q"],
-        input="p1.png\np2.png\n", cwd=photos, env=_env(server), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    r = run_cli([sys.executable, "-m", "hookviz", "gradcam", "-", *TINY, "--out", "rel_out", "--json", "-q"],
+                input="p1.png\np2.png\n", cwd=photos, env=_env(server))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["status"] for line in r.stdout.splitlines()] == ["ok", "ok"]
     assert (photos / "rel_out" / "manifest.jsonl").is_file()  # relative to the client's directory
@@ -127,13 +120,15 @@ def test_stdin_paths_and_the_working_directory_are_the_clients(server: Path, pho
 
 def test_concurrent_clients(server: Path, photos: Path, tmp_path: Path) -> None:
     env = _env(server)
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "hookviz", "gradcam", str(photos / f"p{i}.png"), *TINY,
-                          "--out", str(tmp_path / f"o{i}"), "--json", "-q"], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(4)
-    ]  # fmt: skip
-    outs = [p.communicate(timeout=300) for p in procs]
+    with contextlib.ExitStack() as stack:
+        cmds = [[sys.executable, "-m", "hookviz", "gradcam", str(photos / f"p{i}.png"), *TINY, "--out",
+                 str(tmp_path / f"o{i}"), "--json", "-q"] for i in range(4)]  # fmt: skip
+        pipe = subprocess.PIPE
+        procs = [
+            stack.enter_context(started(cmd, cwd=ROOT, env=env, stdout=pipe, stderr=pipe, text=True))
+            for cmd in cmds
+        ]
+        outs = [p.communicate(timeout=PATIENCE) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [e for _, e in outs]
     for i, (out, err) in enumerate(outs):
         (rec,) = [json.loads(line) for line in out.splitlines()]
@@ -155,17 +150,17 @@ def test_ctrl_c_in_a_client_cancels_its_request_only(server: Path, tmp_path: Pat
             "--method", "scorecam", "--out", str(tmp_path / "slow"), "-q"]  # fmt: skip
     # As a shell's foreground command: Ctrl-C not ignored (pytest-xdist's workers ignore SIGINT, and a child
     # inherits that; Python then installs no KeyboardInterrupt handler, and the Ctrl-C below would be lost).
-    client = subprocess.Popen(slow, cwd=ROOT, env=_env(server), stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    deadline = time.monotonic() + 60
-    while (ask(server, {"op": "status"}) or {}).get("running", 0) < 1:
-        assert time.monotonic() < deadline and client.poll() is None
-        time.sleep(0.1)
-    time.sleep(0.5)
-    client.send_signal(signal.SIGINT)
-    _, err = client.communicate(timeout=120)
+    with started(slow, cwd=ROOT, env=_env(server), stderr=subprocess.PIPE, text=True,
+                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as client:  # fmt: skip
+        deadline = time.monotonic() + PATIENCE
+        while (ask(server, {"op": "status"}) or {}).get("running", 0) < 1:
+            assert time.monotonic() < deadline and client.poll() is None
+            time.sleep(0.1)
+        time.sleep(0.5)
+        client.send_signal(signal.SIGINT)
+        _, err = client.communicate(timeout=PATIENCE)
     assert client.returncode == 130, err
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE
     while (ask(server, {"op": "status"}) or {}).get("running", 1) != 0:  # the child was interrupted
         assert time.monotonic() < deadline
         time.sleep(0.1)
@@ -223,10 +218,9 @@ def test_no_server_or_a_dead_one_runs_the_command_here(photos: Path, tmp_path: P
 def test_a_server_that_dies_mid_request_falls_back_once(tmp_path: Path) -> None:
     folder = tmp_path / "private"
     sock = folder / "server.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "hookviz", "serve", "--socket", str(sock)], cwd=ROOT,
-                            env=_env(sock), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
+    with started([sys.executable, "-m", "hookviz", "serve", "--socket", str(sock)], cwd=ROOT, env=_env(sock),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:  # fmt: skip
+        deadline = time.monotonic() + PATIENCE
         while ask(sock, {"op": "status"}, timeout=2.0) is None:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.2)
@@ -236,19 +230,16 @@ def test_a_server_that_dies_mid_request_falls_back_once(tmp_path: Path) -> None:
                "none", "--input-size", "64", "--method", "scorecam", "--out", str(tmp_path / "o"), "--json",
                "-q"]  # fmt: skip
         pipe = subprocess.PIPE
-        client = subprocess.Popen(cmd, cwd=ROOT, env=_env(sock), stdout=pipe, stderr=pipe, text=True)
-        while (ask(sock, {"op": "status"}) or {}).get("running", 0) < 1:
-            assert time.monotonic() < deadline and client.poll() is None
-            time.sleep(0.05)
-        proc.kill()
-        out, err = client.communicate(timeout=300)
+        with started(cmd, cwd=ROOT, env=_env(sock), stdout=pipe, stderr=pipe, text=True) as client:
+            while (ask(sock, {"op": "status"}) or {}).get("running", 0) < 1:
+                assert time.monotonic() < deadline and client.poll() is None
+                time.sleep(0.05)
+            proc.kill()
+            out, err = client.communicate(timeout=PATIENCE)
         assert client.returncode == 0, err
         assert err.count("the server went away during the command; running it here") == 1
         recs = [json.loads(line) for line in out.splitlines()]
         assert recs and recs[-1]["status"] in ("ok", "skipped")
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_the_client_imports_neither_torch_nor_typer(server: Path, photos: Path, tmp_path: Path) -> None:
@@ -258,7 +249,7 @@ def test_the_client_imports_neither_torch_nor_typer(server: Path, photos: Path, 
         f"c = run_on_server({args!r}); print(c, 'torch' in sys.modules, 'typer' in sys.modules)"
     )
     run = [sys.executable, "-c", code]
-    r = subprocess.run(run, cwd=ROOT, env=_env(server), capture_output=True, text=True, timeout=300)
+    r = run_cli(run, cwd=ROOT, env=_env(server))
     assert r.stdout.split() == ["0", "False", "False"], r.stderr
 
 
@@ -290,7 +281,7 @@ def test_serve_detach_status_and_stop_from_the_command_line(tmp_path: Path) -> N
 
     def serve(*flags: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock), *flags]
-        return subprocess.run(cmd, cwd=ROOT, env=_env(sock), capture_output=True, text=True, timeout=300)
+        return run_cli(cmd, cwd=ROOT, env=_env(sock))
 
     started = serve("--detach")
     assert started.returncode == 0 and "listening on" in started.stderr, started.stderr
@@ -301,7 +292,7 @@ def test_serve_detach_status_and_stop_from_the_command_line(tmp_path: Path) -> N
     finally:
         stopped = serve("--stop")
     assert stopped.returncode == 0 and "stopping" in stopped.stdout
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE
     while sock.exists():  # the socket goes with the server
         assert time.monotonic() < deadline
         time.sleep(0.1)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from hookviz.cli import app
 from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
 from hookviz.training.regularize import attach_dropblock, attach_dropout2d, drop_block, seed_rate
-from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, picture
+from tests.conftest import ROOT, SAMPLES, TinyCNN, hook_counts, picture, run_cli
 
 
 @pytest.mark.parametrize("size", [7, 14, 28, 56])
@@ -186,13 +186,7 @@ def test_gradflow_and_dropblock_commands(tmp_path: Path) -> None:
 
 
 def _run_example(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
+    res = run_cli([sys.executable, str(ROOT / "examples" / script), *args], cwd=cwd)
     assert res.returncode == 0, res.stderr
     return res
 

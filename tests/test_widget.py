@@ -8,7 +8,6 @@ import io
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.explore.view import View
 from hookviz.tasks.api import load_model
-from tests.conftest import TinyCNN, write_image
+from tests.conftest import PATIENCE, TinyCNN, started, write_image
 from tests.test_report import browser  # noqa: F401 - the browser fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,16 +106,16 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port, token = _free_port(), secrets.token_hex(16)
     environ = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PYTHONPATH": str(ROOT),
                "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", "--allow-root",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None", "--LabApp.check_for_updates_class="
-         "jupyterlab.NeverCheckForUpdate"],
-        env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               "--allow-root", f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
+               f"--ServerApp.root_dir={work}",
+               "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # a loaded laptop starts JupyterLab slowly: wait on it answering
+    with started(command, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = (
+            time.monotonic() + PATIENCE
+        )  # a loaded laptop starts JupyterLab slowly: wait on it answering
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=10) as r:
@@ -127,14 +126,6 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                     raise AssertionError("JupyterLab did not start") from None
                 time.sleep(0.5)
         yield f"{url}/lab/tree/widget.ipynb?token={token}", work
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @pytest.mark.slow
@@ -157,7 +148,7 @@ def test_the_widget_in_jupyterlab_shows_the_maps_the_explorer_makes(
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, work / "widget.ipynb")
     browser.get(url)
-    wait = WebDriverWait(browser, 240)
+    wait = WebDriverWait(browser, PATIENCE)
     wait.until(
         lambda d: d.execute_script("return !!(window.jupyterapp && document.querySelector('.jp-Notebook'))")
     )

@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
+from hookviz.cli.explore import _model_words
 from hookviz.cli.flags import MAPS, SETTINGS, InputOpt, Inputs, MaybeInputs, Methods
+from hookviz.cli.loading import load_warm
 from hookviz.cli.options import (
     DATA,
     MethodFlags,
@@ -251,8 +253,6 @@ def trust(
     import shlex
     import sys
 
-    from hookviz.cli.explore import _model_words
-    from hookviz.cli.loading import load_warm
     from hookviz.run.trust import table, trust_photos, write_trust
 
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)

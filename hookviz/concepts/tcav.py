@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import capture, logits_of, preserved
 from hookviz.errors import HookvizError, LayerError, SetupError, UsageError
 from hookviz.io.inputs import expand_inputs, read_input
@@ -125,11 +126,11 @@ def train_cav(concept: Tensor, other: Tensor, *, method: str = "linear", seeds: 
     test = int(0.33 * len(rows))
     held, train = rows[:test], rows[test:]
     lm = SGDClassifier(alpha=0.01, max_iter=1000, tol=1e-3, random_state=seeds.numpy)
-    lm.fit(torch.stack([x for x, _ in train]).numpy(), np.array([y for _, y in train]))
+    lm.fit(to_numpy(torch.stack([x for x, _ in train])), np.array([y for _, y in train]))
     accuracy, chance = float("nan"), 0.5
     if held:
         labels = np.array([y for _, y in held])
-        predicted = lm.predict(torch.stack([x for x, _ in held]).numpy())
+        predicted = lm.predict(to_numpy(torch.stack([x for x, _ in held])))
         accuracy = float(np.mean(predicted == labels))
         chance = float(max(labels.mean(), 1 - labels.mean()))
     # the boundary's normal points to class 1 (the other folder): the concept's direction is its opposite

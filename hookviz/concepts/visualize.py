@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz import render
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import HookGroup, preserved
 from hookviz.errors import LayerError, UsageError
 from hookviz.io.images import encode_png
@@ -260,7 +261,7 @@ def load_direction(path: str | Path) -> Tensor:
 
 def direction_digest(vector: Tensor) -> str:
     """16 hex digits of a direction's values (its outputs' key changes with them)."""
-    return hashlib.sha256(vector.numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(to_numpy(vector).tobytes()).hexdigest()[:16]
 
 
 def dead_note(result: Visualisation, what: str) -> str | None:
@@ -277,6 +278,6 @@ def dead_note(result: Visualisation, what: str) -> str | None:
 
 def picture(images: Tensor, title: str) -> bytes:
     """The pictures ``(B, 3, H, W)`` in ``[0, 1]`` side by side under ``title``, as PNG bytes."""
-    rows = [(t.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for t in images]
+    rows = [(to_numpy(t.permute(1, 2, 0)) * 255).round().astype(np.uint8) for t in images]
     row = np.concatenate([np.pad(a, ((2, 2), (2, 2), (0, 0)), constant_values=255) for a in rows], axis=1)
     return encode_png(render.caption(render.enlarge_small(row), [title], top=True))

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import capture, logits_of, preserved
 from hookviz.errors import LayerError
 from hookviz.options import Stage
@@ -101,5 +102,5 @@ def rank_channels(fmap: Tensor, limit: int) -> list[int]:
         if fmap.shape[1] * fmap.shape[2] > 1
         else fmap.flatten(1)[:, 0].abs()
     )
-    spread = torch.nan_to_num(std, nan=0.0).double().numpy()
+    spread = to_numpy(torch.nan_to_num(std, nan=0.0), torch.float64)
     return [int(c) for c in np.argsort(-spread, kind="stable")[:limit]]

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import capture, logits_of, preserved
 from hookviz.core.readout import Scorer, scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, negative_mass
@@ -182,7 +183,7 @@ def image_seeds(x: Tensor, seed: int = 0) -> list[int]:
     same whatever batch it is in and whatever its neighbours (``--batch-size`` changes no figure)."""
     import zlib
 
-    return [zlib.crc32(image.tobytes(), seed & 0xFFFFFFFF) for image in x.detach().float().cpu().numpy()]
+    return [zlib.crc32(image.tobytes(), seed & 0xFFFFFFFF) for image in to_numpy(x, torch.float32)]
 
 
 def image_generators(x: Tensor, seed: int = 0) -> list[torch.Generator]:

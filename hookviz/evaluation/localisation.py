@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hookviz.core.arrays import to_numpy
+
 
 def _flat(maps: Tensor, masks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     a = maps.detach().double().cpu().flatten(1)
@@ -42,7 +44,7 @@ def pointing_game(maps: Tensor, masks: Tensor, tolerance: float = 15.0) -> Tenso
     if tolerance > 0:
         near = torch.stack(
             [
-                torch.from_numpy(distance_transform_edt(~m.numpy()) <= tolerance) if m.any() else m
+                torch.from_numpy(distance_transform_edt(~to_numpy(m)) <= tolerance) if m.any() else m
                 for m in masks.detach().cpu().bool()
             ]
         ).flatten(1)

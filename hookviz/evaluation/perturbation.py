@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import logits_of, preserved
 from hookviz.core.readout import Scorer
 from hookviz.evaluation.faithfulness import chunk_size, image_generators, probabilities, upsample
@@ -49,8 +50,8 @@ def noisy_linear_imputation(
     from scipy.sparse.linalg import spsolve
 
     c, h, w = x.shape
-    flat = x.detach().reshape(c, -1).double().cpu().numpy()
-    gone = removed.detach().cpu().numpy().astype(bool)
+    flat = to_numpy(x.reshape(c, -1), torch.float64)
+    gone = to_numpy(removed).astype(bool)
     idx = np.flatnonzero(gone)
     if idx.size == 0:
         return x.clone()

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hookviz.core.arrays import to_numpy
+
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     """Mean and the half-width of its 95 % confidence interval (Student's t, ``scipy.stats.t``; NaN for a
@@ -45,7 +47,7 @@ def rankdata(x: Tensor) -> Tensor:
     """Ranks 1..n of a 1-D tensor, ties given their average rank: ``scipy.stats.rankdata`` (float64)."""
     from scipy.stats import rankdata as ranks
 
-    return torch.from_numpy(ranks(x.detach().cpu().double().numpy()))
+    return torch.from_numpy(ranks(to_numpy(x, torch.float64)))
 
 
 def spearman(a: Tensor, b: Tensor) -> float:
@@ -70,8 +72,8 @@ def ssim(a: Tensor, b: Tensor, size: int = 64) -> float:
 
     return float(
         structural_similarity(
-            prep(a).numpy(),
-            prep(b).numpy(),
+            to_numpy(prep(a)),
+            to_numpy(prep(b)),
             data_range=1.0,
             gaussian_weights=True,
             sigma=1.5,

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hookviz.concepts import visualize as vis
+from hookviz.core.arrays import to_numpy
 from hookviz.errors import InputError, UsageError
 from hookviz.io.images import encode_png
 from hookviz.models.loaded import LoadedModel
@@ -34,7 +35,7 @@ def visualisation(loaded: LoadedModel, layer: str, channel: int, steps: int = 12
         loaded.model, vis.Objective(layer, channel=channel), input_size=(int(shape[-2]), int(shape[-1])),
         mean=pre.mean, std=pre.std, steps=steps, seed=seed, size=128,
     )  # fmt: skip
-    picture = found.images[0].permute(1, 2, 0).clamp(0, 1).mul(255).round().byte().cpu().numpy()
+    picture = to_numpy(found.images[0].permute(1, 2, 0).clamp(0, 1).mul(255).round().byte())
     return encode_png(np.ascontiguousarray(picture))
 
 

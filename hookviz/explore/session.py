@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hookviz import methods, render
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import traced
 from hookviz.core.layers import default_cam_layer
 from hookviz.core.readout import scorer
@@ -294,7 +295,7 @@ class Session:
         batch = torch.from_numpy(x)[None].to(self.loaded.device)
         stage = "input" if side == "input" else "output"
         found = self._on_model(lambda: feature_maps(self.loaded.model, batch, [module], stage))
-        return name, found[0].tensor[0].float().cpu().numpy()
+        return name, to_numpy(found[0].tensor[0], torch.float32)
 
     def channel_list(self, index: int, layer: str = "") -> dict[str, Any]:
         """The layer's channels for input ``index``, the most active first (mean and peak of each map)."""

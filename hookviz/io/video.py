@@ -162,6 +162,8 @@ class VideoPreprocess:
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms import functional as TF
 
+        from hookviz.core.arrays import to_numpy
+
         _t, height, width = frames.shape[:3]
         rh, rw, top, left, h, w = self._plan(height, width)
         vid = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
@@ -171,7 +173,7 @@ class VideoPreprocess:
         mean = torch.tensor(self.mean).view(1, 3, 1, 1)
         std = torch.tensor(self.std).view(1, 3, 1, 1)
         vid = (vid - mean) / std
-        x = vid.permute(1, 0, 2, 3).contiguous().numpy()
+        x = to_numpy(vid.permute(1, 0, 2, 3).contiguous())
         return x, photo_box(height, width, (rh, rw, top, left, h, w))
 
 

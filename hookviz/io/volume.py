@@ -308,11 +308,13 @@ def resample(values: np.ndarray, size: Sequence[int]) -> np.ndarray:
     import torch
     import torch.nn.functional as F
 
+    from hookviz.core.arrays import to_numpy
+
     t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     three = t.ndim == 3
     t = t[None, None] if three else t[None]
     out = F.interpolate(t, size=tuple(int(s) for s in size), mode="trilinear", align_corners=False)[0]
-    return (out[0] if three else out).numpy()
+    return to_numpy(out[0] if three else out)
 
 
 def nifti_bytes(

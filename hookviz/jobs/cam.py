@@ -12,6 +12,7 @@ import numpy as np
 
 from hookviz import render
 from hookviz.concepts.examples import channel_terms
+from hookviz.core.arrays import to_numpy
 from hookviz.core.conventions import sign
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
@@ -268,7 +269,7 @@ class CamJob(BaseJob):
         k, first = self.channel_terms, ex.targets[:, 0]
         terms = {n: channel_terms(self.loaded.model, x, n, first, k) for n in self.layers} if k else {}
         return CamBatch(
-            ex, {key: value.numpy() for key, value in maps.items()}, scales, metrics, dict(ex.channels),
+            ex, {key: to_numpy(value) for key, value in maps.items()}, scales, metrics, dict(ex.channels),
             tuple(int(v) for v in x.shape[2:]), terms,
         )  # fmt: skip
 
@@ -320,7 +321,7 @@ class CamJob(BaseJob):
         name = self.loaded.class_name(int(ex.targets[index, 0]))
         title = f"{self.loaded.name} {layer}: Grad-CAM of {name} through its top channels (share of the sum)"
         labels = [f"channel {d['channel']}: {d['share']:.0%}" for d in shown]
-        maps = terms.maps[index].numpy()
+        maps = to_numpy(terms.maps[index])
         return render.overlay_row(rgb, box, maps, labels, title, self.alpha, self.colormap), shown
 
     def _predicted(self, ex: Any, index: int, pred: int, score: float) -> str:
@@ -365,7 +366,7 @@ class CamJob(BaseJob):
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         region = None
         if ex.labels is not None:  # the pixels the model gives the explained class; none: all pixels count
-            own = (ex.labels[index] == tgt).numpy()
+            own = to_numpy(ex.labels[index] == tgt)
             render.outline(picture, own, box)
             region = "class" if ex.region == "class" and own.any() else "all"
         where = "fused " + "+".join(self.layers) if layer == FUSED else layer

@@ -13,6 +13,7 @@ import numpy as np
 
 from hookviz.concepts.dataset import Feed, parse_channels
 from hookviz.concepts.examples import REDUCE, channel_scores, receptive_field
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import probe_input
 from hookviz.errors import UsageError
 from hookviz.io.images import Box
@@ -72,10 +73,10 @@ class ChannelsJob(BaseJob):
         maps: dict[str, list[int]] = {}
         fields_px: dict[str, list[int]] = {}
         for i, layer in enumerate(found):
-            arrays[f"scores{i}"] = layer.scores[index].numpy().astype(np.float32)
-            arrays[f"peaks{i}"] = photo_points(layer.peaks[index].numpy(), layer.size, box)
+            arrays[f"scores{i}"] = to_numpy(layer.scores[index]).astype(np.float32)
+            arrays[f"peaks{i}"] = photo_points(to_numpy(layer.peaks[index]), layer.size, box)
             if layer.contributions is not None:
-                arrays[f"contributions{i}"] = layer.contributions[index].numpy().astype(np.float32)
+                arrays[f"contributions{i}"] = to_numpy(layer.contributions[index]).astype(np.float32)
             maps[layer.layer] = list(layer.size)
             if layer.layer in self.fields:  # in the photo's pixels
                 fh, fw = self.fields[layer.layer]
@@ -87,7 +88,7 @@ class ChannelsJob(BaseJob):
         if self.target is not None:
             fields["target"] = {"index": self.target, "name": self.loaded.class_name(self.target)}
             fields["top_channels"] = {
-                layer.layer: _top(layer.contributions[index].numpy()) for layer in found
+                layer.layer: _top(to_numpy(layer.contributions[index])) for layer in found
             }
         name = f"{stem}.channels.npz"
         if self.feed is not None and index < len(names):

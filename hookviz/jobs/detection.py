@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hookviz import render
+from hookviz.core.arrays import to_numpy
 from hookviz.core.taps import slug
 from hookviz.engine.detection import detection_methods, explain_detections
 from hookviz.errors import UsageError
@@ -214,12 +215,12 @@ class DetectionJob(BaseJob):
         got: dict[str, list[Any]] = {"files": [], "maps": [], "records": []}
         outputs: list[list[str]] = [[] for _ in range(len(ex.region_labels))]
         for (method, layer), stack in ex.region_maps.items():
-            for r, cam in enumerate(stack.numpy()):
+            for r, cam in enumerate(to_numpy(stack)):
                 k = int(ex.region_labels[r])
                 picture = render.overlay(
                     rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
                 )
-                render.outline(picture, ex.region_masks[r].numpy(), box)
+                render.outline(picture, to_numpy(ex.region_masks[r]), box)
                 name = f"{stem}.{method}.{slug(layer)}.class{k}.png"
                 count = int((ex.labels == k).sum())
                 where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
@@ -265,7 +266,7 @@ class DetectionJob(BaseJob):
         maps: list[dict[str, Any]] = []
         for (method, layer), stack in ex.maps.items():
             for i in range(stack.shape[0]):
-                name, mine, record = self._one_map(ex, rgb, box, stem, method, layer, i, stack[i].numpy())
+                name, mine, record = self._one_map(ex, rgb, box, stem, method, layer, i, to_numpy(stack[i]))
                 files += mine
                 maps.append(record)
                 if not _per_photo(method):

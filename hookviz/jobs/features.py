@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from hookviz import render
+from hookviz.core.arrays import to_numpy
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, predicted, weights_note
@@ -69,7 +70,7 @@ class FeatureMapJob(BaseJob):
                 f"top {len(channels)}/{t.shape[0]} channels by spatial std{_strips(fm.tensor)} | "
                 f"{weights_note(self.loaded)}"
             )
-            grid = render.feature_grid(t.numpy(), channels, title=title, colormap=self.colormap)
+            grid = render.feature_grid(to_numpy(t), channels, title=title, colormap=self.colormap)
             suffix = f".call{fm.call}" if fm.call > 1 else ""
             name = f"{stem}.featuremap.{fm.layer}.{fm.stage}{suffix}.png"
             files.append((name, encode_png(grid, mosaic=True)))

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from hookviz import evaluation, render
+from hookviz.core.arrays import to_numpy
 from hookviz.core.conventions import Framed
 from hookviz.core.taps import slug
 from hookviz.engine.explain import explain
@@ -115,7 +116,7 @@ class SanityJob(BaseJob):
         for method in [*self.methods, "edges"]:
             cells = []
             for k, (name, maps) in enumerate(steps):
-                cam = maps[method][index].float().numpy()
+                cam = to_numpy(maps[method][index].float())
                 shown = cam[len(cam) // 2] if cam.ndim == 3 else cam
                 if shown_steps is None or k in shown_steps:
                     cells.append(

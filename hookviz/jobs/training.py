@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hookviz import render
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import logits_of
 from hookviz.engine.explain import ranking
 from hookviz.engine.features import capture_features, rank_channels
@@ -148,10 +149,10 @@ class DropBlockJob(BaseJob):
         note = weights_note(self.loaded)
         panels = [
             render.feature_grid(
-                before.numpy(), channels, title=f"{self.layer} output {shape} before DropBlock | {note}"
+                to_numpy(before), channels, title=f"{self.layer} output {shape} before DropBlock | {note}"
             ),
             render.feature_grid(
-                keep.numpy(),
+                to_numpy(keep),
                 channels,
                 title=f"keep mask: drop_prob {self.drop_prob}, block {block}, "
                 f"dropped {dropped:.1%} of {'all channels (shared mask)' if self.shared else 'activations'}",
@@ -159,7 +160,7 @@ class DropBlockJob(BaseJob):
                 value_range=(0.0, 1.0),
             ),
             render.feature_grid(
-                after.numpy(), channels, title="after DropBlock (kept values rescaled by 1/P(keep))"
+                to_numpy(after), channels, title="after DropBlock (kept values rescaled by 1/P(keep))"
             ),
         ]
         width = max(p.shape[1] for p in panels)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from hookviz import render
+from hookviz.core.arrays import to_numpy
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.io.video import encode_webm
@@ -116,7 +117,7 @@ class VideoCamJob(CamJob):
         frames: np.ndarray = clip.frames
         lm, ex = self.loaded, result.explanation
         check_finite(ex, index)
-        self.clip_probs[stem] = ex.probs[index].numpy()
+        self.clip_probs[stem] = to_numpy(ex.probs[index])
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         n = len(frames)
         shown = sorted({round(v) for v in np.linspace(0, n - 1, min(SHEET_FRAMES, n))})

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
+
 
 class Facade(nn.Module):
     """A module that runs ``model`` and shows its children under their own names (not as ``model.x``)."""
@@ -30,6 +32,5 @@ def photos_uint8(images: Tensor | Sequence[Tensor]) -> list[Any]:
     """Photos ``(3, H, W)`` in [0, 1] as the uint8 ``(H, W, 3)`` arrays another library's preprocessing takes
     (exactly the photo as read: hookviz's photos are uint8 / 255)."""
     return [
-        (t.detach() * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-        for t in images
+        to_numpy((t.detach() * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)) for t in images
     ]

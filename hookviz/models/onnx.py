@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
@@ -118,14 +119,14 @@ class OnnxModel(nn.Module):
             (m for m in self.modules() if isinstance(m, Tap) and (m._forward_hooks or m._forward_pre_hooks)),
             key=lambda m: self._order.get(m.tensor, 0),
         )
-        values = {self.input_name: x.detach().cpu().numpy().astype(np.float32)}
+        values = {self.input_name: to_numpy(x).astype(np.float32)}
         tensors = list(dict.fromkeys(t.tensor for t in active))  # two scopes may end on one tensor
         segments = self._segments(tuple(tensors))
         for tensor, session in zip(tensors, segments, strict=False):
             out = torch.from_numpy(self._run(session, tensor, values))
             for tap in (t for t in active if t.tensor == tensor):
                 out = tap(out)
-            values[tensor] = out.detach().cpu().numpy()
+            values[tensor] = to_numpy(out)
         result = self._run(segments[-1], self.output_names[0], values)
         return torch.from_numpy(np.ascontiguousarray(result)).to(x.device)
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.errors import WeightsError
 
 _CHECKPOINT_KEYS = ("state_dict", "model", "model_state_dict", "net", "network")
@@ -26,7 +27,7 @@ def values_digest(model: nn.Module) -> str:
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         data = t.detach().cpu().contiguous().reshape(-1)
-        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+        h.update(to_numpy(data.view(torch.uint8)).tobytes() if data.numel() else b"")
     return h.hexdigest()[:16]
 
 

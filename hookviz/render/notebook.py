@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hookviz.core.arrays import to_numpy
 from hookviz.io.images import encode_png
 from hookviz.render import colormap_lut, normalize
 
@@ -114,7 +115,7 @@ def explanation_html(ex: Any) -> str:
     n = min(int(ex.targets.shape[0]), MAX_IMAGES)
     for i in range(n):
         for method, layer in ex.maps:
-            cam = ex.maps[(method, layer)][i, 0].detach().float().cpu().numpy()
+            cam = to_numpy(ex.maps[(method, layer)][i, 0])
             target = scored(None, int(ex.targets[i, 0]), float(ex.target_scores[i, 0]))
             cells.append((png(heatmap(cam)), f"#{i} {method} @ {layer} | {target}"))
     return figure(
@@ -125,7 +126,7 @@ def explanation_html(ex: Any) -> str:
 def cam_pictures(result: Any) -> tuple[list[np.ndarray], list[str]]:
     """A :class:`hookviz.engine.explain.CamResult`'s maps as pictures, and their captions."""
     n = min(int(result.maps.shape[0]), MAX_IMAGES)
-    pictures = [heatmap(result.maps[i].detach().float().cpu().numpy()) for i in range(n)]
+    pictures = [heatmap(to_numpy(result.maps[i])) for i in range(n)]
     words = [
         f"#{i} {result.layer} | " + scored(None, int(result.target[i]), float(result.target_score[i]))
         for i in range(n)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import preserved, traced
 from hookviz.core.layers import default_cam_layer
 from hookviz.engine.explain import explain
@@ -89,7 +90,7 @@ class _Sink:
 
     def histogram(self, tag: str, values: Tensor, step: int) -> None:
         if self.mlflow_run is not None:  # MLflow has no histograms: the counts as a JSON artifact
-            tally, edges = np.histogram(values.float().cpu().numpy(), bins=64)
+            tally, edges = np.histogram(to_numpy(values, torch.float32), bins=64)
             self.client.log_dict(
                 self.mlflow_run,
                 {"step": step, "counts": tally.tolist(), "edges": edges.tolist()},
@@ -98,7 +99,7 @@ class _Sink:
         elif self.wandb:
             import wandb
 
-            counts = np.histogram(values.numpy(), bins=64)
+            counts = np.histogram(to_numpy(values), bins=64)
             self.writer.log({tag: wandb.Histogram(np_histogram=counts)}, step=step)
         else:
             self.writer.add_histogram(tag, values, step)
@@ -281,7 +282,7 @@ class Monitor:
         if self.images is None:
             self.images = _pictures(self.probe)
         for method in self.methods:
-            maps = ex.maps[(method, self.layer)][:, 0].numpy()
+            maps = to_numpy(ex.maps[(method, self.layer)][:, 0])
             for i, cam in enumerate(maps):
                 rgb = self.images[i]
                 box = Box(0, 0, rgb.shape[1], rgb.shape[0])
@@ -292,7 +293,7 @@ class Monitor:
         if not self.features:
             return
         for fm in feature_maps(self.model, self.probe[:1], list(self.features)):
-            t = fm.tensor[0].float().numpy()
+            t = to_numpy(fm.tensor[0], torch.float32)
             grid = feature_grid(t, list(range(min(16, t.shape[0]))), title=f"{fm.layer} at step {step}")
             self.sink.image(f"features/{fm.layer}", grid, step)
 
@@ -387,7 +388,7 @@ def _pictures(x: Tensor) -> np.ndarray:
     """A batch of inputs as pictures ``(B, H, W, 3)`` uint8, each scaled to its own range."""
     out = []
     for img in x.detach().float().cpu():
-        a = normalize(img.numpy())
+        a = normalize(to_numpy(img))
         a = np.repeat(a[:1], 3, axis=0) if a.shape[0] != 3 else a
         out.append((a.transpose(1, 2, 0) * 255).round().astype(np.uint8))
     return np.stack(out)

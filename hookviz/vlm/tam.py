@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.vlm.families import HF
 
 
@@ -90,13 +91,13 @@ def token_activation_maps(
         )
         logits = head(final[0]).float()[:, wanted].clamp(min=0)  # (L, tokens asked about)
     column = {int(t): i for i, t in enumerate(wanted.tolist())}
-    at_image = logits[image].cpu().numpy()  # (N, tokens)
+    at_image = to_numpy(logits[image])  # (N, tokens)
     out = []
     for t, token in enumerate(found.token_ids):
         position = found.start + t
         before = [p for p in context if p < position and texts[p].strip() != texts[position].strip()]
         img = at_image[:, column[token]].astype(np.float64)
-        text = logits[before, column[token]].cpu().numpy().astype(np.float64) if before else np.zeros(0)
+        text = to_numpy(logits[before, column[token]]).astype(np.float64) if before else np.zeros(0)
         if before and text.sum() > 0:
             interference = (at_image[:, [column[int(ids[p])] for p in before]] * (text / text.sum())).sum(
                 axis=1

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.arrays import to_numpy
 from hookviz.errors import InputError, SetupError, UsageError, first_line
 from hookviz.models.hf import quiet
 from hookviz.vlm.families import HF, Family, Placement, family_of, processed
@@ -351,10 +352,10 @@ def _gradients(
         for m in out:
             act, grad = kept[where[m]][0, image].float(), grads[where[m]][t, 0, image].float()
             if m == "tokengrad":  # the gradient's size at each image token
-                out[m].append(grad.norm(dim=1).detach().cpu().numpy())
+                out[m].append(to_numpy(grad.norm(dim=1)))
                 continue
             weights = grad.mean(dim=0)  # (D,): the gradient averaged over the image tokens
-            out[m].append(torch.relu(act @ weights).detach().cpu().numpy())
+            out[m].append(to_numpy(torch.relu(act @ weights)))
     return {m: np.stack(v) for m, v in out.items()}
 
 
@@ -436,7 +437,7 @@ def _relevancy(
         tokens = _rolled(decoder, grads[: len(decoder)], t)[row, image]
         if extra in (0, 1):
             tokens = tokens @ _rolled(vision, grads[len(decoder) :], t)[extra:, extra:]
-        out.append(tokens.cpu().numpy())
+        out.append(to_numpy(tokens))
     return np.stack(out)
 
 
@@ -446,7 +447,7 @@ def _logit_lens(model: HF, lm: HF, forced: dict[str, Any], found: Answer, image:
     final = final_states(model, lm, forced)
     with torch.no_grad():
         logits = model.get_output_embeddings()(final[0, image]).float()  # (N, vocabulary)
-    return logits[:, torch.tensor(found.token_ids, device=logits.device)].T.cpu().numpy()
+    return to_numpy(logits[:, torch.tensor(found.token_ids, device=logits.device)].T)
 
 
 def _attention(
@@ -477,4 +478,4 @@ def _attention(
         for h in handles:
             h.remove()
         model.set_attn_implementation(before)
-    return torch.stack(taken).mean(dim=(0, 1)).cpu().numpy()
+    return to_numpy(torch.stack(taken).mean(dim=(0, 1)))
