@@ -77,3 +77,20 @@ def test_the_example_notebook_runs_and_shows_pictures(tmp_path: Path) -> None:
     pictures = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
     assert len(pictures) == 1 and _decoded(base64.b64decode(pictures[0])).shape[0] >= 100
     assert len(list((work / "out-notebook").glob("*.png"))) >= 4
+
+
+def test_a_run_of_large_photos_displays_as_thumbnails(tmp_path: Path) -> None:
+    """A phone photo's overlay is megabytes: the notebook keeps what it displays (23 MB for one photo)."""
+    from hookviz.render.notebook import Records
+    from tests.conftest import write_image
+
+    rng = np.random.default_rng(0)
+    big = write_image(tmp_path / "big.png", rng.integers(0, 256, (1500, 2000, 3), dtype=np.uint8))
+    entry = {"file": "big.png", "method": "gradcam", "layer": "l", "target": {"index": 3, "score": 0.5}}
+    records = Records([{"input": "big.png", "status": "ok", "outputs": [str(big)], "maps": [entry]}])
+    page = records._repr_html_()
+    assert len(page) < big.stat().st_size / 10  # noise: the worst case for PNG
+    data = base64.b64decode(re.search(r"base64,([^']+)'", page).group(1))  # type: ignore[union-attr]
+    assert _decoded(data).shape[1] == 520
+    many = Records([{**records[0], "input": f"p{i}.png"} for i in range(40)])
+    assert "the first 32 of 40 maps" in many._repr_html_()

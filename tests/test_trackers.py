@@ -66,7 +66,7 @@ def test_mlflow_nested_under_the_callers_run(
     client = MlflowClient(tracking_uri=store.resolve().as_uri())
     parent = client.create_run(client.create_experiment("mine")).info.run_id
     monkeypatch.setenv("MLFLOW_RUN_ID", parent)
-    result = _run(photos, tmp_path / "out", "--log", f"mlflow:{store}")
+    result = _run(photos, tmp_path / "out", "--tracker", f"mlflow:{store}")  # --log's other spelling
     assert result.exit_code == 0, result.stderr
     experiment = client.get_experiment_by_name("mine").experiment_id
     children = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
@@ -125,13 +125,74 @@ def test_a_bad_or_missing_tracker_is_one_line_before_any_work(
     out = tmp_path / "out"
     result = _run(photos, out, "--log", "comet")
     assert result.exit_code == 2 and "use mlflow[:TRACKING_URI] or wandb[:PROJECT]" in result.stderr
-    import importlib.util
+    import sys
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
-    )
-    result = _run(photos, out, "--log", "mlflow")
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed
+    result = _run(photos, out, "--log", "mlflow:./mlruns")
     assert result.exit_code == 3
     assert "pip install 'hookviz[mlflow]'" in result.stderr
     assert not (out / "manifest.jsonl").exists()
+
+
+def test_a_spec_that_cannot_log_is_refused_before_any_work(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "out"
+    for spec, words in (("mlflow", "needs where to log"), ("mlflow:", "needs where to log"),
+                        ("wandb:a/b", "may not hold")):  # fmt: skip
+        result = _run(photos, out, "--log", spec)
+        assert result.exit_code == 2 and words in result.stderr, (spec, result.stderr)
+        assert not (out / "manifest.jsonl").exists()
+
+
+def test_a_closed_tracking_server_is_said_at_the_start_and_not_waited_for(
+    photos: Path, tmp_path: Path
+) -> None:
+    import time
+
+    pytest.importorskip("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    began = time.monotonic()
+    result = _run(photos, out, "--log", f"mlflow:http://127.0.0.1:{port}")
+    took = time.monotonic() - began
+    assert result.exit_code == 0 and "does not answer; the run goes on" in result.stderr
+    lines = result.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if "does not answer" in line)
+    assert start < next(i for i, line in enumerate(lines) if "nothing was logged" in line)
+    assert len(records(out)) == 4
+    assert took < 120  # MLflow's own retries took minutes (256 s seen)
+
+
+def test_evaluate_logs_its_summary_files(photos: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    store, out = tmp_path / "mlruns", tmp_path / "out"
+    result = invoke(
+        "evaluate", str(photos), "--model", "resnet18", "--weights", "none", "--input-size", "48",
+        "--out", str(out), "-q", "--steps", "4", "--log", f"mlflow:{store}",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("hookviz").experiment_id])
+    logged = sorted(a.path for a in client.list_artifacts(run.info.run_id, "summaries"))
+    written = sorted(f"summaries/{p.name}" for p in out.glob("evaluation*.*"))
+    assert written and logged == written
+
+
+def test_under_torchrun_the_option_is_spelled_tracker() -> None:
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(
+        ["--standalone", "-m", "hookviz", "gradcam", "p.png", "--tracker", "mlflow:./mlruns"]
+    )
+    assert args.training_script_args[-2:] == ["--tracker", "mlflow:./mlruns"]
+    from hookviz.cli.options import RunOptions
+
+    assert "log" in {f.name for f in __import__("dataclasses").fields(RunOptions)}

@@ -84,6 +84,16 @@ def test_the_widget_answers_as_the_explorer_does(weighed: tuple[Path, Path]) -> 
         host.session.close()
 
 
+def test_the_widget_s_shell_line_loads_the_same_model(weighed: tuple[Path, Path]) -> None:
+    """The caption's `hookviz gradcam` line must draw the map shown: the options the widget was given."""
+    from hookviz.explore.widget import model_words
+
+    loaded = load_model("tests.conftest:TinyCNN", str(weighed[0]), input_size=48)
+    words = model_words(loaded, str(weighed[0]), {"input_size": 48, "mean": (0.5, 0.5, 0.5), "negate": False})
+    assert words == ["--model", "tests.conftest:TinyCNN", "--weights", str(weighed[0]), "--input-size", "48",
+                     "--mean", "0.5,0.5,0.5"]  # fmt: skip
+
+
 def test_without_a_kernel_it_is_one_line(weighed: tuple[Path, Path]) -> None:
     import hookviz
 

@@ -230,9 +230,10 @@ RecordsOpt = _option(str | None, "--records", panel=OUTPUT, help="also write the
     ".parquet.")  # fmt: skip
 NoPictures = _option(bool, "--no-pictures", panel=OUTPUT, help="write no PNG pictures: the raw maps "
     "(--save-raw, --maps zarr) and the records only.")  # fmt: skip
-LogOpt = _option(str | None, "--log", panel=OUTPUT, help="also log the run to an experiment tracker: "
-    "mlflow[:TRACKING_URI] or wandb[:PROJECT] (the overlays, the raw maps, a table of the records, the "
-    "settings as parameters); the files under --out are written whatever the tracker does.")  # fmt: skip
+LogOpt = _option(str | None, "--log", "--tracker", panel=OUTPUT, help="also log the run to an experiment "
+    "tracker: mlflow[:TRACKING_URI] or wandb[:PROJECT] (the overlays, the raw maps, a table of the records, "
+    "the settings as parameters); the files under --out are written whatever the tracker does. Under "
+    "torchrun, spell it --tracker (torchrun reads --log as its own).")  # fmt: skip
 MapsStore = _option(str | None, "--maps", panel=OUTPUT, help="raw maps into one Zarr store (float16, an "
     "array per input, method and layer, the crop box as an attribute) instead of .npy files: zarr "
     "(OUT/maps.zarr) or a path or URL ending in .zarr.")  # fmt: skip

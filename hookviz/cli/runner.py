@@ -11,6 +11,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
+from hookviz.cli import tracking
 from hookviz.cli.app import (
     EXIT_INPUTS_FAILED,
     EXIT_INTERNAL,
@@ -219,7 +220,7 @@ def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions, command: s
             added = (r.out / pipeline.MANIFEST).read_bytes()[len(before) :].decode("utf-8", "replace")
             sys.stdout.write(added)
             sys.stdout.flush()
-        _log_run(r, len(before), command, quiet=r.quiet)
+        tracking.log_run(r, len(before), command, quiet=r.quiet)
         if r.report:
             typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
     # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
@@ -262,8 +263,8 @@ def _said(built: BuiltJob, lead: bool, quiet: bool, reporter: Reporter) -> Job:
 def _check_out(r: RunOptions) -> None:
     """``--out`` may not be one of the input folders (outputs would be read back as inputs); ``--log``
     names a tracker that is installed (both said before any work)."""
-    if r.log is not None:
-        trackers.check_log(r.log)
+    if r.log is not None and (said := trackers.check_log(r.log)) is not None:
+        warn(said)
     real_out = r.out.resolve()
     for spec in r.inputs:
         if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
@@ -338,29 +339,6 @@ def _run_shard(
         raise typer.Exit(EXIT_INPUTS_FAILED)
 
 
-def _log_run(r: RunOptions, start: int, command: str | None, quiet: bool) -> None:
-    """``--log``: the records this run added to the manifest (from byte ``start``) and their files, to the
-    tracker. A tracker that fails is one warning: the files under ``--out`` are complete either way."""
-    if r.log is None:
-        return
-    import json
-
-    from hookviz.run import pipeline
-
-    manifest = r.out / pipeline.MANIFEST
-    lines = (
-        manifest.read_bytes()[start:].decode("utf-8", "replace").splitlines() if manifest.is_file() else []
-    )
-    records = [json.loads(line) for line in lines if line.strip()]
-    try:
-        logged = trackers.log_run(r.log, records, r.out, command=command or "run")
-    except trackers.TrackerError as exc:
-        warn(f"{exc}; nothing was logged, the maps and the manifest are in {r.out}")
-        return
-    if not quiet:
-        typer.echo(f"hookviz: {logged.line()}", err=True)
-
-
 def _report_records(
     job: Job,
     loaded: LoadedModel,
@@ -397,7 +375,7 @@ def _report_records(
         if table is not None:
             table.close()
     if dist is None:  # under torchrun, rank 0 logs the merged manifest
-        _log_run(r, start, job.kind, quiet)
+        tracking.log_run(r, start, job.kind, quiet)
 
 
 def prepared(
@@ -487,12 +465,17 @@ def _run_then(
     some inputs failed; the run's exit code stands."""
 
     failed: typer.Exit | None = None
+    if r.log is not None and (said := trackers.check_log(r.log)) is not None:
+        warn(said)
+    # --log after the summary: its files (evaluation.KEY.json, sanity.json, ...) are logged with the maps.
+    start, before = tracking.out_state(r.out)
     try:
-        _run_job(job_factory, m, r, command)
+        _run_job(job_factory, m, dataclasses.replace(r, log=None), command)
     except typer.Exit as exc:
         failed = exc
     dist = distributed.from_env()
     if dist is None or dist.rank == 0:
         summarise()
+        tracking.log_run(r, start, command, r.quiet, summaries=tracking.changed(r.out, before))
     if failed is not None:
         raise failed

@@ -99,7 +99,10 @@ if HAVE_ANYWIDGET:
             self.on_msg(self._on_message)
 
         def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
-            if not isinstance(content, dict) or "path" not in content:
+            if not isinstance(content, dict):
+                return  # not a request of the front end's: nothing to answer it by
+            if not isinstance(content.get("path"), str):
+                self.send({"id": content.get("id"), "status": 400, "error": "a request names a path"})
                 return
             try:
                 message, buffers = answer(self._host, str(content["path"]))
@@ -150,4 +153,21 @@ def widget(
     else:
         loaded = load_model(model, weights or WEIGHTS_DEFAULT, device=device, **options)
     specs = [str(p) for p in (inputs if isinstance(inputs, list) else [inputs])]
-    return ExploreWidget(Session(loaded, specs))
+    return ExploreWidget(Session(loaded, specs, model_words=model_words(loaded, weights, options)))
+
+
+def model_words(loaded: LoadedModel, weights: str | None, options: dict[str, Any]) -> list[str]:
+    """The command-line words that load the same model (the caption's ``hookviz gradcam`` line draws the
+    same map): the name, the weights and every option given that the command line takes."""
+    words = ["--model", loaded.name, "--weights", weights or loaded.weights.split(" ")[0]]
+    flags = {"input_size": "--input-size", "resize": "--resize", "labels": "--labels", "head": "--head",
+             "task": "--task", "weights_key": "--weights-key", "output": "--output"}  # fmt: skip
+    for key, value in options.items():
+        if key in ("mean", "std") and value is not None:
+            words += [f"--{key}", ",".join(str(v) for v in value)]
+        elif key in flags and value is not None:
+            given = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+            words += [flags[key], given]
+        elif key == "negate" and value:
+            words.append("--negate")
+    return words

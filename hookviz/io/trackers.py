@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hookviz.errors import SetupError, UsageError
+from hookviz.errors import SetupError, UsageError, first_line
 
 __all__ = [
     "TRACKERS", "Logged", "TrackerError", "check_log", "log_run", "parse_log", "settings_params",
@@ -39,11 +39,13 @@ class Logged:
     images: int
     artifacts: int
     rows: int
+    summaries: int = 0
 
     def line(self) -> str:
+        more = f", {self.summaries} summary file(s)" if self.summaries else ""
         return (
             f"logged to {self.tracker} run {self.run}: {self.images} image(s), "
-            f"{self.artifacts} raw map(s), a table of {self.rows} row(s)"
+            f"{self.artifacts} raw map(s), a table of {self.rows} row(s){more}"
         )
 
 
@@ -58,17 +60,55 @@ def parse_log(spec: str) -> tuple[str, str | None]:
     return name, (where.strip() or None)
 
 
-def check_log(spec: str) -> str:
-    """``spec`` checked before any work: a known tracker whose package is installed (its name returned).
+#: Tracking servers found unreachable before the run (their log is skipped at the end, not waited for).
+_UNREACHABLE: set[str] = set()
+#: What W&B refuses in a project name.
+_WANDB_FORBIDDEN = set("/\\#?%:")
+
+
+def mlflow_uri(where: str | None) -> str | None:
+    """The tracking URI ``--log mlflow[:URI]`` names, else ``MLFLOW_TRACKING_URI``'s (None: neither)."""
+    return where or os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def check_log(spec: str) -> str | None:
+    """``spec`` checked before any work; a warning to say when its tracking server does not answer now
+    (the run goes on, its log is skipped at the end rather than waited for).
 
     Raises:
-        UsageError: an unknown tracker.  SetupError: its package is missing (naming the extra)."""
-    import importlib.util
+        UsageError: an unknown tracker, no MLflow URI, a W&B project name W&B refuses.
+        SetupError: its package is missing or does not import (naming the extra).
+    """
+    name, where = parse_log(spec)
+    _need(name)  # imported now: a broken install is found before the work, not after it
+    if name == "wandb":
+        if where is not None and _WANDB_FORBIDDEN & set(where):
+            raise UsageError(f"--log wandb:{where}: a W&B project name may not hold any of / \\ # ? % :")
+        return None
+    uri = mlflow_uri(where)
+    if uri is None:
+        raise UsageError(
+            "--log mlflow needs where to log: mlflow:./mlruns (a folder), mlflow:http://HOST:PORT (a "
+            "tracking server), or MLFLOW_TRACKING_URI set"
+        )
+    if uri.startswith(("http://", "https://")) and not _answers(uri):
+        _UNREACHABLE.add(uri)
+        return f"--log mlflow: {uri} does not answer; the run goes on and nothing will be logged to it"
+    return None
 
-    name, _ = parse_log(spec)
-    if importlib.util.find_spec(name) is None:
-        raise SetupError(f"--log {name} needs the {name} package: pip install '{TRACKERS[name]}'")
-    return name
+
+def _answers(uri: str, timeout: float = 5.0) -> bool:
+    """Whether an MLflow tracking server answers at ``uri`` (its ``/health``) within ``timeout`` s."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+            return bool(200 <= r.status < 500)
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500  # it answered (a proxy's 401/404 still says a server is there)
+    except (OSError, ValueError):
+        return False
 
 
 def _need(name: str) -> Any:
@@ -76,8 +116,11 @@ def _need(name: str) -> Any:
 
     try:
         return importlib.import_module(name)
-    except ImportError:
-        raise SetupError(f"--log {name} needs the {name} package: pip install '{TRACKERS[name]}'") from None
+    except Exception as exc:  # absent, or installed but broken: either way it cannot log
+        why = "" if isinstance(exc, ModuleNotFoundError) and exc.name == name else f" ({first_line(exc)})"
+        raise SetupError(
+            f"--log {name} needs the {name} package{why}: pip install '{TRACKERS[name]}'"
+        ) from None
 
 
 def settings_params(records: Sequence[Mapping[str, Any]], command: str) -> dict[str, str]:
@@ -144,7 +187,13 @@ def _files(records: Iterable[Mapping[str, Any]], out: Path) -> tuple[list[Path],
 
 
 def log_run(
-    spec: str, records: Sequence[Mapping[str, Any]], out: Path, *, command: str, name: str | None = None
+    spec: str,
+    records: Sequence[Mapping[str, Any]],
+    out: Path,
+    *,
+    command: str,
+    name: str | None = None,
+    summaries: Sequence[Path] = (),
 ) -> Logged:
     """Log a finished run's records and files to the tracker ``spec`` names.
 
@@ -155,20 +204,21 @@ def log_run(
     tracker, where = parse_log(spec)
     module = _need(tracker)
     pictures, raws = _files(records, out)
+    extras = [p for p in summaries if p.is_file()]  # a command's summary (evaluation.KEY.json, ...)
     rows = table_rows(records)
     params = settings_params(records, command)
     title = name or f"hookviz {command}"
     try:
         if tracker == "mlflow":
-            run = _mlflow(module, where, title, params, pictures, raws, rows, out)
+            run = _mlflow(module, where, title, params, pictures, raws, rows, out, extras)
         else:
-            run = _wandb(module, where, title, params, pictures, raws, rows, out)
+            run = _wandb(module, where, title, params, pictures, raws, rows, out, extras)
     except (SetupError, UsageError):
         raise
     except Exception as exc:  # the tracker's own failure, whatever its type: the files are complete
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TrackerError(f"--log {tracker}: {first}") from exc
-    return Logged(tracker, run, len(pictures), len(raws), len(rows))
+    return Logged(tracker, run, len(pictures), len(raws), len(rows), len(extras))
 
 
 def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -187,10 +237,16 @@ def _mlflow(
     raws: list[Path],
     rows: list[dict[str, Any]],
     out: Path,
+    extras: list[Path],
 ) -> str:
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
+    uri = mlflow_uri(uri)
+    if uri in _UNREACHABLE:
+        raise TrackerError(f"{uri} did not answer when the run started")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a server gone mid-run: not minutes
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     # A folder the user named: MLflow 3 keeps file stores behind this switch.
     if uri is not None and ("://" not in uri or uri.startswith("file:")):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -218,6 +274,8 @@ def _mlflow(
             client.log_artifact(run_id, str(path), artifact_path=_folder("overlays", path, out))
         for path in raws:
             client.log_artifact(run_id, str(path), artifact_path=_folder("maps", path, out))
+        for path in extras:
+            client.log_artifact(run_id, str(path), artifact_path="summaries")
         columns = _columns(rows)
         client.log_table(run_id, {c: [r.get(c) for r in rows] for c in columns}, artifact_file="records.json")
         status = "FINISHED"
@@ -240,6 +298,7 @@ def _wandb(
     raws: list[Path],
     rows: list[dict[str, Any]],
     out: Path,
+    extras: list[Path],
 ) -> str:
     group = os.environ.get("WANDB_RUN_GROUP")
     run = wandb.init(
@@ -249,16 +308,18 @@ def _wandb(
         config=params,
         dir=os.environ.get("WANDB_DIR") or str(out),
         reinit="create_new",
-        settings=wandb.Settings(quiet=True, console="off"),
+        settings=wandb.Settings(quiet=True, silent=True, console="off"),
     )
     code = 1
     try:
         if pictures:
             run.log({"overlays": [wandb.Image(str(p), caption=p.name) for p in pictures]})
-        if raws:
+        if raws or extras:
             artifact = wandb.Artifact(f"maps-{run.id}", type="maps")
             for path in raws:
                 artifact.add_file(str(path), name=path.resolve().relative_to(out.resolve()).as_posix())
+            for path in extras:
+                artifact.add_file(str(path), name=f"summaries/{path.name}")
             run.log_artifact(artifact)
         columns = _columns(rows)
         run.log({"records": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])})

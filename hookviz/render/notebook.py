@@ -24,6 +24,8 @@ MAX_IMAGES = 8
 MAX_CELLS = 32
 #: The side a heatmap of a layer's few cells is drawn at (nearest: the cells stay visible).
 SIDE = 112
+#: The width a cell shows a picture at.
+THUMB = 260
 
 
 def heatmap(cam: np.ndarray, colormap: str = "jet", side: int = SIDE) -> np.ndarray:
@@ -70,9 +72,24 @@ def figure(cells: Sequence[tuple[bytes, str]], title: str = "") -> str:
             f"<figcaption>{html.escape(text)}</figcaption></figure>"
         )
     if len(cells) > MAX_CELLS:
-        parts.append(f"<div>… {len(cells) - MAX_CELLS} more (hookviz report shows a whole run)</div>")
+        parts.append(
+            f"<div>the first {MAX_CELLS} of {len(cells)} maps (hookviz report shows a whole run)</div>"
+        )
     parts.append("</div></div>")
     return "".join(parts)
+
+
+def thumbnail(data: bytes, width: int = 2 * THUMB) -> bytes:
+    """A PNG no wider than ``width`` px (twice what a cell shows, for sharp screens): a notebook keeps what
+    it displays, and a phone photo's overlay is megabytes."""
+    import cv2
+
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if image is None or image.shape[1] <= width:
+        return data
+    height = max(1, round(image.shape[0] * width / image.shape[1]))
+    small = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+    return encode_png(np.ascontiguousarray(small[:, :, ::-1]))
 
 
 def scored(name: str | None, index: int, score: float) -> str:
@@ -100,7 +117,7 @@ def records_html(records: Sequence[dict[str, Any]]) -> str:
                 words += " | " + scored(
                     target.get("name"), int(target["index"]), float(target.get("score", 0))
                 )
-            cells.append((path.read_bytes(), words))
+            cells.append((thumbnail(path.read_bytes()), words))
     title = f"{len(records)} record(s)" + (f", {len(failed)} failed" if failed else "")
     text = figure(cells, title)
     if failed:
@@ -150,7 +167,9 @@ class CamDisplay:
     def _repr_html_(self) -> str:
         pictures, words = cam_pictures(self)
         layer = getattr(self, "layer", "")
-        return figure([(png(p), w) for p, w in zip(pictures, words, strict=True)], f"map at {layer}")
+        total = int(self.maps.shape[0])  # type: ignore[attr-defined]
+        shown = "" if len(pictures) == total else f" (the first {len(pictures)} of {total} images)"
+        return figure([(png(p), w) for p, w in zip(pictures, words, strict=True)], f"map at {layer}{shown}")
 
 
 class Records(list[dict[str, Any]]):
