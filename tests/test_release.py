@@ -227,3 +227,15 @@ def test_the_docs_site_is_published_per_version_with_a_picker(tmp_path: Path) ->
     page = show("0.6.0/index.html")
     assert '"provider": "mike"' in page and "hookviz" in page
     assert "latest/" in show("index.html")  # the site's root sends a visitor to the newest release
+
+
+def test_pre_commit_runs_what_make_lint_runs() -> None:
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    hooks = {h["id"]: h for repo in config["repos"] for h in repo["hooks"]}
+    lint = (ROOT / "Makefile").read_text().split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    lint_lines = [line.strip().replace("$(VENV)/bin/", "") for line in lint.splitlines()[1:]]
+    for hook in hooks.values():
+        assert hook["language"] == "system"  # the project's own tools: nothing downloaded
+        assert any(line.startswith(hook["entry"]) for line in lint_lines), hook["entry"]
+    assert {"ruff check", "ruff format --check", "mypy hookviz"} <= {h["entry"] for h in hooks.values()}

@@ -36,6 +36,8 @@ def test_mlflow_run_reads_back_equal_to_the_files(photos: Path, tmp_path: Path) 
     experiment = client.get_experiment_by_name("hookviz")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "hookviz gradcam"
+    (said,) = [json.loads(line) for line in (out / "tracker.jsonl").read_text().splitlines()]
+    assert said["status"] == "ok" and said["run"] == run.info.run_id and said["records"] == 4
     first = records(out)[0]
     assert run.data.params["model"] == "resnet18"
     assert run.data.params["methods"] == "gradcam,layercam"
@@ -117,6 +119,8 @@ def test_an_unreachable_tracker_loses_nothing(
     assert result.exit_code == 0
     assert "warning: --log mlflow:" in result.stderr and "nothing was logged" in result.stderr
     assert len(records(out)) == 4 and len(list(out.glob("*.png"))) == 4
+    (said,) = [json.loads(line) for line in (out / "tracker.jsonl").read_text().splitlines()]
+    assert said["status"] == "failed" and said["records"] == 4 and str(port) in said["error"]
 
 
 def test_a_bad_or_missing_tracker_is_one_line_before_any_work(

@@ -3,15 +3,20 @@ experiment tracker once the run is done (:mod:`hookviz.io.trackers`); a tracker 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from hookviz.cli.options import RunOptions
 from hookviz.io import trackers
 from hookviz.io.outputs import MANIFEST
+
+#: Each --log's outcome, a line per run (the tracker's run id, or the error).
+TRACKER_LOG = "tracker.jsonl"
 
 
 def warn(text: str) -> None:
@@ -30,13 +35,24 @@ def log_run(
         manifest.read_bytes()[start:].decode("utf-8", "replace").splitlines() if manifest.is_file() else []
     )
     records = [json.loads(line) for line in lines if line.strip()]
+    entry: dict[str, Any] = {"log": r.log, "command": command, "records": len(records)}
     try:
         logged = trackers.log_run(r.log, records, r.out, command=command or "run", summaries=summaries)
     except trackers.TrackerError as exc:
         warn(f"{exc}; nothing was logged, the maps and the manifest are in {r.out}")
+        _record(r.out, {**entry, "status": "failed", "error": str(exc)})
         return
+    _record(r.out, {**entry, "status": "ok", "run": logged.run, "tracker": logged.tracker})
     if not quiet:
         typer.echo(f"hookviz: {logged.line()}", err=True)
+
+
+def _record(out: Path, entry: dict[str, Any]) -> None:
+    """A line in ``OUT/tracker.jsonl`` per ``--log``: what went where, or why nothing did."""
+    import time
+
+    with contextlib.suppress(OSError), (out / TRACKER_LOG).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({**entry, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
 
 
 def out_state(out: Path) -> tuple[int, dict[str, int]]:
