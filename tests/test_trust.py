@@ -127,16 +127,26 @@ def test_the_command_writes_its_files_and_refuses_in_one_line(tmp_path: Path) ->
         write_image(photos / f"s{i}.png", (image.numpy().transpose(1, 2, 0) * 255).astype(np.uint8))
     out = tmp_path / "out"
     model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "48"]
-    r = invoke("trust", str(photos), *model, "--method", "gradcam,saliency", "--out", str(out), "--json")
-    assert r.exit_code == 0, r.stderr
-    data = json.loads(r.stdout)
-    assert data == json.loads((out / "trust.json").read_text())
+    (photos / "broken.png").write_bytes(b"not a photo")
+    r = invoke("trust", str(photos), *model, "--method", "gradcam,saliency", "--out", str(out))
+    # The broken photo is named, the verdicts are over the six others, and the run says some input failed.
+    assert r.exit_code == 1, r.stderr
+    assert "broken.png" in r.stderr and "1 input(s) could not be read" in r.stderr
+    data = json.loads((out / "trust.json").read_text())
+    assert [Path(name).name for name in data["failed"]] == ["broken.png"]
     assert [(c["method"], c["verdict"] in ("recommended", "care", "fails")) for c in data["candidates"]] == [
         ("gradcam", True), ("saliency", True), ("edges", True)
     ]  # fmt: skip
     assert len(data["photos"]) == 6 and data["seed"] == 0 and data["versions"]["torch"] == torch.__version__
     assert "hookviz trust" in (out / "trust.md").read_text() and (out / "trust.png").stat().st_size > 1000
     assert "verdict" in r.stderr  # the table
+    # One photo gives no interval: refused in one line.
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "s0.png").write_bytes((photos / "s0.png").read_bytes())
+    r = invoke("trust", str(one), *model, "--out", str(tmp_path / "o1"))
+    assert r.exit_code == 2 and "needs 2 photos or more" in r.stderr and not (tmp_path / "o1").exists()
+    (photos / "broken.png").unlink()
     # Again without --overwrite: the first run's files are kept, one line, exit 3.
     before = (out / "trust.json").read_bytes()
     r = invoke("trust", str(photos), *model, "--method", "gradcam", "--out", str(out))

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hookviz.cli.app import EXIT_INPUTS_FAILED
 from hookviz.cli.explore import _model_words
 from hookviz.cli.flags import MAPS, SETTINGS, InputOpt, Inputs, MaybeInputs, Methods
 from hookviz.cli.loading import load_warm
@@ -233,7 +234,7 @@ TrustSeed = Annotated[int, typer.Option("--seed", rich_help_panel=METRICS,
 MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=METRICS,
     help="photos tested, the first by name (16 give intervals worth reading).")]  # fmt: skip
 TrustRun = Annotated[RunOptions, omit(
-    "skip_existing", "batch_size", "workers", "max_memory", "report", "null", *DATA,
+    "skip_existing", "batch_size", "workers", "max_memory", "report", "null", "as_json", *DATA,
 )]  # fmt: skip
 
 
@@ -251,21 +252,25 @@ def trust(
     sensitivity, faithfulness and stability over the photos, with an edge detector as the control, and the
     model checked for predictions at chance. Writes OUT/trust.json, trust.md and trust.png."""
     import shlex
-    import sys
 
     from hookviz.run.trust import table, trust_photos, write_trust
 
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
-    report, refused = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
+    report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
                                    max_photos=max_photos, max_pixels=run.max_pixels)  # fmt: skip
     words = ["hookviz", "trust", *inputs, *_model_words(model)]
     words += [w for m in methods or [] for w in ("--method", m)] + [
         w for la in layers or [] for w in ("-l", la)
     ]
     words += ["--seed", str(seed), "--max-photos", str(max_photos), "--out", str(run.out)]
-    paths = write_trust(report, run.out, command=shlex.join(words), refused=refused, overwrite=run.overwrite)
-    if run.as_json:
-        sys.stdout.write(paths[0].read_text() + "\n")
-    if not run.quiet or not run.as_json:
-        typer.echo("\n".join(table(report)), err=run.as_json)
+    for name, why in failed.items():
+        typer.echo(f"hookviz: error: {name}: {why}", err=True)
+    paths = write_trust(report, run.out, command=shlex.join(words), refused=refused, overwrite=run.overwrite,
+                        failed=failed)  # fmt: skip
+    if not run.quiet:
+        typer.echo("\n".join(table(report)), err=True)
     typer.echo(f"hookviz: wrote {', '.join(str(p) for p in paths)}", err=True)
+    if failed:
+        typer.echo(f"hookviz: {len(failed)} input(s) could not be read; the verdicts are over the others",
+                   err=True)  # fmt: skip
+        raise typer.Exit(EXIT_INPUTS_FAILED)

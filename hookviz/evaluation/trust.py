@@ -98,6 +98,8 @@ class TrustReport:
     candidates: list[Candidate]
     default: tuple[str, str] | None
     answer: str
+    #: What the figures cannot say (a map of so few cells that its rank tests are coarse).
+    notes: list[str] = field(default_factory=list)
 
     def recommended(self) -> Candidate | None:
         """The best candidate recommended (the most faithful), or None."""
@@ -248,6 +250,7 @@ def trust(
         f = faithfulness(model, x, m, targets, steps=STEPS)
         base[name] = f.insertion_auc - f.deletion_auc
     candidates = []
+    notes: list[str] = []
     for layer in layers:
         for method in methods:
 
@@ -257,6 +260,10 @@ def trust(
                 return _maps(net, xs, la, [m], t)[m]
 
             maps = explain_with(model, x, targets)
+            cells = int(maps[0].numel())
+            if cells < 16:
+                notes.append(f"{method} at {layer}: a map of {cells} cells; its rank tests are coarse "
+                             "(a larger --input-size or an earlier layer gives more)")  # fmt: skip
             tests = _battery(model, x, maps, explain_with, targets, far, randomised, base, seed)
             verdict, reason = _verdict(tests)
             candidates.append(Candidate(method, layer, tests, verdict, reason))

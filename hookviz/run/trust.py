@@ -66,12 +66,13 @@ def trust_photos(
     seed: int = 0,
     max_photos: int = 16,
     max_pixels: int = DEFAULT_MAX_PIXELS,
-) -> tuple[TrustReport, dict[str, str]]:
+) -> tuple[TrustReport, dict[str, str], dict[str, str]]:
     """Which map to believe for ``loaded`` on its photos ``inputs`` (files, folders, globs): the report,
-    and the methods refused on this model with the registry's reason.
+    the methods refused on this model with the registry's reason, and the inputs that could not be read
+    with theirs.
 
     Raises:
-        UsageError: not a classifier of photos; no readable photo; no method that applies.
+        UsageError: not a classifier of photos; fewer than two readable photos; no method that applies.
     """
     if loaded.task_name != "classification":
         raise UsageError(f"hookviz trust tests a classifier's maps; {loaded.name} is a {loaded.task_name} "
@@ -79,19 +80,25 @@ def trust_photos(
     kind = input_kind_of(loaded, list(inputs))
     if kind.name != "photo":
         raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
-    found = [i for i in kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels) if not i.error]
-    found = sorted(found, key=lambda i: str(i.path))[:max_photos]
+    items = sorted(kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels), key=lambda i: str(i.path))
+    failed = {i.name: str(i.error) for i in items if i.error}
     read = kind.read(loaded)
-    batch, names = [], []
-    for item in found:
+    batch: list[torch.Tensor] = []
+    names: list[str] = []
+    for item in [i for i in items if not i.error]:
+        if len(batch) == max_photos:
+            break
         try:
             _, x, _ = read(item, kind.preprocess(loaded), max_pixels)
-        except HookvizError:
+        except HookvizError as exc:
+            failed[item.name] = str(exc)
             continue
         batch.append(torch.from_numpy(np.asarray(x)))
         names.append(item.name)
-    if not batch:
-        raise UsageError(f"no readable photo among {', '.join(inputs)}")
+    if len(batch) < 2:
+        found = f"{len(batch)} readable photo" + ("" if len(batch) == 1 else "s")
+        raise UsageError(f"hookviz trust needs 2 photos or more for an interval ({found} among "
+                         f"{', '.join(inputs)}); 16 give answers worth reading")  # fmt: skip
     calls = traced(loaded.model, tuple(batch[0].shape), loaded.device)
     chosen, refused = candidate_methods(loaded, methods, calls)
     if not chosen:
@@ -100,16 +107,18 @@ def trust_photos(
     stacked = torch.stack(batch).to(loaded.device)
     report = trust(loaded.model, stacked, list(layers or [default_layer]), chosen, names=names,
                    model_name=loaded.name, default=("gradcam", default_layer), seed=seed)  # fmt: skip
-    return report, refused
+    return report, refused, failed
 
 
 def table(report: TrustReport) -> list[str]:
     """The console's table: a line per candidate with each test's figure and outcome, then the answer."""
-    lines = [f"{'method':<22} {'layer':<16} " + " ".join(f"{t:<14}" for t in TESTS) + " verdict"]
+    wide = max([5, *(len(c.layer) for c in report.candidates)])
+    lines = [f"{'method':<22} {'layer':<{wide}} " + " ".join(f"{t:<14}" for t in TESTS) + " verdict"]
     for c in report.candidates:
         cells = " ".join(f"{c.tests[t].value:5.2f} {c.tests[t].outcome:<8}" for t in TESTS)
         name = c.method + (" (control)" if c.control else "")
-        lines.append(f"{name:<22} {c.layer[:16]:<16} {cells} {c.verdict}")
+        lines.append(f"{name:<22} {c.layer:<{wide}} {cells} {c.verdict}")
+    lines += [f"note: {n}" for n in report.notes]
     lines.append(f"{report.answer} ({len(report.photos)} photo(s), seed {report.seed})")
     return lines
 
@@ -176,7 +185,13 @@ def grid(report: TrustReport) -> np.ndarray:
 
 
 def write_trust(
-    report: TrustReport, out: Path, *, command: str, refused: dict[str, str], overwrite: bool
+    report: TrustReport,
+    out: Path,
+    *,
+    command: str,
+    refused: dict[str, str],
+    overwrite: bool,
+    failed: dict[str, str] | None = None,
 ) -> list[Path]:
     """``trust.json``, ``trust.md`` and ``trust.png`` into ``out`` (atomic; an earlier run's kept unless
     ``overwrite``)."""
@@ -190,6 +205,7 @@ def write_trust(
     data = {
         **report.as_dict(),
         "refused": refused,
+        "failed": failed or {},
         "command": command,
         "versions": {"hookviz": _version(), "torch": torch.__version__, "python": platform.python_version()},
     }

@@ -57,7 +57,7 @@ class Monitor(Callback):
         self.probe, self.every, self.watch, self.module = probe, every, watch, module
         #: A tracker run of the monitor's own (``"mlflow[:URI]"``, ``"wandb[:PROJECT]"``) instead of the
         #: trainer's logger.
-        self.log = log
+        self.tracker = log
         self.options: dict[str, Any] = {
             "layer": layer, "methods": methods, "labels": labels, "features": features, "stats": stats,
             "images": images,
@@ -73,7 +73,7 @@ class Monitor(Callback):
             return
         try:
             name, model = _watched_module(pl_module, self.module, self.options["layer"])
-            writer, log_dir = (None, None) if self.log else _writer(trainer)
+            writer, log_dir = (None, None) if self.tracker else _writer(trainer)
             labels = self.options["labels"]
             options = {
                 **self.options,
@@ -90,7 +90,7 @@ class Monitor(Callback):
                 writer=writer,
                 log_dir=log_dir,
                 watch=self.watch,
-                log=self.log,
+                log=self.tracker,
             )
         except Exception as exc:  # a monitor never stops the training it watches
             self.monitor = None
