@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -495,6 +496,12 @@ def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explore
     assert get(server, "/api/map?input=3")[0] == 200
     command = json.loads(get(server, "/api/map?input=3&format=json")[1])["command"]
     assert shlex.split(command)[2] == "evil name.png" and "hookviz-explore-" not in command
+    # A second photo dropped under the same name is listed under a name of its own: both reachable by name.
+    other = encode_png(np.random.default_rng(4).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    second = json.loads(post(server, other, ours)[1])
+    assert second["name"] == "dropped: evil name.png (2)" and second["index"] == 4
+    by_name = get(server, "/api/photo?input=" + urllib.parse.quote("dropped: evil name.png (2)"))
+    assert by_name == get(server, "/api/photo?input=4") and by_name != get(server, "/api/photo?input=3")
     server.session.close()
     assert not kept.parent.exists()
 

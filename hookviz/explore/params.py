@@ -70,7 +70,7 @@ class Query:
             return default
         if given.lower() in _YES + _NO:
             return given.lower() in _YES
-        raise BadParameter(f"{name}={given!r}: 1 or 0 (true or false)")
+        raise BadParameter(f"{name}={given!r}: 1 or 0 (true or false, yes or no, on or off)")
 
     def choice(self, name: str, default: str, allowed: Iterable[str], what: str = "") -> str:
         given = self.one.get(name)

@@ -250,7 +250,11 @@ class Session:
             path.unlink()
             # Its message names the private copy: the page is told the photo's own name.
             raise InputError(str(exc).replace(str(path), own).replace(path.name, own)) from None
-        self.items.append(Item(f"dropped: {own}", path))
+        taken = {item.name for item in self.items}
+        listed, n = f"dropped: {own}", 2
+        while listed in taken:  # a second photo dropped under the same name: both reachable by name
+            listed, n = f"dropped: {own} ({n})", n + 1
+        self.items.append(Item(listed, path))
         self._dropped[len(self.items) - 1] = own
         return len(self.items) - 1
 
