@@ -210,9 +210,9 @@ def log_run(
     title = name or f"hookviz {command}"
     try:
         if tracker == "mlflow":
-            run = _mlflow(module, where, title, params, pictures, raws, rows, out, extras)
+            run = _mlflow(module, where, _Payload(title, params, pictures, raws, rows, out, extras))
         else:
-            run = _wandb(module, where, title, params, pictures, raws, rows, out, extras)
+            run = _wandb(module, where, _Payload(title, params, pictures, raws, rows, out, extras))
     except (SetupError, UsageError):
         raise
     except Exception as exc:  # the tracker's own failure, whatever its type: the files are complete
@@ -228,17 +228,20 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return known + sorted({k for r in rows for k in r} - set(known))
 
 
-def _mlflow(
-    mlflow: Any,
-    uri: str | None,
-    title: str,
-    params: dict[str, str],
-    pictures: list[Path],
-    raws: list[Path],
-    rows: list[dict[str, Any]],
-    out: Path,
-    extras: list[Path],
-) -> str:
+@dataclass(frozen=True)
+class _Payload:
+    """What a run gives its tracker: its title and settings, its files under ``out`` and its table."""
+
+    title: str
+    params: dict[str, str]
+    pictures: list[Path]
+    raws: list[Path]
+    rows: list[dict[str, Any]]
+    out: Path
+    extras: list[Path]
+
+
+def _mlflow(mlflow: Any, uri: str | None, load: _Payload) -> str:
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
@@ -260,24 +263,26 @@ def _mlflow(
         wanted = os.environ.get("MLFLOW_EXPERIMENT_NAME", "hookviz")
         found = client.get_experiment_by_name(wanted)
         experiment = found.experiment_id if found is not None else client.create_experiment(wanted)
-    tags = {"hookviz.out": str(out.resolve())}
+    tags = {"hookviz.out": str(load.out.resolve())}
     if parent:
         tags["mlflow.parentRunId"] = parent
-    run = client.create_run(experiment, run_name=title, tags=tags)
+    run = client.create_run(experiment, run_name=load.title, tags=tags)
     run_id = run.info.run_id
     status = "FAILED"
     try:
-        items = list(params.items())
+        items = list(load.params.items())
         for start in range(0, len(items), 100):
             client.log_batch(run_id, params=[Param(k, v) for k, v in items[start : start + 100]])
-        for path in pictures:
-            client.log_artifact(run_id, str(path), artifact_path=_folder("overlays", path, out))
-        for path in raws:
-            client.log_artifact(run_id, str(path), artifact_path=_folder("maps", path, out))
-        for path in extras:
+        for path in load.pictures:
+            client.log_artifact(run_id, str(path), artifact_path=_folder("overlays", path, load.out))
+        for path in load.raws:
+            client.log_artifact(run_id, str(path), artifact_path=_folder("maps", path, load.out))
+        for path in load.extras:
             client.log_artifact(run_id, str(path), artifact_path="summaries")
-        columns = _columns(rows)
-        client.log_table(run_id, {c: [r.get(c) for r in rows] for c in columns}, artifact_file="records.json")
+        columns = _columns(load.rows)
+        client.log_table(
+            run_id, {c: [r.get(c) for r in load.rows] for c in columns}, artifact_file="records.json"
+        )
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status)
@@ -289,40 +294,32 @@ def _folder(kind: str, path: Path, out: Path) -> str:
     return kind if parent in ("", ".") else f"{kind}/{parent}"
 
 
-def _wandb(
-    wandb: Any,
-    project: str | None,
-    title: str,
-    params: dict[str, str],
-    pictures: list[Path],
-    raws: list[Path],
-    rows: list[dict[str, Any]],
-    out: Path,
-    extras: list[Path],
-) -> str:
+def _wandb(wandb: Any, project: str | None, load: _Payload) -> str:
     group = os.environ.get("WANDB_RUN_GROUP")
     run = wandb.init(
         project=project or os.environ.get("WANDB_PROJECT") or "hookviz",
-        name=title,
+        name=load.title,
         group=group,
-        config=params,
-        dir=os.environ.get("WANDB_DIR") or str(out),
+        config=load.params,
+        dir=os.environ.get("WANDB_DIR") or str(load.out),
         reinit="create_new",
         settings=wandb.Settings(quiet=True, silent=True, console="off"),
     )
     code = 1
     try:
-        if pictures:
-            run.log({"overlays": [wandb.Image(str(p), caption=p.name) for p in pictures]})
-        if raws or extras:
+        if load.pictures:
+            run.log({"overlays": [wandb.Image(str(p), caption=p.name) for p in load.pictures]})
+        if load.raws or load.extras:
             artifact = wandb.Artifact(f"maps-{run.id}", type="maps")
-            for path in raws:
-                artifact.add_file(str(path), name=path.resolve().relative_to(out.resolve()).as_posix())
-            for path in extras:
+            for path in load.raws:
+                artifact.add_file(str(path), name=path.resolve().relative_to(load.out.resolve()).as_posix())
+            for path in load.extras:
                 artifact.add_file(str(path), name=f"summaries/{path.name}")
             run.log_artifact(artifact)
-        columns = _columns(rows)
-        run.log({"records": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])})
+        columns = _columns(load.rows)
+        run.log(
+            {"records": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in load.rows])}
+        )
         code = 0
     finally:
         run.finish(exit_code=code)
