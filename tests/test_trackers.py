@@ -86,6 +86,8 @@ def test_wandb_offline_run_reads_back_equal_to_the_files(
     out = tmp_path / "out"
     result = _run(photos, out, "--log", "wandb:hookviz-test")
     assert result.exit_code == 0, result.stderr
+    said = json.loads((out / "tracker.jsonl").read_text().splitlines()[-1])
+    assert said["status"] == "ok", said  # else: W&B's own reason, kept in the record
     (run,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
     files = run / "files"
     # Offline, the settings live in the run's record log (protobuf strings, stored as they are).

@@ -303,7 +303,8 @@ def _wandb(wandb: Any, project: str | None, load: _Payload) -> str:
         config=load.params,
         dir=os.environ.get("WANDB_DIR") or str(load.out),
         reinit="create_new",
-        settings=wandb.Settings(quiet=True, silent=True, console="off"),
+        # W&B's service starts with the run: on a loaded machine its default waits (30 s) run out.
+        settings=wandb.Settings(quiet=True, silent=True, console="off", init_timeout=180, x_service_wait=180),
     )
     code = 1
     try:
