@@ -468,7 +468,7 @@ def _run_then(
     if r.log is not None and (said := trackers.check_log(r.log)) is not None:
         warn(said)
     # --log after the summary: its files (evaluation.KEY.json, sanity.json, ...) are logged with the maps.
-    start, before = tracking.out_state(r.out)
+    start, before = tracking.out_state(r.out) if r.log is not None else (0, {})  # a listing only for --log
     try:
         _run_job(job_factory, m, dataclasses.replace(r, log=None), command)
     except typer.Exit as exc:

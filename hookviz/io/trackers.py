@@ -241,32 +241,41 @@ class _Payload:
     extras: list[Path]
 
 
-def _mlflow(mlflow: Any, uri: str | None, load: _Payload) -> str:
-    from mlflow.entities import Param
+def mlflow_client(where: str | None) -> tuple[Any, str | None]:
+    """An MLflow client for ``--log mlflow[:URI]``'s store (``MLFLOW_TRACKING_URI``'s when none is named),
+    and its URI: a folder as a ``file:`` URI, and let through MLflow 3's switch for file stores."""
     from mlflow.tracking import MlflowClient
 
-    uri = mlflow_uri(uri)
-    if uri in _UNREACHABLE:
-        raise TrackerError(f"{uri} did not answer when the run started")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a server gone mid-run: not minutes
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    # A folder the user named: MLflow 3 keeps file stores behind this switch.
-    if uri is not None and ("://" not in uri or uri.startswith("file:")):
+    uri = mlflow_uri(where)
+    if uri is not None and ("://" not in uri or uri.startswith("file:")):  # a folder the user named
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         if "://" not in uri:
             uri = Path(uri).resolve().as_uri()
-    client = MlflowClient(tracking_uri=uri)
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def experiment(client: Any) -> str:
+    """The experiment's id (``MLFLOW_EXPERIMENT_NAME``, default ``hookviz``), made when it is not there."""
+    wanted = os.environ.get("MLFLOW_EXPERIMENT_NAME", "hookviz")
+    found = client.get_experiment_by_name(wanted)
+    return str(found.experiment_id) if found is not None else str(client.create_experiment(wanted))
+
+
+def _mlflow(mlflow: Any, uri: str | None, load: _Payload) -> str:
+    from mlflow.entities import Param
+
+    if mlflow_uri(uri) in _UNREACHABLE:
+        raise TrackerError(f"{mlflow_uri(uri)} did not answer when the run started")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a server gone mid-run: not minutes
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    client, _ = mlflow_client(uri)
     parent = os.environ.get("MLFLOW_RUN_ID")
-    if parent:  # nested under the run a caller started (``mlflow run``, a notebook's active run)
-        experiment = client.get_run(parent).info.experiment_id
-    else:
-        wanted = os.environ.get("MLFLOW_EXPERIMENT_NAME", "hookviz")
-        found = client.get_experiment_by_name(wanted)
-        experiment = found.experiment_id if found is not None else client.create_experiment(wanted)
+    # Nested under the run a caller started (``mlflow run``, a notebook's active run).
+    experiment_id = client.get_run(parent).info.experiment_id if parent else experiment(client)
     tags = {"hookviz.out": str(load.out.resolve())}
     if parent:
         tags["mlflow.parentRunId"] = parent
-    run = client.create_run(experiment, run_name=load.title, tags=tags)
+    run = client.create_run(experiment_id, run_name=load.title, tags=tags)
     run_id = run.info.run_id
     status = "FAILED"
     try:

@@ -135,17 +135,8 @@ def _tracker_run(spec: str) -> tuple[Any, str | None]:
         import wandb
 
         return wandb.init(project=where or "hookviz", name="hookviz monitor", reinit="create_new"), None
-    import os
-
-    from mlflow.tracking import MlflowClient
-
-    if where is not None and "://" not in where:
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # a folder the user named
-        where = Path(where).resolve().as_uri()
-    client = MlflowClient(tracking_uri=where)
-    found = client.get_experiment_by_name("hookviz")
-    experiment = found.experiment_id if found is not None else client.create_experiment("hookviz")
-    return client.create_run(experiment, run_name="hookviz monitor"), where
+    client, uri = trackers.mlflow_client(where)
+    return client.create_run(trackers.experiment(client), run_name="hookviz monitor"), uri
 
 
 class Monitor:
