@@ -26,6 +26,7 @@ LAYERS = [
     "evaluation",  # the metric families, their tables
     "training",  # gradient flow, clipping, DropBlock
     "concepts",  # what a channel means: dataset examples, TCAV, feature visualisation
+    "sae",  # what a layer has learned: sparse dictionaries trained from hooks, their features
     "jobs",  # adapters from a command's settings to the pipeline
     "tasks",  # the task registry
     "run",  # the pipeline, torchrun, the runner

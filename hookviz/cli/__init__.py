@@ -7,7 +7,7 @@ from typing import Any
 
 from typer.core import TyperCommand
 
-from hookviz.cli import concepts, explain, explore, inspect, report, serve, training, trust, visual, vlm
+from hookviz.cli import concepts, explain, explore, inspect, report, sae, serve, training, trust, visual, vlm
 from hookviz.cli.app import (
     EXIT_BROKEN_PIPE,
     EXIT_INPUTS_FAILED,
@@ -31,6 +31,7 @@ _command(explain.gradcam, MethodCommand)
 _command(inspect.featuremaps)
 _command(concepts.channels)
 _command(concepts.tcav)
+sae.register(app, flowing)
 _command(visual.visualize)
 _command(trust.evaluate, MethodCommand)
 _command(trust.sanity, MethodCommand)

@@ -1,0 +1,154 @@
+"""``hookviz sae train`` as a library call: a dictionary of a layer trained from live hooks over inputs into a
+run folder, resumed from its checkpoint, refused over another model's folder, measured at the end."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookviz.errors import UsageError
+from hookviz.io.images import DEFAULT_MAX_PIXELS
+from hookviz.io.inputs import Item
+from hookviz.models.loaded import LoadedModel
+from hookviz.sae import dictionary, quality, store, training
+from hookviz.sae.dictionary import Norm, Shape
+from hookviz.sae.store import CHECKPOINT, CONFIG, METRICS, WEIGHTS, Trained
+from hookviz.sae.training import Progress, TrainSettings
+from hookviz.sae.vectors import Position, read_batch, site_layout, stream, to_vectors, layer_output
+
+#: Inputs the quality is measured over (the first of the inputs' seeded order).
+EVAL_INPUTS = 64
+
+
+@dataclass
+class Outcome:
+    """What a training run did: ``trained``, ``resumed`` or ``skipped`` (finished before), and its figures."""
+
+    status: str
+    folder: Path
+    metrics: dict[str, Any]
+    skipped_inputs: list[str]
+
+
+def _batches(
+    loaded: LoadedModel, items: Sequence[Item], size: int, skipped: list[str]
+) -> Iterator[torch.Tensor]:
+    for i in range(0, len(items), size):
+        x = read_batch(items[i : i + size], loaded.preprocess, DEFAULT_MAX_PIXELS, skipped)
+        if x is not None:
+            yield x
+
+
+def _probe(loaded: LoadedModel, items: Sequence[Item]) -> torch.Tensor:
+    for item in items:
+        x = read_batch([item], loaded.preprocess, DEFAULT_MAX_PIXELS, [])
+        if x is not None:
+            return x.to(loaded.device)
+    raise UsageError("no input could be read: give a folder, files or a table of photos")
+
+
+def _prepare(folder: Path, config: dict[str, Any], overwrite: bool) -> str:
+    """``new``, ``resume`` or ``finished`` for a run folder, after refusing one that holds another model's
+    dictionary or other settings (``overwrite`` clears it instead)."""
+    old = store.read_config(folder)
+    if old is None:
+        return "new"
+    store.check_model(old, folder, config["fingerprint"])
+    if overwrite:
+        for name in (CHECKPOINT, WEIGHTS, METRICS, CONFIG):
+            (folder / name).unlink(missing_ok=True)
+        shutil.rmtree(folder / "features", ignore_errors=True)
+        return "new"
+    same = all(old.get(key) == config[key] for key in ("layer", "arch", "d", "width", "k", "settings"))
+    if not same:
+        raise UsageError(f"{folder} holds a dictionary trained with other settings; give another --out, or "
+                         "--overwrite to train again there")  # fmt: skip
+    return "finished" if old.get("status") == "finished" else "resume"
+
+
+def train_sae(
+    loaded: LoadedModel,
+    items: Sequence[Item],
+    layer: str,
+    folder: Path,
+    settings: TrainSettings = TrainSettings(),
+    *,
+    overwrite: bool = False,
+    tick: Callable[[Progress], None] | None = None,
+) -> Outcome:
+    """Train a dictionary of ``layer`` over ``items`` into ``folder`` (resuming a checkpoint there)."""
+    model, device = loaded.model.eval(), loaded.device
+    layout = site_layout(model, layer, _probe(loaded, items))
+    d = int(to_vectors(layer_output(model, layer, _probe(loaded, items)), layout).shape[1])
+    shape = Shape(settings.arch, d, dictionary.parse_width(settings.width, d), settings.k)
+    shape.check()
+    config = {
+        "format": store.FORMAT, "model": loaded.name, "weights": loaded.weights,
+        "fingerprint": store.fingerprint(model), "layer": layer, "layout": store.layout_json(layout),
+        **dictionary.summary(shape), "settings": settings.key(), "versions": _versions(), "status": "training",
+    }  # fmt: skip
+    state = _prepare(folder, config, overwrite)
+    if state == "finished":
+        return Outcome("skipped", folder, store.read_json(folder / METRICS), [])
+    folder.mkdir(parents=True, exist_ok=True)
+    skipped: list[str] = []
+    sae = training.new_sae(shape, settings.seed, device)
+    opt = training.optimiser(sae, settings)
+    checkpoint = store.load_checkpoint(folder) if state == "resume" else None
+    start, norm, progress = Position(), None, Progress()
+    if checkpoint is not None:
+        norm, progress = training.restore(checkpoint, sae, opt)
+        start = progress.position
+
+    def vectors_of(x: torch.Tensor) -> torch.Tensor:
+        return to_vectors(layer_output(model, layer, x.to(device)), layout)
+
+    def read(chunk: Sequence[Item]) -> torch.Tensor | None:
+        return read_batch(chunk, loaded.preprocess, DEFAULT_MAX_PIXELS, skipped)
+
+    blocks = stream(vectors_of, items, read, seed=settings.seed, buffer=settings.buffer,
+                    batch=settings.inputs_batch, start=start)  # fmt: skip
+    if norm is None:
+        first = next(blocks)
+        norm = Norm.fit(first.vectors.float())
+        blocks = _chain(first, blocks)
+    config["norm"] = {"scale": norm.scale}
+    store.write_json(folder / CONFIG, config)
+    fitted = norm
+
+    def save(p: Progress) -> None:
+        store.save_checkpoint(folder, training.checkpoint_state(sae, opt, fitted, p))
+
+    progress = training.run_blocks(sae, shape, norm, opt, blocks, settings, progress, save, tick)
+    store.save_weights(folder, sae, norm)
+    found = Trained(sae, shape, norm, layer, layout, config)
+    ordered = items[:EVAL_INPUTS]
+    metrics = quality.evaluate(
+        model, found, _batches(loaded, ordered, settings.inputs_batch, skipped), device
+    )
+    metrics = {**metrics, "steps": progress.step, "training_vectors": progress.seen}
+    store.write_json(folder / METRICS, metrics)
+    store.write_json(folder / CONFIG, {**config, "status": "finished", "steps": progress.step})
+    (folder / CHECKPOINT).unlink(missing_ok=True)
+    return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, skipped)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _versions() -> dict[str, str]:
+    return {name: dictionary.package_version(name) for name in ("hookviz", "torch", "overcomplete")}
+
+
+def load_sae(folder: Path, loaded: LoadedModel) -> Trained:
+    """A finished run folder's dictionary for ``loaded``'s model (refused for another model's folder)."""
+    found = store.load(folder, loaded.device)
+    store.check_model(found.config, folder, store.fingerprint(loaded.model))
+    return found

@@ -1,0 +1,205 @@
+"""``hookviz sae``: sparse dictionaries of a layer trained from live hooks. A planted dictionary is recovered;
+the quality figures equal an independent NumPy computation; an interrupted run resumes to the dictionary an
+uninterrupted one gives; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hookviz.io.inputs import expand_inputs
+from hookviz.io.shapes import draw_shape
+from hookviz.sae import dictionary, quality, store
+from hookviz.sae.api import load_sae, train_sae
+from hookviz.sae.dictionary import Shape
+from hookviz.sae.training import TrainSettings, train_vectors
+from tests.conftest import Trained, invoke, tiny_loaded, write_image
+
+LAYER = "features.10"  # the last ReLU of TinyCNN: (B, 64, 12, 12) for a 48-pixel input
+#: Small, fast settings for the shapes model (every figure below is seeded).
+QUICK = TrainSettings(width="2x", k=8, vectors=12_000, batch=256, lr=2e-3, buffer=2048, checkpoint_every=10)
+
+
+@pytest.fixture(scope="module")
+def shapes_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """36 photos of one shape each (squares, discs, crosses in turn), 48 pixels."""
+    root = tmp_path_factory.mktemp("shapes")
+    rng = np.random.default_rng(5)
+    for i in range(36):
+        img, _ = draw_shape(i % 3, 48, rng)
+        write_image(root / f"s{i:02d}.png", (img * 255).round().astype(np.uint8))
+    return root
+
+
+@pytest.fixture(scope="module")
+def weights(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "shapes.pt"
+    torch.save(trained.model.state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(trained: Trained, shapes_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dictionary of the shapes model's last map, trained through the library call."""
+    folder = tmp_path_factory.mktemp("sae") / "run"
+    done = train_sae(tiny_loaded(trained.model), expand_inputs([str(shapes_folder)]), LAYER, folder, QUICK)
+    assert done.status == "trained"
+    return folder
+
+
+def _cli(weights: Path, tmp: Path) -> list[str]:
+    labels = tmp / "labels.txt"
+    labels.write_text("square\ndisc\ncross\n")
+    return ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--labels", str(labels),
+            "--input-size", "48", "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1",
+            "--device", "cpu"]  # fmt: skip
+
+
+def test_a_planted_dictionary_is_recovered() -> None:
+    """Vectors made of 3 of 32 known unit atoms (magnitudes 0.5 to 1.5) plus noise and an offset: a TopK
+    dictionary of 64 features finds at least 90 % of the atoms at cosine 0.9 or more."""
+    g = torch.Generator().manual_seed(0)
+    d, n_atoms, k, n = 16, 32, 3, 6000
+    atoms = torch.randn(n_atoms, d, generator=g)
+    atoms /= atoms.norm(dim=1, keepdim=True)
+    picked = torch.stack([torch.randperm(n_atoms, generator=g)[:k] for _ in range(n)])
+    codes = torch.zeros(n, n_atoms).scatter(1, picked, torch.rand(n, k, generator=g) + 0.5)
+    x = codes @ atoms + 0.01 * torch.randn(n, d, generator=g) + 0.3
+    settings = TrainSettings(arch="topk", k=k, vectors=256 * 250, batch=256, lr=3e-3)
+    sae, norm, progress = train_vectors(x, Shape("topk", d, 64, k), settings)
+    best = (atoms @ dictionary.dictionary_of(sae).T).max(1).values
+    assert float((best >= 0.9).float().mean()) >= 0.9, best
+    assert progress.step == settings.steps()
+
+
+def _numpy_stats(x: np.ndarray, x_hat: np.ndarray, z: np.ndarray) -> dict[str, float]:
+    fired = z > 0
+    rate = fired.mean(0)
+    return {
+        "explained_variance": 1 - ((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum(),
+        "l0": fired.sum(1).mean(),
+        "dead": (rate == 0).mean(),
+        "dense": (rate > 0.1).mean(),
+    }
+
+
+def test_metrics_equal_a_numpy_computation(trained: Trained, run: Path, shapes_folder: Path) -> None:
+    """metrics.json's code figures are those of NumPy over the same vectors; the model-level ones are those of
+    a forward hook written here (top-1 agreement, change in cross-entropy)."""
+    found = load_sae(run, tiny_loaded(trained.model))
+    metrics = json.loads((run / store.METRICS).read_text())
+    photos = sorted(shapes_folder.glob("*.png"))
+    x = torch.stack(
+        [torch.from_numpy(np.asarray(_rgb(p), np.float32) / 255).permute(2, 0, 1) for p in photos]
+    )
+    kept: list[torch.Tensor] = []
+    model = trained.model.eval()
+    module = dict(model.named_modules())[LAYER]
+    handle = module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone()))
+    with torch.no_grad():
+        logits = model(x)
+    handle.remove()
+    v = kept[0].permute(0, 2, 3, 1).reshape(-1, kept[0].shape[1])
+    vn = found.norm.apply(v)
+    with torch.no_grad():
+        z = dictionary.encode(found.sae, vn)
+        hat = dictionary.decode(found.sae, z)
+    want = _numpy_stats(vn.numpy().astype(np.float64), hat.numpy().astype(np.float64), z.numpy())
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(float(value), abs=1e-4), key
+    assert metrics["vectors"] == v.shape[0] and metrics["inputs"] == len(photos)
+    rec = found.norm.undo(hat).reshape(kept[0].shape[0], 12, 12, -1).permute(0, 3, 1, 2)
+    swap = module.register_forward_hook(lambda m, a, o: rec)
+    with torch.no_grad():
+        replaced = model(x)
+    swap.remove()
+    label = logits.argmax(1)
+    agree = float((replaced.argmax(1) == label).float().mean())
+    ce = torch.nn.functional.cross_entropy
+    delta = float(ce(replaced, label) - ce(logits, label))
+    assert metrics["top1_agreement"] == pytest.approx(agree, abs=1e-6)
+    assert metrics["delta_ce"] == pytest.approx(delta, abs=1e-5)
+    assert metrics["explained_variance"] > 0.8 and metrics["l0"] == pytest.approx(8.0)
+
+
+def _rgb(path: Path) -> Any:
+    from PIL import Image
+
+    return Image.open(path).convert("RGB")
+
+
+def test_an_interrupted_run_resumes_to_the_same_dictionary(
+    trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed after its second checkpoint (the third never written) resumes from it and ends with the
+    dictionary of a run never interrupted; the resumed run says so, and a finished run is not trained again."""
+    loaded, items = tiny_loaded(trained.model), expand_inputs([str(shapes_folder)])
+    whole = train_sae(loaded, items, LAYER, tmp_path / "whole", QUICK)
+    real, calls = store.save_checkpoint, []
+
+    def killed(folder: Path, state: dict[str, Any]) -> None:
+        calls.append(state["step"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the process dies here
+        real(folder, state)
+
+    monkeypatch.setattr(store, "save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_sae(loaded, items, LAYER, tmp_path / "cut", QUICK)
+    monkeypatch.setattr(store, "save_checkpoint", real)
+    assert (tmp_path / "cut" / store.CHECKPOINT).is_file() and not (tmp_path / "cut" / store.WEIGHTS).exists()
+    again = train_sae(loaded, items, LAYER, tmp_path / "cut", QUICK)
+    assert again.status == "resumed" and whole.status == "trained"
+    from safetensors.torch import load_file
+
+    a, b = (
+        load_file(str(tmp_path / "whole" / store.WEIGHTS)),
+        load_file(str(tmp_path / "cut" / store.WEIGHTS)),
+    )
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+    assert again.metrics["explained_variance"] == pytest.approx(whole.metrics["explained_variance"], abs=1e-5)
+    assert train_sae(loaded, items, LAYER, tmp_path / "cut", QUICK).status == "skipped"
+
+
+def test_the_command_trains_and_refuses_bad_input(
+    trained: Trained, weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """hookviz sae train writes the run folder and prints its figures; a pooled layer, an impossible k or
+    width, and a run folder of another model are each one line and exit 2."""
+    model = _cli(weights, tmp_path)
+    out = tmp_path / "run"
+    quick = ["--width", "2x", "--k", "8", "--vectors", "3000", "--batch", "256", "--buffer", "2048"]
+    res = invoke("sae", "train", str(shapes_folder), *model, "--layer", LAYER, *quick, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "explained variance" in res.stderr and "top-1 agreement" in res.stderr
+    config = json.loads((out / store.CONFIG).read_text())
+    assert (config["arch"], config["d"], config["width"], config["k"]) == ("topk", 64, 128, 8)
+    assert config["status"] == "finished" and config["norm"]["scale"] > 0
+    assert config["fingerprint"] == store.fingerprint(trained.model)
+    again = invoke("sae", "train", str(shapes_folder), *model, "--layer", LAYER, *quick, "--out", str(out))
+    assert again.exit_code == 0 and "skipped" in again.stderr
+
+    other = torch.nn.Module()
+    other_weights = tmp_path / "other.pt"
+    state = {k: v + 0.01 if v.is_floating_point() else v for k, v in trained.model.state_dict().items()}
+    torch.save(state, other_weights)
+    del other
+    bad = {
+        "pooled": [*model, "--layer", "pool", *quick, "--out", str(tmp_path / "a")],
+        "k": [*model, "--layer", LAYER, "--width", "16", "--k", "16", "--out", str(tmp_path / "b")],
+        "width": [*model, "--layer", LAYER, "--width", "wide", "--out", str(tmp_path / "c")],
+        "model": [*_cli(other_weights, tmp_path), "--layer", LAYER, *quick, "--out", str(out)],
+    }
+    for what, args in bad.items():
+        res = invoke("sae", "train", str(shapes_folder), *args)
+        assert res.exit_code == 2, (what, res.output)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1, (what, lines)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
