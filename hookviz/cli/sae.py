@@ -1,6 +1,6 @@
 """What a layer has learned: ``hookviz sae train`` (a sparse dictionary of a layer's activations, from live
-hooks), ``hookviz sae features`` (each feature's top patches, histogram and classes) and ``hookviz sae explain``
-(where a photo's features fire, and what a feature does to the class probabilities)."""
+hooks), ``hookviz sae features`` (each feature's top patches, histogram and classes), ``hookviz sae explain``
+(where a photo's features fire, what a feature does to the class probabilities), ``hookviz sae import``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import typer
 from hookviz.cli.flags import Device, Inputs, Quiet
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import ModelOptions, PlainModel, grouped
+from hookviz.errors import UsageError
 
 DICT = "Dictionary"
 
@@ -76,8 +77,10 @@ def train(
     from hookviz.sae.quality import console
     from hookviz.sae.training import TrainSettings
 
-    settings = TrainSettings(arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed,
-                             buffer=buffer, checkpoint_every=checkpoint_every, inputs_batch=batch_size)  # fmt: skip
+    settings = TrainSettings(
+        arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer,
+        checkpoint_every=checkpoint_every, inputs_batch=batch_size,
+    )  # fmt: skip
     loaded = load_options(dataclasses.replace(model, device=device), quiet)
     items = expand_inputs(inputs)
     done = train_sae(loaded, items, layer, out, settings, overwrite=overwrite)
@@ -93,8 +96,112 @@ def train(
             typer.echo(f"{done.status}: {out}; {console(done.metrics)}", err=as_json)
 
 
+Top = Annotated[int, typer.Option("--top", "-k", min=1, help="top patches kept per feature.")]
+Detail = Annotated[int, typer.Option("--detail", min=0, help="features given a sheet and their classes "
+    "(by ablation): those firing most often.")]  # fmt: skip
+SaeDir = Annotated[Path, typer.Option("--sae", help="the run folder of hookviz sae train.")]
+Feature = Annotated[int | None, typer.Option("--feature", help="a feature to scale inside the forward pass: "
+    "the class probabilities before and after.")]  # fmt: skip
+Scale = Annotated[
+    float, typer.Option("--scale", help="what --feature's code is multiplied by (0 ablates it).")
+]
+Strongest = Annotated[int, typer.Option("--strongest", min=1, help="features mapped over each photo.")]
+ExplainOut = Annotated[Path, typer.Option("--out", "-o", help="output folder: NAME.sae.png per photo.")]
+
+
+@grouped
+def features(
+    folder: Annotated[Path, typer.Argument(help="the run folder of hookviz sae train.")],
+    inputs: Inputs,
+    model: PlainModel = ModelOptions(),
+    top: Top = 8,
+    detail: Detail = 32,
+    batch_size: InputsBatch = 16,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Each feature of a dictionary over DATA: its top patches (input and box in the photo's pixels), its
+    histogram and the classes it pushes (by ablation); DIR/features/features.json and a sheet per feature."""
+    from hookviz.io.inputs import expand_inputs
+    from hookviz.sae.api import load_sae
+    from hookviz.sae.views import describe
+
+    loaded = load_options(dataclasses.replace(model, device=device), quiet)
+    found = load_sae(folder, loaded)
+    data = describe(found, loaded, expand_inputs(inputs), folder, top=top, detail=detail, batch=batch_size)
+    if not quiet:
+        live = sum(1 for f in data["features"] if f["fired"] > 0)
+        sheets = sum(1 for f in data["features"] if "sheet" in f)
+        typer.echo(f"{live} of {len(data['features'])} features fire over {data['inputs']} inputs; wrote "
+                   f"{folder / 'features' / 'features.json'} and {sheets} sheets", err=True)  # fmt: skip
+
+
+@grouped
+def explain(
+    inputs: Inputs,
+    sae: SaeDir,
+    model: PlainModel = ModelOptions(),
+    feature: Feature = None,
+    scale: Scale = 0.0,
+    strongest: Strongest = 3,
+    out: ExplainOut = Path("out"),
+    device: Device = "auto",
+    quiet: Quiet = False,
+    as_json: JsonOut = False,
+) -> None:
+    """Per photo, where its strongest features fire (a map over the photo), and with --feature, the class
+    probabilities when that feature is scaled (--scale 0 ablates it) inside the forward pass."""
+    from hookviz.io.inputs import expand_inputs
+    from hookviz.sae.api import load_sae
+    from hookviz.sae.views import explain_photo
+
+    loaded = load_options(dataclasses.replace(model, device=device), quiet)
+    found = load_sae(sae, loaded)
+    if feature is not None and not 0 <= feature < found.shape.width:
+        raise UsageError(f"--feature {feature}: the dictionary has features 0 to {found.shape.width - 1}")
+    out.mkdir(parents=True, exist_ok=True)
+    for item in expand_inputs(inputs):
+        if item.error is not None:
+            typer.echo(f"hookviz: {item.error}", err=True)
+            continue
+        record = explain_photo(found, loaded, item, out, strongest=strongest, feature=feature, scale=scale)
+        if as_json:
+            typer.echo(json.dumps(record))
+        if not quiet:
+            fired = ", ".join(f"{f['feature']} ({f['peak']:.3g})" for f in record["features"]) or "none"
+            typer.echo(f"{item.name}: strongest features {fired}", err=as_json)
+            for c in record.get("scaled", {}).get("classes", []):
+                typer.echo(f"  {c['name']}: {c['before']:.3f} -> {c['after']:.3f}", err=as_json)
+
+
+Format = Annotated[str, typer.Option("--format", help="prisma (ViT-Prisma: a folder of config.json and "
+    "weights.pt) or saev (saev's checkpoint file).")]  # fmt: skip
+
+
+@grouped
+def import_(
+    path: Annotated[Path, typer.Argument(help="the SAE file or folder, local (nothing is downloaded).")],
+    layer: Layer,
+    fmt: Format,
+    model: PlainModel = ModelOptions(),
+    out: RunDir = Path("sae"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a dictionary in --out.")] = False,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """A published ViT-Prisma or saev SAE of a layer, read from a local file into a run folder that features
+    and explain take."""
+    from hookviz.sae.api import import_sae
+
+    loaded = load_options(dataclasses.replace(model, device=device), quiet)
+    found = import_sae(path, fmt, loaded, layer, out, overwrite=overwrite)
+    if not quiet:
+        typer.echo(f"imported {path} ({found.shape.width} features of {found.shape.d}-wide vectors, k "
+                   f"{found.shape.k}) into {out}", err=True)  # fmt: skip
+
+
 def register(app: Any, flowing: Any) -> None:
     """``hookviz sae ...``: the group and its commands, their docstrings as flowing help."""
-    for fn in (train,):
-        sae_app.command(help=flowing(fn.__doc__))(fn)
+    for fn in (train, features, explain, import_):
+        sae_app.command(fn.__name__.rstrip("_"), help=flowing(fn.__doc__))(fn)
     app.add_typer(sae_app, name="sae")

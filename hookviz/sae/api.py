@@ -12,14 +12,15 @@ from typing import Any
 import torch
 
 from hookviz.errors import UsageError
+from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item
 from hookviz.models.loaded import LoadedModel
-from hookviz.sae import dictionary, quality, store, training
+from hookviz.sae import dictionary, interchange, quality, store, training
 from hookviz.sae.dictionary import Norm, Shape
 from hookviz.sae.store import CHECKPOINT, CONFIG, METRICS, WEIGHTS, Trained
 from hookviz.sae.training import Progress, TrainSettings
-from hookviz.sae.vectors import Position, read_batch, site_layout, stream, to_vectors, layer_output
+from hookviz.sae.vectors import Position, layer_output, read_batch, site_layout, stream, to_vectors
 
 #: Inputs the quality is measured over (the first of the inputs' seeded order).
 EVAL_INPUTS = 64
@@ -90,7 +91,8 @@ def train_sae(
     config = {
         "format": store.FORMAT, "model": loaded.name, "weights": loaded.weights,
         "fingerprint": store.fingerprint(model), "layer": layer, "layout": store.layout_json(layout),
-        **dictionary.summary(shape), "settings": settings.key(), "versions": _versions(), "status": "training",
+        **dictionary.summary(shape), "settings": settings.key(), "versions": _versions(),
+        "status": "training",
     }  # fmt: skip
     state = _prepare(folder, config, overwrite)
     if state == "finished":
@@ -152,3 +154,35 @@ def load_sae(folder: Path, loaded: LoadedModel) -> Trained:
     found = store.load(folder, loaded.device)
     store.check_model(found.config, folder, store.fingerprint(loaded.model))
     return found
+
+
+def import_sae(
+    path: Path, kind: str, loaded: LoadedModel, layer: str, folder: Path, *, overwrite: bool = False
+) -> Trained:
+    """A ViT-Prisma (``kind`` ``prisma``) or saev (``saev``) SAE file as a run folder of ``layer`` of
+    ``loaded``'s model; refused where its width is not the layer's."""
+    from safetensors.torch import save
+
+    readers = {"prisma": interchange.read_prisma, "saev": interchange.read_saev}
+    if kind not in readers:
+        raise UsageError(f"--format {kind}: choose prisma or saev")
+    if (folder / CONFIG).exists() and not overwrite:
+        raise UsageError(f"{folder} holds a dictionary already; --overwrite replaces it")
+    shape, tensors = interchange.to_library(*readers[kind](path))
+    probe = torch.zeros((1, *loaded.input_shape), device=loaded.device)
+    layout = site_layout(loaded.model, layer, probe)
+    d = int(to_vectors(layer_output(loaded.model, layer, probe), layout).shape[1])
+    if d != shape.d:
+        raise UsageError(
+            f"{path}: an SAE of {shape.d}-wide vectors; layer {layer!r} gives {d}; pick its layer"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "format": store.FORMAT, "model": loaded.name, "weights": loaded.weights,
+        "fingerprint": store.fingerprint(loaded.model), "layer": layer, "layout": store.layout_json(layout),
+        **dictionary.summary(shape), "norm": {"scale": 1.0}, "versions": _versions(), "status": "finished",
+        "imported": {"format": kind, "file": str(path)},
+    }  # fmt: skip
+    atomic_write(folder / WEIGHTS, save(tensors))
+    store.write_json(folder / CONFIG, config)
+    return store.load(folder, loaded.device)

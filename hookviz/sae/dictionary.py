@@ -1,4 +1,4 @@
-"""The dictionary itself, from a maintained library: overcomplete's SAEs (MIT; see docs/sae.md for the choice),
+"""The dictionary itself, from a maintained library: overcomplete's SAEs (MIT; docs/sae.md says why),
 built by architecture name, with the training losses the field uses around them (TopK's auxiliary loss for
 dead features, Matryoshka's nested prefixes, JumpReLU's L0 penalty) and the normalisation of the vectors."""
 
@@ -31,34 +31,38 @@ def library() -> types.SimpleNamespace:
     without running the package files ``overcomplete/__init__.py`` and ``overcomplete/sae/__init__.py``: the
     first imports the library's plotting helpers (matplotlib, scikit-image, OpenCV), which fail in
     overcomplete 0.3.0 on matplotlib 3.9 or later (``matplotlib.cm.get_cmap`` is gone); the second imports
-    every solver (scikit-learn, SciPy: seconds). Both packages are stood in for by bare modules while the four
-    files load, then removed, so a later ``import overcomplete`` runs as it would."""
-    if _LOADED:
-        return _LOADED[0]
+    every solver (scikit-learn, SciPy: seconds). See :func:`library_module`."""
+    if not _LOADED:
+        topk, batch, jump = (library_module(n) for n in ("topk_sae", "batchtopk_sae", "jump_sae"))
+        _LOADED.append(types.SimpleNamespace(
+            TopKSAE=topk.TopKSAE, BatchTopKSAE=batch.BatchTopKSAE, JumpSAE=jump.JumpSAE,
+            heaviside=jump.heaviside,
+        ))  # fmt: skip
+    return _LOADED[0]
+
+
+def library_module(name: str) -> types.ModuleType:
+    """``overcomplete.sae.NAME``, its packages stood in for by bare modules while it loads, then removed (so a
+    later ``import overcomplete`` runs as it would)."""
+    if f"overcomplete.sae.{name}" in sys.modules:
+        return sys.modules[f"overcomplete.sae.{name}"]
     spec = importlib.util.find_spec("overcomplete")
     if spec is None or not spec.submodule_search_locations:
         raise SetupError("hookviz sae needs the overcomplete library: pip install 'hookviz[sae]'")
-    root = list(spec.submodule_search_locations)[0]
-    stood_in = [name for name in ("overcomplete", "overcomplete.sae") if name not in sys.modules]
-    for name in stood_in:
-        package = types.ModuleType(name)
-        package.__path__ = [root if name == "overcomplete" else f"{root}/sae"]
-        sys.modules[name] = package
+    root = next(iter(spec.submodule_search_locations))
+    stood_in = [n for n in ("overcomplete", "overcomplete.sae") if n not in sys.modules]
+    for package_name in stood_in:
+        package = types.ModuleType(package_name)
+        package.__path__ = [root if package_name == "overcomplete" else f"{root}/sae"]
+        sys.modules[package_name] = package
     try:
         base = importlib.import_module("overcomplete.sae.base")
         if "overcomplete.sae" in stood_in:
             sys.modules["overcomplete.sae"].SAE = base.SAE  # type: ignore[attr-defined]  # batchtopk_sae's import
-        topk = importlib.import_module("overcomplete.sae.topk_sae")
-        batch = importlib.import_module("overcomplete.sae.batchtopk_sae")
-        jump = importlib.import_module("overcomplete.sae.jump_sae")
+        return importlib.import_module(f"overcomplete.sae.{name}")
     finally:
-        for name in stood_in:
-            sys.modules.pop(name, None)
-    found = types.SimpleNamespace(
-        TopKSAE=topk.TopKSAE, BatchTopKSAE=batch.BatchTopKSAE, JumpSAE=jump.JumpSAE, heaviside=jump.heaviside
-    )
-    _LOADED.append(found)
-    return found
+        for package_name in stood_in:
+            sys.modules.pop(package_name, None)
 
 
 _LOADED: list[types.SimpleNamespace] = []
@@ -83,6 +87,8 @@ class Shape:
     k: int
 
     def check(self) -> None:
+        if self.arch == "relu" and self.k == self.width:  # an imported ReLU SAE (hookviz.sae.interchange)
+            return
         if self.arch not in ARCHS:
             raise UsageError(f"--arch {self.arch}: choose one of {', '.join(ARCHS)}")
         if self.width < 2:
@@ -111,13 +117,13 @@ def build(shape: Shape, device: torch.device | str = "cpu") -> nn.Module:
     dictionary of unit-norm atoms (``model.get_dictionary()``, ``(width, d)``)."""
     shape.check()
     lib = library()
-    if shape.arch == "topk":
+    if shape.arch in ("topk", "relu"):  # relu: an imported ReLU SAE, TopK keeping every feature
         sae = lib.TopKSAE(shape.d, shape.width, top_k=shape.k, device=str(device))
     elif shape.arch in ("batchtopk", "matryoshka"):
         sae = lib.BatchTopKSAE(shape.d, shape.width, top_k=shape.k, device=str(device))
     else:
         sae = lib.JumpSAE(shape.d, shape.width, bandwidth=JUMP_BANDWIDTH, device=str(device))
-    return sae  # type: ignore[no-any-return]
+    return sae
 
 
 def batch_k(sae: nn.Module, shape: Shape, batch: int) -> None:
@@ -133,23 +139,27 @@ def extra_state(sae: nn.Module) -> dict[str, Tensor]:
 
 
 def load_extra(sae: nn.Module, tensors: dict[str, Tensor]) -> None:
+    """The tensors of :func:`extra_state` back into ``sae``; ``fused_dictionary`` (an imported SAE's atoms,
+    of unit norm) replaces the dictionary an eval-mode module uses."""
     if "running_threshold" in tensors:
         sae.running_threshold = tensors["running_threshold"].reshape(())
+    if "fused_dictionary" in tensors:
+        sae.dictionary._fused_dictionary = tensors["fused_dictionary"]  # type: ignore[union-attr]
 
 
 def encode(sae: nn.Module, x: Tensor) -> Tensor:
     """The codes ``(N, width)`` of normalised vectors (the model in eval mode: BatchTopK's running
     threshold, the dictionary fused)."""
-    return sae.encode(x)[1]  # type: ignore[no-any-return, operator]
+    return sae.encode(x)[1]  # type: ignore[operator]
 
 
 def decode(sae: nn.Module, z: Tensor) -> Tensor:
-    return sae.decode(z)  # type: ignore[no-any-return, operator]
+    return sae.decode(z)  # type: ignore[operator]
 
 
 def dictionary_of(sae: nn.Module) -> Tensor:
     """The atoms ``(width, d)``, unit norm."""
-    return sae.get_dictionary()  # type: ignore[no-any-return, operator]
+    return sae.get_dictionary()  # type: ignore[operator]
 
 
 def loss(
@@ -169,7 +179,7 @@ def loss(
         ).mean()
     if shape.arch == "jumprelu":
         lib = library()
-        gate = lib.heaviside(torch.relu(pre), torch.exp(sae.thresholds), sae.kernel_fn, sae.bandwidth)
+        gate = lib.heaviside(torch.relu(pre), torch.exp(sae.thresholds), sae.kernel_fn, sae.bandwidth)  # type: ignore[arg-type]
         return mse + JUMP_PENALTY * gate.sum(-1).mean() / shape.k, z
     dead = since_fired >= dead_after
     if bool(dead.any()):

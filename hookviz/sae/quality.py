@@ -1,7 +1,7 @@
-"""A dictionary's quality as the papers report it: the fraction of variance it explains, how many features fire
-per vector (L0), how many never fire (dead) or fire on more than a tenth of the vectors (dense), and what its
-reconstruction does to the model: the layer's output replaced by it in a forward hook, the top-1 class kept and
-the change in cross-entropy against the original prediction."""
+"""A dictionary's quality as the papers report it: the fraction of variance it explains, how many features
+fire per vector (L0), how many never fire (dead) or fire on more than a tenth of the vectors (dense), and what
+its reconstruction does to the model: the layer's output replaced by it in a forward hook, the top-1 class
+kept and the change in cross-entropy against the original prediction."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def code_stats(x: Tensor, x_hat: Tensor, z: Tensor) -> dict[str, float]:
 
 
 def reconstruct(found: Trained, out: Tensor, edit: Any = None) -> Tensor:
-    """``out`` (the layer's output) through the dictionary, in its own layout; ``edit(z)`` may change the codes
-    on the way (ablate or scale a feature)."""
+    """``out`` (the layer's output) through the dictionary, in its own layout; ``edit(z)`` may change the
+    codes on the way (ablate or scale a feature)."""
     v = to_vectors(out, found.layout).float()
     z = dictionary.encode(found.sae, found.norm.apply(v))
     if edit is not None:

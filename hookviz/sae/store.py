@@ -125,8 +125,8 @@ def check_model(config: dict[str, Any], folder: Path, print_: str) -> None:
     theirs = config.get("fingerprint")
     if theirs is not None and theirs != print_:
         raise UsageError(
-            f"{folder} holds a dictionary of another model ({config.get('model')}, weights fingerprint {theirs}, "
-            f"this model's {print_}); give that model, or another folder"
+            f"{folder} holds a dictionary of another model ({config.get('model')}, weights fingerprint "
+            f"{theirs}, this model's {print_}); give that model, or another folder"
         )
 
 

@@ -1,6 +1,6 @@
 """Training a dictionary: the library's SAE fed blocks of vectors (from hooks, :mod:`hookviz.sae.vectors`, or
-held in memory), seeded, checkpointed at block ends so that a killed run resumes where it left off and ends with
-the dictionary an uninterrupted run gives."""
+held in memory), seeded, checkpointed at block ends so that a killed run resumes where it left off and ends
+with the dictionary an uninterrupted run gives."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def new_sae(shape: Shape, seed: int, device: torch.device | str) -> nn.Module:
     sae = dictionary.build(shape, device)
     with torch.no_grad():
         atoms = dictionary.dictionary_of(sae)
-        sae.encoder.final_block[0].weight.copy_(atoms)  # type: ignore[index, union-attr, operator]
-        sae.encoder.final_block[0].bias.zero_()  # type: ignore[index, union-attr, operator]
+        sae.encoder.final_block[0].weight.copy_(atoms)  # type: ignore[index, union-attr]
+        sae.encoder.final_block[0].bias.zero_()  # type: ignore[index, union-attr]
     return sae.train()
 
 
@@ -107,8 +107,8 @@ def run_blocks(
     save: Callable[[Progress], None] | None = None,
     tick: Callable[[Progress], None] | None = None,
 ) -> Progress:
-    """Train on ``blocks`` until ``settings.steps()`` steps were taken; ``save`` is called at the end of a block
-    where a checkpoint is due, and at the end."""
+    """Train on ``blocks`` until ``settings.steps()`` steps were taken; ``save`` is called at the end of a
+    block where a checkpoint is due."""
     total, dead_after = settings.steps(), settings.dead_window()
     device = next(sae.parameters()).device
     if progress.since_fired is None:
@@ -143,7 +143,7 @@ def in_memory(x: Tensor, batch: int, seed: int) -> Iterator[Block]:
 
 
 def train_vectors(x: Tensor, shape: Shape, settings: TrainSettings) -> tuple[nn.Module, Norm, Progress]:
-    """A dictionary of vectors ``x`` ``(N, d)`` held in memory (the library path of the tests and the bench)."""
+    """A dictionary of vectors ``x`` ``(N, d)`` held in memory (the tests' planted dictionary)."""
     norm = Norm.fit(x)
     sae = new_sae(shape, settings.seed, x.device)
     opt = optimiser(sae, settings)
@@ -172,7 +172,7 @@ def checkpoint_state(
 
 
 def restore(state: dict[str, object], sae: nn.Module, opt: torch.optim.Optimizer) -> tuple[Norm, Progress]:
-    """The norm and progress of a checkpoint, its weights and optimiser state loaded into ``sae`` and ``opt``."""
+    """The norm and progress of a checkpoint, its weights and optimiser state put into ``sae`` and ``opt``."""
     device = next(sae.parameters()).device
     sae.load_state_dict(state["sae"])  # type: ignore[arg-type]
     dictionary.load_extra(sae, {k: v.to(device) for k, v in state["extra"].items()})  # type: ignore[attr-defined]

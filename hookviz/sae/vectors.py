@@ -4,6 +4,7 @@ through a bounded, seeded block-shuffle buffer; nothing is written to disk."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from hookviz.core.hooks import HookGroup, first_tensor, preserved, trace_shapes
 from hookviz.core.layout import Layout, layout_of, to_spatial
-from hookviz.errors import LayerError
+from hookviz.errors import LayerError, close_matches
 from hookviz.io.inputs import Item, read_input
 
 #: The layouts whose positions are vectors: a map, channels first or last, or tokens over a patch grid.
@@ -27,8 +28,6 @@ class _Stop(Exception):
 def module_of(model: nn.Module, layer: str) -> nn.Module:
     modules = dict(model.named_modules())
     if layer not in modules:
-        from hookviz.errors import close_matches
-
         raise LayerError(f"no layer {layer!r} in the model{close_matches(layer, modules)}")
     return modules[layer]
 
@@ -48,10 +47,8 @@ def layer_output(model: nn.Module, layer: str, x: Tensor) -> Tensor:
 
     with HookGroup() as hooks, torch.no_grad():
         hooks.add(module_of(model, layer).register_forward_hook(hook))
-        try:
+        with contextlib.suppress(_Stop):
             model(x)
-        except _Stop:
-            pass
     if not kept:
         raise LayerError(f"layer {layer!r} did not run in the forward pass; pick a layer the model calls")
     return kept[0]

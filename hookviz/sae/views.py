@@ -1,0 +1,155 @@
+"""``hookviz sae features`` and ``hookviz sae explain`` as library calls: ``features.json`` and a sheet of top
+patches per feature (the crops of ``hookviz channels``), and per photo the maps of its strongest features over
+it and the class probabilities moved by a feature scaled inside the forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hookviz import render
+from hookviz.concepts.dataset import Photos, channel_sheet
+from hookviz.concepts.examples import Example
+from hookviz.core.arrays import to_numpy
+from hookviz.core.hooks import logits_of, preserved
+from hookviz.io.files import atomic_write
+from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, encode_png
+from hookviz.io.inputs import Item, read_input
+from hookviz.io.outputs import safe_name
+from hookviz.models.loaded import LoadedModel
+from hookviz.sae import features, quality, store
+from hookviz.sae.store import Trained
+
+FEATURES = "features"
+
+
+def batches(
+    loaded: LoadedModel, items: Sequence[Item], size: int, skipped: list[str]
+) -> Iterator[tuple[list[str], torch.Tensor, list[Box]]]:
+    """The readable inputs, ``size`` at a time: their names, model inputs and the boxes the model saw."""
+    names: list[str] = []
+    xs: list[torch.Tensor] = []
+    boxes: list[Box] = []
+    for item in items:
+        if item.error is not None:
+            skipped.append(item.error)
+            continue
+        try:
+            _, x, box = read_input(item, loaded.preprocess, DEFAULT_MAX_PIXELS)
+        except Exception as e:  # an unreadable file: named, the others go on
+            skipped.append(f"{item.name}: {e}")
+            continue
+        names.append(item.name)
+        xs.append(torch.as_tensor(x))
+        boxes.append(box)
+        if len(xs) == size:
+            yield names, torch.stack(xs), boxes
+            names, xs, boxes = [], [], []
+    if xs:
+        yield names, torch.stack(xs), boxes
+
+
+def describe(
+    found: Trained, loaded: LoadedModel, items: Sequence[Item], folder: Path, *, top: int = 8,
+    detail: int = 32, batch: int = 16,
+) -> dict[str, Any]:  # fmt: skip
+    """``folder/features/features.json`` and a sheet per detailed feature (the ``detail`` firing most often):
+    per feature its top patches (``input``, ``score``, ``box`` in the photo's pixels), its histogram, and for
+    the detailed ones the classes whose logits drop most when it is zeroed over its top inputs."""
+    skipped: list[str] = []
+    found_ = features.gather(found, loaded.model, batches(loaded, items, batch, skipped), top, loaded.device)
+    rate = found_.fired / max(found_.positions, 1)
+    detailed = [int(f) for f in np.argsort(-rate, kind="stable")[:detail] if rate[f] > 0]
+    out_dir = folder / FEATURES
+    out_dir.mkdir(parents=True, exist_ok=True)
+    photos = Photos()
+    entries = []
+    by_name = {item.name: item for item in items}
+    for f in range(found.shape.width):
+        entry: dict[str, Any] = {
+            "feature": f, "fired": float(rate[f]),
+            "top": [
+                {"input": p.input, "score": p.score, "box": list(p.box), "cell": list(p.cell)}
+                for p in found_.top[f]
+            ],
+            "histogram": {"edges": features.EDGES.tolist(), "counts": found_.hist[f].tolist()},
+        }  # fmt: skip
+        if f in detailed:
+            entry["classes"] = _classes(found, loaded, [by_name[p.input] for p in found_.top[f]], f)
+            entry["sheet"] = _sheet(found_.top[f], f, loaded.name, found.layer, out_dir, photos)
+        entries.append(entry)
+    data = {"layer": found.layer, "model": loaded.name, "inputs": found_.inputs, "field": list(found_.rf),
+            "skipped": skipped, "features": entries}  # fmt: skip
+    store.write_json(out_dir / "features.json", data)
+    return data
+
+
+def _classes(
+    found: Trained, loaded: LoadedModel, items: Sequence[Item], f: int, n: int = 3
+) -> list[dict[str, Any]]:
+    x = torch.stack([torch.as_tensor(read_input(i, loaded.preprocess, DEFAULT_MAX_PIXELS)[1]) for i in items])
+    delta = to_numpy(features.ablation(found, loaded.model, x.to(loaded.device), [f])[0])
+    order = np.argsort(delta, kind="stable")[:n]
+    return [
+        {"class": int(c), "name": loaded.class_name(int(c)), "logit_drop": float(-delta[c])} for c in order
+    ]
+
+
+def _sheet(
+    patches: Sequence[features.Patch], f: int, model: str, layer: str, out_dir: Path, photos: Photos
+) -> str:
+    examples = [Example(p.score, p.input, p.peak) for p in patches]
+    fields = {p.input: (p.box[3] - p.box[1], p.box[2] - p.box[0]) for p in patches}
+    title = f"{model} {layer} feature {f}: its {len(patches)} best inputs by the peak of its code"
+    picture = channel_sheet(examples, lambda name: fields[name], photos, title=title)
+    name = f"{safe_name(layer)}.f{f}.png"
+    atomic_write(out_dir / name, encode_png(picture))
+    return f"{FEATURES}/{name}"
+
+
+def explain_photo(
+    found: Trained, loaded: LoadedModel, item: Item, out: Path, *, strongest: int = 3,
+    feature: int | None = None, scale: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
+    """One photo: a picture of where its ``strongest`` features fire over it, and, for ``feature``, the class
+    probabilities with the reconstruction in place and with that feature's code scaled by ``scale``."""
+    rgb, x, box = read_input(item, loaded.preprocess, DEFAULT_MAX_PIXELS)
+    xt = torch.as_tensor(x)[None].to(loaded.device)
+    maps = features.code_maps(found, loaded.model, xt)[0]
+    peaks = maps.flatten(1).max(1).values
+    best = [int(f) for f in torch.argsort(peaks, descending=True, stable=True)[:strongest] if peaks[f] > 0]
+    record: dict[str, Any] = {
+        "input": item.name,
+        "features": [{"feature": f, "peak": float(peaks[f])} for f in best],
+    }
+    if best:
+        picked = to_numpy(maps[best].float())
+        title = f"{loaded.name} {found.layer}: the strongest features of {Path(item.name).name}"
+        picture = render.overlay_row(rgb, box, picked, [f"feature {f}" for f in best], title, 0.5, "jet")
+        path = out / f"{safe_name(Path(item.name).stem)}.sae.png"
+        atomic_write(path, encode_png(picture))
+        record["picture"] = str(path)
+    if feature is not None:
+        record["scaled"] = _moved(found, loaded, xt, feature, scale)
+    return record
+
+
+def _moved(
+    found: Trained, loaded: LoadedModel, x: torch.Tensor, f: int, scale: float, n: int = 5
+) -> dict[str, Any]:
+    with preserved(loaded.model), torch.no_grad():
+        loaded.model.eval()
+        with quality.replaced(loaded.model, found):
+            before = logits_of(loaded.model(x)).float().softmax(1)[0]
+        with quality.replaced(loaded.model, found, features.scaled(f, scale)):
+            after = logits_of(loaded.model(x)).float().softmax(1)[0]
+    moved = torch.argsort((after - before).abs(), descending=True, stable=True)[:n]
+    return {
+        "feature": f, "scale": scale,
+        "classes": [{"class": int(c), "name": loaded.class_name(int(c)), "before": float(before[c]),
+                     "after": float(after[c])} for c in moved],
+    }  # fmt: skip
