@@ -100,10 +100,15 @@ def pages() -> dict[str, str]:
     """Every command's page, by file name, in the order ``hookviz --help`` lists the commands."""
     from hookviz.cli import app
 
-    found = {}
+    found, titles = {}, {}
     for command in app.registered_commands:
         name = command.name or command.callback.__name__.replace("_", "-")
-        found[f"{name}.md"] = page(name, command.callback)
+        found[f"{name}.md"], titles[f"{name}.md"] = page(name, command.callback), name
+    for group in app.registered_groups:  # a command group (hookviz sae ...): a page per command, GROUP-NAME.md
+        for command in group.typer_instance.registered_commands:
+            name = f"{group.name} {command.name or command.callback.__name__.replace('_', '-')}"
+            file = f"{name.replace(' ', '-')}.md"
+            found[file], titles[file] = page(name, command.callback), name
     found["index.md"] = (
         "\n".join(
             [
@@ -112,7 +117,7 @@ def pages() -> dict[str, str]:
                 "Every command, its options and their defaults, as `--help` gives them.",
                 "",
             ]
-            + [f"- [`hookviz {n[:-3]}`]({n})" for n in found]
+            + [f"- [`hookviz {titles[n]}`]({n})" for n in found]
         )
         + "\n"
     )
