@@ -104,7 +104,7 @@ def pages() -> dict[str, str]:
     for command in app.registered_commands:
         name = command.name or command.callback.__name__.replace("_", "-")
         found[f"{name}.md"], titles[f"{name}.md"] = page(name, command.callback), name
-    for group in app.registered_groups:  # a command group (hookviz sae ...): a page per command, GROUP-NAME.md
+    for group in app.registered_groups:  # hookviz sae ...: a page per command, GROUP-NAME.md
         for command in group.typer_instance.registered_commands:
             name = f"{group.name} {command.name or command.callback.__name__.replace('_', '-')}"
             file = f"{name.replace(' ', '-')}.md"
