@@ -140,7 +140,7 @@ def extra_state(sae: nn.Module) -> dict[str, Tensor]:
 
 def load_extra(sae: nn.Module, tensors: dict[str, Tensor]) -> None:
     """The tensors of :func:`extra_state` back into ``sae``; ``fused_dictionary`` (an imported SAE's atoms,
-    of unit norm) replaces the dictionary an eval-mode module uses."""
+    whatever their norms) replaces the dictionary an eval-mode module uses."""
     if "running_threshold" in tensors:
         sae.running_threshold = tensors["running_threshold"].reshape(())
     if "fused_dictionary" in tensors:

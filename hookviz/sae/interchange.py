@@ -89,7 +89,7 @@ def to_library(tensors: dict[str, Tensor], k: int, subtracts_b_dec: bool) -> tup
         "encoder.final_block.0.bias": bias.contiguous(),
         "dictionary._weights": w_dec.contiguous(),
         "dictionary.multiplier": torch.tensor(0.0),
-        "extra.fused_dictionary": w_dec.contiguous(),
+        "extra.fused_dictionary": w_dec.clone(),
         "norm.mean": b_dec.contiguous(),
     }
     return shape, out

@@ -97,11 +97,10 @@ def build_from(
     sae = dictionary.build(shape, device)
     state = {k: v for k, v in tensors.items() if not k.startswith(("extra.", "norm."))}
     sae.load_state_dict(state)
-    dictionary.load_extra(
-        sae, {k.removeprefix("extra."): v.to(device) for k, v in tensors.items() if k.startswith("extra.")}
-    )
-    norm = Norm(tensors["norm.mean"].float(), 1.0)
-    return sae.to(device).eval(), norm
+    sae = sae.to(device).eval()  # the dictionary fused first: an imported one's atoms replace it after
+    extra = {k.removeprefix("extra."): v.to(device) for k, v in tensors.items() if k.startswith("extra.")}
+    dictionary.load_extra(sae, extra)
+    return sae, Norm(tensors["norm.mean"].float(), 1.0)
 
 
 def load(folder: Path, device: torch.device | str = "cpu") -> Trained:
