@@ -340,6 +340,15 @@ BAD = [  # (query, the parameter, the value as the answer quotes it, what it mus
     ("/api/map?input=0&box=%D9%A1", "box", "'\u0661'", "ASCII digits"),
     ("/api/map?input=0&boxx=1", "'boxx'", "unknown parameter", "box"),
     ("/api/map?input=0&box=1&box=2", "box", "'1', '2'", "once"),
+    # A detector's box and a volume's axis mean nothing on a classifier's photo: refused, never ignored.
+    ("/api/map?input=0&box=2", "box", "'2'", "leave box out"),
+    ("/api/map?input=0&box=0", "box", "'0'", "a detector's"),
+    ("/api/trust?input=0&axis=0", "axis", "'0'", "leave axis out"),
+    # The explorer names its own field, not the command line's option.
+    ("/api/map?input=0&target=1000", "target=1000", "1000", "out of range"),
+    ("/api/map?input=0&target=top99", "target='top99'", "top99", "top1..top"),
+    ("/api/map?input=0&target=tabby", "target='tabby'", "tabby", "a class index"),
+    ("/api/map?input=0&target=1&token=x", "token", "2 times", "once"),
     ("/api/channel?input=0&channel=abc", "channel", "'abc'", "from 0"),
     ("/api/visualize?channel=0&steps=1e9", "steps", "'1e9'", "from 1 to 2048"),
     ("/api/predict?input=0&k=0", "k", "'0'", "from 1 to 1000"),
@@ -355,6 +364,21 @@ def test_a_bad_parameter_is_one_400_naming_it_its_value_and_what_is_allowed(
     assert status == 400, (status, error)
     assert name in error and value in error and allowed in error
     assert "\n" not in error and "invalid literal" not in error and "could not convert" not in error
+    assert not error.startswith("-")  # the explorer's field first, never the command line's option
+
+
+def test_a_token_given_twice_is_refused_and_never_repeated(server: Explorer) -> None:
+    """Two tokens, the right one among them, were taken (the first was checked): which one is meant is not
+    the server's to guess. The answer never repeats a value given."""
+    for tokens in ([server.token, "wrong"], ["wrong", server.token], [server.token, server.token]):
+        status, body = get(server, "/api/inputs?" + "&".join(f"token={t}" for t in tokens), token=False)
+        assert status == 400 and json.loads(body) == {"error": "token given 2 times; give it once"}
+    assert get(server, f"/api/inputs?token={server.token}", token=False)[0] == 200
+
+
+def test_the_default_box_and_axis_the_page_sends_stand_for_leaving_them_out(server: Explorer) -> None:
+    plain, sent = get(server, "/api/map?input=0"), get(server, "/api/map?input=0&box=1&frame=-1&axis=2")
+    assert plain[0] == sent[0] == 200 and plain[1] == sent[1]
 
 
 def test_the_page_s_own_address_is_not_checked_as_api_parameters(server: Explorer) -> None:
@@ -494,8 +518,10 @@ def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explore
     assert kept.parent.name.startswith("hookviz-explore-") and (kept.parent.stat().st_mode & 0o077) == 0
     assert ".." not in kept.name and kept.read_bytes() == photo
     assert get(server, "/api/map?input=3")[0] == 200
-    command = json.loads(get(server, "/api/map?input=3&format=json")[1])["command"]
-    assert shlex.split(command)[2] == "evil name.png" and "hookviz-explore-" not in command
+    answer = get(server, "/api/map?input=3&format=json")[1]
+    command = json.loads(answer)["command"]
+    # The shell line names the photo as dropped (the user's file), and nothing in the answer the private copy.
+    assert shlex.split(command)[2] == "evil name.png" and b"hookviz-explore-" not in answer
     # A second photo dropped under the same name is listed under a name of its own: both reachable by name.
     other = encode_png(np.random.default_rng(4).integers(0, 256, (40, 40, 3), dtype=np.uint8))
     second = json.loads(post(server, other, ours)[1])

@@ -35,8 +35,8 @@ class Query:
         for name, values in query.items():
             if name not in KNOWN:
                 raise BadParameter(f"unknown parameter {name!r}; the API takes {', '.join(KNOWN[:-3])}")
-            if len(values) > 1 and name != "token":
-                shown = ", ".join(repr(v) for v in values)
+            if len(values) > 1:
+                shown = "its values not shown" if name == "token" else ", ".join(repr(v) for v in values)
                 raise BadParameter(f"{name} given {len(values)} times ({shown}); give it once")
         self.one = {name: values[0] for name, values in query.items()}
 

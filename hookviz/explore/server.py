@@ -174,6 +174,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self.server.serves(self.headers.get("Host", "")):
             self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
             return False
+        if len(query.get("token", [])) > 1:  # which one would be the secret: refused, its values never said
+            self._error(HTTPStatus.BAD_REQUEST, f"token given {len(query['token'])} times; give it once")
+            return False
         if page:  # the page holds no secret; a permalink (no token in it) opens it
             return True
         given = self._token(query)
@@ -302,12 +305,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def _view(self, q: Query) -> View:
         names = [m["name"] for m in self.server.session.methods()]
-        return View(
+        view = View(
             input=self._input(q), layer=q.text("layer"), method=params.method(q, names),
             target=params.target(q), box=q.whole("box", 1, 0, what=" (1: the best box; 0: all boxes)"),
             frame=q.whole("frame", -1, -1, what=" (-1: all frames or slices)"), axis=q.whole("axis", 2, 0, 2),
             alpha=self._alpha(q), colormap=q.choice("colormap", "jet", COLORMAPS), relu=q.flag("relu", True),
         )  # fmt: skip
+        self._applies(q, view)
+        return view
+
+    def _applies(self, q: Query, view: View) -> None:
+        """Refuse a ``box`` or ``axis`` that means nothing for this session's inputs (the view would be the
+        same without it); their defaults (box=1, axis=2: what the page always sends) stand for leaving them
+        out."""
+        s = self.server.session
+        detector = s.loaded.task_name == "detection"
+        if "box" in q.one and view.box != 1 and not detector:
+            raise params.BadParameter(f"box={q.one['box']!r}: boxes are a detector's; {s.loaded.name} is a "
+                                      f"{s.loaded.task_name} model (leave box out)")  # fmt: skip
+        if "axis" in q.one and view.axis != 2 and s.kind.name != "volume":
+            raise params.BadParameter(f"axis={q.one['axis']!r}: an axis picks a volume's slices; these "
+                                      f"inputs are {s.kind.name}s (leave axis out)")  # fmt: skip
 
     def _map(self, q: Query) -> None:
         fmt = q.choice("format", "png", ("png", "npy", "json"))

@@ -18,6 +18,12 @@ _DIGITS = re.compile(r"^[0-9]+$")
 _INDEX = re.compile(r"^(?:class\s+)?(-?[0-9]+)$", re.IGNORECASE)
 
 
+def _said(option: str, value: object) -> str:
+    """``--target 1000`` on the command line; ``target=1000`` where ``option`` is a field (``"target="``:
+    the explorer's query)."""
+    return f"{option}{value}" if option.endswith("=") else f"{option} {value}"
+
+
 def find_class(text: str, categories: Sequence[str], option: str = "--target", model: str = "") -> int:
     """The index of a class name: exact match first, then case-insensitive exact, then a unique partial match.
 
@@ -31,8 +37,8 @@ def find_class(text: str, categories: Sequence[str], option: str = "--target", m
     exact = [i for i, c in enumerate(categories) if c == text]
     if len(exact) > 1:
         raise TargetError(
-            f"{option} {text!r} is ambiguous: classes {', '.join(map(str, exact))} all have this name; "
-            "give an index"
+            f"{_said(option, repr(text))} is ambiguous: classes {', '.join(map(str, exact))} all have this "
+            "name; give an index"
         )
     if exact:
         return exact[0]
@@ -45,11 +51,12 @@ def find_class(text: str, categories: Sequence[str], option: str = "--target", m
             shown = ", ".join(f"{categories[i]!r} ({i})" for i in hits[:8])
             more = f" and {len(hits) - 8} more" if len(hits) > 8 else ""
             raise TargetError(
-                f"{option} {text!r} is ambiguous: it matches {shown}{more}; give the exact name or an index"
+                f"{_said(option, repr(text))} is ambiguous: it matches {shown}{more}; give the exact name or "
+                "an index"
             )
     lowered = [c.lower() for c in categories]
     raise TargetError(
-        f"{option} {text!r} is not a class{of}{close_matches(low, lowered)}; "
+        f"{_said(option, repr(text))} is not a class{of}{close_matches(low, lowered)}; "
         "give a class index or a class name"
     )
 
@@ -70,12 +77,12 @@ def parse_target(
         index = int(by_index.group(1))
         if not 0 <= index < num_classes:
             raise TargetError(
-                f"{option} {index} is out of range: {loaded.name} has classes 0..{num_classes - 1}"
+                f"{_said(option, index)} is out of range: {loaded.name} has classes 0..{num_classes - 1}"
             )
         return index
     if not loaded.categories:
         raise TargetError(
-            f"{option} {text!r}: {loaded.name} has no class names with these weights; "
+            f"{_said(option, repr(text))}: {loaded.name} has no class names with these weights; "
             "give a class index, or name the classes with --labels FILE"
         )
     return find_class(text, loaded.categories, option, loaded.name)
@@ -98,9 +105,12 @@ def label_class(label: str | None, loaded: LoadedModel, num_classes: int) -> int
 TargetSpec = str | list[int] | Positive | Labelled | None
 
 
-def parse_targets(spec: str, loaded: LoadedModel, num_classes: int, threshold: float = 0.5) -> TargetSpec:
+def parse_targets(
+    spec: str, loaded: LoadedModel, num_classes: int, threshold: float = 0.5, option: str = "--target"
+) -> TargetSpec:
     """``top1`` → None; ``topK`` → ``"topK"``; ``281``, ``tabby`` or ``281,tiger cat`` → class indices;
-    ``positive`` → every label whose sigmoid reaches ``threshold`` (a multi-label head's).
+    ``positive`` → every label whose sigmoid reaches ``threshold`` (a multi-label head's). ``option``
+    names the setting in messages (``"target="``: the explorer's field).
 
     The same class named twice (``281,tabby``) is explained once.
 
@@ -116,13 +126,15 @@ def parse_targets(spec: str, loaded: LoadedModel, num_classes: int, threshold: f
         k = text[3:]
         if num_classes == 1 and not (_DIGITS.match(k) and int(k) == 1):
             raise TargetError(
-                f"--target {spec!r}: {loaded.name} has one output, so there is one value to explain; leave "
-                "--target out"
+                f"{_said(option, repr(spec))}: {loaded.name} has one output, so there is one value to "
+                f"explain; leave {option.rstrip('=')} out"
             )
         if not _DIGITS.match(k) or not 1 <= int(k) <= num_classes:
-            raise TargetError(f"--target {spec!r}: use top1..top{num_classes}, a class index or a class name")
+            raise TargetError(
+                f"{_said(option, repr(spec))}: use top1..top{num_classes}, a class index or a class name"
+            )
         return None if int(k) == 1 else f"top{int(k)}"
-    indices = [parse_target(part, loaded, num_classes) for part in spec.split(",") if part.strip()]
+    indices = [parse_target(part, loaded, num_classes, option) for part in spec.split(",") if part.strip()]
     if not indices:
-        raise TargetError(f"--target {spec!r}: give topK, a class index or a class name")
+        raise TargetError(f"{_said(option, repr(spec))}: give topK, a class index or a class name")
     return list(dict.fromkeys(i for i in indices if i is not None))

@@ -117,6 +117,7 @@ def make_cam_job(
     first_images: Callable[[int], Tensor | None] | None = None,
     agree: Callable[[Any], Any] | None = None,
     context: RunContext | None = None,
+    target_option: str = "--target",
 ) -> BuiltJob:
     """The ``gradcam`` job for ``loaded``'s task, with its layers chosen and the notes to print.
 
@@ -129,6 +130,7 @@ def make_cam_job(
         first_images: ``first_images(n)``: the first ``n`` readable inputs as one batch (``--layer auto``).
         agree: under torchrun, rank 0's value on every rank (one ``--layer auto`` choice per job).
         context: the run's (gives ``first_images`` and ``agree`` when they are not given).
+        target_option: how a target's message names the setting (``"target="``: the explorer's field).
 
     Raises:
         UsageError: options that do not apply to the task, ``--layer auto`` without a readable image.
@@ -144,7 +146,7 @@ def make_cam_job(
     }
     refuse_unavailable(loaded.model, list(settings.methods) or ["gradcam"], families)
     calls = calls if calls is not None else probe(loaded)
-    targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold)
+    targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold, target_option)
     return task_of(loaded).cam_job(loaded, settings, calls, targets, first_images=first_images, agree=agree)
 
 
