@@ -1,15 +1,25 @@
-"""Memory bounded (issue #32): peak RSS of a heavy request, and FullGrad's cost against Grad-CAM's.
+"""Memory bounded (issue #32): peak RSS of a heavy request, and FullGrad's cost against Grad-CAM's; the
+``--max-memory`` estimate against the batch's peak (issue #59).
 
 1. The request that was killed at 14.6 GB: 4 mosaics of 448 px through an EfficientNet (the Lite family's
    layout, weights=None), 16 methods, top-5, the default batch; whole ``hookviz gradcam`` processes, peak RSS
    of each (``RUSAGE_CHILDREN``), with the default ``--max-memory`` and with ``--max-memory 1G``.
 2. FullGrad and Grad-CAM on one 448 px photo, in process, medians of interleaved rounds.
+3. The estimate against the peak: resnet18, mobilenet_v3_small, efficientnet_b0 (weights=None) at 112, 224
+   and 448 px, gradcam, saliency, rise (64 masks) and all, 8 photos, each a ``hookviz gradcam`` run in a
+   process of its own, in process (the CLI's own code): for each batch the planner runs, the estimate it
+   planned with, the peak of torch's allocated tensors over the batch's compute (the profiler's memory
+   events) and the growth of the process's resident memory (``VmHWM`` reset before the batch).
 
-Run with ``make bench`` (or ``python bench/memory_bench.py``); paste the table into bench/RESULTS.md.
+Run with ``make bench`` (or ``python bench/memory_bench.py``, ``--only estimate`` for 3); paste the tables
+into bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
 import random
 import shutil
 import statistics
@@ -18,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,8 +116,103 @@ def fullgrad_rows(rounds: int) -> list[tuple[str, float, float]]:
     ]  # fmt: skip
 
 
+def _status(key: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+def tensor_peak(fn: Any) -> int:
+    """The peak of torch's allocated bytes while ``fn()`` runs, over those allocated before it (the profiler's
+    memory events, in the order they happened)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    now = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        now += e.nbytes()
+        peak = max(peak, now)
+    return peak
+
+
+def case(model: str, size: str, methods: str, images: int, extra: list[str]) -> None:
+    """One ``hookviz gradcam`` run in this process; for each batch the planner runs (``_Run._run_model``,
+    patched): the images, how many a part holds, the estimate of a part, the batch's tensor peak and RSS
+    growth. Printed as JSON."""
+    from hookviz.cli import app
+    from hookviz.run import pipeline
+
+    rows: list[dict[str, int]] = []
+    run_model = pipeline._Run._run_model
+
+    def measured(self: Any, ready: Any, xs: Any) -> Any:
+        est = self.job.memory((len(xs), *xs[0].shape))
+        n = est.fitting(self.budget, len(xs))
+        gc.collect()
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # VmHWM from here
+        rss = _status("VmRSS")
+        out = run_model(self, ready, xs)  # RSS first: the tensors' run would leave its memory in the heap
+        grown = _status("VmHWM") - rss
+        peak = tensor_peak(lambda: run_model(self, ready, xs))
+        rows.append({"images": len(xs), "part": n, "estimate": est.total(n), "tensors": peak, "rss": grown})
+        return out
+
+    pipeline._Run._run_model = measured  # type: ignore[method-assign]
+    photos = sorted((ROOT / "sample_images").glob("*.jpg"))
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(images):
+            shutil.copy(photos[i % len(photos)], Path(d) / f"p{i}.jpg")
+        app(["gradcam", d, "--model", model, "--weights", "none", "--input-size", size, "--device", "cpu",
+             "--method", methods, "--out", str(Path(d) / "out"), "-q", "-b", str(images), *extra],
+            standalone_mode=False)  # fmt: skip
+    print(json.dumps(rows))
+
+
+GRID = [(model, size, methods) for size in ("112", "224", "448")
+        for model in ("resnet18", "mobilenet_v3_small", "efficientnet_b0")
+        for methods in ("gradcam", "saliency", "rise", "all")]  # fmt: skip
+
+
+def estimate_rows(images: int = 8) -> list[tuple[str, float, float, float]]:
+    """The grid's cases, each in a process of its own: (case, estimate MiB, / tensor peak, / RSS growth)."""
+    rows = []
+    for model, size, methods in GRID:
+        extra = ["--masks", "64"] if methods == "rise" else []
+        cmd = [sys.executable, __file__, "--case", model, size, methods, str(images), *extra]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        for r in json.loads(out):
+            name = f"{model}, {size} px, {methods}, {r['part']} of {r['images']}"
+            rows.append((name, r["estimate"] / 2**20, r["estimate"] / r["tensors"], r["estimate"] / r["rss"]))
+            print(f"| {name:<52} | {rows[-1][1]:>9.1f} | {r['tensors'] / 2**20:>9.1f} | {rows[-1][2]:>5.2f}x "
+                  f"| {r['rss'] / 2**20:>9.1f} | {rows[-1][3]:>5.2f}x |", flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", choices=("request", "estimate"), help="one part of the bench")
+    parser.add_argument("--case", nargs="+", help=argparse.SUPPRESS)  # one estimate case, in its own process
+    args, extra = parser.parse_known_args()
+    if args.case:
+        model, size, methods, images = args.case[:4]
+        return case(model, size, methods, int(images), [*args.case[4:], *extra])
     print(f"# hookviz memory bench  {time.strftime('%Y-%m-%d')}\n")
+    if args.only != "request":
+        print(
+            "The estimate behind --max-memory against the batch's peak: tensors (torch's allocator), "
+            "RSS growth\n"
+        )
+        print(
+            f"| {'case':<52} | {'estimate':>9} | {'tensors':>9} | {'ratio':>6} | {'RSS':>9} | {'ratio':>6} |"
+        )
+        print(f"|{'-' * 54}|{'-' * 11}|{'-' * 11}|{'-' * 8}|{'-' * 11}|{'-' * 8}|")
+        ratios = estimate_rows()
+        low, high = min(r[2] for r in ratios), max(r[2] for r in ratios)
+        print(f"\nestimate / tensor peak: {low:.2f}x to {high:.2f}x (goal: within 20 %)\n")
+        if args.only == "estimate":
+            return None
     with tempfile.TemporaryDirectory() as d:
         rows = request_rows(Path(d)) + fullgrad_rows(rounds=5)
     print(f"| {'measurement':<92} | {'value':>9} | {'ratio':>6} |")

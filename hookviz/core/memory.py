@@ -75,16 +75,26 @@ def default_budget(device: Any = "cpu") -> int:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes a batch holds: ``per_image`` times its images, plus ``fixed`` (passes run in rows of their
-    own, whatever the batch)."""
+    """Bytes a batch holds: ``per_image`` times its images, plus ``fixed`` (what does not grow with the
+    batch), plus the copies some methods run in passes of their own: ``rows`` an image, drawn across the
+    batch's images, at most ``cap`` a pass, ``row`` bytes each; and never under ``least`` (a convolution's
+    weights reordered for its pass: on a small batch, more than the images' tensors)."""
 
     per_image: int
     fixed: int = 0
+    rows: int = 0
+    row: int = 0
+    cap: int = 0
+    least: int = 0
 
     def total(self, images: int) -> int:
-        return self.fixed + self.per_image * images
+        copies = min(self.cap, self.rows * images) if self.cap else self.rows * images
+        return self.fixed + max(self.least, self.per_image * images) + copies * self.row
 
     def fitting(self, budget: int, wanted: int) -> int:
         """How many of ``wanted`` images a batch may take under ``budget`` (at least one)."""
-        room = budget - self.fixed
-        return max(1, min(wanted, room // max(1, self.per_image)))
+        low, high = 1, max(1, wanted)
+        while low < high:  # the total grows with the images: the most that fit
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.total(mid) <= budget else (low, mid - 1)
+        return low

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -234,7 +234,7 @@ class CamJob(BaseJob):
         k = len(self._target_suffixes()) or min(num_classes(self.loaded), 16)
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
-        return est if not self.aug_smooth else Estimate(est.per_image * 2, est.fixed)
+        return est if not self.aug_smooth else replace(est, per_image=est.per_image * 2)
 
     def _explained(self) -> Targets:
         if isinstance(self.targets, Labelled):  # each input's own class: LabelledCamJob's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -158,7 +158,7 @@ class EvaluateJob(BaseJob):
         copies = (self.chunk or 64) * est.per_image // 4  # a perturbed copy holds no gradient and no map
         # Robustness explains each noisy copy of the batch in turn, keeping the first explanation meanwhile.
         twice = 2 if "robustness" in self.metrics else 1
-        return Estimate(est.per_image * twice, est.fixed + copies)
+        return replace(est, per_image=est.per_image * twice, fixed=est.fixed + copies)
 
     def compute(self, x: Any) -> Any:
 

@@ -1,24 +1,83 @@
 """What the explain pass holds for a batch, estimated before it runs from the model's traced shapes (one pass
-of one input, cached): the activations autograd records and their gradients, each target layer's gradients per
-class, input gradients, the maps of every method x layer x class at feature and input resolution; and what
-does not grow with the batch (the masked and perturbed passes run ``--masked-batch`` rows at a time). The
-pipeline splits a batch whose estimate passes ``--max-memory`` (:mod:`hookviz.core.memory`)."""
+of one input, cached); the pipeline splits a batch whose estimate passes ``--max-memory``
+(:mod:`hookviz.core.memory`).
+
+The estimate is of the tensors the batch's pass allocates at its peak (torch's allocator: the process's own
+baseline, torch, the model's weights and the decoded photos are not the batch's). Per image:
+
+* the largest of the passes the methods run in turn: a pass without a graph (an output, the one before it
+  and the input a residual block holds, at once), or a pass recorded from the earliest target layer (from the
+  input for input gradients): every module output from there, and the tensors a block makes itself (a
+  squeeze-excitation's product), but a rectifier's in place (SiLU and Hardswish in place keep a copy);
+* beside it, what outlives the passes: the captured activations, each target layer's gradient per class,
+  input gradients per class, and every method x layer x class map (at the input's resolution for the
+  pixel methods).
+
+Whatever the batch: the largest convolution's weights, reordered for its pass (the peak of a small batch;
+added to a pass recorded from the input, whose backward reorders them while it is all kept), the masked and
+perturbed copies (``--batch`` rows a pass, drawn across the images, each with a pass without a graph), and
+RISE's masks. Measured against torch's allocator on resnet18, mobilenet_v3_small and efficientnet_b0 at
+112-448 px (``python bench/memory_bench.py --only estimate``; bench/RESULTS.md).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from hookviz.core.hooks import traced
+from torch.nn.modules.conv import _ConvNd
+
+from hookviz.core.hooks import ModuleCall, traced
 from hookviz.core.memory import Estimate
 from hookviz.methods import registry
 
 _FLOAT = 4
+_RECTIFIERS = ("ReLU", "ReLU6", "LeakyReLU", "Hardtanh", "ELU")
 
 
 def _numel(shape: Sequence[int] | None) -> int:
     return math.prod(int(s) for s in shape[1:]) if shape else 0  # one image: the batch axis left out
+
+
+@dataclass(frozen=True)
+class _Net:
+    """One image's pass through the model, in bytes: the peak of a pass without a graph, and every tensor a
+    recorded pass keeps, by when it is made (``(order, bytes)``)."""
+
+    forward: int
+    kept: tuple[tuple[int, int], ...]
+
+    def recorded(self, start: int) -> int:
+        """What a pass recorded after module ``start`` (its order; -1: from the input) holds."""
+        return sum(size for order, size in self.kept if order > start)
+
+
+def _net(model: Any, calls: Sequence[ModuleCall]) -> _Net:
+    ran = sorted((c for c in calls if c.output_shape is not None and c.order >= 0), key=lambda c: c.order)
+    children: dict[str, list[ModuleCall]] = {}
+    for c in ran:
+        if c.name:
+            children.setdefault(c.name.rsplit(".", 1)[0] if "." in c.name else "", []).append(c)
+    modules = dict(model.named_modules())
+    leaves = [c for c in ran if c.name not in children]
+    # A block whose output is not its last child's made it itself (a squeeze-excitation's product).
+    own = [c for c in ran if c.name in children and children[c.name][-1].output_shape != c.output_shape]
+    # A rectifier in place keeps no tensor of its own (its backward reads its output); SiLU and Hardswish in
+    # place do (theirs reads the input: autograd keeps a copy).
+    free = {c.name for c in leaves if c.type in _RECTIFIERS and getattr(modules.get(c.name), "inplace", 0)}
+    kept = tuple((c.order, _numel(c.output_shape) * _FLOAT) for c in [*leaves, *own] if c.name not in free)
+    # Without a graph: an output, the one before it (its input) and the input of the block around it (a
+    # residual's), unless it works in place.
+    inputs = {c.name: _numel(c.input_shape) * _FLOAT for c in ran if c.input_shape is not None}
+    peak, before = 0, 0
+    for c in leaves:
+        out = 0 if getattr(modules.get(c.name), "inplace", False) else _numel(c.output_shape) * _FLOAT
+        parts = c.name.split(".")
+        held = max([inputs.get(".".join(parts[:k]), 0) for k in range(1, len(parts))] or [0])
+        peak, before = max(peak, out + before + held), out or before
+    return _Net(peak, kept)
 
 
 def explain_estimate(
@@ -35,10 +94,9 @@ def explain_estimate(
     methods' settings (:class:`hookviz.methods.MethodOptions`: the rows of their own passes)."""
     options = options or registry.MethodOptions()
     calls = traced(model, tuple(input_shape), device)
-    parents = {c.name.rsplit(".", 1)[0] for c in calls if "." in c.name} | {""}
-    leaves = [c for c in calls if c.name not in parents and c.output_shape is not None]
-    activations = sum(_numel(c.output_shape) for c in leaves) * _FLOAT
+    net = _net(model, calls)
     specs = [registry.get(m) for m in dict.fromkeys(methods)]
+    specs += [registry.get(u) for s in specs for u in s.uses if u not in methods]
     needs = set().union(*(s.needs for s in specs)) if specs else set()
     by_name = {c.name: c for c in calls}
     shapes = [by_name[la].output_shape if la in by_name else None for la in layers]
@@ -47,29 +105,35 @@ def explain_estimate(
     hw = (int(input_shape[-2]), int(input_shape[-1]))
     pixels = hw[0] * hw[1] * math.prod(int(s) for s in input_shape[1:-2])
     image = _numel((1, *input_shape)) * _FLOAT
-    # Before the earliest target layer the pass runs without a graph: only a few tensors live at a time.
-    # From there autograd records every output (and the backward pass their gradients); an input gradient
-    # records the whole network.
     start = min([by_name[la].order for la in layers if la in by_name] or [-1])
-    whole = "input_gradients" in needs
-    recorded = sum(_numel(c.output_shape) for c in leaves if whole or c.order > start) * _FLOAT
-    largest = max([_numel(c.output_shape) for c in leaves] or [0]) * _FLOAT
-    per = 3 * largest + recorded
-    if needs & {"layer_gradients", "input_gradients"}:
-        # Their gradients, in the backward pass: freed as it goes, half of them alive at once (measured on
-        # ResNet-50 and EfficientNet-B0 at 448 px: the estimate stays 1.3x to 2.4x over the peak).
-        per += recorded // 2
+    whole = bool(needs & {"input_gradients", "bias_gradients"})
+    passes = [net.forward]
+    if whole or "layer_gradients" in needs:
+        passes.append(net.recorded(-1 if whole else start))
+    kept = sum(layer_sizes)  # the captured activations
     if "layer_gradients" in needs:
-        per += targets * sum(layer_sizes)  # each target layer's gradient, kept per class
-    if "input_gradients" in needs or any(s.resolution == "input" for s in specs):
-        per += 2 * targets * image  # input gradients and their products
-    # Every map: at the layer's resolution, and at the input's for the pixel methods and the overlays.
-    per += len(specs) * max(1, len(layers)) * targets * (pixels + max(layer_sizes or [0]) // _FLOAT) * _FLOAT
-    fixed = 0
-    for spec in specs:  # a method's own passes: one pass of the batch, or copies in rows of --masked-batch
-        forward = registry.passes(spec.name, channels, targets, options, hw)[0]
+        kept += targets * sum(layer_sizes)  # each target layer's gradient, per class
+    if whole:
+        kept += targets * image  # the input gradients, per class
+    n_layers = max(1, len(layers))
+    for s in specs:  # every map: at the layer's grid, and at the input's for the pixel methods
+        grid = max(layer_sizes or [0]) // max(1, channels) if s.resolution == "layer" else pixels * _FLOAT
+        kept += n_layers * targets * grid
+    fixed, rows, row = 0, 0, 0
+    for spec in specs:  # a method's own passes: one recorded pass of the batch, or rows of --batch copies
+        forward, backward = registry.passes(spec.name, channels, targets, options, hw)
         if forward and forward <= targets:
-            per = max(per, activations * 3 // 2 + per // 2)  # its own recorded pass of the batch
+            passes.append(image + net.recorded(-1 if spec.resolution == "input" else start) * backward)
         elif forward:
-            fixed = max(fixed, min(options.batch, forward) * (2 * activations + image))
-    return Estimate(per_image=int(per * 1.25), fixed=int(fixed))  # a quarter for the allocator's slack
+            size = image + (net.recorded(-1) if backward else net.forward)
+            masks = options.masks * pixels * _FLOAT if spec.name in ("rise", "drise") else 0
+            # RISE's masks while they are made: grids upsampled past the photo, and the masks cut from them.
+            made = masks * (1 + ((options.cells + 1) / options.cells) ** 2)
+            if min(options.batch, forward) * size >= min(options.batch, rows) * row:
+                rows, row = forward, size
+            fixed = max(fixed, masks, int(made - min(options.batch, forward) * size))
+    # A convolution's weights, reordered for the pass (oneDNN on the CPU): the peak of a small batch.
+    weights = max([_numel((0, *m.weight.shape)) for m in model.modules() if isinstance(m, _ConvNd)] or [0])
+    if whole:  # its backward reorders them while the whole pass is kept
+        fixed += weights * _FLOAT
+    return Estimate(int(max(passes) + kept), int(fixed), rows, int(row), options.batch, weights * _FLOAT)
