@@ -319,13 +319,15 @@ class Handler(BaseHTTPRequestHandler):
         same without it); their defaults (box=1, axis=2: what the page always sends) stand for leaving them
         out."""
         s = self.server.session
-        detector = s.loaded.task_name == "detection"
-        if "box" in q.one and view.box != 1 and not detector:
-            raise params.BadParameter(f"box={q.one['box']!r}: boxes are a detector's; {s.loaded.name} is a "
-                                      f"{s.loaded.task_name} model (leave box out)")  # fmt: skip
-        if "axis" in q.one and view.axis != 2 and s.kind.name != "volume":
+        model, task, kind = "the model", "vision-language", "photo"
+        if isinstance(s, Session):
+            model, task, kind = s.loaded.name, s.loaded.task_name, s.kind.name
+        if "box" in q.one and view.box != 1 and task != "detection":
+            raise params.BadParameter(f"box={q.one['box']!r}: boxes are a detector's; {model} is a {task} "
+                                      "model (leave box out)")  # fmt: skip
+        if "axis" in q.one and view.axis != 2 and kind != "volume":
             raise params.BadParameter(f"axis={q.one['axis']!r}: an axis picks a volume's slices; these "
-                                      f"inputs are {s.kind.name}s (leave axis out)")  # fmt: skip
+                                      f"inputs are {kind}s (leave axis out)")  # fmt: skip
 
     def _map(self, q: Query) -> None:
         fmt = q.choice("format", "png", ("png", "npy", "json"))

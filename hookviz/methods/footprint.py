@@ -54,6 +54,10 @@ class _Net:
         return sum(size for order, size in self.kept if order > start)
 
 
+def _inplace(module: Any) -> bool:
+    return bool(getattr(module, "inplace", False))
+
+
 def _net(model: Any, calls: Sequence[ModuleCall]) -> _Net:
     ran = sorted((c for c in calls if c.output_shape is not None and c.order >= 0), key=lambda c: c.order)
     children: dict[str, list[ModuleCall]] = {}
@@ -66,14 +70,14 @@ def _net(model: Any, calls: Sequence[ModuleCall]) -> _Net:
     own = [c for c in ran if c.name in children and children[c.name][-1].output_shape != c.output_shape]
     # A rectifier in place keeps no tensor of its own (its backward reads its output); SiLU and Hardswish in
     # place do (theirs reads the input: autograd keeps a copy).
-    free = {c.name for c in leaves if c.type in _RECTIFIERS and getattr(modules.get(c.name), "inplace", 0)}
+    free = {c.name for c in leaves if c.type in _RECTIFIERS and _inplace(modules.get(c.name))}
     kept = tuple((c.order, _numel(c.output_shape) * _FLOAT) for c in [*leaves, *own] if c.name not in free)
     # Without a graph: an output, the one before it (its input) and the input of the block around it (a
     # residual's), unless it works in place.
     inputs = {c.name: _numel(c.input_shape) * _FLOAT for c in ran if c.input_shape is not None}
     peak, before = 0, 0
     for c in leaves:
-        out = 0 if getattr(modules.get(c.name), "inplace", False) else _numel(c.output_shape) * _FLOAT
+        out = 0 if _inplace(modules.get(c.name)) else _numel(c.output_shape) * _FLOAT
         parts = c.name.split(".")
         held = max([inputs.get(".".join(parts[:k]), 0) for k in range(1, len(parts))] or [0])
         peak, before = max(peak, out + before + held), out or before
