@@ -53,7 +53,7 @@ def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         target = entry.get("target") or {}
         file = str(entry.get("file") or "")
         rows.append({
-            **base, "method": entry.get("method"), "layer": entry.get("layer"),
+            **base, "method": entry.get("method"), "layer": _text(entry.get("layer")),
             "target_index": target.get("index"), "target_name": _text(target.get("name")),
             "target_score": target.get("score"), "map_min": entry.get("min"), "map_max": entry.get("max"),
             "finite": entry.get("finite"), "file": file or None,
