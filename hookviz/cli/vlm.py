@@ -15,6 +15,7 @@ from hookviz.cli.options import RunOptions, grouped, omit
 from hookviz.cli.runner import warn
 from hookviz.errors import HookvizError
 from hookviz.report import build_report
+from hookviz.run import distributed
 
 ModelSpec = Annotated[str, typer.Option("--model", "-m", help="hf:DIR (a folder save_pretrained wrote, with "
     "its processor) or a hub id: LLaVA(-NeXT), PaliGemma, Qwen2(.5)-VL, SmolVLM, InternVL.")]  # fmt: skip
@@ -73,8 +74,6 @@ def vlm(
 
 def _run(spec: str, settings: Any, run: RunOptions) -> None:
     """One process over every photo, or (under torchrun) this rank's share, rank 0 merging the manifest."""
-    from hookviz.run import distributed
-
     dist = distributed.from_env()
     if dist is None:
         failed = _shard(spec, settings, run, None)
@@ -105,7 +104,6 @@ def _run(spec: str, settings: Any, run: RunOptions) -> None:
 
 def _shard(spec: str, settings: Any, run: RunOptions, dist: Any) -> int:
     """This process's photos explained; the number that failed."""
-    from hookviz.run import distributed
     from hookviz.vlm.run import run_vlm
 
     device = distributed.device_and_threads(dist, run.device) if dist is not None else run.device
@@ -118,7 +116,7 @@ def _shard(spec: str, settings: Any, run: RunOptions, dist: Any) -> int:
 
 def _merged(run: RunOptions, dist: Any) -> None:
     """Rank 0, once every rank is done: the parts merged into the manifest (printed with ``--json``)."""
-    from hookviz.run import distributed, pipeline
+    from hookviz.run import pipeline
 
     manifest = run.out / pipeline.MANIFEST
     if not run.out.is_dir():

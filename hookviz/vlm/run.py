@@ -74,7 +74,7 @@ class Photo:
     placement: Placement
 
 
-#: What the model made of one photo of a batch: its maps and the tokens drawn, its record's metrics; or why
+#: What the model made of one photo of a batch: its maps and the answer tokens to draw; or why
 #: it failed (that photo's own error).
 Made = tuple[WordMaps, list[int]] | InputError
 
@@ -101,7 +101,7 @@ class VlmJob(BaseJob):
         self.vlm, self.asked, self.output = vlm, dataclasses.replace(settings, layer=layer), output
         self.layer = layer
         self._batch: list[Photo] = []
-        #: Forward passes of the model this job ran (a rerun that finds everything done runs none).
+        #: Batches this job computed (a rerun that finds every photo done computes none).
         self.batches = 0
 
     def settings(self) -> dict[str, Any]:
