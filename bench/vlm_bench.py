@@ -56,7 +56,7 @@ def per_token(vlm: Vlm, photo: np.ndarray, layer: int) -> None:
         torch.relu(kept["h"][0, image] @ grad[0, image].mean(0))
 
 
-def photos_per_second(vlm: Vlm, rounds: int, n: int = 8) -> None:
+def photos_per_second(vlm: Vlm, rounds: int, n: int = 16) -> None:
     """The ``vlm`` job over ``n`` photos, batched and one by one (interleaved rounds, medians)."""
     settings = VlmSettings(prompt=PROMPTS["llava"], max_new_tokens=8, methods=("logitlens",))
     with tempfile.TemporaryDirectory(prefix="hookviz-vlm-bench-") as tmp:

@@ -53,6 +53,20 @@ class Family:
         itself)."""
         return photos[0] if len(photos) == 1 else photos
 
+    def stacked(self, encoded: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Photos' processor inputs as one batch's (each photo's tensors one row of it), where the family
+        batches and the prompts have one length; None where they cannot be stacked."""
+        keys = encoded[0].keys()
+        if not self.batches or any(e.keys() != keys for e in encoded):
+            return None
+        out: dict[str, Any] = {}
+        for key in keys:
+            values = [e[key] for e in encoded]
+            if not all(isinstance(v, torch.Tensor) and v.shape == values[0].shape for v in values):
+                return None
+            out[key] = torch.cat(values, dim=0)
+        return out
+
     def processed(self, encoded: dict[str, Any]) -> np.ndarray:
         """The first image as the processor made it, ``(C, H', W')``."""
         return np.asarray(encoded["pixel_values"][0].float())

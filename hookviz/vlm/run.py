@@ -25,7 +25,7 @@ from hookviz.run import distributed, pipeline
 from hookviz.run.distributed import Dist
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.families import Placement
-from hookviz.vlm.model import empty_answer, encode, encode_batch, generate, given_ids, prompt_text
+from hookviz.vlm.model import empty_answer, encode, generate, given_ids, prompt_text
 from hookviz.vlm.pictures import chosen_tokens, render_words
 from hookviz.vlm.words import (
     DEFAULT_METHODS,
@@ -156,16 +156,14 @@ class VlmJob(BaseJob):
         return made
 
     def _answers(self, photos: list[Photo]) -> list[list[int] | None]:
-        """The batch's answers generated together (one ``generate``), where the family's prompts have one
-        length and no answer is given; else None each (each photo generates its own)."""
+        """The batch's answers generated together (one ``generate`` over the photos' inputs stacked), where
+        the family's prompts have one length and no answer is given; else None each (each photo generates
+        its own)."""
         s = self.asked
-        if s.answer is not None or len(photos) < 2 or not self.vlm.family.batches:
+        stacked = self.vlm.family.stacked([p.encoded for p in photos]) if len(photos) > 1 else None
+        if s.answer is not None or stacked is None:
             return [None] * len(photos)
-        try:
-            encoded = encode_batch(self.vlm, [p.rgb for p in photos], s.prompt)
-        except (InputError, ValueError):
-            return [None] * len(photos)
-        return list(generate(self.vlm, encoded, s.max_new_tokens))
+        return list(generate(self.vlm, stacked, s.max_new_tokens))
 
     def render(
         self, result: list[Made], index: int, rgb: Any, box: Box, stem: str
