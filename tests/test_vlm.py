@@ -6,16 +6,21 @@ name the shape in a photo, the shape word's map lies on the shape."""
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from hookviz.vlm.families import family_of
+from hookviz.errors import UsageError
+from hookviz.vlm.families import Family, family_of, register_family, unregister_family
 from hookviz.vlm.words import Vlm, encode, explain_words
-from tests.conftest import hook_counts, invoke, records, write_image
+from tests.conftest import hook_counts, invoke, records, run_cli, write_image
 from tests.test_report import browser  # noqa: F401 - the browser fixture
 from tests.vlm_models import FAMILIES, PROMPTS, WORDS, build, save
 
@@ -590,11 +595,186 @@ def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_ans
     assert rec["status"] == "ok" and [m["text"] for m in rec["maps"]] == ["disc"]
     r = invoke("vlm", str(photo), *model, *answer, "--tokens", "zebra,cat", "--out", str(tmp_path / "none"))
     assert r.exit_code == 1
-    assert r.stderr.strip() == (
-        f"hookviz: {photo}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
+    assert r.stderr.strip() == (  # the photo's name quoted, as the pipeline quotes it for every command
+        f"hookviz: {str(photo)!r}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
         "(its words: 'a', 'disc')"
     )
     (rec,) = records(tmp_path / "none")
     assert rec["status"] == "error" and rec["answer"] == "a disc" and rec["maps"] == []
-    assert "outputs" not in rec
+    assert rec["outputs"] == []
     assert not any(p.suffix == ".png" for p in (tmp_path / "none").iterdir())
+
+
+def _photos(folder: Path, n: int) -> Path:
+    folder.mkdir(parents=True)
+    for i in range(n):
+        rgb = np.random.default_rng(10 + i).integers(0, 256, (40 + 6 * i, 60, 3), dtype=np.uint8)
+        write_image(folder / f"p{i}.png", rgb)
+    return folder
+
+
+@pytest.fixture
+def forwards() -> Iterator[list[str]]:
+    """The name of every module called while the test runs (a global forward hook, removed after)."""
+    called: list[str] = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: called.append(type(module).__name__)
+    )
+    yield called
+    handle.remove()
+
+
+def test_vlm_writes_the_table_and_the_store_and_a_rerun_with_skip_existing_computes_nothing(
+    tmp_path: Path, forwards: list[str]
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    zarr = pytest.importorskip("zarr")
+    folder = save("llava", tmp_path / "llava")
+    photos = _photos(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    args = ["vlm", str(photos), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc",
+            "--method", "llavacam,attention", "--records", "parquet", "--maps", "zarr",
+            "--out", str(out)]  # fmt: skip
+    r = invoke(*args)
+    assert r.exit_code == 0, r.stderr
+    recs = records(out)
+    assert [rec["status"] for rec in recs] == ["ok"] * 3 and all(rec["command"] == "vlm" for rec in recs)
+    assert any(name.startswith("LlavaForConditionalGeneration") for name in forwards)
+    rows = pq.read_table(out / "records.parquet").to_pylist()
+    assert len(rows) == 3 * 2 * 2  # photos x methods x words
+    assert {(r["method"], r["target_name"].strip()) for r in rows} == {
+        (m, w) for m in ("llavacam", "attention") for w in ("a", "disc")
+    }
+    store = zarr.open_group(str(out / "maps.zarr"), mode="r")
+    assert sorted(store.keys()) == sorted(rec["prefix"] for rec in recs)
+    for rec in recs:
+        entry = next(m for m in rec["maps"] if m["method"] == "llavacam" and m["token"] == 1)
+        array = store[rec["prefix"]][entry["file"][len(rec["prefix"]) + 1 : -len(".png")]]
+        assert list(array.shape) == rec["grids"][0] and array.attrs["complete"]
+        assert float(np.nanmax(np.asarray(array[...], np.float32))) == pytest.approx(entry["max"], rel=1e-3)
+    stamps = {p: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix == ".png"}
+    forwards.clear()
+    r = invoke(*args, "--skip-existing")
+    assert r.exit_code == 0, r.stderr
+    assert forwards == []  # nothing computed: not one module of the model called
+    again = records(out)[3:]
+    assert [rec["status"] for rec in again] == ["skipped"] * 3
+    assert [rec["outputs"] for rec in again] == [rec["outputs"] for rec in recs]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert len(pq.read_table(out / "records.parquet").to_pylist()) == 3 * 2 * 2  # skipped rows not repeated
+
+
+def test_photos_batched_give_the_answers_and_maps_of_one_photo_at_a_time(tmp_path: Path) -> None:
+    """LLaVA's prompts have one length whatever the photo: a batch's answers come from one ``generate``;
+    they, and every map, equal those made one photo at a time."""
+    folder = save("llava", tmp_path / "llava")
+    photos = _photos(tmp_path / "in", 4)
+    got = {}
+    for size in (4, 1):
+        out = tmp_path / f"b{size}"
+        r = invoke("vlm", str(photos), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"],
+                   "--max-new-tokens", "3", "--method", "tokengrad", "--save-raw", "--batch-size", str(size),
+                   "--out", str(out))  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        got[size] = {Path(rec["input"]).name: rec for rec in records(out)}
+    assert len(got[4]) == 4
+    for name, one in got[1].items():
+        batched = got[4][name]
+        assert batched["tokens"] == one["tokens"] and batched["generated"]
+        for a, b in zip(batched["outputs"], one["outputs"], strict=True):
+            assert Path(a).name == Path(b).name
+            if a.endswith(".npy"):
+                np.testing.assert_allclose(np.load(a), np.load(b), rtol=1e-4, atol=1e-6)
+
+
+def test_layer_takes_the_decoder_layer_s_name_or_a_glob_naming_one(tmp_path: Path) -> None:
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(3).integers(0, 256, (40, 40, 3), np.uint8))
+    base = ["vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc",
+            "--method", "llavacam", "--save-raw"]  # fmt: skip
+    keys = {}
+    for given in ("0", "model.language_model.layers.0", "*.layers.0"):
+        out = tmp_path / given.replace("*", "star")
+        r = invoke(*base, "--layer", given, "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        (rec,) = records(out)
+        keys[given] = rec["key"]
+        assert rec["settings"]["layer"] == 0 and rec["maps"][0]["layer"] == 0
+    assert len(set(keys.values())) == 1  # one layer, one key: the outputs of one are the others'
+    r = invoke(*base, "--layer", "*.layers.*", "--out", str(tmp_path / "many"))
+    assert r.exit_code == 2 and "names 2 decoder layers (0 to 1); give one" in r.stderr, r.stderr
+
+
+class _Renamed(Family):
+    """A family from outside the package: LLaVA's layout under a name of its own, counting its calls."""
+
+    name = "test-llava"
+    model_types = ("llava",)
+    calls = 0
+
+    def placement(self, model: Any, processor: Any, encoded: dict[str, Any], photo: tuple[int, int]) -> Any:
+        _Renamed.calls += 1
+        return super().placement(model, processor, encoded, photo)
+
+    def tower(self, model: Any) -> Any:
+        return model.model.vision_tower
+
+
+def test_a_family_registered_from_outside_the_package_runs_vlm(tmp_path: Path) -> None:
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(4).integers(0, 256, (40, 52, 3), np.uint8))
+    args = ["vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc",
+            "--method", "llavacam,relevancy", "--save-raw"]  # fmt: skip
+    r = invoke(*args, "--out", str(tmp_path / "builtin"))
+    assert r.exit_code == 0, r.stderr
+    register_family(_Renamed())
+    try:
+        with pytest.raises(ValueError, match="give a new name"):
+            register_family(_Renamed())
+        assert family_of(build("llava")[0]).name == "test-llava"
+        r = invoke(*args, "--out", str(tmp_path / "ours"))
+        assert r.exit_code == 0, r.stderr
+        assert _Renamed.calls == 1
+        with pytest.raises(UsageError, match="it knows test-llava, llava, llava-next"):
+            family_of(SimpleNamespace(config=SimpleNamespace(model_type="clip")))
+    finally:
+        unregister_family("test-llava")
+    assert family_of(build("llava")[0]).name == "llava"
+    (ours,), (theirs,) = records(tmp_path / "ours"), records(tmp_path / "builtin")
+    assert [m["file"] for m in ours["maps"]] == [m["file"] for m in theirs["maps"]]
+    for a, b in zip(ours["outputs"], theirs["outputs"], strict=True):
+        if a.endswith(".npy"):
+            np.testing.assert_allclose(np.load(a), np.load(b), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_write_the_manifest_one_process_writes(tmp_path: Path) -> None:
+    folder = save("llava", tmp_path / "llava")
+    _photos(tmp_path / "in", 4)
+    (tmp_path / "in" / "broken.png").write_text("not a picture")
+    args = ["-m", "hookviz", "vlm", "in", "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"],
+            "--max-new-tokens", "2", "--method", "llavacam,attention", "--save-raw",
+            "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = run_cli([sys.executable, *args, "--out", "one"], cwd=tmp_path, env=env)
+    two = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   *args, "--out", "two", "--json"], cwd=tmp_path, env=env)  # fmt: skip
+    assert one.returncode == two.returncode == 1, two.stderr  # broken.png failed; the others were done
+    assert not list((tmp_path / "two").glob(".manifest.rank*"))
+
+    def kept(out: str) -> list[dict[str, Any]]:
+        recs = sorted(records(tmp_path / out), key=lambda rec: rec["input"])
+        return [{k: v for k, v in rec.items() if k not in ("time", "outputs")} for rec in recs]
+
+    assert kept("one") == kept("two") and len(kept("one")) == 5
+    assert [json.loads(line)["input"] for line in two.stdout.splitlines()] == [
+        rec["input"] for rec in records(tmp_path / "two")
+    ]
+    names = {out: sorted(p.name for p in (tmp_path / out).iterdir() if p.suffix in (".png", ".npy"))
+             for out in ("one", "two")}  # fmt: skip
+    drawn = sum(2 * len(rec["maps"]) + 1 for rec in records(tmp_path / "one") if rec["status"] == "ok")
+    assert names["one"] == names["two"] and len(names["one"]) == drawn >= 4 * (2 * 2 + 1)
+    for name in names["one"]:
+        if name.endswith(".npy"):
+            a, b = np.load(tmp_path / "one" / name), np.load(tmp_path / "two" / name)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

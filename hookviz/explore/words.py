@@ -21,9 +21,10 @@ from hookviz.explore.view import View
 from hookviz.explore.watch import Watch
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
 from hookviz.io.inputs import Item, expand_inputs
+from hookviz.methods.registry import TOKEN_METHODS
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.pictures import render_words
-from hookviz.vlm.words import DEFAULT_METHODS, METHODS, TITLES, Vlm, WordMaps, explain_words
+from hookviz.vlm.words import DEFAULT_METHODS, Vlm, WordMaps, explain_words
 
 T = TypeVar("T")
 
@@ -152,19 +153,18 @@ class VlmSession:
         return [{"name": "", "type": f"decoder layer {(depth - 1) // 2}", "shape": [], "default": True}]
 
     def methods(self) -> list[dict[str, Any]]:
+        """The registered token methods; the defaults apply (relevancy is asked for by name)."""
         return [
             {
-                "name": m,
-                "title": TITLES[m],
+                "name": m.name,
+                "title": m.title,
                 "family": "vision-language",
                 "cost": "one pass for all words",
                 "cheap": True,
-                "applies": m in DEFAULT_METHODS,
-                "why": ""
-                if m in DEFAULT_METHODS
-                else "hookviz vlm --method relevancy (its pass keeps every attention with its graph)",
+                "applies": m.default,
+                "why": "" if m.default else f"hookviz vlm --method {m.name} ({m.cost})",
             }
-            for m in METHODS
+            for m in TOKEN_METHODS.values()
         ]
 
     def _read(self, index: int) -> MadeWords:

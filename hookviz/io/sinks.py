@@ -50,10 +50,13 @@ def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     outputs = [str(o) for o in record.get("outputs") or []]
     rows = []
     for entry in record.get("maps") or []:
-        target = entry.get("target") or {}
+        # A vision-language model's map (``vlm``) has an answer token for its target.
+        target = entry.get("target") or (
+            {"index": entry["token"], "name": entry.get("text")} if "token" in entry else {}
+        )
         file = str(entry.get("file") or "")
         rows.append({
-            **base, "method": entry.get("method"), "layer": entry.get("layer"),
+            **base, "method": entry.get("method"), "layer": _text(entry.get("layer")),
             "target_index": target.get("index"), "target_name": _text(target.get("name")),
             "target_score": target.get("score"), "map_min": entry.get("min"), "map_max": entry.get("max"),
             "finite": entry.get("finite"), "file": file or None,

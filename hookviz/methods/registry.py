@@ -275,3 +275,95 @@ def table() -> str:
         star = "" if m.in_all else " (not in `all`)"
         rows.append(f"| `{m.name}` | {m.family}{star} | {m.paper} | {m.formula} | {cost} |")
     return "\n".join(rows) + "\n"
+
+
+#: What a token method (``hookviz vlm``: a map per answer token over a vision-language model's image tokens)
+#: needs of the teacher-forced pass: the answer token's gradient at a decoder layer's output or at the image
+#: tokens as the decoder receives them (one shared pass with a backward per token), the decoder's attention
+#: weights (an eager-attention pass), kept with their graph, its final states (a pass without gradients),
+#: the vision tower's attention, or the photo's token layout (its views' grids).
+TOKEN_NEEDS = frozenset(
+    {
+        "layer_gradients", "embedding_gradients", "attention", "attention_gradients", "final_states",
+        "tower_attention", "layout",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenMethod:
+    """One registered token method (see :func:`register_token_method`)."""
+
+    name: str
+    title: str
+    needs: frozenset[str]
+    cost: str
+    #: Its maps ``(T, N)`` of one teacher-forced pass (``hookviz.vlm.words.TokenPass``), or
+    #: ``module:function`` naming it (resolved on first use).
+    function: Callable[..., Any] | str = field(repr=False)
+    paper: str = ""
+    #: Made when no method is named (a costly one is asked for by name).
+    default: bool = True
+    #: Reads the decoder layer ``--layer`` names (LLaVA-CAM), which must reach an answer token.
+    reads_layer: bool = False
+
+    def compute(self, p: Any) -> Any:
+        """The method's maps ``(T, N)``: a score per answer token and image token."""
+        fn = self.function
+        if isinstance(fn, str):
+            module, _, attr = fn.partition(":")
+            fn = getattr(importlib.import_module(module), attr)
+            object.__setattr__(self, "function", fn)
+        return fn(p)
+
+
+#: The token methods, in the order they are drawn.
+TOKEN_METHODS: dict[str, TokenMethod] = {}
+
+
+def register_token_method(
+    name: str,
+    *,
+    title: str,
+    needs: Iterable[str],
+    cost: str,
+    paper: str = "",
+    default: bool = True,
+    reads_layer: bool = False,
+    function: Callable[..., Any] | str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a token method of ``hookviz vlm``; as a decorator on its function, or with ``function=``.
+
+    Raises:
+        ValueError: a name taken or not an identifier, an unknown need.
+    """
+    if not name.isidentifier() or name in TOKEN_METHODS:
+        raise ValueError(f"token method name {name!r} is taken or not an identifier")
+    wanted = frozenset(needs)
+    if not wanted <= TOKEN_NEEDS:
+        raise ValueError(f"needs {sorted(wanted - TOKEN_NEEDS)}: not among {sorted(TOKEN_NEEDS)}")
+
+    def add(fn: Callable[..., Any] | str) -> Any:
+        TOKEN_METHODS[name] = TokenMethod(name, title, wanted, cost, fn, paper, default, reads_layer)
+        return fn
+
+    if function is not None:
+        add(function)
+        return lambda fn: fn
+    return add
+
+
+def unregister_token_method(name: str) -> None:
+    """Remove a token method (tests that register one clean up with this)."""
+    TOKEN_METHODS.pop(name, None)
+
+
+def token_method(name: str) -> TokenMethod:
+    """The registered token method ``name``.
+
+    Raises:
+        UsageError: no such method (the registered ones are listed).
+    """
+    if name not in TOKEN_METHODS:
+        raise UsageError(f"--method {name}: hookviz vlm has {', '.join(TOKEN_METHODS)}")
+    return TOKEN_METHODS[name]

@@ -323,8 +323,8 @@ class _Run:
                 return self.skipped(item, prefix, fields, "outputs exist for these settings")
             if isinstance(written, OSError):
                 raise written
-        except HookvizError as exc:
-            return self.record(item, "error", f"{quote(item.name)}: {exc}")
+        except HookvizError as exc:  # what it found before failing (``exc.fields``) is kept in its record
+            return self.record(item, "error", f"{quote(item.name)}: {exc}", **getattr(exc, "fields", {}))
         except FileExistsError as exc:
             if all(self.output.exists(n) for n in self.planned(prefix)):
                 # Another run with these settings finished this input meanwhile (two runs into one --out):

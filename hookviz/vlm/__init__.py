@@ -1,3 +1,6 @@
-"""Generative vision-language models (LLaVA, PaliGemma, Qwen2-VL): what the model looked at for each word
-it says (``hookviz vlm``). :func:`hookviz.vlm.words.explain_words` makes the maps, :mod:`.families` places the
-image tokens on the photo, :mod:`.pictures` draws them, :mod:`.run` writes a run."""
+"""Generative vision-language models (LLaVA, PaliGemma, Qwen2-VL, ...): what the model looked at for each
+word it says (``hookviz vlm``). :mod:`.model` loads a model and makes its answer,
+:func:`hookviz.vlm.words.explain_words` makes the maps (the token methods, registered with their needs),
+:mod:`.families` is the registry of families (:func:`~.families.register_family`), :mod:`.placement`
+places their image tokens on the photo, :mod:`.pictures` draws them, and :mod:`.run` is the ``vlm`` job on
+the pipeline."""

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hookviz.core.hooks import HookGroup
 from hookviz.vlm.words import Vlm, WordMaps
 
 
@@ -28,12 +29,9 @@ def _log_prob(vlm: Vlm, wm: WordMaps, token: int, replaced: Tensor) -> float:
         x[0, replaced] = x[0, wm.image].mean(dim=0)
         return args, {**kwargs, "inputs_embeds": x}
 
-    handle = lm.register_forward_pre_hook(grey, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            logits = vlm.model(**wm.inputs).logits
-    finally:
-        handle.remove()
+    with HookGroup() as hooks, torch.no_grad():
+        hooks.add(lm.register_forward_pre_hook(grey, with_kwargs=True))
+        logits = vlm.model(**wm.inputs).logits
     row = wm.answer.start - 1 + token
     return float(torch.log_softmax(logits[0, row].float(), dim=-1)[wm.answer.token_ids[token]])
 

@@ -1,4 +1,5 @@
-"""The generative vision-language models hookviz knows, and where their image tokens lie on the photo.
+"""The generative vision-language models hookviz knows (a registry: :func:`register_family`), and where
+their image tokens lie on the photo.
 
 A family says how its processor lays the photo out (the processed image, from the processor's own output),
 how many image tokens that makes (rows x columns, in the order the language model reads them), which token
@@ -16,162 +17,22 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from hookviz.errors import InputError, UsageError
-from hookviz.io.images import Box
+from hookviz.vlm.placement import Axis, Geometry, Placement, axis_of, processed, ramp
+
+__all__ = [
+    "FAMILIES", "HF", "Axis", "Family", "Geometry", "Placement", "family_of", "measure", "processed",
+    "register_family", "unregister_family",
+]  # fmt: skip
 
 #: A transformers model (or one of its parts): hookviz reads its config and submodules by their names, which
 #: ``nn.Module``'s static type does not know (its ``__getattr__`` says ``Tensor | Module``).
 HF = Any
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One axis of the processed image on the photo: pixel ``u``'s centre lies at ``origin + step * u``
-    (photo pixels, ``x + 0.5`` for pixel ``x``'s centre); ``size`` processed pixels."""
-
-    origin: float
-    step: float
-    size: int
-
-    def span(self) -> tuple[float, float]:
-        """The processed image's extent on the photo (its first pixel's left edge, its last's right)."""
-        return self.origin - self.step / 2, self.origin + self.step * (self.size - 0.5)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Where the processed image lies on a photo ``(H, W)``, and the image tokens' grid ``(rows, cols)``
-    over it (each token an equal block of the processed image)."""
-
-    x: Axis
-    y: Axis
-    grid: tuple[int, int]
-    photo: tuple[int, int]
-    #: Tokens after each row that have no place on the photo (LLaVA-NeXT's row-end token).
-    row_extra: int = 0
-
-    def box(self) -> Box:
-        """The part of the photo the model saw, in whole pixels (for drawing)."""
-        (x0, x1), (y0, y1) = self.x.span(), self.y.span()
-        h, w = self.photo
-        return Box(max(0, round(x0)), max(0, round(y0)), min(w, round(x1)), min(h, round(y1)))
-
-    def cells(self) -> tuple[np.ndarray, np.ndarray]:
-        """For each photo row and column, the token row and column it falls in (-1: outside)."""
-
-        def along(axis: Axis, n: int, tokens: int) -> np.ndarray:
-            u = ((np.arange(n) + 0.5) - axis.origin) / axis.step + 0.5  # processed pixel, continuous
-            cell = np.floor(u * tokens / axis.size).astype(int)
-            return np.where((u >= 0) & (u < axis.size), cell, -1)
-
-        h, w = self.photo
-        return along(self.y, h, self.grid[0]), along(self.x, w, self.grid[1])
-
-    def paint(self, scores: np.ndarray) -> np.ndarray:
-        """``scores`` ``(rows, cols)`` over the photo: each pixel takes its token's score (NaN outside)."""
-        rows, cols = self.cells()
-        out = np.full(self.photo, np.nan, np.float32)
-        inside = (rows[:, None] >= 0) & (cols[None, :] >= 0)
-        picked = scores[np.clip(rows, 0, None)[:, None], np.clip(cols, 0, None)[None, :]]
-        out[inside] = picked[inside]
-        return out
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where each view's image tokens lie on a photo ``(H, W)``; a map is one score per image token, the
-    views' tokens one after another (each view row-major)."""
-
-    views: tuple[Geometry, ...]
-    photo: tuple[int, int]
-
-    @property
-    def grids(self) -> list[tuple[int, int]]:
-        return [v.grid for v in self.views]
-
-    @property
-    def tokens(self) -> int:
-        return sum(r * (c + v.row_extra) for v, (r, c) in zip(self.views, self.grids, strict=True))
-
-    def split(self, scores: np.ndarray) -> list[np.ndarray]:
-        """A flat map's scores as each view's ``(rows, cols)`` grid (row-end tokens left out)."""
-        out, start = [], 0
-        for view, (r, c) in zip(self.views, self.grids, strict=True):
-            width = c + view.row_extra
-            out.append(np.asarray(scores[start : start + r * width]).reshape(r, width)[:, :c])
-            start += r * width
-        return out
-
-    def per_view(self, scores: np.ndarray, change: Any) -> np.ndarray:
-        """``scores`` with each view's grid replaced by ``change(grid)`` (row-end tokens left as they are)."""
-        out = np.array(scores, dtype=np.float64)
-        start = 0
-        for view, (r, c) in zip(self.views, self.grids, strict=True):
-            width = c + view.row_extra
-            block = out[start : start + r * width].reshape(r, width)
-            if r * c:  # (a grid of row-end tokens alone has nothing to change)
-                block[:, :c] = change(block[:, :c])
-            start += r * width
-        return out
-
-    def placed(self) -> np.ndarray:
-        """Which image tokens have a place on the photo (not a row-end token), ``(N,)`` booleans."""
-        return np.concatenate([np.ones(r * c, bool) if v.row_extra == 0 else
-                               np.tile(np.r_[np.ones(c, bool), np.zeros(v.row_extra, bool)], r)
-                               for v, (r, c) in zip(self.views, self.grids, strict=True)])  # fmt: skip
-
-    def raw(self, scores: np.ndarray) -> np.ndarray:
-        """What ``--save-raw`` writes: one view's grid ``(rows, cols)``, or the flat scores of several."""
-        return self.split(scores)[0] if len(self.views) == 1 else np.asarray(scores)[self.placed()]
-
-    def box(self) -> Box:
-        """The part of the photo some view saw."""
-        boxes = [v.box() for v in self.views if v.grid[0] * v.grid[1]]
-        return Box(min(b.x0 for b in boxes), min(b.y0 for b in boxes), max(b.x1 for b in boxes),
-                   max(b.y1 for b in boxes))  # fmt: skip
-
-    def picture(self, scores: np.ndarray) -> np.ndarray:
-        """The map over the photo ``(H, W)`` for drawing: each view's grid interpolated bilinearly at its
-        place (a token's score at its cell's centre; beyond the outer centres the edge tokens' scores), the
-        views' mean where several cover a pixel (NaN where none does). A grid that reaches past the photo's
-        edge (LLaVA-NeXT's unpadded tiles keep part of a row of padding) is cut there, not squeezed in."""
-        total = np.zeros(self.photo, np.float64)
-        count = np.zeros(self.photo, np.float64)
-        for view, grid in zip(self.views, self.split(scores), strict=True):
-            if grid.size == 0:
-                continue
-            wy, iy = _bilinear(view.y, self.photo[0], grid.shape[0])
-            wx, ix = _bilinear(view.x, self.photo[1], grid.shape[1])
-            inside = iy[:, None] & ix[None, :]
-            total[inside] += (wy @ grid.astype(np.float64) @ wx.T)[inside]
-            count[inside] += 1
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
-
-    def token_pixels(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """The photo rows and columns image token ``index`` covers (its view's cell; none for a row end)."""
-        for view, (r, c) in zip(self.views, self.grids, strict=True):
-            width = c + view.row_extra
-            if index < r * width:
-                row, col = divmod(index, width)
-                if col >= c:
-                    return np.zeros(0, int), np.zeros(0, int)
-                rows, cols = view.cells()
-                return (_covered(rows, row, view.y, r, self.photo[0]),
-                        _covered(cols, col, view.x, c, self.photo[1]))  # fmt: skip
-            index -= r * width
-        raise IndexError(index)
-
-    def peak(self, scores: np.ndarray) -> list[int]:
-        """The photo pixel ``[x, y]`` at the centre of the highest placed token's cell."""
-        ys, xs = self.token_pixels(int(np.argmax(np.where(self.placed(), scores, -np.inf))))
-        return [int(xs.mean()), int(ys.mean())] if len(xs) and len(ys) else [-1, -1]
 
 
 class Family:
@@ -179,9 +40,32 @@ class Family:
 
     name: ClassVar[str] = ""
     model_types: ClassVar[tuple[str, ...]] = ()
+    #: Photos of one batch make prompts of one length (a fixed number of image tokens per photo): their
+    #: answers are generated together, with no padding. A family whose token count follows the photo's size
+    #: (dynamic resolutions, tiles) generates one photo at a time.
+    batches: ClassVar[bool] = False
 
     def claims(self, model: HF) -> bool:
         return getattr(model.config, "model_type", "") in self.model_types
+
+    def images(self, photos: list[np.ndarray]) -> Any:
+        """``photos`` ``(H, W, C)`` as the processor takes them, one per prompt (a list; a single photo as
+        itself)."""
+        return photos[0] if len(photos) == 1 else photos
+
+    def stacked(self, encoded: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Photos' processor inputs as one batch's (each photo's tensors one row of it), where the family
+        batches and the prompts have one length; None where they cannot be stacked."""
+        keys = encoded[0].keys()
+        if not self.batches or any(e.keys() != keys for e in encoded):
+            return None
+        out: dict[str, Any] = {}
+        for key in keys:
+            values = [e[key] for e in encoded]
+            if not all(isinstance(v, torch.Tensor) and v.shape == values[0].shape for v in values):
+                return None
+            out[key] = torch.cat(values, dim=0)
+        return out
 
     def processed(self, encoded: dict[str, Any]) -> np.ndarray:
         """The first image as the processor made it, ``(C, H', W')``."""
@@ -231,6 +115,7 @@ class Llava(Family):
 
     name = "llava"
     model_types = ("llava",)
+    batches = True
 
     def tower(self, model: HF) -> HF | None:
         return model.model.vision_tower
@@ -246,6 +131,7 @@ class PaliGemma(Family):
 
     name = "paligemma"
     model_types = ("paligemma",)
+    batches = True
 
     def tower(self, model: HF) -> HF | None:
         return model.model.vision_tower
@@ -291,6 +177,10 @@ class Idefics3(Family):
     name = "idefics3"
     model_types = ("idefics3", "smolvlm")
 
+    def images(self, photos: list[np.ndarray]) -> Any:
+        """A list of photos per prompt (the processor reads a flat list as one prompt's photos)."""
+        return [[p] for p in photos]
+
     def views(self, encoded: dict[str, Any]) -> list[np.ndarray]:
         pixels = np.asarray(encoded["pixel_values"][0].float())
         mask = encoded.get("pixel_attention_mask")
@@ -326,19 +216,18 @@ class LlavaNext(Family):
 
         side, patch = int(model.config.vision_config.image_size), self.patch(model)
         tiles_h, tiles_w = get_anyres_image_grid_shape(list(photo), model.config.image_grid_pinpoints, side)
-        ramp = _ramp(photo)
-        got = processed(processor.image_processor, images=ramp, do_rescale=False, do_normalize=False,
+        got = processed(processor.image_processor, images=ramp(photo), do_rescale=False, do_normalize=False,
                         return_tensors="pt")  # fmt: skip
         views = self.views(dict(got))
-        base = Geometry(_axis(views[0][0], 1, views[0][2] > 0.5, photo[1]),
-                        _axis(views[0][1], 0, views[0][2] > 0.5, photo[0]),
+        base = Geometry(axis_of(views[0][0], 1, views[0][2] > 0.5, photo[1]),
+                        axis_of(views[0][1], 0, views[0][2] > 0.5, photo[0]),
                         (side // patch, side // patch), photo)  # fmt: skip
         canvas = np.concatenate(
             [np.concatenate(views[1 + i * tiles_w : 1 + (i + 1) * tiles_w], axis=2) for i in range(tiles_h)],
             axis=1,
         )
         mask = canvas[2] > 0.5
-        x, y = _axis(canvas[0], 1, mask, photo[1]), _axis(canvas[1], 0, mask, photo[0])
+        x, y = axis_of(canvas[0], 1, mask, photo[1]), axis_of(canvas[1], 0, mask, photo[0])
         rows, cols = tiles_h * side // patch, tiles_w * side // patch
         index = torch.arange(rows * cols).reshape(1, rows, cols)
         kept = unpad_image(index, torch.tensor(list(photo)))[0]
@@ -377,7 +266,34 @@ class InternVL(Family):
         return [(v.shape[1] // step, v.shape[2] // step) for v in self.views(encoded)]
 
 
+#: The registered families, the first that claims a model taking it (:func:`register_family`).
 FAMILIES: list[Family] = [Llava(), LlavaNext(), PaliGemma(), Qwen2VL(), Idefics3(), InternVL()]
+
+
+def register_family(family: Family, *, replace: bool = False) -> Family:
+    """Make ``hookviz vlm`` (and the explorer) take the models ``family`` claims; registered families are
+    asked first, so one may claim a model type a built-in family also names.
+
+    Examples:
+        >>> class Tiny(Family):
+        ...     name, model_types = "tiny", ("tiny_vlm",)
+        >>> register_family(Tiny())
+
+    Raises:
+        ValueError: the name is taken (``replace`` swaps it) or empty.
+    """
+    taken = [f for f in FAMILIES if f.name == family.name]
+    if not family.name or (taken and not replace):
+        raise ValueError(f"family {family.name!r}: give a new name, or replace=True")
+    for old in taken:
+        FAMILIES.remove(old)
+    FAMILIES.insert(0, family)
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Remove family ``name`` (tests that register one clean up with this)."""
+    FAMILIES[:] = [f for f in FAMILIES if f.name != name]
 
 
 def family_of(model: HF) -> Family:
@@ -400,117 +316,13 @@ def measure(
     """Where each view's image tokens lie on a photo of ``photo`` ``(H, W)`` pixels, measured through
     ``processor``'s image processor with a ramp picture (see the module's docstring); ``grids``: each view's
     image tokens' rows and columns."""
-    ramp = _ramp(photo)
-    images = [[ramp]] if isinstance(family, Idefics3) else ramp
-    got = processed(processor.image_processor, images=images, do_rescale=False, do_normalize=False,
-                    return_tensors="pt")  # fmt: skip
+    got = processed(processor.image_processor, images=family.images([ramp(photo)]), do_rescale=False,
+                    do_normalize=False, return_tensors="pt")  # fmt: skip
     views = family.views(dict(got))
     if len(views) != len(grids):
         raise InputError(f"the processor made {len(views)} views of the ramp and {len(grids)} of the photo")
     placed = tuple(
-        Geometry(_axis(v[0], 1, v[2] > 0.5, photo[1]), _axis(v[1], 0, v[2] > 0.5, photo[0]), grid, photo)
+        Geometry(axis_of(v[0], 1, v[2] > 0.5, photo[1]), axis_of(v[1], 0, v[2] > 0.5, photo[0]), grid, photo)
         for v, grid in zip(views, grids, strict=True)
     )
     return Placement(placed, photo)
-
-
-def processed(processor: Any, **kwargs: Any) -> Any:
-    """``processor(**kwargs)`` on pictures ``(H, W, C)`` (said outright: left to guess, the processor takes
-    a photo 4 or fewer pixels high for ``(C, H, W)``, a 4 x 4 photo for four channels of 4 x 3), its
-    library's deprecation notices silenced (they are its own, not the user's: some transformers releases warn
-    inside their image processors under NumPy 2)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        return processor(**kwargs, input_data_format="channels_last")
-
-
-def _covered(cells: np.ndarray, cell: int, axis: Axis, tokens: int, n: int) -> np.ndarray:
-    """The photo pixels along one axis whose centres lie in token ``cell``; where none does (a photo
-    enlarged: a cell narrower than a pixel), the pixel holding the cell's centre (none: off the photo)."""
-    found = np.nonzero(cells == cell)[0]
-    if len(found):
-        return found
-    centre = axis.origin + axis.step * ((cell + 0.5) * axis.size / tokens - 0.5)
-    return np.array([int(np.floor(centre))] if 0 <= centre < n else [], int)
-
-
-def _bilinear(axis: Axis, n: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Along one axis, each of the photo's ``n`` pixels as a bilinear mix of the ``tokens`` cells' centres
-    ``(n, tokens)`` (clamped at the outer ones, as ``cv2.resize`` is), and which pixels the view covers."""
-    u = ((np.arange(n) + 0.5) - axis.origin) / axis.step  # processed pixel, continuous (centres at integers)
-    at = np.clip((u + 0.5) * tokens / axis.size - 0.5, 0, tokens - 1)  # token, continuous
-    low = np.minimum(np.floor(at).astype(int), tokens - 1)
-    high = np.minimum(low + 1, tokens - 1)
-    weights = np.zeros((n, tokens))
-    rows = np.arange(n)
-    np.add.at(weights, (rows, low), 1 - (at - low))
-    np.add.at(weights, (rows, high), at - low)
-    return weights, (u >= -0.5) & (u < axis.size - 0.5)
-
-
-def _ramp(photo: tuple[int, int]) -> np.ndarray:
-    """A picture of ``photo``'s size whose pixels hold their own coordinates: ``x + 0.5``, ``y + 0.5``, and 1
-    (what marks the photo's pixels: padding is 0)."""
-    h, w = photo
-    ramp = np.zeros((h, w, 3), np.float32)
-    ramp[..., 0] = np.arange(w, dtype=np.float32)[None, :] + 0.5
-    ramp[..., 1] = np.arange(h, dtype=np.float32)[:, None] + 0.5
-    ramp[..., 2] = 1.0
-    return ramp
-
-
-def _axis(plane: np.ndarray, along: int, photo: np.ndarray, length: int) -> Axis:
-    """The line ``origin + step * u`` the ramp's values follow along one axis of the processed image (a photo
-    of ``length`` pixels along it).
-
-    Fitted inside the photo's pixels: from their middle half outwards, as far as the values stay on the line.
-    Only near the photo's own borders may they leave it (resampling clamps there: a kernel reaching past
-    the border reads the border pixel again), which on a photo a few pixels wide is most of it. A photo one
-    pixel wide along the axis (a constant ramp) is spread evenly over the processed pixels it covers.
-
-    Raises:
-        InputError: the values leave the line away from the photo's borders (not a resize hookviz knows).
-    """
-    line = np.nonzero(photo.any(axis=1 - along))[0]  # where the photo lies along this axis
-    middle: tuple[int | slice, ...]
-    if along == 1:
-        rows = np.nonzero(photo.any(axis=1))[0]
-        middle = (int(rows[len(rows) // 2]) if len(rows) else plane.shape[0] // 2, slice(None))
-    else:
-        cols = np.nonzero(photo.any(axis=0))[0]
-        middle = (slice(None), int(cols[len(cols) // 2]) if len(cols) else plane.shape[1] // 2)
-    values = plane[middle].astype(np.float64)
-    n = len(values)
-    first, last = (int(line[0]), int(line[-1]) + 1) if len(line) else (0, n)
-    inside = np.arange(first, last)
-    seen = values[inside]
-    if len(inside) < 2 or np.ptp(seen) <= 1e-6 * max(1, length):  # within one photo pixel: nothing to fit
-        step = 1.0 / max(len(inside), 1)
-        pixel = float(np.clip(np.floor(seen.mean() if len(seen) else 0.0), 0, max(length - 1, 0)))
-        return Axis(pixel + step * (0.5 - first), step, n)
-    quarter = len(inside) // 4 if len(inside) >= 4 else 0
-    lo, hi = quarter, len(inside) - quarter  # the run of values on the line, [lo, hi) of ``inside``
-    centre = len(inside) // 2
-    for _ in range(4):
-        step, origin = np.polyfit(inside[lo:hi].astype(np.float64), seen[lo:hi], 1)
-        # Within half a processed pixel (two resamplings, as Idefics3's tiles, wobble by less than that).
-        on = np.abs(origin + step * inside - seen) <= 0.5 * abs(step) + 1e-9 * max(1, length)
-        if not on[centre]:
-            break
-        off = np.nonzero(~on)[0]
-        grown = int(off[off < centre].max() + 1) if (off < centre).any() else 0
-        upto = int(off[off > centre].min()) if (off > centre).any() else len(inside)
-        if (grown, upto) == (lo, hi) or upto - grown < 2:
-            break
-        lo, hi = grown, upto
-    # Off the line only where a resampling kernel (Lanczos' three pixels, widened by a downscale) reaches
-    # past the photo's border: on a photo a few pixels wide, everywhere (the middle half's line is kept).
-    reach = 2 + 3 * max(1.0, abs(step))
-    off = np.abs(origin + step * inside - seen) > 0.5 * abs(step) + 1e-9 * max(1, length)
-    border = np.minimum(seen, length - seen) <= reach
-    if (off & ~border).any() or abs(step) < 1e-12:
-        raise InputError("the processor does not resize the photo linearly; hookviz cannot place its tokens")
-    return Axis(float(origin), float(step), n)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.core.arrays import to_numpy
+from hookviz.core.hooks import HookGroup
 from hookviz.vlm.families import HF
 
 
@@ -54,12 +55,9 @@ def final_states(model: HF, lm: HF, forced: dict[str, Any]) -> Tensor:
     def final(module: nn.Module, args: Any, output: Any) -> None:
         kept["h"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
 
-    handle = lm.register_forward_hook(final)
-    try:
-        with torch.no_grad():
-            model(**forced)
-    finally:
-        handle.remove()
+    with HookGroup() as hooks, torch.no_grad():
+        hooks.add(lm.register_forward_hook(final))
+        model(**forced)
     return kept["h"]
 
 

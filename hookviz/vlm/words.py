@@ -28,13 +28,16 @@ reusing the one graph. The methods:
   heads x length squared.
 
 Each map is a score per image token (:class:`hookviz.vlm.families.Placement` places the tokens on the photo).
+Each method is one function of a :class:`TokenPass` registered with
+:func:`hookviz.methods.registry.register_token_method` and what it needs of the pass; the hooks are held by
+:class:`hookviz.core.hooks.HookGroup`.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,76 +45,17 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.core.arrays import to_numpy
-from hookviz.errors import InputError, SetupError, UsageError, first_line
-from hookviz.models.hf import quiet
-from hookviz.vlm.families import HF, Family, Placement, family_of, processed
+from hookviz.core.hooks import HookGroup
+from hookviz.errors import UsageError
+from hookviz.methods.registry import TOKEN_METHODS, register_token_method, token_method
+from hookviz.vlm.families import HF, Placement
+from hookviz.vlm.model import Answer, Vlm, answer_of, eager, empty_answer, encode, forced, load_vlm
 from hookviz.vlm.tam import final_states, token_activation_maps
 
-#: The methods, in the order they are drawn.
-METHODS = ("attention", "tokengrad", "llavacam", "towercam", "logitlens", "tam", "relevancy")
-#: Those made when none are named (relevancy's pass keeps every attention with its graph: asked for by name).
-DEFAULT_METHODS = METHODS[:-1]
-TITLES = {
-    "tokengrad": "gradient at the image tokens",
-    "attention": "attention to the image",
-    "llavacam": "LLaVA-CAM",
-    "towercam": "Grad-CAM on the image tokens",
-    "logitlens": "the word read at the image tokens",
-    "relevancy": "relevancy (gradient-weighted attention, rolled out)",
-    "tam": "TAM (token activation map)",
-}
-
-
-@dataclass
-class Vlm:
-    """A loaded vision-language model, its processor and family."""
-
-    model: HF
-    processor: Any
-    family: Family
-    name: str
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-
-def load_vlm(spec: str, device: str = "cpu") -> Vlm:
-    """``hf:DIR`` (a folder ``save_pretrained`` wrote: config, weights, processor) or a hub id, loaded
-    with its processor.
-
-    Raises:
-        UsageError: nothing loadable there, or not a vision-language model hookviz knows.
-    """
-    import transformers
-
-    if tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 15):
-        raise SetupError(
-            f"hookviz vlm needs transformers 5.15 or newer (found {transformers.__version__}): "
-            "pip install 'hookviz[vlm]'"
-        )
-    where = spec[3:] if spec.startswith("hf:") else spec
-    if spec.startswith("hf:") and not Path(where).expanduser().is_dir() and Path(where).expanduser().exists():
-        raise UsageError(f"--model {spec}: not a folder; give a folder save_pretrained wrote, or a hub id")
-    try:
-        with quiet(transformers):
-            processor = transformers.AutoProcessor.from_pretrained(where)
-            model = transformers.AutoModelForImageTextToText.from_pretrained(where)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--model {spec}: cannot load a vision-language model ({first_line(exc)})") from None
-    family = family_of(model)
-    target = torch.device(device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
-    return Vlm(model.eval().to(target), processor, family, Path(where).name or where, target)
-
-
-@dataclass
-class Answer:
-    """The prompt and the answer as token ids ``(1, L)``; the answer's tokens start at ``start``."""
-
-    ids: Tensor
-    start: int
-    tokens: list[str]
-    token_ids: list[int]
-    text: str = ""
-    probs: list[float] = field(default_factory=list)
-    generated: bool = False
+__all__ = [
+    "DEFAULT_METHODS", "METHODS", "TITLES", "Answer", "TokenPass", "Vlm", "WordMaps", "decoder_index",
+    "empty_answer", "encode", "explain_words", "load_vlm",
+]  # fmt: skip
 
 
 @dataclass
@@ -129,112 +73,89 @@ class WordMaps:
     image: Tensor | None = field(default=None, repr=False)
 
 
-def encode(vlm: Vlm, rgb: np.ndarray, prompt: str) -> dict[str, Any]:
-    """The processor's inputs for one photo and the prompt (the chat template's where the processor has
-    one and the prompt holds no image token; else the prompt as given, which must hold the image token).
+@dataclass
+class TokenPass:
+    """One photo's teacher-forced pass as the token methods read it: the model, its decoder, the inputs with
+    the answer appended, the answer, the image tokens' positions, the decoder layer chosen (``layer``: as
+    asked, None for the default), where the tokens lie, and the methods asked for (the shared gradient pass
+    runs once, for every method that needs it)."""
+
+    vlm: Vlm
+    forced: dict[str, Any]
+    found: Answer
+    image: Tensor
+    chosen: int
+    layer: int | None
+    placement: Placement
+    methods: tuple[str, ...]
+    _kept: dict[str, tuple[Tensor, Tensor]] | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> HF:
+        return self.vlm.model
+
+    @property
+    def lm(self) -> HF:
+        return self.vlm.family.language_model(self.vlm.model)
+
+    def gradients(self, source: str) -> tuple[Tensor, Tensor]:
+        """``(activations (1, L, D), gradients (T, 1, L, D))`` of every answer token's logit at ``source``:
+        ``layer`` (the chosen decoder layer's output) or ``embeddings`` (the image tokens as the decoder
+        receives them); one forward and the backward passes batched, shared by every method asked for."""
+        if self._kept is None:
+            wanted = {n for m in self.methods for n in token_method(m).needs}
+            sources = [s for s, need in _SOURCES.items() if need in wanted]
+            self._kept = _gradients(self, sources)
+        return self._kept[source]
+
+
+#: Where the shared gradient pass reads, by the need that asks for it (in the order its gradients are taken).
+_SOURCES = {"layer": "layer_gradients", "embeddings": "embedding_gradients"}
+
+
+def decoder_index(vlm: Vlm, given: str | int | None) -> int | None:
+    """``--layer``: a decoder layer's index, or its module name or a glob naming one (``*.layers.10``).
 
     Raises:
-        UsageError: the prompt has no image token and the processor no chat template, or several.
-        InputError: the processor cannot take this photo (the others may go on).
+        UsageError: a name or glob that names no decoder layer, or several.
     """
-    token = vlm.processor.tokenizer.convert_ids_to_tokens(vlm.family.image_token(vlm.model))
-    held = max(prompt.count(w) for w in {_image_word(vlm), str(token)})
-    if held > 1:
+    if given is None or isinstance(given, int):
+        return given
+    text = given.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    index = {id(m): i for i, m in enumerate(vlm.family.language_model(vlm.model).layers)}
+    names = {n: index[id(m)] for n, m in vlm.model.named_modules() if id(m) in index}
+    found = sorted({names[n] for n in names if fnmatch.fnmatchcase(n, text)})
+    if len(found) == 1:
+        return found[0]
+    example = next(iter(names), "model.language_model.layers.0")
+    if not found:
         raise UsageError(
-            f"--prompt {prompt!r} holds {held} image tokens; hookviz vlm explains one photo per prompt: put "
-            f"{_image_word(vlm)} in it once"
+            f"--layer {given}: no decoder layer is named so; give a decoder layer's index (10) or name "
+            f"({example})"
         )
-    text = prompt
-    if _image_word(vlm) not in prompt and token not in prompt:
-        if getattr(vlm.processor, "chat_template", None):
-            chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-            text = vlm.processor.apply_chat_template(chat, add_generation_prompt=True)
-        else:
-            raise UsageError(
-                f"--prompt {prompt!r} holds no image token and the processor has no chat template: put "
-                f"{_image_word(vlm)} where the photo goes"
-            )
-    images = [[np.array(rgb)]] if vlm.family.name == "idefics3" else np.array(rgb)
-    try:
-        encoded = dict(processed(vlm.processor, images=images, text=[text], return_tensors="pt"))
-    except ValueError as exc:  # the processor refuses the photo (Qwen2-VL: an aspect ratio over 200)
-        h, w = rgb.shape[:2]
-        said = first_line(exc)
-        raise InputError(f"a photo of {w}x{h} pixels: the processor cannot take it ({said})") from None
-    return {k: v.to(vlm.device) if isinstance(v, Tensor) else v for k, v in encoded.items()}
-
-
-def _image_word(vlm: Vlm) -> str:
-    return str(getattr(vlm.processor, "image_token", None) or "<image>")
-
-
-def answer_of(vlm: Vlm, encoded: dict[str, Any], answer: str | None, max_new_tokens: int = 16) -> Answer:
-    """The answer given (its tokens checked) or generated greedily, after the prompt.
-
-    Raises:
-        UsageError: ``answer`` is empty, has a word the tokenizer does not know, or reads back as other text.
-    """
-    if answer is not None and not answer.strip():
-        raise UsageError(empty_answer(answer))
-    tokenizer = vlm.processor.tokenizer
-    prompt = encoded["input_ids"][:1]
-    if answer is None:
-        with torch.no_grad():
-            out = vlm.model.generate(
-                **encoded,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                suppress_tokens=[vlm.family.image_token(vlm.model)],  # an answer never holds the photo
-            )
-        new = out[0, prompt.shape[1] :].tolist()
-        ends = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
-        new = new[: next((i for i, t in enumerate(new) if t in ends), len(new))]
-        if not new:
-            raise InputError("the model answered nothing (its first token ends the answer)")
-    else:
-        new = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        unknown = tokenizer.unk_token_id
-        if not new or (unknown is not None and unknown in new):
-            words = [
-                w for w in answer.split() if unknown in tokenizer(w, add_special_tokens=False)["input_ids"]
-            ]
-            raise UsageError(
-                f"--answer {answer!r}: the tokenizer does not know {words[0] if words else answer!r}"
-            )
-        if vlm.family.image_token(vlm.model) in new:
-            raise UsageError(f"--answer {answer!r}: holds the image token; give the answer's words alone")
-        if " ".join(tokenizer.decode(new).split()) != " ".join(answer.split()):
-            raise UsageError(
-                f"--answer {answer!r}: the tokenizer reads it back as {tokenizer.decode(new)!r}; give the "
-                "answer as the model would write it"
-            )
-    ids = torch.cat([prompt, torch.tensor([new], device=prompt.device)], dim=1)
-    tokens = [tokenizer.decode([t]) for t in new]
-    said = " ".join(tokenizer.decode(new, skip_special_tokens=True).split())
-    return Answer(ids, prompt.shape[1], tokens, list(new), said, generated=answer is None)
-
-
-def empty_answer(answer: str) -> str:
-    """What is wrong with an empty ``--answer``."""
-    return (
-        f"--answer {answer!r}: an empty answer has no words to explain; give the answer's words, or leave "
-        "--answer out to generate one"
+    raise UsageError(
+        f"--layer {given} names {len(found)} decoder layers ({found[0]} to {found[-1]}); give one"
     )
 
 
-def _forced(encoded: dict[str, Any], answer: Answer) -> dict[str, Any]:
-    """The processor's inputs with the answer appended (per-token fields extended to its length)."""
-    n, total = answer.start, answer.ids.shape[1]
-    out = {}
-    for key, value in encoded.items():
-        if key == "input_ids":
-            out[key] = answer.ids
-        elif isinstance(value, Tensor) and value.dim() == 2 and value.shape == (1, n):
-            fill = 1 if key == "attention_mask" else 0
-            out[key] = torch.cat([value, value.new_full((1, total - n), fill)], dim=1)
-        else:
-            out[key] = value
-    return out
+def chosen_layer(vlm: Vlm, layer: int | None, methods: Sequence[str]) -> int:
+    """The decoder layer the methods that read one read: ``layer`` checked, or the middle one below the last.
+
+    Raises:
+        UsageError: no such layer; the last layer for a method that reads its output at the image tokens.
+    """
+    depth = len(vlm.family.language_model(vlm.model).layers)
+    if layer is not None and not -depth <= layer < depth:
+        raise UsageError(f"--layer {layer}: the language model has {depth} decoder layers (0 to {depth - 1})")
+    chosen = ((depth - 1) // 2 if layer is None else layer) % depth
+    if any(token_method(m).reads_layer for m in methods) and chosen == depth - 1:
+        raise UsageError(
+            f"--layer {layer}: the last decoder layer's output at the image tokens reaches no answer token "
+            f"(LLaVA-CAM would be zero); choose 0 to {depth - 2}"
+        )
+    return chosen
 
 
 def explain_words(
@@ -244,55 +165,44 @@ def explain_words(
     *,
     answer: str | None = None,
     max_new_tokens: int = 16,
-    methods: Sequence[str] = DEFAULT_METHODS,
+    methods: Sequence[str] = (),
     layer: int | None = None,
+    encoded: dict[str, Any] | None = None,
+    generated: list[int] | None = None,
+    placement: Placement | None = None,
 ) -> WordMaps:
-    """Each answer token's map over the image tokens, for each of ``methods`` (see the module's docstring);
-    ``layer``: the decoder layer LLaVA-CAM reads and attention keeps (default: the middle one, below the
-    last, for LLaVA-CAM; every layer's mean for attention)."""
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise UsageError(f"--method {bad[0]}: hookviz vlm has {', '.join(METHODS)}")
-    encoded = encode(vlm, rgb, prompt)
-    found = answer_of(vlm, encoded, answer, max_new_tokens)
-    model, lm = vlm.model, vlm.family.language_model(vlm.model)
-    depth = len(lm.layers)
-    if layer is not None and not -depth <= layer < depth:
-        raise UsageError(f"--layer {layer}: the language model has {depth} decoder layers (0 to {depth - 1})")
-    chosen = ((depth - 1) // 2 if layer is None else layer) % depth
-    if {"llavacam", "tokengrad"} & set(methods) and chosen == depth - 1:
-        raise UsageError(
-            f"--layer {layer}: the last decoder layer's output at the image tokens reaches no answer token "
-            f"(LLaVA-CAM would be zero); choose 0 to {depth - 2}"
-        )
-    forced = _forced(encoded, found)
-    image = (found.ids[0] == vlm.family.image_token(model)).nonzero().flatten()
-    placement = vlm.family.placement(model, vlm.processor, encoded, rgb.shape[:2])
+    """Each answer token's map over the image tokens, for each of ``methods`` (default: the registered
+    defaults; see the module's docstring); ``layer``: the decoder layer LLaVA-CAM reads and attention keeps
+    (default: the middle one, below the last, for LLaVA-CAM; every layer's mean for attention).
+    ``encoded`` (the processor's inputs), ``placement`` (where the image tokens lie) and ``generated`` (the
+    answer's token ids, generated with the others of a batch), where made already, spare the work."""
+    methods = tuple(methods) or DEFAULT_METHODS
+    for m in methods:
+        token_method(m)
+    encoded = encoded if encoded is not None else encode(vlm, rgb, prompt)
+    found = answer_of(vlm, encoded, answer, max_new_tokens, generated)
+    chosen = chosen_layer(vlm, layer, methods)
+    inputs = forced(encoded, found)
+    image = (found.ids[0] == vlm.family.image_token(vlm.model)).nonzero().flatten()
+    if placement is None:
+        placement = vlm.family.placement(vlm.model, vlm.processor, encoded, rgb.shape[:2])
     count = placement.tokens
     if len(image) < count:
         raise UsageError(f"the prompt holds {len(image)} image tokens, the photo makes {count}")
-    image = image[:count]  # the first photo's
-    maps: dict[str, np.ndarray] = {}
-    if {"llavacam", "towercam", "tokengrad"} & set(methods):
-        maps |= _gradients(model, lm, forced, found, image, chosen, methods)
+    p = TokenPass(vlm, inputs, found, image[:count], chosen, layer, placement, methods)  # the first photo's
+    if any(token_method(m).needs & set(_SOURCES.values()) for m in methods):
+        p.gradients("layer" if "layer" in _needed(methods) else "embeddings")  # fills the probabilities
     else:
         with torch.no_grad():
-            _scores(found, model(**forced).logits)
-    if "attention" in methods:
-        maps["attention"] = _attention(model, lm, forced, found, image, layer)
-    if "logitlens" in methods:
-        maps["logitlens"] = _logit_lens(model, lm, forced, found, image)
-    if "relevancy" in methods:
-        maps["relevancy"] = _relevancy(model, lm, forced, found, image, vlm.family.tower(model))
-    if "tam" in methods:
-        tokenizer = vlm.processor.tokenizer
-        texts = [tokenizer.decode([int(i)]) for i in found.ids[0]]
-        special = set(tokenizer.all_special_ids) | {vlm.family.image_token(model)}
-        maps["tam"] = token_activation_maps(
-            model, lm, forced, found, image, placement.per_view, special, texts
-        )
+            _scores(found, vlm.model(**inputs).logits)
+    maps = {m: np.asarray(token_method(m).compute(p)) for m in TOKEN_METHODS if m in methods}
     ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
-    return WordMaps(found, placement, ordered, chosen, prompt, forced, image)
+    return WordMaps(found, placement, ordered, chosen, prompt, inputs, p.image)
+
+
+def _needed(methods: Sequence[str]) -> set[str]:
+    wanted = {n for m in methods for n in token_method(m).needs}
+    return {s for s, need in _SOURCES.items() if need in wanted}
 
 
 def _scores(found: Answer, logits: Tensor) -> Tensor:
@@ -305,16 +215,9 @@ def _scores(found: Answer, logits: Tensor) -> Tensor:
     return picked
 
 
-def _gradients(
-    model: HF,
-    lm: HF,
-    forced: dict[str, Any],
-    found: Answer,
-    image: Tensor,
-    chosen: int,
-    methods: Sequence[str],
-) -> dict[str, np.ndarray]:
-    """LLaVA-CAM and the image tokens' Grad-CAM for every answer token: one forward, a backward each."""
+def _gradients(p: TokenPass, sources: list[str]) -> dict[str, tuple[Tensor, Tensor]]:
+    """The activations at ``sources`` and every answer token's gradient there: one forward, the backward
+    passes batched (see :meth:`TokenPass.gradients`)."""
     kept: dict[str, Tensor] = {}
 
     def embeds(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -322,41 +225,95 @@ def _gradients(
         if x is None:
             return None
         x = x.detach().requires_grad_(True)  # the graph starts here: no parameter's gradient is needed
-        kept["towercam"] = x
+        kept["embeddings"] = x
         return args, {**kwargs, "inputs_embeds": x}
 
     def hidden(module: nn.Module, args: Any, output: Any) -> None:
-        kept["llavacam"] = output[0] if isinstance(output, tuple) else output
+        kept["layer"] = output[0] if isinstance(output, tuple) else output
 
-    handles = [
-        lm.register_forward_pre_hook(embeds, with_kwargs=True),
-        lm.layers[chosen].register_forward_hook(hidden),
-    ]
-    try:
+    with HookGroup() as hooks:
+        hooks.add(p.lm.register_forward_pre_hook(embeds, with_kwargs=True))
+        hooks.add(p.lm.layers[p.chosen].register_forward_hook(hidden))
         with torch.enable_grad():
-            logits = model(**forced).logits
-    finally:
-        for h in handles:
-            h.remove()
-    if "towercam" not in kept:
+            logits = p.model(**p.forced).logits
+    if "embeddings" not in kept:
         raise UsageError(
             "the language model was not handed the image tokens as embeddings; hookviz cannot hook it"
         )
-    picked = _scores(found, logits)
-    # Where each method reads: the chosen decoder layer's output, or the image tokens the decoder gets.
-    where = {"llavacam": "llavacam", "tokengrad": "llavacam", "towercam": "towercam"}
-    sources = sorted({where[m] for m in methods if m in where})
-    grads = dict(zip(sources, _batched_grads(picked, [kept[w] for w in sources]), strict=True))
-    out: dict[str, list[np.ndarray]] = {m: [] for m in methods if m in where}
-    for t in range(len(found.token_ids)):
-        for m in out:
-            act, grad = kept[where[m]][0, image].float(), grads[where[m]][t, 0, image].float()
-            if m == "tokengrad":  # the gradient's size at each image token
-                out[m].append(to_numpy(grad.norm(dim=1)))
-                continue
-            weights = grad.mean(dim=0)  # (D,): the gradient averaged over the image tokens
-            out[m].append(to_numpy(torch.relu(act @ weights)))
-    return {m: np.stack(v) for m, v in out.items()}
+    picked = _scores(p.found, logits)
+    grads = _batched_grads(picked, [kept[s] for s in sources])
+    return {s: (kept[s], g) for s, g in zip(sources, grads, strict=True)}
+
+
+def _each_token(p: TokenPass, source: str, of: Callable[[Tensor, Tensor], Tensor]) -> np.ndarray:
+    """``of(activations (N, D), gradient (N, D))`` at the image tokens of ``source``, per answer token."""
+    act, grads = p.gradients(source)
+    image = act[0, p.image].float()
+    return np.stack(
+        [to_numpy(of(image, grads[t, 0, p.image].float())) for t in range(len(p.found.token_ids))]
+    )
+
+
+#: What the methods of the shared gradient pass cost.
+SHARED = "the shared pass: one forward, a backward per token"
+
+
+@register_token_method("attention", title="attention to the image", needs={"attention"},
+                       cost="an eager-attention forward pass", paper="")  # fmt: skip
+def attention_map(p: TokenPass) -> np.ndarray:
+    return _attention(p.vlm, p.found, p.image, p.layer, p.forced)
+
+
+@register_token_method("tokengrad", title="gradient at the image tokens", needs={"layer_gradients"},
+                       cost=SHARED, reads_layer=True)  # fmt: skip
+def token_gradient(p: TokenPass) -> np.ndarray:
+    return _each_token(p, "layer", lambda act, grad: grad.norm(dim=1))  # the gradient's size at each token
+
+
+@register_token_method("llavacam", title="LLaVA-CAM", needs={"layer_gradients"}, reads_layer=True,
+                       cost=SHARED,
+                       paper="LLaVA-CAM (Grad-CAM on a decoder layer's output)")  # fmt: skip
+def llava_cam(p: TokenPass) -> np.ndarray:
+    return _each_token(p, "layer", lambda act, grad: torch.relu(act @ grad.mean(dim=0)))
+
+
+@register_token_method("towercam", title="Grad-CAM on the image tokens", needs={"embedding_gradients"},
+                       cost=SHARED)  # fmt: skip
+def tower_cam(p: TokenPass) -> np.ndarray:
+    return _each_token(p, "embeddings", lambda act, grad: torch.relu(act @ grad.mean(dim=0)))
+
+
+@register_token_method("logitlens", title="the word read at the image tokens", needs={"final_states"},
+                       cost="a forward pass without gradients")  # fmt: skip
+def logit_lens(p: TokenPass) -> np.ndarray:
+    return _logit_lens(p.model, p.lm, p.forced, p.found, p.image)
+
+
+@register_token_method("tam", title="TAM (token activation map)", needs={"final_states", "layout"},
+                       cost="a forward pass without gradients",
+                       paper="Li et al., ICCV 2025 (Token Activation Map)")  # fmt: skip
+def tam(p: TokenPass) -> np.ndarray:
+    tokenizer = p.vlm.processor.tokenizer
+    texts = [tokenizer.decode([int(i)]) for i in p.found.ids[0]]
+    special = set(tokenizer.all_special_ids) | {p.vlm.family.image_token(p.model)}
+    return token_activation_maps(
+        p.model, p.lm, p.forced, p.found, p.image, p.placement.per_view, special, texts
+    )
+
+
+@register_token_method("relevancy", title="relevancy (gradient-weighted attention, rolled out)",
+                       needs={"attention", "attention_gradients", "tower_attention"}, default=False,
+                       cost="an eager forward kept with its graph (layers x heads x length squared), a "
+                       "backward per token", paper="Chefer et al. 2021; LVLM-Interpret")  # fmt: skip
+def relevancy(p: TokenPass) -> np.ndarray:
+    return _relevancy(p.vlm, p.forced, p.found, p.image)
+
+
+#: The methods, in the order they are drawn.
+METHODS = tuple(TOKEN_METHODS)
+#: Those made when none are named (relevancy's pass keeps every attention with its graph: asked for by name).
+DEFAULT_METHODS = tuple(m.name for m in TOKEN_METHODS.values() if m.default)
+TITLES = {m.name: m.title for m in TOKEN_METHODS.values()}
 
 
 #: Answer tokens whose backward passes run batched at once (memory grows with it: one graph's gradients each).
@@ -390,18 +347,12 @@ def _rolled(weights: list[Tensor], grads: list[Tensor], t: int) -> Tensor:
     return relevance
 
 
-def _relevancy(
-    model: HF,
-    lm: HF,
-    forced: dict[str, Any],
-    found: Answer,
-    image: Tensor,
-    tower: nn.Module | None,
-) -> np.ndarray:
+def _relevancy(vlm: Vlm, inputs: dict[str, Any], found: Answer, image: Tensor) -> np.ndarray:
     """Each answer token's relevance of the image tokens ``(T, N)`` by Chefer's rule through the decoder and,
-    where ``tower`` is given (a token per patch), on through the vision tower's own attention: the decoder's
-    relevance of each image token spread over the patches by the tower's rolled-out relevance. One eager
-    forward, the backward passes batched."""
+    where the family's tower makes a token per patch, on through the vision tower's own attention: the
+    decoder's relevance of each image token spread over the patches by the tower's rolled-out relevance. One
+    eager forward, the backward passes batched."""
+    model, lm, tower = vlm.model, vlm.family.language_model(vlm.model), vlm.family.tower(vlm.model)
     decoder: list[Tensor] = []
     vision: list[Tensor] = []
 
@@ -413,22 +364,14 @@ def _relevancy(
 
         return keep
 
-    before = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    handles = [block.self_attn.register_forward_hook(keeper(decoder)) for block in lm.layers]
-    if tower is not None:
-        handles += [
-            m.register_forward_hook(keeper(vision))
-            for n, m in tower.named_modules()
-            if n.endswith("self_attn")
-        ]
-    try:
+    with eager(vlm), HookGroup() as hooks:
+        for block in lm.layers:
+            hooks.add(block.self_attn.register_forward_hook(keeper(decoder)))
+        for n, m in tower.named_modules() if tower is not None else ():
+            if n.endswith("self_attn"):
+                hooks.add(m.register_forward_hook(keeper(vision)))
         with torch.enable_grad():
-            logits = model(**forced).logits
-    finally:
-        for h in handles:
-            h.remove()
-        model.set_attn_implementation(before)
+            logits = model(**inputs).logits
     picked = _scores(found, logits)
     grads = _batched_grads(picked, decoder + vision)
     extra = vision[0].shape[-1] - len(image) if vision else -1  # a CLS token before the patches
@@ -451,7 +394,7 @@ def _logit_lens(model: HF, lm: HF, forced: dict[str, Any], found: Answer, image:
 
 
 def _attention(
-    model: HF, lm: HF, forced: dict[str, Any], found: Answer, image: Tensor, layer: int | None
+    vlm: Vlm, found: Answer, image: Tensor, layer: int | None, inputs: dict[str, Any]
 ) -> np.ndarray:
     """Each answer token's predicting position's attention to the image tokens ``(T, N)``: the weights each
     decoder layer's attention returns in eager mode (eager for this pass alone), taken by hooks of ours
@@ -467,15 +410,11 @@ def _attention(
             )
         taken.append(weights[0][:, rows][:, :, image].float())  # (heads, T, N)
 
+    lm = vlm.family.language_model(vlm.model)
     chosen = list(lm.layers) if layer is None else [lm.layers[layer]]
-    before = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    handles = [block.self_attn.register_forward_hook(keep) for block in chosen]
-    try:
+    with eager(vlm), HookGroup() as hooks:
+        for block in chosen:
+            hooks.add(block.self_attn.register_forward_hook(keep))
         with torch.no_grad():
-            model(**forced)
-    finally:
-        for h in handles:
-            h.remove()
-        model.set_attn_implementation(before)
+            vlm.model(**inputs)
     return to_numpy(torch.stack(taken).mean(dim=(0, 1)))
