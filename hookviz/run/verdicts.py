@@ -35,7 +35,8 @@ from hookviz.run.trust import trust_photos, write_trust
 from hookviz.tasks import make_cam_job
 
 __all__ = ["AUTO", "AUTO_PHOTOS", "Choice", "TrustRun", "auto_choice", "auto_job", "auto_settings",
-           "badge_for", "choose", "find_trust", "read_trust", "trust_key", "trust_runs"]  # fmt: skip
+           "badge_for", "choose", "find_trust", "read_trust", "trust_key", "trust_run_of", "trust_runs",
+           "with_badges"]  # fmt: skip
 
 TRUST_JSON = "trust.json"
 #: ``--method auto``: the method and layer of the model's trust run.
@@ -215,19 +216,37 @@ def auto_choice(
     """
     key = trust_key(loaded)
     if trust is not None:
-        run = find_trust(key, [trust])
-        if run is None:
-            there = [f"{r.key.get('model')} (weights {r.key.get('weights')})" for r in trust_runs([trust])]
-            found = f"holds trust runs of {', '.join(there)}" if there else f"holds no {TRUST_JSON}"
-            raise UsageError(f"--trust {trust} {found}, not of {key['model']} (weights {key['weights']}); "
-                             "run hookviz trust with this model and weights")  # fmt: skip
-        return choose(run)
+        return choose(trust_run_of(loaded, trust))
     run = find_trust(key, [out]) if out is not None else None
     if run is not None:
         return choose(run)
     if out is None:
         raise UsageError("--method auto needs a trust run: give trust=DIR, or out= to keep one made now")
     return dataclasses.replace(choose(_made(loaded, photos, out, key, seed, model_words)), made=True)
+
+
+def trust_run_of(loaded: LoadedModel, folder: Path) -> TrustRun:
+    """The trust run in ``folder`` (or its subfolders) of ``loaded``'s model and weights, the newest.
+
+    Raises:
+        UsageError: none there is of this model and weights (the runs there are named).
+    """
+    key = trust_key(loaded)
+    run = find_trust(key, [folder])
+    if run is None:
+        there = [f"{r.key.get('model')} (weights {r.key.get('weights')})" for r in trust_runs([folder])]
+        found = f"holds trust runs of {', '.join(there)}" if there else f"holds no {TRUST_JSON}"
+        raise UsageError(f"--trust {folder} {found}, not of {key['model']} (weights {key['weights']}); "
+                         "run hookviz trust with this model and weights")  # fmt: skip
+    return run
+
+
+def with_badges(listed: list[dict[str, Any]], run: TrustRun | None, layer: str) -> list[dict[str, Any]]:
+    """The explorer's method list, each method with its verdict in ``run`` (``trust``: at ``layer``, the
+    default, when tested there, else its best; None when the run did not test it). Unchanged without a run."""
+    if run is None:
+        return listed
+    return [{**m, "trust": badge_for(run, str(m["name"]), layer)} for m in listed]
 
 
 def auto_settings(settings: CamSettings, choice: Choice) -> CamSettings:
