@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +19,15 @@ import pytest
 import torch
 
 from hookviz.errors import UntrustedError, UsageError
+from hookviz.explore.server import Explorer
+from hookviz.explore.session import Session
 from hookviz.io.shapes import shapes_batch
 from hookviz.jobs.build import CamSettings
+from hookviz.report import build_report
 from hookviz.run.runner import explain_inputs
 from hookviz.run.verdicts import badge_for, choose, find_trust, read_trust, trust_key, trust_runs
 from hookviz.tasks import load_model
-from tests.conftest import TinyCNN, invoke, records, write_image
+from tests.conftest import PATIENCE, TinyCNN, invoke, records, write_image
 
 #: The shapes CNN as the command line loads it: its class, its weights file, its input as it was trained.
 AS_TRAINED = ["--input-size", "48", "--mean", "0,0,0", "--std", "1,1,1"]
@@ -223,3 +229,55 @@ def test_runs_are_found_by_key_newest_first_and_badged(tmp_path: Path) -> None:
     (new / "trust.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="has no key"):
         read_trust(new)
+
+
+def _page_data(page: Path) -> list[dict[str, Any]]:
+    """The cards the report's page draws (its JSON data, as the page's script reads it)."""
+    text = page.read_text()
+    tag = '<script type="application/json" id="data">'
+    start = text.index(tag) + len(tag)
+    return json.loads(text[start : text.index("</script>", start)])  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_the_report_and_the_explorer_show_each_methods_verdict(shapes: Shapes, tmp_path: Path) -> None:
+    found = _verdicts(shapes.trust)
+    out = tmp_path / "cams"
+    r = invoke("gradcam", str(shapes.photos), *shapes.model, "--method", "gradcam,guidedbackprop,layercam",
+               "--out", str(out), "-q")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    page = build_report(out, trust=[shapes.trust])
+    pictures = [p for c in _page_data(page) for p in c["pictures"]]
+    shown = {(p["method"], (p.get("verdict") or {}).get("verdict")) for p in pictures}
+    # Each map carries its method's verdict from the trust run; layercam, which it did not test, none.
+    assert shown == {
+        ("gradcam", found["gradcam"]["verdict"]),
+        ("guidedbackprop", "fails"),
+        ("layercam", None),
+    }
+    html = page.read_text()
+    assert f"verdicts from the trust run in {shapes.trust}" in html
+    # Without --trust, a run in a subfolder of OUT is found alike; a run of other weights is not.
+    shutil.copytree(shapes.trust, out / "trust")
+    cards = _page_data(build_report(out))
+    assert {p["method"]: p["verdict"]["label"] for c in cards for p in c["pictures"] if p.get("verdict")} == {
+        "gradcam": badge_for(read_trust(shapes.trust), "gradcam", "features")["label"],  # type: ignore[index]
+        "guidedbackprop": "fails: randomisation",
+    }
+    # The explorer's method list, through its API.
+    session = Session(shapes.loaded(), [str(shapes.photos)], trust=read_trust(shapes.trust))
+    explorer = Explorer(session)
+    thread = threading.Thread(target=explorer.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = explorer.server_address[1]
+        url = f"http://127.0.0.1:{port}/api/methods?token={explorer.token}"
+        with urllib.request.urlopen(url, timeout=PATIENCE) as answer:
+            listed = {m["name"]: m.get("trust") for m in json.loads(answer.read())}
+    finally:
+        explorer.shutdown()
+        explorer.server_close()
+        session.close()
+    assert listed["gradcam"]["verdict"] == found["gradcam"]["verdict"]
+    assert listed["guidedbackprop"]["verdict"] == "fails" and listed["guidedbackprop"]["layer"] == "features"
+    assert "randomisation" in listed["guidedbackprop"]["title"] and listed["layercam"] is None
