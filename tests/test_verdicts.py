@@ -63,10 +63,10 @@ def shape_photos(folder: Path, n: int, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def shapes(trained: Any, tmp_path_factory: pytest.TempPathFactory) -> Shapes:
-    """A trust run of the trained shapes CNN over 8 scenes: guided backprop first, then Grad-CAM."""
+    """A trust run of the trained shapes CNN over 16 scenes: guided backprop first, then Grad-CAM."""
     d = tmp_path_factory.mktemp("verdicts")
     torch.save(trained.model.state_dict(), d / "shapes.pt")
-    found = Shapes(d / "shapes.pt", shape_photos(d / "photos", 8, 7), d / "trust")
+    found = Shapes(d / "shapes.pt", shape_photos(d / "photos", 16, 5), d / "trust")
     r = invoke("trust", str(found.photos), *found.model, "--method", "guidedbackprop,gradcam",
                "--out", str(found.trust))  # fmt: skip
     assert r.exit_code == 0, r.stderr
@@ -94,9 +94,9 @@ def test_auto_draws_what_a_real_trust_run_recommends(shapes: Shapes, tmp_path: P
     assert (
         f"--method auto chose gradcam at features, recommended by the trust run in {shapes.trust}" in r.stderr
     )
-    assert "8 photo(s), seed 0" in r.stderr
+    assert "16 photo(s), seed 0" in r.stderr
     cli = sorted(records(out), key=lambda rec: rec["input"])
-    assert len(cli) == 8 and {(m["method"], m["layer"]) for rec in cli for m in rec["maps"]} == {
+    assert len(cli) == 16 and {(m["method"], m["layer"]) for rec in cli for m in rec["maps"]} == {
         ("gradcam", "features")
     }
     # From Python, the library call gradcam makes: the same choice, the same settings key, the same maps.
