@@ -73,19 +73,24 @@ def gradcam(
         settings = dataclasses.replace(settings, save_raw=True)
     factory: JobFactory = partial(cam_job, settings)
     if wants_auto(settings):
-        factory = _auto(settings, trust, run.out, inputs or [], model)
+        factory = _auto(settings, trust, run, inputs or [], model)
     elif trust is not None:
         raise typer.BadParameter("goes with --method auto", param_hint="--trust")
     run_command(factory, model, run, inputs, several, sampling, prompts=prompts)
 
 
-def _auto(settings: Any, trust: Path | None, out: Path, photos: list[str], model: ModelOptions) -> JobFactory:
+def _auto(
+    settings: Any, trust: Path | None, run: RunOptions, photos: list[str], model: ModelOptions
+) -> JobFactory:
     """``--method auto``'s job factory: the trust run's choice, said on stderr (even with -q: a result)."""
     from hookviz.run.verdicts import auto_job
 
+    out, quiet = run.out, run.quiet
+
     def factory(loaded: Any, context: Any) -> Any:
+        say = None if quiet else lambda text: typer.echo(f"hookviz: note: {text}", err=True)
         built, choice = auto_job(settings, loaded, context, trust=trust, out=out, photos=photos,
-                                 model_words=_model_words(model))  # fmt: skip
+                                 model_words=_model_words(model), note=say)  # fmt: skip
         typer.echo(f"hookviz: {choice.line()}", err=True)
         return built
 

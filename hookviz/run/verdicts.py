@@ -183,7 +183,8 @@ def _made(
     if not photos or "-" in photos:
         raise UsageError(
             f"--method auto found no trust run of {key['model']} (weights {key['weights']}) in {out}, and "
-            "cannot make one from stdin: run hookviz trust over some photos first and give --trust DIR"
+            "cannot make one from stdin or a table: run hookviz trust over some photos first and give "
+            "--trust DIR"
         )
     try:
         report, refused, failed = trust_photos(loaded, photos, seed=seed, max_photos=AUTO_PHOTOS)
@@ -204,6 +205,7 @@ def auto_choice(
     photos: Sequence[str] = (),
     seed: int = 0,
     model_words: Sequence[str] = (),
+    note: Callable[[str], None] | None = None,
 ) -> Choice:
     """``--method auto``'s choice for ``loaded``: from the trust run in ``trust`` (it must be of this model
     and weights), else the one of this model and weights in ``out`` (or its subfolders), else one made now on
@@ -222,6 +224,9 @@ def auto_choice(
         return choose(run)
     if out is None:
         raise UsageError("--method auto needs a trust run: give trust=DIR, or out= to keep one made now")
+    if note is not None:
+        note(f"--method auto: no trust run of {key['model']} (weights {key['weights']}) in {out}; running "
+             f"hookviz trust on the first {AUTO_PHOTOS} photos (--trust DIR gives one)")  # fmt: skip
     return dataclasses.replace(choose(_made(loaded, photos, out, key, seed, model_words)), made=True)
 
 
@@ -279,6 +284,7 @@ def auto_job(
     out: Path | None = None,
     photos: Sequence[str] = (),
     model_words: Sequence[str] = (),
+    note: Callable[[str], None] | None = None,
 ) -> tuple[BuiltJob, Choice]:
     """The ``gradcam`` job of ``--method auto`` and its choice (made on rank 0 under torchrun, every rank
     drawing the same).
@@ -290,7 +296,9 @@ def auto_job(
     found: Choice | str | None = None
     if dist is None or dist.rank == 0:
         try:
-            found = auto_choice(loaded, trust=trust, out=out, photos=photos, model_words=model_words)
+            found = auto_choice(
+                loaded, trust=trust, out=out, photos=photos, model_words=model_words, note=note
+            )
         except UntrustedError as exc:
             found = str(exc)
     found = context.agree(found)
