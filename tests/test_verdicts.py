@@ -81,11 +81,13 @@ def _verdicts(trust: Path) -> dict[str, dict[str, Any]]:
 @pytest.mark.slow
 def test_auto_draws_what_a_real_trust_run_recommends(shapes: Shapes, tmp_path: Path) -> None:
     found = _verdicts(shapes.trust)
-    # The run itself: guided backprop fails randomisation (Adebayo et al.), Grad-CAM is recommended. Listed
-    # first, guided backprop is what a choice that took the first candidate would draw.
-    assert found["guidedbackprop"]["verdict"] == "fails"
-    assert found["guidedbackprop"]["tests"]["randomisation"]["outcome"] == "fail"
-    assert found["gradcam"]["verdict"] == "recommended", found["gradcam"]["reason"]
+    # The run itself: guided backprop keeps much of its map with the classifier re-initialised (Adebayo et
+    # al.; care or fails on the photos' PNGs), Grad-CAM changes with it and is recommended. Listed first,
+    # guided backprop is what a choice that took the first candidate would draw.
+    guided, cam = found["guidedbackprop"], found["gradcam"]
+    assert guided["verdict"] in ("care", "fails") and guided["tests"]["randomisation"]["outcome"] != "pass"
+    assert guided["tests"]["randomisation"]["value"] > cam["tests"]["randomisation"]["value"] + 0.1
+    assert cam["verdict"] == "recommended", cam["reason"]
     out = tmp_path / "cli"
     r = invoke("gradcam", str(shapes.photos), *shapes.model, "--method", "auto", "--trust", str(shapes.trust),
                "--out", str(out), "-q")  # fmt: skip
@@ -251,8 +253,8 @@ def test_the_report_and_the_explorer_show_each_methods_verdict(shapes: Shapes, t
     shown = {(p["method"], (p.get("verdict") or {}).get("verdict")) for p in pictures}
     # Each map carries its method's verdict from the trust run; layercam, which it did not test, none.
     assert shown == {
-        ("gradcam", found["gradcam"]["verdict"]),
-        ("guidedbackprop", "fails"),
+        ("gradcam", "recommended"),
+        ("guidedbackprop", found["guidedbackprop"]["verdict"]),
         ("layercam", None),
     }
     html = page.read_text()
@@ -262,8 +264,9 @@ def test_the_report_and_the_explorer_show_each_methods_verdict(shapes: Shapes, t
     cards = _page_data(build_report(out))
     assert {p["method"]: p["verdict"]["label"] for c in cards for p in c["pictures"] if p.get("verdict")} == {
         "gradcam": badge_for(read_trust(shapes.trust), "gradcam", "features")["label"],  # type: ignore[index]
-        "guidedbackprop": "fails: randomisation",
+        "guidedbackprop": badge_for(read_trust(shapes.trust), "guidedbackprop")["label"],  # type: ignore[index]
     }
+    assert "randomisation" in badge_for(read_trust(shapes.trust), "guidedbackprop")["label"]  # type: ignore[index]
     # The explorer's method list, through its API.
     session = Session(shapes.loaded(), [str(shapes.photos)], trust=read_trust(shapes.trust))
     explorer = Explorer(session)
@@ -279,5 +282,6 @@ def test_the_report_and_the_explorer_show_each_methods_verdict(shapes: Shapes, t
         explorer.server_close()
         session.close()
     assert listed["gradcam"]["verdict"] == found["gradcam"]["verdict"]
-    assert listed["guidedbackprop"]["verdict"] == "fails" and listed["guidedbackprop"]["layer"] == "features"
+    assert listed["guidedbackprop"]["verdict"] == found["guidedbackprop"]["verdict"] != "recommended"
+    assert listed["guidedbackprop"]["layer"] == "features"
     assert "randomisation" in listed["guidedbackprop"]["title"] and listed["layercam"] is None
