@@ -182,7 +182,7 @@ def test_auto_refuses_what_cannot_work_in_one_line(shapes: Shapes, tmp_path: Pat
     other = ["--model", "tests.conftest:TinyCNN", "--weights", str(tmp_path / "other.pt"), *AS_TRAINED]
     r = invoke("gradcam", str(shapes.photos), *other, "--method", "auto", "--trust", str(shapes.trust),
                "--out", str(tmp_path / "o2"))  # fmt: skip
-    assert r.exit_code == 2 and "holds trust runs of TinyCNN (weights sha256:" in r.stderr
+    assert r.exit_code == 2 and "holds trust runs of tests.conftest:TinyCNN (weights sha256:" in r.stderr
     assert not (tmp_path / "o" / "manifest.jsonl").exists() and not (tmp_path / "o2").exists()
 
 
@@ -251,11 +251,13 @@ def test_the_report_and_the_explorer_show_each_methods_verdict(shapes: Shapes, t
     page = build_report(out, trust=[shapes.trust])
     pictures = [p for c in _page_data(page) for p in c["pictures"]]
     shown = {(p["method"], (p.get("verdict") or {}).get("verdict")) for p in pictures}
-    # Each map carries its method's verdict from the trust run; layercam, which it did not test, none.
+    # Each map carries its method's verdict from the trust run; layercam, which it did not test, none (nor the
+    # sheet of the three).
     assert shown == {
         ("gradcam", "recommended"),
         ("guidedbackprop", found["guidedbackprop"]["verdict"]),
         ("layercam", None),
+        ("sheet", None),
     }
     html = page.read_text()
     assert f"verdicts from the trust run in {shapes.trust}" in html
