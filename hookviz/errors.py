@@ -2,7 +2,8 @@
 
 The library raises these; only the CLI turns them into exit codes (``exit_code``):
 2 for a bad command line, 3 when the run cannot start (model, weights, output
-folder), 1 for a single input that failed inside a batch.
+folder), 4 when ``--method auto`` finds that no map can be trusted, 1 for a single input that failed
+inside a batch.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ class WeightsError(SetupError):
 
 class OutputError(SetupError):
     """The output folder cannot be used."""
+
+
+class UntrustedError(SetupError):
+    """``--method auto``: the model's trust run says that no map here can be trusted; nothing was drawn."""
+
+    exit_code = 4
 
 
 class InputError(HookvizError):

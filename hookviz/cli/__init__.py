@@ -15,6 +15,7 @@ from hookviz.cli.app import (
     EXIT_INTERRUPTED,
     EXIT_SETUP,
     EXIT_USAGE,
+    AutoMethodCommand,
     MethodCommand,
     app,
     flowing,
@@ -27,7 +28,7 @@ def _command(fn: Any, cls: type[TyperCommand] | None = None) -> None:
     app.command(cls=cls, help=flowing(fn.__doc__))(fn)
 
 
-_command(explain.gradcam, MethodCommand)
+_command(explain.gradcam, AutoMethodCommand)
 _command(inspect.featuremaps)
 _command(concepts.channels)
 _command(concepts.tcav)

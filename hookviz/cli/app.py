@@ -11,6 +11,7 @@ Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import sys
@@ -54,13 +55,15 @@ def _method_names() -> list[str]:
     return [*methods.names(), methods.ALL, *methods.SELECTORS]
 
 
-def _check_methods(ctx: Any, param: Any, value: Any) -> Any:
+def _check_methods(ctx: Any, param: Any, value: Any, extra: tuple[str, ...] = ()) -> Any:
     """``--method`` values against the registry, when the command runs (a method registered by the user's
-    code is a choice like the built-in ones); a comma list counts as several."""
+    code is a choice like the built-in ones); a comma list counts as several; ``extra``: the command's own
+    words (``gradcam``'s ``auto``)."""
     chosen = [part.strip().lower() for v in value or () for part in str(v).split(",") if part.strip()]
+    names = [*_method_names(), *extra]
     for v in chosen:
-        if v not in _method_names():
-            raise typer.BadParameter(f"{v!r} is not one of {', '.join(_method_names())}", ctx, param)
+        if v not in names:
+            raise typer.BadParameter(f"{v!r} is not one of {', '.join(names)}", ctx, param)
     return chosen or value
 
 
@@ -68,12 +71,22 @@ class MethodCommand(TyperCommand):
     """A command whose ``--method`` takes the registry's methods: checked, and listed in its help, when it
     runs rather than when hookviz is imported."""
 
+    #: What its ``--method`` takes beyond the registry's methods and families.
+    extra: tuple[str, ...] = ()
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        extra = self.extra
         for param in self.params:
             if param.name == "methods":
-                param.callback = _check_methods
-                param.display_type = lambda ctx: f"<{'|'.join(_method_names())}>"  # type: ignore[attr-defined]
+                param.callback = functools.partial(_check_methods, extra=extra)
+                param.display_type = lambda ctx: f"<{'|'.join([*_method_names(), *extra])}>"  # type: ignore[attr-defined]
+
+
+class AutoMethodCommand(MethodCommand):
+    """``gradcam``: its ``--method`` takes ``auto`` too (the method a trust run recommends)."""
+
+    extra = ("auto",)
 
 
 def _version(value: bool) -> None:

@@ -31,6 +31,8 @@ ChannelsRunOpt = Annotated[Path | None, typer.Option("--channels-run", help="the
     "photos.")]  # fmt: skip
 VlmPrompt = Annotated[str | None, typer.Option("--prompt", help="a vision-language model's question "
     "(--model hf:DIR): the target picker lists its answer's words.")]  # fmt: skip
+TrustOpt = Annotated[Path | None, typer.Option("--trust", help="the --out folder of a hookviz trust run of "
+    "this model and weights: the method list shows each method's verdict.")]  # fmt: skip
 NoBrowser = Annotated[bool, typer.Option("--no-browser", help="print the address only; open no browser.")]
 #: What explore takes of the run options: where the model runs, and how large a photo may be.
 ExploreRun = Annotated[RunOptions, omit(
@@ -50,6 +52,7 @@ def explore(
     channels_run: ChannelsRunOpt = None,
     prompt: VlmPrompt = None,
     run: ExploreRun = RunOptions(),
+    trust: TrustOpt = None,
 ) -> None:
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
@@ -58,7 +61,7 @@ def explore(
 
     check_address(host, port)  # a port in use is said before the model loads
     _warn_host(host)
-    session = _session(inputs, model, run, channels_run, prompt)
+    session = _session(inputs, model, run, channels_run, prompt, trust)
     uploads.sweep()  # the photos a killed explorer left
     try:
         server = Explorer(session, host, port, allow_hosts=allow_host or ())
@@ -91,10 +94,18 @@ def _warn_host(host: str) -> None:
                    err=True)  # fmt: skip
 
 
-def _session(inputs: list[str], model: ModelOptions, run: RunOptions, channels_run: Any, prompt: Any) -> Any:
+def _session(
+    inputs: list[str],
+    model: ModelOptions,
+    run: RunOptions,
+    channels_run: Any,
+    prompt: Any,
+    trust: Path | None = None,
+) -> Any:
     """The explorer's session: a vision-language model's (``--prompt``) or a model's over its inputs."""
     from hookviz.explore.looks import ChannelsRun
     from hookviz.explore.session import Session
+    from hookviz.run.verdicts import trust_run_of
 
     if prompt is not None:  # a vision-language model
         from hookviz.explore.words import VlmSession
@@ -105,7 +116,9 @@ def _session(inputs: list[str], model: ModelOptions, run: RunOptions, channels_r
     best = ChannelsRun(channels_run) if channels_run is not None else None
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
     words = _model_words(model)
-    return Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best)
+    verdicts = trust_run_of(loaded, trust) if trust is not None else None
+    return Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best,
+                   trust=verdicts)  # fmt: skip
 
 
 @contextlib.contextmanager

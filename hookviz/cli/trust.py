@@ -254,6 +254,7 @@ def trust(
     import shlex
 
     from hookviz.run.trust import table, trust_photos, write_trust
+    from hookviz.run.verdicts import trust_key
 
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
     report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
@@ -266,7 +267,7 @@ def trust(
     for name, why in failed.items():
         typer.echo(f"hookviz: error: {name}: {why}", err=True)
     paths = write_trust(report, run.out, command=shlex.join(words), refused=refused, overwrite=run.overwrite,
-                        failed=failed)  # fmt: skip
+                        failed=failed, key=trust_key(loaded))  # fmt: skip
     if not run.quiet:
         typer.echo("\n".join(table(report)), err=True)
     typer.echo(f"hookviz: wrote {', '.join(str(p) for p in paths)}", err=True)

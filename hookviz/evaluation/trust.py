@@ -306,3 +306,36 @@ def _answered(report: TrustReport) -> TrustReport:
         if found is not None and found.verdict == "fails":
             answer += f"; the default ({found.method} at {found.layer}) fails: {found.reason}"
     return TrustReport(**{**report.__dict__, "answer": answer})
+
+
+def report_from_dict(data: dict[str, Any]) -> TrustReport:
+    """A report as :meth:`TrustReport.as_dict` gives it (``trust.json``'s own fields; a ``null`` figure read
+    as NaN), read back.
+
+    Raises:
+        KeyError, TypeError, ValueError: ``data`` is not such a report.
+    """
+
+    def number(value: Any) -> float:
+        return float("nan") if value is None else float(value)
+
+    def test(t: dict[str, Any]) -> Test:
+        per_photo = [number(v) for v in t.get("per_photo", [])]
+        return Test(str(t["name"]), number(t["value"]), number(t["ci"]), str(t["outcome"]), str(t["rule"]),
+                    per_photo)  # fmt: skip
+
+    def candidate(c: dict[str, Any]) -> Candidate:
+        tests = {k: test(t) for k, t in dict(c["tests"]).items()}
+        return Candidate(str(c["method"]), str(c["layer"]), tests, str(c["verdict"]), str(c["reason"]),
+                         bool(c.get("control", False)))  # fmt: skip
+
+    candidates = [candidate(c) for c in data["candidates"]]
+    m = dict(data["model_check"])
+    check = ModelCheck(number(m["entropy"]), number(m["flips"]), bool(m["same_class"]), bool(m["at_chance"]),
+                       str(m["reason"]))  # fmt: skip
+    default = data.get("default")
+    return TrustReport(
+        str(data["model"]), [str(p) for p in data["photos"]], int(data["seed"]), check, candidates,
+        (str(default[0]), str(default[1])) if default else None, str(data["answer"]),
+        [str(n) for n in data.get("notes", [])],
+    )  # fmt: skip

@@ -40,6 +40,7 @@ from hookviz.jobs.build import CamSettings
 from hookviz.models.loaded import LoadedModel, probe
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.pipeline import output_prefix
+from hookviz.run.verdicts import TrustRun, with_badges
 from hookviz.tasks import make_cam_job
 
 T = TypeVar("T")
@@ -61,6 +62,7 @@ class Session:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         model_words: Sequence[str] | None = None,
         channels_run: ChannelsRun | None = None,
+        trust: TrustRun | None = None,
     ):
         self.loaded, self.max_pixels = loaded, max_pixels
         #: The model options a command needs to load the same model (``--model NAME --weights W ...``).
@@ -94,6 +96,8 @@ class Session:
         self._methods: list[dict[str, Any]] | None = None
         self._pictures: dict[tuple[str, int, int], bytes] = {}
         self.channels_run = channels_run
+        #: The ``hookviz trust`` run whose verdicts the method list shows (``--trust DIR``).
+        self.verdicts = trust
         self.calls = probe(loaded)
 
     def _on_model(self, work: Callable[[], T]) -> T:
@@ -165,9 +169,13 @@ class Session:
 
     def methods(self) -> list[dict[str, Any]]:
         """Each registered method: its name, title, family and cost, whether ``--method all`` holds it, and
-        whether it applies to this model (``why``: the line ``hookviz gradcam`` refuses it with)."""
+        whether it applies to this model (``why``: the line ``hookviz gradcam`` refuses it with); with a trust
+        run, its verdict there (``trust``: :func:`hookviz.run.verdicts.with_badges`)."""
         if self._methods is None:
-            self._methods = [_method(n, self.loaded, self.calls) for n in methods.names()]
+            listed = [_method(n, self.loaded, self.calls) for n in methods.names()]
+            self._methods = with_badges(
+                listed, self.verdicts, default_cam_layer(self.loaded.model, self.calls)
+            )
         return self._methods
 
     def read(self, index: int) -> tuple[Any, np.ndarray, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,13 +197,41 @@ def _evaluation(out: Path, warn: Callable[[str], None] | None) -> dict[str, Any]
         return None
 
 
+def _verdicts(
+    out: Path, records: list[dict[str, Any]], cards: list[dict[str, Any]], trust: Sequence[Path], warn: Any
+) -> list[dict[str, Any]]:
+    """Each picture's verdict (``picture["verdict"]``) from a trust run of its record's model and weights, in
+    ``trust`` or ``out`` (or their subfolders); the runs used, for the header."""
+    from hookviz.run.verdicts import badge_for, trust_runs  # loads torch: only once a page is built
+
+    runs: dict[tuple[str, str], Any] = {}
+    for r in trust_runs([*trust, out], warn):  # the newest of a model and weights wins
+        runs.setdefault((str(r.key.get("model")), str(r.key.get("weights"))), r)
+    if not runs:
+        return []
+    settings = {str(r.get("key")): _dict(r.get("settings")) for r in records}
+    found = {k: runs.get((str(s.get("model")), str(s.get("weights")))) for k, s in settings.items()}
+    for card in cards:
+        if (run := found.get(str(card.get("key")))) is not None:
+            for p in card["pictures"]:
+                p["verdict"] = badge_for(run, p["method"], p["layer"])
+    used = {str(r.folder): r for r in found.values() if r is not None}
+    return [{"folder": f, "model": r.key["model"], "photos": len(r.report.photos), "answer": r.report.answer}
+            for f, r in used.items()]  # fmt: skip
+
+
 def build_report(
-    out: str | Path, *, title: str | None = None, warn: Callable[[str], None] | None = None
+    out: str | Path,
+    *,
+    title: str | None = None,
+    warn: Callable[[str], None] | None = None,
+    trust: Sequence[str | Path] = (),
 ) -> Path:
     """Write ``out/index.html`` for the manifest in ``out``; return its path.
 
     A line that is not a record (not JSON, not an object, a field of an impossible type) is left out, and
-    ``warn`` is told which line it was.
+    ``warn`` is told which line it was. Each map shows its method's verdict when a ``hookviz trust`` run of
+    its model and weights is in ``out`` (or a subfolder) or in a folder of ``trust``.
 
     Raises:
         UsageError: ``out`` holds no manifest. OutputError: the page cannot be written.
@@ -225,6 +253,7 @@ def build_report(
             if warn is not None:
                 warn(f"{manifest}: record for {str(rec.get('input'))[:80]!r} left out ({type(exc).__name__})")
     records = latest_records(lines)
+    trusted = _verdicts(out, records, cards, [Path(t) for t in trust], warn)
     from hookviz.run.pipeline import finite  # NaN is not JSON: JSON.parse would blank the page
 
     env = Environment(loader=PackageLoader("hookviz", "report"), autoescape=select_autoescape(["html"]))
@@ -234,6 +263,7 @@ def build_report(
         cards=finite(cards),
         evaluation=_evaluation(out, warn),
         concepts=finite(found),
+        trusted=trusted,
         counts={s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "error")},
     )
     final = out / REPORT

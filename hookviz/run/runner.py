@@ -15,7 +15,7 @@ from hookviz.io.outputs import Output
 from hookviz.jobs.build import CamSettings
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
-from hookviz.run import pipeline
+from hookviz.run import pipeline, verdicts
 from hookviz.run.kinds import InputKind, input_kind, input_kind_of
 from hookviz.tasks import make_cam_job, task_of
 
@@ -75,6 +75,7 @@ def explain_inputs(
     kind: str | None = None,
     overwrite: bool = False,
     batch_size: int | None = None,
+    trust: str | Path | None = None,
 ) -> Records:
     """The ``hookviz gradcam`` of any model over its kind of inputs, from Python: the maps written under
     ``out`` as the command writes them, and the records, also appended to ``out/manifest.jsonl`` (a list
@@ -90,9 +91,13 @@ def explain_inputs(
         kind: the input kind expected (``video``, ``volume``, ``sample``, a registered one): a model that
             takes another is refused.
         batch_size: inputs per forward pass (default: the kind's).
+        trust: ``methods=("auto",)``: the folder of a ``hookviz trust`` run of this model and weights (else
+            one in ``out``, else one made on the first photos and kept in ``out/trust.KEY/``), as ``gradcam
+            --method auto --trust DIR`` (:func:`hookviz.run.verdicts.auto_choice` says what it chose).
 
     Raises:
         UsageError: a model that does not take ``kind``, settings that do not apply to it.
+        UntrustedError: ``--method auto`` and the trust run says no map here can be trusted.
 
     Examples:
         >>> records = explain_inputs(load_model("r3d_18"), "videos/", "out/")
@@ -106,7 +111,14 @@ def explain_inputs(
     if kind is not None and taken.name != kind:
         raise UsageError(input_kind(kind).refusal.format(name=loaded.name))
     output = Output(Path(out), overwrite=overwrite)
-    built = make_cam_job(loaded, settings or CamSettings())
+    settings = settings or CamSettings()
+    if verdicts.wants_auto(settings):
+        chosen = verdicts.auto_choice(loaded, trust=Path(trust) if trust is not None else None, out=Path(out),
+                                      photos=specs)  # fmt: skip
+        settings = verdicts.auto_settings(settings, chosen)
+    elif trust is not None:
+        raise UsageError("trust= goes with methods=('auto',): the trust run --method auto draws from")
+    built = make_cam_job(loaded, settings)
     items = taken.items(loaded, taken.find(loaded, specs, exclude=Path(out)), DEFAULT_MAX_PIXELS)
     output.prepare()
     try:

@@ -192,9 +192,12 @@ def write_trust(
     refused: dict[str, str],
     overwrite: bool,
     failed: dict[str, str] | None = None,
+    key: dict[str, str] | None = None,
 ) -> list[Path]:
     """``trust.json``, ``trust.md`` and ``trust.png`` into ``out`` (atomic; an earlier run's kept unless
-    ``overwrite``)."""
+    ``overwrite``). ``key``: the model's name and weights' fingerprint
+    (:func:`hookviz.run.verdicts.trust_key`), by which ``gradcam --method auto``, the report and the
+    explorer find the run."""
     paths = [out / name for name in FILES]
     there = [p for p in paths if p.exists()]
     if there and not overwrite:
@@ -204,6 +207,7 @@ def write_trust(
     out.mkdir(parents=True, exist_ok=True)
     data = {
         **report.as_dict(),
+        **({"key": key} if key is not None else {}),
         "refused": refused,
         "failed": failed or {},
         "command": command,
