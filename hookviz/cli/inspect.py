@@ -51,7 +51,8 @@ def featuremaps(
     sampling: Sampling = Sampling(),
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
-    from hookviz.jobs.build import featuremap_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.features import featuremap_job
 
     job = made_by(featuremap_job, layers=layers, stage=str(stage), max_channels=max_channels,
                   colormap=str(colormap))  # fmt: skip

@@ -31,7 +31,8 @@ def gradflow(
     run: TrainingRun = RunOptions(),
 ) -> None:
     """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
-    from hookviz.jobs.build import gradflow_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.training import gradflow_job
 
     run_command(made_by(gradflow_job, target=target, label=label, layers=layers), model, run, inputs)
 
@@ -60,7 +61,8 @@ def dropblock(
     run: TrainingRun = RunOptions(),
 ) -> None:
     """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
-    from hookviz.jobs.build import dropblock_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.training import dropblock_job
 
     job = made_by(dropblock_job, layer=layer, drop_prob=drop_prob, block_size=block_size, shared=shared,
                   seed=seed, max_channels=max_channels)  # fmt: skip

@@ -88,7 +88,7 @@ class MetricOptions:
     regions: Regions = 100
 
     def settings(self) -> dict[str, Any]:
-        """What :func:`hookviz.jobs.build.evaluate_job` takes of these (``masks`` as a folder)."""
+        """What :func:`hookviz.jobs.evaluate.evaluate_job` takes of these (``masks`` as a folder)."""
         from hookviz.evaluation.families import MetricSettings  # loads torch: only once the command runs
 
         mask_dir = None if self.masks is None or self.masks.strip().isdigit() else Path(self.masks)
@@ -126,11 +126,12 @@ def evaluate(
     sampling: Sampling = Sampling(),
 ) -> None:
     """How good each map is, against chance: faithfulness, ROAD, flipping, localisation, complexity, ..."""
-    from hookviz.jobs.build import evaluate_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.evaluate import evaluate_job
 
     options = dataclasses.replace(method.options(), masks=metrics.rise())
     job = made_by(evaluate_job, layers=layers, methods=methods, target=target, options=options, steps=steps,
-                  compare=method.compare, seed=method.seed, **metrics.settings())  # fmt: skip
+                  seed=method.seed, **metrics.settings())  # fmt: skip
     summarise = lambda job: write_evaluation(job, run.out, run.quiet, run.as_json, run.overwrite)  # noqa: E731
     run_command(job, model, run, inputs, several, sampling, prompts=prompts, announce=announce,
                 summarise=summarise, lines=False)  # fmt: skip
@@ -171,7 +172,8 @@ def sanity(
 ) -> None:
     """The sanity check: randomise the weights from the head down; a faithful map must change with them."""
     from hookviz.evaluation.randomisation import GRANULARITIES, ORDERS
-    from hookviz.jobs.build import made_by, sanity_job
+    from hookviz.jobs.build import made_by
+    from hookviz.jobs.sanity import sanity_job
 
     if order not in ORDERS:
         raise typer.BadParameter(f"{order!r}: one of {', '.join(ORDERS)}", param_hint="--order")
@@ -179,9 +181,8 @@ def sanity(
         hint = "--granularity"
         raise typer.BadParameter(f"{granularity!r}: one of {', '.join(GRANULARITIES)}", param_hint=hint)
     options = dataclasses.replace(method.options(), seed=seed)
-    job = made_by(sanity_job, layer=layer, methods=methods, options=options, compare=method.compare,
-                  seed=seed, order=order, granularity=granularity, smooth=smooth,
-                  noise=smooth_noise)  # fmt: skip
+    job = made_by(sanity_job, layer=layer, methods=methods, options=options, seed=seed, order=order,
+                  granularity=granularity, smooth=smooth, noise=smooth_noise)  # fmt: skip
     summarise = lambda job: _write_sanity(job, run.out, run.as_json)  # noqa: E731
     run_command(job, model, run, inputs, several, sampling, prompts=prompts, summarise=summarise)
 

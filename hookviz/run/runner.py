@@ -12,7 +12,7 @@ from hookviz.errors import UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import Output
-from hookviz.jobs.build import CamSettings
+from hookviz.jobs.settings import CamSettings, settings_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.run import pipeline
@@ -75,6 +75,7 @@ def explain_inputs(
     kind: str | None = None,
     overwrite: bool = False,
     batch_size: int | None = None,
+    **given: Any,
 ) -> Records:
     """The ``hookviz gradcam`` of any model over its kind of inputs, from Python: the maps written under
     ``out`` as the command writes them, and the records, also appended to ``out/manifest.jsonl`` (a list
@@ -85,8 +86,10 @@ def explain_inputs(
             sampled), a volume model, or a model of several inputs (``inputs=(names...)``).
         inputs: files, folders, globs; for several inputs each one's folder (or file) by name, in the model's
             order (``{"rgb": "photos/", "depth": "depth/"}``).
-        settings: a :class:`hookviz.jobs.build.CamSettings` (layers, methods, target, colours, ``save_raw``);
-            default: Grad-CAM at the default layer, the top class.
+        settings: a :class:`hookviz.jobs.settings.CamSettings` (layers, methods, target, colours,
+            ``save_raw``) or a mapping of them; default: Grad-CAM at the default layer, the top class.
+        given: settings by keyword (``methods=("layercam",)``), over ``settings``; a name
+            :class:`~hookviz.jobs.settings.CamSettings` does not have is refused, the closest named.
         kind: the input kind expected (``video``, ``volume``, ``sample``, a registered one): a model that
             takes another is refused.
         batch_size: inputs per forward pass (default: the kind's).
@@ -106,7 +109,7 @@ def explain_inputs(
     if kind is not None and taken.name != kind:
         raise UsageError(input_kind(kind).refusal.format(name=loaded.name))
     output = Output(Path(out), overwrite=overwrite)
-    built = make_cam_job(loaded, settings or CamSettings())
+    built = make_cam_job(loaded, settings_of(CamSettings, settings, **given))
     items = taken.items(loaded, taken.find(loaded, specs, exclude=Path(out)), DEFAULT_MAX_PIXELS)
     output.prepare()
     try:
