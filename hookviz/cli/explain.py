@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from hookviz.cli.flags import MAPS, InputOpt, MaybeInputs, Methods
+from hookviz.cli.flags import MAPS, CamLayers, InputOpt, MaybeInputs, Methods
 from hookviz.cli.options import (
     CamLook,
     CamMaps,
@@ -22,9 +22,6 @@ from hookviz.cli.options import (
 )
 from hookviz.cli.runner import run_command
 
-CamLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name; repeatable (default: the last convolutional stage); auto: the most faithful of the "
-    "candidate layers on the first images (--probe).")]  # fmt: skip
 CamTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1, topK (top5), a class index or name, a comma list, positive (multi-label: every label "
     "whose sigmoid reaches --threshold), or label (each input's own: a table's target column, a shard "

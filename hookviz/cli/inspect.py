@@ -14,6 +14,7 @@ from hookviz.cli.flags import (
     MODEL,
     ClipLen,
     Debug,
+    FeatureLayers,
     Inputs,
     InputSize,
     MeanOpt,
@@ -28,9 +29,6 @@ from hookviz.cli.runner import run_command
 from hookviz.io.files import atomic_write
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
-FeatureLayers = Annotated[list[str] | None, typer.Option("--layers", "--layer", "-l",
-    rich_help_panel=MAPS,
-    help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d that runs.")]  # fmt: skip
 StageOpt = Annotated[Stage, typer.Option("--stage", help="the layer's input, output or both.",
     rich_help_panel=MAPS)]  # fmt: skip
 MaxChannels = Annotated[int, typer.Option("--max-channels", min=1, help="channels per grid.",

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from hookviz.cli.flags import MAPS, Inputs
+from hookviz.cli.flags import MAPS, BlockLayer, FlowLayers, Inputs
 from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command
 
@@ -17,8 +17,6 @@ FlowTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1 or a class (index or name) whose score is differentiated.")]  # fmt: skip
 FlowLabel = Annotated[str | None, typer.Option("--label", rich_help_panel=MAPS,
     help="use cross-entropy against this class (index or name) instead.")]  # fmt: skip
-FlowLayers = Annotated[list[str] | None, typer.Option("--layers", "-l", rich_help_panel=MAPS,
-    help="names or globs (default: every module with parameters).")]  # fmt: skip
 
 
 @grouped
@@ -37,8 +35,6 @@ def gradflow(
     run_command(made_by(gradflow_job, target=target, label=label, layers=layers), model, run, inputs)
 
 
-BlockLayer = Annotated[str | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module whose output gets DropBlock (default: the default CAM layer).")]  # fmt: skip
 DropProb = Annotated[float, typer.Option("--drop-prob", min=0.0, max=0.99, help="expected dropped fraction.",
     rich_help_panel=MAPS)]  # fmt: skip
 BlockSize = Annotated[int, typer.Option("--block-size", min=1, help="side of the dropped squares.",

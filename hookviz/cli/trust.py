@@ -13,7 +13,16 @@ import typer
 
 from hookviz.cli.app import EXIT_INPUTS_FAILED
 from hookviz.cli.explore import _model_words
-from hookviz.cli.flags import MAPS, SETTINGS, InputOpt, Inputs, MaybeInputs, Methods
+from hookviz.cli.flags import (
+    MAPS,
+    SETTINGS,
+    CamDefaultLayer,
+    CamDefaultLayers,
+    InputOpt,
+    Inputs,
+    MaybeInputs,
+    Methods,
+)
 from hookviz.cli.loading import load_warm
 from hookviz.cli.options import (
     DATA,
@@ -35,8 +44,6 @@ from hookviz.report import latest_records
 
 METRICS = "Metrics"
 
-EvalLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name; repeatable (default: the CAM default).")]  # fmt: skip
 EvalTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1, a class index or name, or label (each input's own: a table's target column, a shard "
     "sample's .cls).")]  # fmt: skip
@@ -115,7 +122,7 @@ def evaluate(
     inputs: MaybeInputs = None,
     several: InputOpt = None,
     model: ModelOptions = ModelOptions(),
-    layers: EvalLayers = None,
+    layers: CamDefaultLayers = None,
     methods: Methods = None,
     target: EvalTarget = "top1",
     steps: Steps = 16,
@@ -149,8 +156,6 @@ SmoothNoise = Annotated[float, typer.Option("--smooth-noise", min=0.0, rich_help
     help="sMPRT's noise, times each input's range.")]  # fmt: skip
 SanitySeed = Annotated[int, typer.Option("--seed", rich_help_panel=MAPS,
     help="seed of the random parameters and the stochastic methods.")]  # fmt: skip
-SanityLayer = Annotated[str | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name (default: the CAM default).")]  # fmt: skip
 
 
 @grouped
@@ -158,7 +163,7 @@ def sanity(
     inputs: MaybeInputs = None,
     several: InputOpt = None,
     model: ModelOptions = ModelOptions(),
-    layer: SanityLayer = None,
+    layer: CamDefaultLayer = None,
     methods: Methods = None,
     seed: SanitySeed = 0,
     order: Order = "cascading",
@@ -228,8 +233,6 @@ def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
     typer.echo("\n".join(lines_out), err=as_json)
 
 
-TrustLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name; repeatable (default: the CAM default).")]  # fmt: skip
 TrustSeed = Annotated[int, typer.Option("--seed", rich_help_panel=METRICS,
     help="the random maps, the randomised classifier and the noise (same seed, same JSON).")]  # fmt: skip
 MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=METRICS,
@@ -244,7 +247,7 @@ def trust(
     inputs: Inputs,
     model: PlainModel = ModelOptions(),
     methods: Methods = None,
-    layers: TrustLayers = None,
+    layers: CamDefaultLayers = None,
     seed: TrustSeed = 0,
     max_photos: MaxPhotos = 16,
     run: TrustRun = RunOptions(),

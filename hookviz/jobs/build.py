@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from hookviz.core.conventions import default_layers
 from hookviz.core.hooks import ModuleCall
-from hookviz.core.layers import cam_layer, default_cam_layer, default_reason
+from hookviz.core.layers import cam_layer, cam_layers, default_cam_layer, default_reason
+from hookviz.errors import UsageError
 from hookviz.jobs.settings import CamSettings
 from hookviz.methods import MethodOptions, get, passes
 from hookviz.models.classes import parse_target
@@ -151,7 +152,21 @@ def default_layer(loaded: LoadedModel, calls: list[ModuleCall]) -> tuple[list[st
 
 
 def chosen_layers(loaded: LoadedModel, names: Sequence[str] | None, calls: list[ModuleCall]) -> list[str]:
-    """The layers ``names`` (``--layer``, repeatable; checked, each once), or the default CAM layer."""
+    """The layers ``names`` (``--layer``: names or globs, repeatable; checked, each once), or the default
+    CAM layer."""
     if not names:
         return default_layer(loaded, calls)[0]
-    return [cam_layer(loaded.model, name, calls, loaded.name) for name in dict.fromkeys(names)]
+    return cam_layers(loaded.model, names, calls, loaded.name)
+
+
+def one_layer(loaded: LoadedModel, name: str | None, calls: list[ModuleCall]) -> str:
+    """The one layer ``name`` (a module name, or a glob matching one), or the default CAM layer.
+
+    Raises:
+        UsageError: a glob matching several layers; LayerError: a bad layer.
+    """
+    found = chosen_layers(loaded, [name] if name else None, calls)
+    if len(found) > 1:
+        shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+        raise UsageError(f"--layer {name}: takes one layer, and the pattern matches {len(found)} ({shown})")
+    return found[0]

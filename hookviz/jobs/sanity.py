@@ -16,7 +16,7 @@ from hookviz.engine.explain import explain
 from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
 from hookviz.io.samples import Sample
-from hookviz.jobs.build import chosen_layers, method_options
+from hookviz.jobs.build import method_options, one_layer
 from hookviz.jobs.common import BaseJob, weights_note
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
@@ -181,7 +181,7 @@ def sanity_job(
 ) -> SanityJob:
     """The ``sanity`` job at ``layer`` (default: the CAM default), ``fields`` as :class:`SanityJob` takes them
     (seed, order, granularity, smooth, noise)."""
-    name = chosen_layers(loaded, [layer] if layer else None, probe(loaded))[0]
+    name = one_layer(loaded, layer, probe(loaded))
     return SanityJob(
         loaded=loaded,
         layer=name,

@@ -12,7 +12,7 @@ import numpy as np
 from hookviz import render
 from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import logits_of
-from hookviz.core.layers import default_cam_layer, is_pattern, output_layers, resolve_layers
+from hookviz.core.layers import default_cam_layer, output_layers, resolve_layers
 from hookviz.engine.explain import ranking
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.errors import UsageError
@@ -197,15 +197,17 @@ def gradflow_job(
 
 
 def dropblock_job(loaded: LoadedModel, layer: str | None = None, **fields: Any) -> DropBlockJob:
-    """The ``dropblock`` job at ``layer`` (one module name; default: the CAM default), ``fields`` as
-    :class:`DropBlockJob` takes them (drop_prob, block_size, shared, seed, max_channels).
+    """The ``dropblock`` job at ``layer`` (one module name, or a glob matching one; default: the CAM
+    default), ``fields`` as :class:`DropBlockJob` takes them (drop_prob, block_size, shared, seed,
+    max_channels).
 
     Raises:
-        UsageError: a pattern for ``layer``; LayerError: a bad layer.
+        UsageError: a glob matching several layers; LayerError: a bad layer.
     """
     calls = probe(loaded)
     chosen = layer or default_cam_layer(loaded.model, calls)
-    if is_pattern(chosen):
-        raise UsageError(f"--layer {chosen}: takes one module name, not a pattern")
-    (name,) = output_layers(loaded.model, [chosen], calls, loaded.name)
-    return DropBlockJob(loaded=loaded, layer=name, **fields)
+    found = output_layers(loaded.model, [chosen], calls, loaded.name)
+    if len(found) > 1:
+        shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+        raise UsageError(f"--layer {chosen}: takes one layer, and the pattern matches {len(found)} ({shown})")
+    return DropBlockJob(loaded=loaded, layer=found[0], **fields)

@@ -113,7 +113,7 @@ class VideoCamJob(CamJob):
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        clip = rgb  # a ClipFrames
+        clip, look = rgb, self.params  # a ClipFrames
         frames: np.ndarray = clip.frames
         lm, ex = self.loaded, result.explanation
         check_finite(ex, index)
@@ -141,12 +141,7 @@ class VideoCamJob(CamJob):
                 ]
                 pictures = [
                     render.overlay(
-                        frames[k],
-                        unit[k],
-                        box,
-                        alpha=self.params.alpha,
-                        colormap=self.params.colormap,
-                        scaled=True,
+                        frames[k], unit[k], box, alpha=look.alpha, colormap=look.colormap, scaled=True
                     )
                     for k in range(n)
                 ]
