@@ -47,7 +47,7 @@ def test_layer_auto_is_chosen_on_the_first_images_and_agreed() -> None:
         lm, CamSettings(layers=("auto",)), first_images=lambda n: torch.rand(n, 3, 64, 64), agree=agree
     )
     assert built.auto is not None and seen == [built.auto]
-    assert list(built.job.layers) == [built.auto["chosen"]] and built.auto["images"] == 4
+    assert list(built.job.layers) == [built.auto["chosen"]] and built.auto["images"] == 8  # --probe's 8
     assert auto_line(built.auto).startswith(f"--layer auto chose {built.auto['chosen']}")
     with pytest.raises(UsageError, match="needs at least one readable image"):
         make_cam_job(lm, CamSettings(layers=("auto",)), first_images=lambda n: None)
