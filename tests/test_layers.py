@@ -21,7 +21,7 @@ def test_a_glob_gives_the_layers_it_matches_that_can_be_cam_tensors_each_once() 
         "layer4.0.conv1", "layer4.0.bn1", "layer4.0.conv2", "layer4.0.bn2", "layer4.0.downsample",
         "layer4.0.downsample.0", "layer4.0.downsample.1",
     ]  # fmt: skip
-    with pytest.raises(LayerError, match="pattern 'fc*' matches no layer of resnet18 with a spatial map"):
+    with pytest.raises(LayerError, match=r"pattern 'fc\*' matches no layer of resnet18 with a spatial map"):
         cam_layers(lm.model, ["fc*"], calls, "resnet18")
     with pytest.raises(LayerError, match="no layer 'layer9'"):
         chosen_layers(lm, ["layer9"], calls)
