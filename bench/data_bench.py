@@ -29,7 +29,7 @@ from hookviz.io.inputs import expand_inputs
 from hookviz.io.outputs import Output
 from hookviz.io.shapes import draw_shape
 from hookviz.io.sinks import data_sinks
-from hookviz.jobs.build import CamSettings
+from hookviz.jobs.settings import CamSettings
 from hookviz.run.runner import run_job
 from hookviz.tasks import load_model, make_cam_job
 

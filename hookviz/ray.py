@@ -30,7 +30,7 @@ from hookviz.io.inputs import Item
 from hookviz.io.outputs import Output
 from hookviz.io.sinks import COLUMNS, ZarrMaps, record_rows
 from hookviz.io.stores import PATH_COLUMNS, Blob, is_url
-from hookviz.jobs.build import CamSettings
+from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import resolve_device
 from hookviz.run.runner import run_job
 from hookviz.tasks import load_model, make_cam_job
@@ -44,7 +44,7 @@ class Explainer:
             :func:`hookviz.load_model` in ``load``.
         out: where pictures and the manifest go (a folder every actor can write: a shared file system).
         methods, layers, target: as ``--method``, ``--layer``, ``--target``; ``settings`` replaces all three
-            (a :class:`hookviz.jobs.build.CamSettings`).
+            (a :class:`hookviz.jobs.settings.CamSettings`).
         column: the rows' path column (default: the first of path, url, uri, image, file, filename).
         maps: a Zarr store for the raw maps (a path or URL ending in ``.zarr``), as ``--maps``.
     """

@@ -7,9 +7,11 @@ import dataclasses
 import pytest
 import torch
 
+from hookviz.core.targets import Top
 from hookviz.errors import UsageError
 from hookviz.jobs import CamJob, DetectionJob
-from hookviz.jobs.build import CamSettings, auto_line
+from hookviz.jobs.build import auto_line
+from hookviz.jobs.settings import CamSettings
 from hookviz.tasks import load_model, make_cam_job
 
 
@@ -25,7 +27,7 @@ def test_a_classifier_gets_a_cam_job_at_its_pooling_input_with_the_note() -> Non
     lm = load_model("resnet18", "none", input_size=64)
     built = make_cam_job(lm, CamSettings(methods=("gradcam", "scorecam"), target="top2"))
     assert isinstance(built.job, CamJob) and list(built.job.layers) == ["layer4"]
-    assert built.job.targets == "top2" and built.auto is None
+    assert built.job.targets == Top(2) and built.auto is None
     using, cost = built.notes
     assert using.startswith("using layer layer4") and "entering its global pooling" in using
     assert "Score-CAM runs 512 forward passes per image at layer4" in cost
@@ -45,7 +47,7 @@ def test_layer_auto_is_chosen_on_the_first_images_and_agreed() -> None:
         lm, CamSettings(layers=("auto",)), first_images=lambda n: torch.rand(n, 3, 64, 64), agree=agree
     )
     assert built.auto is not None and seen == [built.auto]
-    assert list(built.job.layers) == [built.auto["chosen"]] and built.auto["images"] == 4
+    assert list(built.job.layers) == [built.auto["chosen"]] and built.auto["images"] == 8  # --probe's 8
     assert auto_line(built.auto).startswith(f"--layer auto chose {built.auto['chosen']}")
     with pytest.raises(UsageError, match="needs at least one readable image"):
         make_cam_job(lm, CamSettings(layers=("auto",)), first_images=lambda n: None)

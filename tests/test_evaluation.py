@@ -306,9 +306,11 @@ def test_guided_grad_cam_and_smoothing_through_explain(centred: TinyCNN) -> None
 
 def test_guided_maps_are_drawn_with_the_top_half_percent_saturated() -> None:
     from hookviz.jobs import CamJob
+    from hookviz.jobs.settings import CamSettings
     from tests.conftest import tiny_loaded
 
-    job = CamJob(loaded=tiny_loaded(TinyCNN()), layers=["features.8"], methods=["guidedbackprop"])
+    params = CamSettings(layers=("features.8",), methods=("guidedbackprop",))
+    job = CamJob(loaded=tiny_loaded(TinyCNN()), params=params)
     cam = np.linspace(0, 1, 10_000, dtype=np.float32).reshape(100, 100)
     cam[0, 0] = 1e6  # one pixel would otherwise take the whole colour range
     unit = job._unit(cam, None, "guidedbackprop")

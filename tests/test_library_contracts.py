@@ -219,9 +219,10 @@ def test_choices_fail_the_same_way_in_library_and_cli() -> None:
     with pytest.raises(UsageError, match="resize 'sqaush': choose one of crop, squash"):
         Preprocess(resize="sqaush")
     from hookviz.jobs import CamJob
+    from hookviz.jobs.settings import CamSettings
 
     with pytest.raises(UsageError, match="--normalize 'batchh': choose one of image, batch, none"):
-        CamJob(loaded=tiny_loaded(TinyCNN()), layers=["features.8"], normalize="batchh")
+        CamJob(loaded=tiny_loaded(TinyCNN()), params=CamSettings(layers=("features.8",), normalize="batchh"))
     assert Normalize("batch") == "batch"
     r = CliRunner().invoke(app, ["gradcam", "x.jpg", "--normalize", "batchh"])
     assert r.exit_code == 2 and "'batchh' is not one of" in r.stderr

@@ -172,15 +172,13 @@ def test_signed_tensor_is_said(
     """The BatchNorm before the functional ReLU6 is signed: records carry its negative share, Grad-CAM++ and
     XGrad-CAM are flagged there and not at the default tensor."""
     from hookviz.jobs import CamJob
+    from hookviz.jobs.settings import CamSettings
     from tests.conftest import tiny_loaded
 
     model = models["lite"]
     x = held_out[0][:8]
-    job = CamJob(
-        loaded=tiny_loaded(model),
-        layers=["_bn1", "_avg_pooling:input"],
-        methods=["gradcam", "gradcampp", "xgradcam"],
-    )
+    layers, methods = ("_bn1", "_avg_pooling:input"), ("gradcam", "gradcampp", "xgradcam")
+    job = CamJob(loaded=tiny_loaded(model), params=CamSettings(layers=layers, methods=methods))
     batch = job.compute(x)
     share = float(batch.explanation.negative_mass["_bn1"].mean())
     assert share > 0.3
@@ -256,12 +254,14 @@ def test_functional_and_leaky_rectifiers_are_guided() -> None:
 def test_no_rectifier_is_said(tmp_path: Path) -> None:
     """A GELU network has nothing to guide: the record says so (empty counts) and a note says why."""
     from hookviz.jobs import CamJob
+    from hookviz.jobs.settings import CamSettings
     from tests.conftest import tiny_loaded
 
     model = nn.Sequential(
         nn.Conv2d(3, 8, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)
     )
-    job = CamJob(loaded=tiny_loaded(model.eval()), layers=["1"], methods=["guidedbackprop"])
+    params = CamSettings(layers=("1",), methods=("guidedbackprop",))
+    job = CamJob(loaded=tiny_loaded(model.eval()), params=params)
     batch = job.compute(torch.rand(2, 3, 48, 48))
     assert batch.explanation.guided == {}
     (note,) = job.take_notes()

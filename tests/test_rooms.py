@@ -100,7 +100,7 @@ def test_an_input_kind_from_outside_runs_through_gradcam_the_manifest_and_the_re
 
 def test_explain_inputs_takes_a_registered_kind(grids: Grids, shapes_weights: Path, tmp_path: Path) -> None:
     import hookviz
-    from hookviz.jobs.build import CamSettings
+    from hookviz.jobs.settings import CamSettings
 
     img, _ = draw_shape(2, SIZE, np.random.default_rng(5))  # a cross
     grid = tmp_path / "cross.grid"
@@ -123,7 +123,8 @@ def peek(
     run: RunOptions = RunOptions(),
 ) -> None:
     """The toy command: four channels of one layer's feature maps."""
-    from hookviz.jobs.build import featuremap_job, made_by
+    from hookviz.jobs.build import made_by
+    from hookviz.jobs.features import featuremap_job
 
     run_command(
         made_by(featuremap_job, layers=[layer] if layer else None, max_channels=4), model, run, inputs
@@ -204,9 +205,8 @@ def test_the_option_groups_reach_the_library_whole() -> None:
 
     flags = MethodFlags(seed=3, samples=5, baseline=" Blur ", masked_batch=16, compare="1,2")
     s = cam_settings(["a"], ["gradcam"], "top2", CamMaps(channels=4), CamLook(no_relu=True), flags)
-    assert s.layers == ("a",) and s.relu is False and s.channel_terms == 4 and s.scorecam_batch == 16
-    assert s.options == MethodOptions(seed=3, samples=5, baseline="blur", batch=16)
-    assert s.compare == "1,2"
+    assert s.layers == ("a",) and s.relu is False and s.channel_terms == 4
+    assert s.options == MethodOptions(seed=3, samples=5, baseline="blur", batch=16, compare=("1", "2"))
 
 
 def test_a_model_source_from_outside_is_one_registration(

@@ -174,7 +174,7 @@ def test_evaluate_and_sanity_take_several_inputs(tmp_path: Path) -> None:
 
 def test_explain_samples_from_python(tmp_path: Path) -> None:
     import hookviz
-    from hookviz.jobs.build import CamSettings
+    from hookviz.jobs.settings import CamSettings
 
     _pairs(tmp_path, 2)
     loaded = hookviz.load_model(NET, "none", inputs=("rgb", "depth"), mean={"depth": (0.5,)})

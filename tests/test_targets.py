@@ -262,3 +262,48 @@ def test_a_siglip_folder_takes_prompts(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout)
     assert all(m["finite"] for m in rec["maps"]) and len(rec["maps"]) == 4
+
+
+# -- --target parsed once (hookviz/core/targets.py) ----------------------------------------------------------
+
+
+def test_target_words_are_parsed_once_into_one_typed_value() -> None:
+    from hookviz.core.targets import Classes, Labelled, Positive, Top, parse, said
+    from hookviz.errors import TargetError
+
+    names = ["cat", "dog", "tabby", "Tabby cat"]
+    assert parse("top1", names, 4) == Top(1) and parse(" TOP3 ", names, 4) == Top(3)
+    assert parse("dog,1, class 2 ,tabby", names, 4) == Classes((1, 2))  # each class once, in order
+    assert (
+        parse("positive", names, 4, threshold=0.3) == Positive(0.3) and parse("label", names, 4) == Labelled()
+    )
+    assert [said(t) for t in (Top(1), Top(5), Classes((3, 1)), Positive(0.5), Labelled())] == [
+        "top1", "top5", [3, 1], {"positive": 0.5}, "label"
+    ]  # fmt: skip
+    for bad, why in (
+        ("top5", "top1..top4"),
+        ("top²", "top1..top4"),
+        ("7", "out of range"),
+        ("cow", "not a class"),
+    ):
+        with pytest.raises(TargetError, match=why):
+            parse(bad, names, 4)
+    with pytest.raises(TargetError, match="no class names"):
+        parse("cat", None, 4)
+
+
+def test_explain_takes_the_parsed_target_as_its_words_give_it() -> None:
+    """``Top(2)`` and ``Classes`` reach the explain pass as they are; the Python API's words give the same."""
+    from hookviz.core.targets import Classes, Top
+    from hookviz.engine.explain import explain
+    from tests.conftest import TinyCNN
+
+    torch.manual_seed(0)
+    model, x = TinyCNN().eval(), torch.rand(3, 3, 32, 32)
+    typed = explain(model, x, ["features"], ["gradcam"], Top(2))
+    words = explain(model, x, ["features"], ["gradcam"], "top2")
+    order = typed.probs.argsort(dim=1, descending=True)[:, :2]
+    assert torch.equal(typed.targets, order) and torch.equal(words.targets, order)
+    torch.testing.assert_close(typed.maps[("gradcam", "features")], words.maps[("gradcam", "features")])
+    chosen = explain(model, x, ["features"], ["gradcam"], Classes((1, 0)))
+    assert chosen.targets.tolist() == [[1, 0]] * 3

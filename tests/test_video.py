@@ -449,7 +449,7 @@ def test_explain_videos_from_the_library(video_net: tuple[ShapesVideoNet, Path],
     import dataclasses
 
     from hookviz import explain_videos, load_model
-    from hookviz.jobs.build import CamSettings
+    from hookviz.jobs.settings import CamSettings
 
     _, weights = video_net
     rng = np.random.default_rng(8)

@@ -310,7 +310,7 @@ def test_evaluate_and_sanity_on_volumes(tmp_path: Path) -> None:
 
 def test_explain_volumes_from_python_equals_the_command_line(tmp_path: Path) -> None:
     import hookviz
-    from hookviz.jobs.build import CamSettings
+    from hookviz.jobs.settings import CamSettings
 
     (tmp_path / "in").mkdir()
     _nifti(tmp_path / "in" / "a.nii.gz", volume_net.volume(np.random.default_rng(10), 0)[0])

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.flags import MAPS, Inputs
+from hookviz.cli.flags import MAPS, ConceptLayers, Inputs
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command, warn
@@ -19,8 +19,6 @@ from hookviz.report import build_report, latest_records
 
 ChannelsOpt = Annotated[str | None, typer.Option("--channels", rich_help_panel=MAPS,
     help="channels given a sheet: 0,5,9 or 0-15. Default: every channel.")]  # fmt: skip
-ConceptLayers = Annotated[list[str] | None, typer.Option("--layer", "--layers", "-l", rich_help_panel=MAPS,
-    help="layers (repeatable). Default: the CAM layer.")]  # fmt: skip
 Top = Annotated[int, typer.Option("--top", "-k", min=1, help="best inputs kept per channel.",
     rich_help_panel=MAPS)]  # fmt: skip
 Reduce = Annotated[str, typer.Option("--reduce", rich_help_panel=MAPS,
@@ -131,13 +129,13 @@ def tcav(
     named = _concepts(concept, random_folders)
     loaded = load_options(dataclasses.replace(model, device=run.device), quiet)
     spec = dict(layers=layers, method=cav, seed=seed, alpha=alpha)
-    _, _, settings = tcav_plan(loaded, inputs, target, named, random_folders, **spec)  # type: ignore[arg-type]
+    _, _, settings = tcav_plan(loaded, inputs, target, named, random_folders, **spec)
     path = out / f"tcav.{settings_key(settings)}.json"
     if path.is_file() and not run.overwrite:
         data, status = json.loads(path.read_text(encoding="utf-8")), "skipped"
     else:
         data, said = tcav_report(
-            loaded, inputs, target, named, random_folders, **spec, batch=run.batch_size,  # type: ignore[arg-type]
+            loaded, inputs, target, named, random_folders, **spec, batch=run.batch_size,
             max_pixels=run.max_pixels,
         )  # fmt: skip
         for text in said:

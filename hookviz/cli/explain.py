@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hookviz.cli.explore import _model_words
-from hookviz.cli.flags import MAPS, InputOpt, MaybeInputs
+from hookviz.cli.flags import MAPS, CamLayers, InputOpt, MaybeInputs
 from hookviz.cli.options import (
     CamLook,
     CamMaps,
@@ -36,9 +36,6 @@ CamMethods = Annotated[list[str] | None, typer.Option("--method", rich_help_pane
     "none.")]  # fmt: skip
 TrustDir = Annotated[Path | None, typer.Option("--trust", rich_help_panel=MAPS, help="--method auto: the "
     "--out folder of a hookviz trust run of this model and weights.")]  # fmt: skip
-CamLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name; repeatable (default: the last convolutional stage); auto: the most faithful of the "
-    "candidate layers on the first images (--probe).")]  # fmt: skip
 CamTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1, topK (top5), a class index or name, a comma list, positive (multi-label: every label "
     "whose sigmoid reaches --threshold), or label (each input's own: a table's target column, a shard "

@@ -401,3 +401,33 @@ ColormapOpt = _option(Colormap, "--colormap", panel=MAPS, help="heatmap colours.
 NoRelu = _option(bool, "--no-relu", panel=MAPS, help="signed maps: negative evidence in blue.")
 SaveRaw = _option(bool, "--save-raw", panel=OUTPUT, help="also write raw maps as .npy (feature and photo "
     "resolution).")  # fmt: skip
+
+#: What ``--layer`` is, in every command (``vlm``'s aside): a module name or a glob over the names.
+LAYER_IS = "module name or glob (layer4, layer*.0.conv2; hookviz layers lists them)"
+
+
+def layers_option(default: str, more: str = "", *names: str) -> Any:
+    """``--layer`` for a command taking several layers: repeatable, ``default`` when left out; ``names``:
+    its other spellings (``--layers``)."""
+    return _option(list[str] | None, "--layer", *names, "-l", panel=MAPS,
+                   help=f"{LAYER_IS}; repeatable{more}. Default: {default}.")  # fmt: skip
+
+
+def layer_option(default: str, kind: Any = str | None, lead: str = "one layer") -> Any:
+    """``--layer`` for a command taking exactly one layer (a glob must match one), ``default`` when left
+    out; ``lead``: what the layer is for."""
+    tail = f" Default: {default}." if default else ""
+    return _option(kind, "--layer", "-l", panel=MAPS, help=f"{lead}: a module name, or a glob matching one "
+                   f"(hookviz layers lists them).{tail}")  # fmt: skip
+
+
+# ``--layer`` of each command (one meaning, each command's default).
+CamLayers = layers_option("the last convolutional stage", "; auto: the most faithful of the candidate layers "
+    "on the first images (--probe)")  # fmt: skip
+CamDefaultLayers = layers_option("the CAM default")
+CamDefaultLayer = layer_option("the CAM default")
+FeatureLayers = layers_option("every Conv2d that runs", "", "--layers")
+ConceptLayers = layers_option("the CAM layer", "", "--layers")
+FlowLayers = layers_option("every module with parameters", "", "--layers")
+BlockLayer = layer_option("the default CAM layer", lead="the layer whose output gets DropBlock")
+VisualLayer = layer_option("", str)

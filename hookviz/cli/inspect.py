@@ -14,6 +14,7 @@ from hookviz.cli.flags import (
     MODEL,
     ClipLen,
     Debug,
+    FeatureLayers,
     Inputs,
     InputSize,
     MeanOpt,
@@ -28,9 +29,6 @@ from hookviz.cli.runner import run_command
 from hookviz.io.files import atomic_write
 from hookviz.options import Colormap, Stage, SummaryFormat, Task
 
-FeatureLayers = Annotated[list[str] | None, typer.Option("--layers", "--layer", "-l",
-    rich_help_panel=MAPS,
-    help="names or globs (layer*.0.conv1); repeatable. Default: every Conv2d that runs.")]  # fmt: skip
 StageOpt = Annotated[Stage, typer.Option("--stage", help="the layer's input, output or both.",
     rich_help_panel=MAPS)]  # fmt: skip
 MaxChannels = Annotated[int, typer.Option("--max-channels", min=1, help="channels per grid.",
@@ -51,7 +49,8 @@ def featuremaps(
     sampling: Sampling = Sampling(),
 ) -> None:
     """Feature-map grids of Conv2d layers: what each channel responds to, one PNG per layer."""
-    from hookviz.jobs.build import featuremap_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.features import featuremap_job
 
     job = made_by(featuremap_job, layers=layers, stage=str(stage), max_channels=max_channels,
                   colormap=str(colormap))  # fmt: skip

@@ -95,8 +95,8 @@ from hookviz.cli.flags import (
     Window,
     Workers,
 )
+from hookviz.jobs.settings import CamSettings
 from hookviz.methods import MethodOptions
-from hookviz.options import Colormap, Normalize, Region
 
 __all__ = [
     "CamLook",
@@ -110,6 +110,10 @@ __all__ = [
     "grouped",
     "omit",
 ]
+
+#: The library's defaults, which the groups below take as theirs (each stated once, in the library).
+CAM = CamSettings()
+METHOD = MethodOptions()
 
 #: The data-set options (a table in, Parquet and Zarr out): commands that do not run the pipeline omit them.
 DATA = ("inputs_table", "inputs_column", "records", "maps", "no_pictures", "log")
@@ -229,18 +233,19 @@ class RunOptions:
 class MethodFlags:
     """The methods' settings (``--seed``, ``--samples``, ``--rise-masks``, ...), Finer-CAM's ``--compare``."""
 
-    masked_batch: MaskedBatch = 64
-    seed: Seed = 0
-    samples: Samples = None
-    noise: Noise = None
-    ig_steps: IgSteps = 50
-    baseline: Baseline = "black"
-    window: Window = 16
-    stride: Stride = 8
-    masks: Masks = 2000
-    cells: Cells = 7
-    head_fusion: HeadFusion = "mean"
-    discard_ratio: DiscardRatio = 0.0
+    masked_batch: MaskedBatch = METHOD.batch
+    seed: Seed = METHOD.seed
+    samples: Samples = METHOD.samples
+    noise: Noise = METHOD.noise
+    ig_steps: IgSteps = METHOD.steps
+    baseline: Baseline = METHOD.baseline
+    window: Window = METHOD.window
+    stride: Stride = METHOD.stride
+    masks: Masks = METHOD.masks
+    cells: Cells = METHOD.cells
+    head_fusion: HeadFusion = METHOD.head_fusion
+    discard_ratio: DiscardRatio = METHOD.discard
+    #: Finer-CAM's classes as given (indices or names, a comma list), resolved with the model.
     compare: Compare = None
 
     def options(self) -> MethodOptions:
@@ -250,6 +255,7 @@ class MethodFlags:
             baseline=self.baseline.strip().lower(), window=self.window, stride=self.stride, masks=self.masks,
             cells=self.cells, batch=self.masked_batch, head_fusion=self.head_fusion.strip().lower(),
             discard=self.discard_ratio,
+            compare=tuple(c for c in (self.compare or "").split(",") if c.strip()),
         )  # fmt: skip
 
 
@@ -275,20 +281,20 @@ class Prompts:
 class CamMaps:
     """How ``gradcam`` makes its maps beyond the layers, methods and targets."""
 
-    normalize: NormalizeOpt = Normalize.image
-    vmax: Vmax = None
-    fuse: FuseOpt = None
-    sheet: SheetOpt = None
-    probe_images: Probe = 8
-    eigen_smooth: EigenSmooth = False
-    aug_smooth: AugSmooth = False
-    metrics: MetricsOpt = False
-    #: ``--channels topK``, as K (0: none).
-    channels: TopChannels = None
-    region: RegionOpt = Region.class_
-    score_threshold: ScoreThreshold = 0.5
-    threshold: Threshold = 0.5
-    max_boxes: MaxBoxes = 10
+    normalize: NormalizeOpt = CAM.normalize
+    vmax: Vmax = CAM.vmax
+    fuse: FuseOpt = CAM.fuse
+    sheet: SheetOpt = CAM.sheet
+    probe_images: Probe = CAM.probe_images
+    eigen_smooth: EigenSmooth = CAM.eigen_smooth
+    aug_smooth: AugSmooth = CAM.aug_smooth
+    metrics: MetricsOpt = CAM.metrics
+    #: ``--channels topK``, as K (None: none, the library's 0).
+    channels: TopChannels = CAM.channel_terms or None
+    region: RegionOpt = CAM.region
+    score_threshold: ScoreThreshold = CAM.score_threshold
+    threshold: Threshold = CAM.threshold
+    max_boxes: MaxBoxes = CAM.max_boxes
 
 
 @group
@@ -296,10 +302,10 @@ class CamMaps:
 class CamLook:
     """How ``gradcam``'s overlays look, and the raw maps."""
 
-    alpha: Alpha = 0.5
-    colormap: ColormapOpt = Colormap.jet
-    no_relu: NoRelu = False
-    save_raw: SaveRaw = False
+    alpha: Alpha = CAM.alpha
+    colormap: ColormapOpt = CAM.colormap
+    no_relu: NoRelu = not CAM.relu
+    save_raw: SaveRaw = CAM.save_raw
 
 
 def cam_settings(
@@ -309,18 +315,15 @@ def cam_settings(
     maps: CamMaps,
     look: CamLook,
     method: MethodFlags,
-) -> Any:
-    """The :class:`hookviz.jobs.build.CamSettings` of ``gradcam``'s options."""
-    from hookviz.jobs.build import CamSettings  # loads torch: only once a command runs
-
+) -> CamSettings:
+    """The :class:`hookviz.jobs.settings.CamSettings` of ``gradcam``'s options."""
     return CamSettings(
         layers=tuple(layers or ()), methods=tuple(methods or ()), target=target, alpha=look.alpha,
         colormap=str(look.colormap), relu=not look.no_relu, save_raw=look.save_raw,
         normalize=str(maps.normalize), vmax=maps.vmax, fuse=str(maps.fuse) if maps.fuse is not None else None,
-        sheet=maps.sheet, scorecam_batch=method.masked_batch, metrics=maps.metrics,
-        eigen_smooth=maps.eigen_smooth, aug_smooth=maps.aug_smooth, region=str(maps.region),
-        probe_images=maps.probe_images, score_threshold=maps.score_threshold, max_boxes=maps.max_boxes,
-        compare=method.compare, threshold=maps.threshold, channel_terms=maps.channels or 0,
+        sheet=maps.sheet, metrics=maps.metrics, eigen_smooth=maps.eigen_smooth, aug_smooth=maps.aug_smooth,
+        region=str(maps.region), probe_images=maps.probe_images, score_threshold=maps.score_threshold,
+        max_boxes=maps.max_boxes, threshold=maps.threshold, channel_terms=maps.channels or 0,
         options=method.options(),
     )  # fmt: skip
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from hookviz.cli.flags import MAPS, Inputs
+from hookviz.cli.flags import MAPS, BlockLayer, FlowLayers, Inputs
 from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
 from hookviz.cli.runner import run_command
 
@@ -17,8 +17,6 @@ FlowTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1 or a class (index or name) whose score is differentiated.")]  # fmt: skip
 FlowLabel = Annotated[str | None, typer.Option("--label", rich_help_panel=MAPS,
     help="use cross-entropy against this class (index or name) instead.")]  # fmt: skip
-FlowLayers = Annotated[list[str] | None, typer.Option("--layers", "-l", rich_help_panel=MAPS,
-    help="names or globs (default: every module with parameters).")]  # fmt: skip
 
 
 @grouped
@@ -31,13 +29,12 @@ def gradflow(
     run: TrainingRun = RunOptions(),
 ) -> None:
     """Gradient norms per layer, in network order (log scale), from one backward per image; PNG + JSON."""
-    from hookviz.jobs.build import gradflow_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.training import gradflow_job
 
     run_command(made_by(gradflow_job, target=target, label=label, layers=layers), model, run, inputs)
 
 
-BlockLayer = Annotated[str | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module whose output gets DropBlock (default: the default CAM layer).")]  # fmt: skip
 DropProb = Annotated[float, typer.Option("--drop-prob", min=0.0, max=0.99, help="expected dropped fraction.",
     rich_help_panel=MAPS)]  # fmt: skip
 BlockSize = Annotated[int, typer.Option("--block-size", min=1, help="side of the dropped squares.",
@@ -60,7 +57,8 @@ def dropblock(
     run: TrainingRun = RunOptions(),
 ) -> None:
     """What DropBlock does to a layer: its feature maps before, the keep mask, and after (one PNG)."""
-    from hookviz.jobs.build import dropblock_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.training import dropblock_job
 
     job = made_by(dropblock_job, layer=layer, drop_prob=drop_prob, block_size=block_size, shared=shared,
                   seed=seed, max_channels=max_channels)  # fmt: skip

@@ -13,7 +13,16 @@ import typer
 
 from hookviz.cli.app import EXIT_INPUTS_FAILED
 from hookviz.cli.explore import _model_words
-from hookviz.cli.flags import MAPS, SETTINGS, InputOpt, Inputs, MaybeInputs, Methods
+from hookviz.cli.flags import (
+    MAPS,
+    SETTINGS,
+    CamDefaultLayer,
+    CamDefaultLayers,
+    InputOpt,
+    Inputs,
+    MaybeInputs,
+    Methods,
+)
 from hookviz.cli.loading import load_warm
 from hookviz.cli.options import (
     DATA,
@@ -35,8 +44,6 @@ from hookviz.report import latest_records
 
 METRICS = "Metrics"
 
-EvalLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name; repeatable (default: the CAM default).")]  # fmt: skip
 EvalTarget = Annotated[str, typer.Option("--target", "-t", rich_help_panel=MAPS,
     help="top1, a class index or name, or label (each input's own: a table's target column, a shard "
     "sample's .cls).")]  # fmt: skip
@@ -88,7 +95,7 @@ class MetricOptions:
     regions: Regions = 100
 
     def settings(self) -> dict[str, Any]:
-        """What :func:`hookviz.jobs.build.evaluate_job` takes of these (``masks`` as a folder)."""
+        """What :func:`hookviz.jobs.evaluate.evaluate_job` takes of these (``masks`` as a folder)."""
         from hookviz.evaluation.families import MetricSettings  # loads torch: only once the command runs
 
         mask_dir = None if self.masks is None or self.masks.strip().isdigit() else Path(self.masks)
@@ -115,7 +122,7 @@ def evaluate(
     inputs: MaybeInputs = None,
     several: InputOpt = None,
     model: ModelOptions = ModelOptions(),
-    layers: EvalLayers = None,
+    layers: CamDefaultLayers = None,
     methods: Methods = None,
     target: EvalTarget = "top1",
     steps: Steps = 16,
@@ -126,11 +133,12 @@ def evaluate(
     sampling: Sampling = Sampling(),
 ) -> None:
     """How good each map is, against chance: faithfulness, ROAD, flipping, localisation, complexity, ..."""
-    from hookviz.jobs.build import evaluate_job, made_by  # loads torch: only once the command runs
+    from hookviz.jobs.build import made_by  # loads torch: only once the command runs
+    from hookviz.jobs.evaluate import evaluate_job
 
     options = dataclasses.replace(method.options(), masks=metrics.rise())
     job = made_by(evaluate_job, layers=layers, methods=methods, target=target, options=options, steps=steps,
-                  compare=method.compare, seed=method.seed, **metrics.settings())  # fmt: skip
+                  seed=method.seed, **metrics.settings())  # fmt: skip
     summarise = lambda job: write_evaluation(job, run.out, run.quiet, run.as_json, run.overwrite)  # noqa: E731
     run_command(job, model, run, inputs, several, sampling, prompts=prompts, announce=announce,
                 summarise=summarise, lines=False)  # fmt: skip
@@ -148,8 +156,6 @@ SmoothNoise = Annotated[float, typer.Option("--smooth-noise", min=0.0, rich_help
     help="sMPRT's noise, times each input's range.")]  # fmt: skip
 SanitySeed = Annotated[int, typer.Option("--seed", rich_help_panel=MAPS,
     help="seed of the random parameters and the stochastic methods.")]  # fmt: skip
-SanityLayer = Annotated[str | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name (default: the CAM default).")]  # fmt: skip
 
 
 @grouped
@@ -157,7 +163,7 @@ def sanity(
     inputs: MaybeInputs = None,
     several: InputOpt = None,
     model: ModelOptions = ModelOptions(),
-    layer: SanityLayer = None,
+    layer: CamDefaultLayer = None,
     methods: Methods = None,
     seed: SanitySeed = 0,
     order: Order = "cascading",
@@ -171,7 +177,8 @@ def sanity(
 ) -> None:
     """The sanity check: randomise the weights from the head down; a faithful map must change with them."""
     from hookviz.evaluation.randomisation import GRANULARITIES, ORDERS
-    from hookviz.jobs.build import made_by, sanity_job
+    from hookviz.jobs.build import made_by
+    from hookviz.jobs.sanity import sanity_job
 
     if order not in ORDERS:
         raise typer.BadParameter(f"{order!r}: one of {', '.join(ORDERS)}", param_hint="--order")
@@ -179,9 +186,8 @@ def sanity(
         hint = "--granularity"
         raise typer.BadParameter(f"{granularity!r}: one of {', '.join(GRANULARITIES)}", param_hint=hint)
     options = dataclasses.replace(method.options(), seed=seed)
-    job = made_by(sanity_job, layer=layer, methods=methods, options=options, compare=method.compare,
-                  seed=seed, order=order, granularity=granularity, smooth=smooth,
-                  noise=smooth_noise)  # fmt: skip
+    job = made_by(sanity_job, layer=layer, methods=methods, options=options, seed=seed, order=order,
+                  granularity=granularity, smooth=smooth, noise=smooth_noise)  # fmt: skip
     summarise = lambda job: _write_sanity(job, run.out, run.as_json)  # noqa: E731
     run_command(job, model, run, inputs, several, sampling, prompts=prompts, summarise=summarise)
 
@@ -227,8 +233,6 @@ def _write_sanity(job: Any, out: Path, as_json: bool) -> None:
     typer.echo("\n".join(lines_out), err=as_json)
 
 
-TrustLayers = Annotated[list[str] | None, typer.Option("--layer", "-l", rich_help_panel=MAPS,
-    help="module name; repeatable (default: the CAM default).")]  # fmt: skip
 TrustSeed = Annotated[int, typer.Option("--seed", rich_help_panel=METRICS,
     help="the random maps, the randomised classifier and the noise (same seed, same JSON).")]  # fmt: skip
 MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=METRICS,
@@ -243,7 +247,7 @@ def trust(
     inputs: Inputs,
     model: PlainModel = ModelOptions(),
     methods: Methods = None,
-    layers: TrustLayers = None,
+    layers: CamDefaultLayers = None,
     seed: TrustSeed = 0,
     max_photos: MaxPhotos = 16,
     run: TrustRun = RunOptions(),

@@ -10,14 +10,13 @@ from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.flags import MAPS
+from hookviz.cli.flags import MAPS, VisualLayer
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import DATA, ModelOptions, RunOptions, group, grouped, omit
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
 from hookviz.io.outputs import finite, safe_name, settings_key
 
-Layer = Annotated[str, typer.Option("--layer", "-l", help="the layer.", rich_help_panel=MAPS)]
 Channel = Annotated[int | None, typer.Option("--channel", "-c", min=0, help="the channel.",
     rich_help_panel=MAPS)]  # fmt: skip
 Neuron = Annotated[str | None, typer.Option("--neuron", help="Y,X: one position of the channel's map.",
@@ -46,7 +45,7 @@ _NOT_HERE = (
 class Picture:
     """What to visualise, and how the picture is optimised."""
 
-    layer: Layer
+    layer: VisualLayer
     channel: Channel = None
     neuron: Neuron = None
     direction: Direction = None
@@ -72,11 +71,12 @@ def visualize(
     in a decorrelated Fourier space under random transformations (as lucent); a PNG and a JSON record, named
     by the settings' key (an identical rerun is skipped)."""
     from hookviz.concepts import visualize as vis
+    from hookviz.core.layers import one_module
     from hookviz.models.settings import model_settings
 
-    p, out = picture, run.out
-    vector = vis.load_direction(p.direction) if p.direction is not None else None
+    vector = vis.load_direction(picture.direction) if picture.direction is not None else None
     loaded = load_options(dataclasses.replace(model, device=run.device), run.quiet)
+    p, out = dataclasses.replace(picture, layer=one_module(loaded.model, picture.layer, loaded.name)), run.out
     settings = {
         **model_settings(loaded), "layer": p.layer, "channel": p.channel, "neuron": p.neuron,
         "direction": vis.direction_digest(vector) if vector is not None else None, **p.optimisation(),

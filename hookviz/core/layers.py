@@ -7,6 +7,7 @@ class names, wherever a shape can tell.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import re
 from collections.abc import Iterable, Sequence
@@ -68,6 +69,19 @@ def resolve_layers(
             near = close_matches(pattern, names)
             raise LayerError(f"no layer {pattern!r} in {model_name}{near} ({_listing(model_name)})")
     return [n for n in names if n in chosen]
+
+
+def one_module(model: nn.Module, spec: str, model_name: str = "the model") -> str:
+    """The one module ``spec`` names: a module name, or a glob matching exactly one.
+
+    Raises:
+        LayerError: an unknown name, a glob matching none or several.
+    """
+    found = resolve_layers(model, [spec], model_name=model_name)
+    if len(found) > 1:
+        shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+        raise LayerError(f"--layer {spec}: takes one layer, and the pattern matches {len(found)} ({shown})")
+    return found[0]
 
 
 def outermost(names: Sequence[str]) -> list[str]:
@@ -215,6 +229,33 @@ def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_na
             "pick a layer that runs once (e.g. its parent block)"
         )
     return name
+
+
+def cam_layers(
+    model: nn.Module, specs: Sequence[str], calls: Sequence[ModuleCall], model_name: str = "the model"
+) -> list[str]:
+    """``--layer``'s names and globs as CAM tensors, each checked once (:func:`cam_layer`) and given once:
+    a name as it is, a glob as the layers it matches that can be CAM tensors, in network order.
+
+    Raises:
+        LayerError: a bad name (:func:`cam_layer`), a glob matching no layer that can be one.
+    """
+    chosen: list[str] = []
+    for spec in specs:
+        if not is_pattern(spec):
+            chosen.append(cam_layer(model, spec, calls, model_name))
+            continue
+        found = []
+        for name in resolve_layers(model, [spec], model_name=model_name):
+            with contextlib.suppress(LayerError):
+                found.append(cam_layer(model, name, calls, model_name))
+        if not found:
+            raise LayerError(
+                f"pattern {spec!r} matches no layer of {model_name} with a spatial map that runs once; "
+                f"{_listing(model_name)}"
+            )
+        chosen += found
+    return list(dict.fromkeys(chosen))
 
 
 def channels(model: nn.Module, name: str, calls: Sequence[ModuleCall]) -> int:

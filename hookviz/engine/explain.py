@@ -27,7 +27,7 @@ from hookviz.core.layers import single_call
 from hookviz.core.layout import Layout, layout_of, to_spatial, unfold_time
 from hookviz.core.readout import Readout, Scorer, positive_targets, ranking, read
 from hookviz.core.taps import negative_mass
-from hookviz.core.targets import Positive
+from hookviz.core.targets import Classes, Labelled, Positive, Target, Top, parse
 from hookviz.errors import TargetError, UsageError
 from hookviz.methods import MethodOptions
 from hookviz.methods._utils import in_fast_layout
@@ -38,7 +38,8 @@ from hookviz.render.notebook import CamDisplay, ExplanationDisplay
 
 __all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
 
-Targets = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | Positive | None
+#: A parsed ``--target`` (:data:`hookviz.core.targets.Target`), its words, None, class indices or a tensor.
+Targets = Target | int | Sequence[int] | Sequence[Sequence[int]] | Tensor | str | None
 
 
 @dataclass(frozen=True)
@@ -100,29 +101,28 @@ def score_kind(model: nn.Module) -> str:
 
 
 def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:
-    """``(B, T)`` class indices.
-
-    ``None`` → each image's top-1; ``"topK"`` → each image's top K; an ``int`` or a list/tuple of ints →
-    the same classes for every image; a 1-D tensor → one class per image; a 2-D tensor → ``(B, T)``.
-    """
+    """``(B, T)`` class indices: :class:`Top` (``None``: top-1) each image's top K; :class:`Classes`, an
+    ``int`` or ints the same for every image; :class:`Positive` each image's labels over the threshold; a
+    tensor one class per image, or ``(B, T)``; words (``"top5"``) are parsed as ``--target`` first."""
     n, num_classes = logits.shape
+    if isinstance(spec, str):  # the Python API's words: parsed as --target is, by index only
+        spec = parse(spec, None, num_classes)
+    if isinstance(spec, Labelled):
+        raise TargetError("target label: each input's own class; give the classes as a tensor")
     if isinstance(spec, Positive):
         t = positive_targets(logits, order, spec.threshold)
-    elif spec is None:
-        t = order[:, :1]
-    elif isinstance(spec, str):
-        text = spec.strip().lower()
-        if not text.startswith("top") or not text[3:].isdigit() or int(text[3:]) < 1:
-            raise TargetError(f"target {spec!r}: use topK (top1, top5), a class index or a list of indices")
-        k = int(text[3:])
+    elif spec is None or isinstance(spec, Top):
+        k = 1 if spec is None else spec.k
         if k > num_classes:
-            raise TargetError(f"target {spec!r}: the model has only {num_classes} classes")
+            raise TargetError(f"target top{k}: the model has only {num_classes} classes")
         t = order[:, :k]
     elif isinstance(spec, Tensor):
         t = spec.to(logits.device)
         t = t[:, None] if t.dim() == 1 else t
     else:
-        shared = [spec] if isinstance(spec, int) else list(spec)
+        shared = (
+            list(spec.ids) if isinstance(spec, Classes) else [spec] if isinstance(spec, int) else list(spec)
+        )
         t = torch.as_tensor(shared, device=logits.device)
         t = t[None].expand(n, -1) if t.dim() == 1 else t
     if t.dim() != 2 or t.shape[0] != n or t.shape[1] == 0:
@@ -164,8 +164,9 @@ def explain(
         x: the preprocessed batch on the model's device.
         layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too).
         methods: registered method names (:mod:`hookviz.methods`); the pass gives them what they need.
-        targets: ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every
-            image, a list of class indices shared by all images, or a ``(B, T)`` tensor.
+        targets: a :data:`hookviz.core.targets.Target` (``Top(5)``, ``Classes((281,))``, ``Positive()``),
+            ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every image, a list of
+            class indices shared by all images, or a ``(B, T)`` tensor.
         relu: ``False`` keeps signed maps.
         progress: called as ``progress(done, total)`` after each Score-CAM forward pass, counting the
             masked inputs of this call (Score-CAM is the slow method: one input per channel).

@@ -36,7 +36,7 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import UNSAFE, settings_key
 from hookviz.io.video import ClipFrames
-from hookviz.jobs.build import CamSettings
+from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel, probe
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.pipeline import output_prefix

@@ -14,9 +14,12 @@ import numpy as np
 from hookviz.errors import InputError
 from hookviz.io.images import encode_png
 from hookviz.io.video import ClipFrames
-from hookviz.jobs.build import CamSettings
 from hookviz.jobs.common import npy_bytes
+from hookviz.jobs.settings import CamSettings
 from hookviz.render import MIN_CAPTION_WIDTH
+
+#: The library's ``gradcam`` defaults, which a view starts from and its command leaves out.
+CAM = CamSettings()
 
 
 @dataclass(frozen=True)
@@ -29,13 +32,13 @@ class View:
     input: int = 0
     layer: str = ""
     method: str = "gradcam"
-    target: str = "top1"
+    target: str = CAM.target
     box: int = 1
     frame: int = -1
     axis: int = 2
-    alpha: float = 0.5
-    colormap: str = "jet"
-    relu: bool = True
+    alpha: float = CAM.alpha
+    colormap: str = CAM.colormap
+    relu: bool = CAM.relu
 
     def settings(self) -> CamSettings:
         """The ``gradcam`` settings that make this view."""
@@ -54,10 +57,10 @@ class View:
         words = ["hookviz", "gradcam", photo, *model]
         words += ["--layer", self.layer] if self.layer else []
         words += ["--method", self.method] if self.method != "gradcam" else []
-        words += ["--target", self.target] if self.target != "top1" else []
-        words += ["--alpha", f"{self.alpha:g}"] if self.alpha != 0.5 else []
-        words += ["--colormap", self.colormap] if self.colormap != "jet" else []
-        words += ["--no-relu"] if not self.relu else []
+        words += ["--target", self.target] if self.target != CAM.target else []
+        words += ["--alpha", f"{self.alpha:g}"] if self.alpha != CAM.alpha else []
+        words += ["--colormap", self.colormap] if self.colormap != CAM.colormap else []
+        words += ["--no-relu"] if self.relu != CAM.relu else []
         return [*words, "--save-raw", "--out", out]
 
 

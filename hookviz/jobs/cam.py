@@ -3,9 +3,9 @@ raw maps."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,29 +17,29 @@ from hookviz.core.conventions import sign
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
-from hookviz.core.targets import Labelled, Positive
+from hookviz.core.targets import Labelled, Positive, Target, Top, said
 from hookviz.engine.explain import Targets, explain
 from hookviz.errors import UsageError
 from hookviz.evaluation import faithfulness
 from hookviz.io.images import Box, encode_png
+from hookviz.jobs.cam_records import CamRecords
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
     check_finite,
-    finite_stat,
     full_map,
     npy_bytes,
     region_note,
     weights_note,
 )
-from hookviz.methods import REGISTRY, MethodOptions, cams, get, passes
+from hookviz.jobs.settings import CamSettings
+from hookviz.methods import REGISTRY, MethodOptions, cams, get
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
-from hookviz.models.classes import TargetSpec
 from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.models.settings import model_settings
-from hookviz.options import Colormap, Fuse, Normalize, Region
+from hookviz.options import Normalize
 
 
 def method_family(name: str) -> str:
@@ -67,44 +67,39 @@ class CamBatch:
 
 
 @dataclass(kw_only=True)
-class CamJob(BaseJob):
+class CamJob(CamRecords, BaseJob):
     """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
 
-    ``targets`` is ``None`` (top-1), ``"topK"``, or a list of class indices shared by every image.
-    ``normalize``: ``image`` (each map min-max), ``batch`` (one scale per method and layer across the
-    batch), ``none`` (the fixed scale ``[0, vmax]``, so a photo's picture never depends on its batch).
+    ``params`` are ``gradcam``'s settings, held whole, with the builder's decisions in them (the layers
+    chosen, the methods parsed, the method settings completed: :func:`cam_job`); ``targets`` the parsed
+    ``--target`` (:data:`hookviz.core.targets.Target`), shared by every image.
     """
 
     loaded: LoadedModel
-    layers: Sequence[str]
-    methods: Sequence[str] = ("gradcam",)
-    targets: TargetSpec = None
-    alpha: float = 0.5
-    colormap: str = "jet"
-    relu: bool = True
-    save_raw: bool = False
-    normalize: str = "image"
-    vmax: float | None = None
-    fuse: str | None = None
-    sheet: bool | None = None
-    scorecam_batch: int = 64
-    #: The settings of the methods that take any (``--seed``, ``--samples``, ``--steps``, ...).
-    options: MethodOptions = field(default_factory=MethodOptions)
-    #: Deletion and insertion AUCs for every map (in its record, caption and the sheet).
-    metrics: bool = False
-    eigen_smooth: bool = False
-    aug_smooth: bool = False
+    params: CamSettings = field(default_factory=CamSettings)
+    targets: Target = field(default_factory=Top)
     kind: str = "gradcam"
     #: Called as ``progress(done, total)`` during the methods' extra passes (a progress bar).
     progress: Any = None
     #: How ``--layer auto`` chose the layer (recorded with every input).
     auto_layer: dict[str, Any] | None = None
-    #: Segmentation: explain a class's pixels (``class``) or every pixel (``all``).
-    region: str = "class"
-    #: A segmenter's job: a class's score sums its pixels (``region``), and the settings say which.
+    #: A segmenter's job: a class's score sums its pixels (``params.region``), and the settings say which.
     dense: bool = False
-    #: ``--channels topK``: a picture per layer of the first target's map through its K top channels.
-    channel_terms: int = 0
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The layers explained (module names, or taps such as ``avgpool:input``)."""
+        return self.params.layers
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods, parsed (``all`` and families expanded)."""
+        return self.params.methods
+
+    @property
+    def options(self) -> MethodOptions:
+        """The settings of the methods that take any (``--seed``, ``--samples``, ``--steps``, ...)."""
+        return self.params.options
 
     def _check_assumptions(self, ex: Any) -> None:
 
@@ -129,66 +124,60 @@ class CamJob(BaseJob):
             )
 
     def __post_init__(self) -> None:
-        self.normalize = Normalize.parse(self.normalize, "--normalize").value
-        self.region = Region.parse(self.region, "--region").value
-        self.colormap = Colormap.parse(self.colormap, "--colormap").value
-        self.methods = parse_methods(self.methods)
-        if self.fuse is not None:
-            self.fuse = Fuse.parse(self.fuse, "--fuse").value
-            if len(self.layers) < 2:
-                raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
-        if self.normalize == Normalize.none and self.vmax is None:
+        methods = tuple(parse_methods(self.params.methods or ("gradcam",)))
+        self.params = dataclasses.replace(self.params, methods=methods)
+        if self.params.fuse is not None and len(self.layers) < 2:
+            raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
+        if self.params.normalize == Normalize.none and self.params.vmax is None:
             raise UsageError(
                 "--normalize none needs --vmax (the map value drawn as full colour), so that a photo's "
                 "picture never depends on its batch; the manifest's max of an earlier run is a good start"
             )
-        if self.vmax is not None:
-            if self.normalize != Normalize.none:
-                raise UsageError(f"--vmax goes with --normalize none (not {self.normalize})")
-            if not (self.vmax > 0 and math.isfinite(self.vmax)):
-                raise UsageError(f"--vmax {self.vmax}: must be a finite number greater than 0")
+        if self.params.vmax is not None:
+            if self.params.normalize != Normalize.none:
+                raise UsageError(f"--vmax goes with --normalize none (not {self.params.normalize})")
+            if not (self.params.vmax > 0 and math.isfinite(self.params.vmax)):
+                raise UsageError(f"--vmax {self.params.vmax}: must be a finite number greater than 0")
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
-        targets: Any = "top1" if self.targets is None else self.targets
-        if isinstance(targets, Positive):
-            targets = {"positive": targets.threshold}
         return {
             **model_settings(self.loaded),
             "command": self.kind,
             "layers": list(self.layers),
             "methods": list(self.methods),
-            "targets": targets,
-            "alpha": self.alpha,
-            "colormap": self.colormap,
-            "relu": self.relu,
-            "normalize": self.normalize,
-            "vmax": self.vmax,
-            "fuse": self.fuse,
+            "targets": said(self.targets),
+            "alpha": self.params.alpha,
+            "colormap": self.params.colormap,
+            "relu": self.params.relu,
+            "normalize": self.params.normalize,
+            "vmax": self.params.vmax,
+            "fuse": self.params.fuse,
             "sheet": self._want_sheet(),
-            "metrics": self.metrics,
-            "eigen_smooth": self.eigen_smooth,
-            "aug_smooth": self.aug_smooth,
-            **({"region": self.region} if self.dense else {}),
-            **({"channel_terms": self.channel_terms} if self.channel_terms else {}),
+            "metrics": self.params.metrics,
+            "eigen_smooth": self.params.eigen_smooth,
+            "aug_smooth": self.params.aug_smooth,
+            **({"region": self.params.region} if self.dense else {}),
+            **({"channel_terms": self.params.channel_terms} if self.params.channel_terms else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 
     # -- naming ---------------------------------------------------------------------------
     def _layer_names(self) -> list[str]:
-        return [*self.layers, FUSED] if self.fuse and len(self.layers) > 1 else list(self.layers)
+        return [*self.layers, FUSED] if self.params.fuse and len(self.layers) > 1 else list(self.layers)
 
     def _target_suffixes(self) -> list[str]:
         """The names' suffixes of the targets, the same for every image (none for ``positive``: each image
         has its own, :meth:`_shown`)."""
         if isinstance(self.targets, Positive):
             return []
-        if self.targets is None or isinstance(self.targets, Labelled):  # one target per input
+        if isinstance(self.targets, Labelled):  # one target per input
             return [""]
-        if isinstance(self.targets, str):
-            k = int(self.targets[3:])
+        if isinstance(self.targets, Top):
+            k = self.targets.k
             return [""] if k == 1 else [f".top{r}" for r in range(1, k + 1)]
-        return [""] if len(self.targets) == 1 else [f".c{c}" for c in self.targets]
+        ids = self.targets.ids
+        return [""] if len(ids) == 1 else [f".c{c}" for c in ids]
 
     def _shown(self, ex: Any, index: int) -> list[tuple[int, str]]:
         """Image ``index``'s maps: ``(j, suffix)`` per target column, each class once (``positive`` pads a
@@ -201,8 +190,8 @@ class CamJob(BaseJob):
     def _want_sheet(self) -> bool:
         if isinstance(self.targets, Positive):  # written last: the photo is complete when it exists
             return True
-        if self.sheet is not None:
-            return self.sheet
+        if self.params.sheet is not None:
+            return self.params.sheet
         return len(self.methods) * len(self._layer_names()) * len(self._target_suffixes()) > 1
 
     def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
@@ -221,9 +210,9 @@ class CamJob(BaseJob):
                 for suffix in self._target_suffixes():
                     base = self._name(stem, m, layer, suffix)
                     names.append(f"{base}{self.picture}")
-                    if self.save_raw:
+                    if self.params.save_raw:
                         names += [f"{base}.npy", f"{base}.full.npy"]
-        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.channel_terms]
+        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.params.channel_terms]
         sheet = self._sheet_name(stem)
         return [*names, sheet] if sheet else names
 
@@ -234,7 +223,7 @@ class CamJob(BaseJob):
         k = len(self._target_suffixes()) or min(num_classes(self.loaded), 16)
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
-        return est if not self.aug_smooth else replace(est, per_image=est.per_image * 2)
+        return est if not self.params.aug_smooth else dataclasses.replace(est, per_image=est.per_image * 2)
 
     def _explained(self) -> Targets:
         if isinstance(self.targets, Labelled):  # each input's own class: LabelledCamJob's
@@ -242,22 +231,23 @@ class CamJob(BaseJob):
         return self.targets
 
     def compute(self, x: Any) -> CamBatch:
-        ex = explain(self.loaded.model, x, self.layers, self.methods, self._explained(), relu=self.relu,
-                     options=self.options, progress=self.progress, eigen_smooth=self.eigen_smooth,
-                     aug_smooth=self.aug_smooth, region=self.region)  # fmt: skip
+        s = self.params
+        ex = explain(self.loaded.model, x, self.layers, self.methods, self._explained(), relu=s.relu,
+                     options=self.options, progress=self.progress, eigen_smooth=s.eigen_smooth,
+                     aug_smooth=s.aug_smooth, region=s.region)  # fmt: skip
         self._check_assumptions(ex)
         maps = dict(ex.maps)
         if FUSED in self._layer_names():
             size = (int(x.shape[2]), int(x.shape[3]))
             for m in self.methods:
                 layer_maps = [ex.maps[(m, layer)] for layer in self.layers]
-                maps[(m, FUSED)] = cams.fuse(layer_maps, size, str(self.fuse), relu=self.relu)
+                maps[(m, FUSED)] = cams.fuse(layer_maps, size, str(self.params.fuse), relu=self.params.relu)
         scales = {
-            key: cams.colour_scale(value, self.normalize, relu=self.relu, vmax=self.vmax)
+            key: cams.colour_scale(value, self.params.normalize, relu=self.params.relu, vmax=self.params.vmax)
             for key, value in maps.items()
         }
         metrics = None
-        if self.metrics:
+        if self.params.metrics:
             score = scorer(ex.labels, ex.region, ex.score_kind)
             metrics = {
                 key: [
@@ -266,7 +256,7 @@ class CamJob(BaseJob):
                 ]
                 for key, value in maps.items()
             }
-        k, first = self.channel_terms, ex.targets[:, 0]
+        k, first = self.params.channel_terms, ex.targets[:, 0]
         terms = {n: channel_terms(self.loaded.model, x, n, first, k) for n in self.layers} if k else {}
         return CamBatch(
             ex, {key: to_numpy(value) for key, value in maps.items()}, scales, metrics, dict(ex.channels),
@@ -282,7 +272,7 @@ class CamJob(BaseJob):
                 # top 0.5 % saturate instead (the usual way these maps are shown).
                 finite = np.nan_to_num(cam, nan=0.0, posinf=0.0, neginf=0.0)
                 return render.normalize(finite, float(finite.min()), float(np.percentile(finite, 99.5)))
-            if self.relu:
+            if self.params.relu:
                 return render.normalize(cam)
             top = float(np.abs(np.nan_to_num(cam)).max()) or 1.0
             scale = (-top, top)
@@ -322,7 +312,9 @@ class CamJob(BaseJob):
         title = f"{self.loaded.name} {layer}: Grad-CAM of {name} through its top channels (share of the sum)"
         labels = [f"channel {d['channel']}: {d['share']:.0%}" for d in shown]
         maps = to_numpy(terms.maps[index])
-        return render.overlay_row(rgb, box, maps, labels, title, self.alpha, self.colormap), shown
+        return render.overlay_row(
+            rgb, box, maps, labels, title, self.params.alpha, self.params.colormap
+        ), shown
 
     def _predicted(self, ex: Any, index: int, pred: int, score: float) -> str:
         """The caption's prediction; for a segmentation whose every pixel is one class (the background),
@@ -360,7 +352,12 @@ class CamJob(BaseJob):
         lm, ex = self.loaded, result.explanation
         scale = result.scales[(method, layer)]
         picture = render.overlay(
-            rgb, self._unit(cam, scale, method), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+            rgb,
+            self._unit(cam, scale, method),
+            box,
+            alpha=self.params.alpha,
+            colormap=self.params.colormap,
+            scaled=True,
         )
         tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
@@ -375,9 +372,9 @@ class CamJob(BaseJob):
             f"predicted: {self._predicted(ex, index, pred, p_score)}",
             f"explained: {lm.describe(tgt)} {self._scored(ex, t_score)}" + region_note(region, ex.region),
         ]
-        if scale is not None or not self.relu:
-            span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.normalize})" if scale else "per map"
-            signed = "signed: blue < 0 < red" if not self.relu else "ReLU"
+        if scale is not None or not self.params.relu:
+            span = f"[{scale[0]:.3g}, {scale[1]:.3g}] ({self.params.normalize})" if scale else "per map"
+            signed = "signed: blue < 0 < red" if not self.params.relu else "ReLU"
             lines.append(f"colour scale {span}, {signed}")
         faith = None
         if result.metrics is not None:
@@ -392,7 +389,7 @@ class CamJob(BaseJob):
             )
         # A photo of a few pixels is enlarged, so that its caption can be read.
         files = [(f"{base}.png", encode_png(render.caption(render.enlarge_small(picture), lines)))]
-        if self.save_raw:
+        if self.params.save_raw:
             files.append((f"{base}.npy", npy_bytes(cam.astype(np.float32))))
             files.append((f"{base}.full.npy", npy_bytes(full_map(cam, rgb, box))))
         cell = picture[box.y0 : box.y1, box.x0 : box.x1]
@@ -422,91 +419,3 @@ class CamJob(BaseJob):
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         title = f"{lm.name} | predicted {lm.describe(pred)} {self._scored(ex, p_score)} | " + weights_note(lm)
         return render.sheet(rows, [method_title(m) for m in self.methods], title=title)
-
-    def _fields(self, ex: Any, index: int, records: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
-        """An input's record fields: layers, methods, the prediction and the first target, the maps' records
-        (``more`` goes in after the methods: a video clip's place)."""
-        lm, dense = self.loaded, ex.labels is not None
-        pred, first_t = int(ex.predicted[index]), int(ex.targets[index, 0])
-        return {
-            "layers": list(self.layers),
-            "methods": list(self.methods),
-            "layer": self.layers[0],
-            "method": self.methods[0],
-            **more,
-            "predicted": {
-                "index": pred,
-                "name": lm.class_name(pred),
-                "score": round(float(ex.predicted_score[index]), 6),
-                **self._value(ex, float(ex.predicted_score[index])),
-            },
-            "target": {
-                "index": first_t,
-                "name": lm.class_name(first_t),
-                "score": round(float(ex.target_scores[index, 0]), 6),
-                **self._value(ex, float(ex.target_scores[index, 0])),
-            },
-            # Every class explained (--target top3: three), in the order of their maps' suffixes.
-            "targets": [
-                {
-                    "index": t,
-                    "name": lm.class_name(t),
-                    "score": round(float(ex.target_scores[index, j]), 6),
-                    **self._value(ex, float(ex.target_scores[index, j])),
-                    **self._positive(float(ex.target_scores[index, j])),
-                }
-                for j, t in ((j, int(ex.targets[index, j])) for j, _ in self._shown(ex, index))
-            ],
-            "normalize": self.normalize,
-            **({"region": ex.region, "score": "share of pixels"} if dense else {}),
-            "maps": records,
-            **({"layer_auto": self.auto_layer} if self.auto_layer else {}),
-            **({"guided": dict(ex.guided)} if ex.guided is not None else {}),
-            **({"options": used} if (used := self.options.record(self.methods)) else {}),
-        }
-
-    def _positive(self, score: float) -> dict[str, bool]:
-        """``--target positive``: whether the label reached the threshold (an image with none shows its
-        likeliest)."""
-        return {"positive": score >= self.targets.threshold} if isinstance(self.targets, Positive) else {}
-
-    def _value(self, ex: Any, score: float) -> dict[str, float]:
-        """A regression output's value (the score is the explained quantity: negated with --negate)."""
-        if ex.score_kind != "raw":
-            return {}
-        return {"value": round(score * sign(self.loaded.model), 6)}
-
-    def _map_record(
-        self, file: str, method: str, layer: str, target: int, score: float, cam: np.ndarray
-    ) -> dict[str, Any]:
-        """What every map's record starts with: its file, method, layer, target and value range."""
-        return {
-            "file": file,
-            "method": method,
-            "layer": layer,
-            "target": {"index": target, "name": self.loaded.class_name(target), "score": round(score, 6)},
-            # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
-            "finite": bool(np.isfinite(cam).all()),
-            "min": finite_stat(np.min, cam),
-            "max": finite_stat(np.max, cam),
-        }
-
-    def _cost_fields(self, method: str, layer: str, targets: int, result: CamBatch) -> dict[str, Any]:
-        """The passes per image a method ran beyond the shared one (none: no field)."""
-
-        k = result.channels.get(layer if layer != FUSED else self.layers[0], 0)
-        fwd, bwd = passes(method, k, targets, self.options, result.size)
-        return {"passes": {"forward": fwd, "backward": bwd}} if fwd or bwd else {}
-
-    @staticmethod
-    def _sign_fields(ex: Any, method: str, layer: str, index: int) -> dict[str, Any]:
-        """``negative_mass`` of the CAM tensor, and ``assumption_broken`` where the method assumes none."""
-
-        if layer not in ex.negative_mass:
-            return {}
-        share = float(ex.negative_mass[layer][index])
-        fields: dict[str, Any] = {"negative_mass": round(share, 4)}
-        spec = REGISTRY.get(method)
-        if spec is not None and spec.assumes_nonnegative and share >= MATERIAL_NEGATIVE:
-            fields["assumption_broken"] = "non-negative activations"
-        return fields

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,10 +10,15 @@ import numpy as np
 
 from hookviz import render
 from hookviz.core.arrays import to_numpy
+from hookviz.core.conventions import default_layers
+from hookviz.core.hooks import ModuleCall
+from hookviz.core.layers import cam_layer
 from hookviz.core.taps import slug
+from hookviz.core.targets import Classes, Target, Top
 from hookviz.engine.detection import detection_methods, explain_detections
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
+from hookviz.jobs.build import BuiltJob, chosen_layers, default_layer, expensive
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
@@ -23,12 +27,12 @@ from hookviz.jobs.common import (
     npy_bytes,
     weights_note,
 )
+from hookviz.jobs.settings import CamSettings
 from hookviz.methods import REGISTRY, MethodOptions, cams
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
-from hookviz.options import Colormap, Fuse
 
 
 def _per_photo(method: str) -> bool:
@@ -44,48 +48,55 @@ class DetectionJob(BaseJob):
     drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written
     last, so its presence means the photo is complete).
 
-    ``classes`` keeps only detections of those classes (``--target``); ``None`` keeps every class.
+    ``targets`` keeps only detections of those classes (``--target``); :class:`Top` keeps every class.
     """
 
     loaded: LoadedModel
-    layers: Sequence[str]
-    methods: Sequence[str] = ("hirescam",)
-    classes: list[int] | None = None
-    score_threshold: float = 0.5
-    max_boxes: int = 10
-    alpha: float = 0.5
-    colormap: str = "jet"
-    relu: bool = True
-    save_raw: bool = False
-    eigen_smooth: bool = False
-    #: The methods' settings (D-RISE's ``masks``, ``cells``, ``seed``, ``batch``).
-    options: MethodOptions = field(default_factory=MethodOptions)
+    #: ``gradcam``'s settings, held whole, the builder's decisions in them (:func:`detection_job`).
+    params: CamSettings = field(default_factory=CamSettings)
+    #: The classes kept (``--target``): :class:`Top` keeps every class.
+    targets: Target = field(default_factory=Top)
     #: Called as ``progress(done, total)`` over D-RISE's masked passes.
     progress: Any = None
     kind: str = "gradcam"
-    #: ``mean`` or ``max``: also one map fused from every layer's (each scaled to [0, 1] first, as
-    #: ``gradcam --fuse`` on classifiers); ``fused_only``: only that one (a YOLO's neck by default).
-    fuse: str | None = None
+    #: The fused map (``params.fuse``) only: a YOLO's neck by default.
     fused_only: bool = False
 
-    def __post_init__(self) -> None:
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The layers explained."""
+        return self.params.layers
 
-        self.colormap = Colormap.parse(self.colormap, "--colormap").value
-        self.methods = parse_methods(self.methods)
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods, parsed."""
+        return self.params.methods
+
+    @property
+    def options(self) -> MethodOptions:
+        """The methods' settings (D-RISE's ``masks``, ``cells``, ``seed``, ``batch``)."""
+        return self.params.options
+
+    @property
+    def classes(self) -> list[int] | None:
+        """The classes kept, by index (None: every class)."""
+        return list(self.targets.ids) if isinstance(self.targets, Classes) else None
+
+    def __post_init__(self) -> None:
+        methods = tuple(parse_methods(self.params.methods or ("hirescam",)))
+        self.params = dataclasses.replace(self.params, methods=methods)
         other = [m for m in self.methods if m not in detection_methods()]
         if other:
             raise UsageError(
                 f"--method {other[0]} is not available for detectors (a masked or guided pass per box would "
                 f"have to re-find the box); use {', '.join(detection_methods())}"
             )
-        if not 0.0 <= self.score_threshold <= 1.0:
-            raise UsageError(f"--score-threshold {self.score_threshold}: must be between 0 and 1")
-        if self.max_boxes < 1:
-            raise UsageError(f"--max-boxes {self.max_boxes}: must be at least 1")
-        if self.fuse is not None:
-            self.fuse = Fuse.parse(self.fuse, "--fuse").value
-            if len(self.layers) < 2:
-                raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
+        if not 0.0 <= self.params.score_threshold <= 1.0:
+            raise UsageError(f"--score-threshold {self.params.score_threshold}: must be between 0 and 1")
+        if self.params.max_boxes < 1:
+            raise UsageError(f"--max-boxes {self.params.max_boxes}: must be at least 1")
+        if self.params.fuse is not None and len(self.layers) < 2:
+            raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -95,13 +106,13 @@ class DetectionJob(BaseJob):
             "layers": list(self.layers),
             "methods": list(self.methods),
             "classes": self.classes,
-            "score_threshold": self.score_threshold,
-            "max_boxes": self.max_boxes,
-            "alpha": self.alpha,
-            "colormap": self.colormap,
-            "relu": self.relu,
-            "eigen_smooth": self.eigen_smooth,
-            **({"fuse": self.fuse, "fused_only": self.fused_only} if self.fuse else {}),
+            "score_threshold": self.params.score_threshold,
+            "max_boxes": self.params.max_boxes,
+            "alpha": self.params.alpha,
+            "colormap": self.params.colormap,
+            "relu": self.params.relu,
+            "eigen_smooth": self.params.eigen_smooth,
+            **({"fuse": self.params.fuse, "fused_only": self.fused_only} if self.params.fuse else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
 
@@ -114,13 +125,13 @@ class DetectionJob(BaseJob):
 
     def _shown(self) -> list[str]:
         """The layers whose maps are written: each given one, then the fused map."""
-        if not self.fuse:
+        if not self.params.fuse:
             return list(self.layers)
         return [FUSED] if self.fused_only else [*self.layers, FUSED]
 
     def compute(self, x: Any) -> Any:
         found = self._explain(x)
-        if not self.fuse:
+        if not self.params.fuse:
             return found
         return [
             dataclasses.replace(
@@ -137,7 +148,9 @@ class DetectionJob(BaseJob):
             if not len(stacks[0]):  # nothing detected: no map to fuse
                 out[(m, FUSED)] = stacks[0].new_zeros(0, *size)
                 continue
-            out[(m, FUSED)] = cams.fuse([t[None] for t in stacks], size, str(self.fuse), relu=self.relu)[0]
+            out[(m, FUSED)] = cams.fuse(
+                [t[None] for t in stacks], size, str(self.params.fuse), relu=self.params.relu
+            )[0]
         return {(m, la): out[(m, la)] for m in self.methods for la in self._shown() if (m, la) in out}
 
     def _explain(self, x: Any) -> Any:
@@ -146,11 +159,11 @@ class DetectionJob(BaseJob):
             x,
             self.layers,
             self.methods,
-            score_threshold=self.score_threshold,
-            max_boxes=self.max_boxes,
+            score_threshold=self.params.score_threshold,
+            max_boxes=self.params.max_boxes,
             classes=self.classes,
-            relu=self.relu,
-            eigen_smooth=self.eigen_smooth,
+            relu=self.params.relu,
+            eigen_smooth=self.params.eigen_smooth,
             options=self.options,
             progress=self.progress,
         )
@@ -165,7 +178,12 @@ class DetectionJob(BaseJob):
         overlay with the boxes drawn (and raw arrays), its record."""
         lm, n = self.loaded, len(ex.scores)
         picture = render.overlay(
-            rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+            rgb,
+            render.normalize(cam),
+            box,
+            alpha=self.params.alpha,
+            colormap=self.params.colormap,
+            scaled=True,
         )
         if _per_photo(method):
             for k in range(n):
@@ -173,7 +191,7 @@ class DetectionJob(BaseJob):
                     picture, ex.boxes[k].tolist(), self._box_text(int(ex.labels[k]), float(ex.scores[k]))
                 )
             name = f"{stem}.{method}.{slug(layer)}.png"
-            what = f"whole image (class-agnostic), {n} detection(s) >= {self.score_threshold:g}"
+            what = f"whole image (class-agnostic), {n} detection(s) >= {self.params.score_threshold:g}"
         else:
             for k in range(n):
                 if k != i:
@@ -182,12 +200,12 @@ class DetectionJob(BaseJob):
             render.draw_box(picture, ex.boxes[i].tolist(), self._box_text(label, score))
             name = f"{stem}.{method}.{slug(layer)}.box{i + 1}.png"
             what = f"box {i + 1} of {n}: {lm.describe(label)} score {score:.3f}"
-        where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
+        where = f"fused ({self.params.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
         head = f"{lm.name} | {method_title(method)} at {where} | {weights_note(lm)}"
         files = [
             (name, encode_png(render.caption(render.enlarge_small(picture), [head, f"explained: {what}"])))
         ]
-        if self.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
+        if self.params.save_raw:  # at the feature map's resolution, and at the photo's (NaN outside)
             files.append((name[: -len(".png")] + ".npy", npy_bytes(cam.astype(np.float32))))
             files.append((name[: -len(".png")] + ".full.npy", npy_bytes(full_map(cam, rgb, box))))
         per_photo = _per_photo(method)  # a class-agnostic map stands with no detection too
@@ -218,19 +236,24 @@ class DetectionJob(BaseJob):
             for r, cam in enumerate(to_numpy(stack)):
                 k = int(ex.region_labels[r])
                 picture = render.overlay(
-                    rgb, render.normalize(cam), box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                    rgb,
+                    render.normalize(cam),
+                    box,
+                    alpha=self.params.alpha,
+                    colormap=self.params.colormap,
+                    scaled=True,
                 )
                 render.outline(picture, to_numpy(ex.region_masks[r]), box)
                 name = f"{stem}.{method}.{slug(layer)}.class{k}.png"
                 count = int((ex.labels == k).sum())
-                where = f"fused ({self.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
+                where = f"fused ({self.params.fuse}) {'+'.join(self.layers)}" if layer == FUSED else layer
                 lines = [
                     f"{lm.name} | {method_title(method)} at {where} | {weights_note(lm)}",
                     f"explained: class region {lm.describe(k)}: {count} instance(s), scores summed "
                     f"{float(ex.region_scores[r]):.3f} (outlined: their masks)",
                 ]
                 got["files"].append((name, encode_png(render.caption(render.enlarge_small(picture), lines))))
-                if self.save_raw:
+                if self.params.save_raw:
                     got["files"].append((name[: -len(".png")] + ".npy", npy_bytes(cam.astype(np.float32))))
                 outputs[r].append(name)
                 score = round(float(ex.region_scores[r]), 6)
@@ -279,11 +302,11 @@ class DetectionJob(BaseJob):
             render.draw_box(
                 summary, ex.boxes[k].tolist(), self._box_text(int(ex.labels[k]), float(ex.scores[k]))
             )
-        kept = f"{n} detection(s) with score >= {self.score_threshold:g}"
+        kept = f"{n} detection(s) with score >= {self.params.score_threshold:g}"
         lines = [
             f"{lm.name} | {weights_note(lm)}",
             kept
-            + (f" (best {self.max_boxes} kept)" if n == self.max_boxes else "")
+            + (f" (best {self.params.max_boxes} kept)" if n == self.params.max_boxes else "")
             + f"; {ex.found} returned",
         ]
         files.append(
@@ -313,3 +336,52 @@ class DetectionJob(BaseJob):
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
         }
         return files, fields
+
+
+def detection_job(loaded: LoadedModel, s: CamSettings, calls: list[ModuleCall], targets: Target) -> BuiltJob:
+    """``gradcam`` on a detector: a map per box; ``--target`` keeps only the named classes."""
+    refused = {
+        "--metrics": s.metrics,
+        "--channels": bool(s.channel_terms),
+        "--aug-smooth": s.aug_smooth,
+        "--normalize": s.normalize != "image",
+    }
+    for flag, given in refused.items():
+        if given:
+            raise UsageError(f"{flag} is not available for detectors (each box's map is scaled on its own)")
+    if not isinstance(targets, Classes) and targets != Top(1):
+        raise UsageError(f"--target {s.target}: a detector explains every box it finds; name classes to keep")
+    if s.layers == ("auto",):
+        raise UsageError("--layer auto is not available for detectors; give --layer or use the default")
+    notes = []
+    fuse, fused_only = s.fuse, False
+    own, what = default_layers(loaded.model)  # another library's detector says (a YOLO's neck)
+    if s.layers:
+        chosen = chosen_layers(loaded, s.layers, calls)
+    elif len(own) > 1:
+        chosen = [cam_layer(loaded.model, name, calls, loaded.name) for name in own]
+        fuse, fused_only = fuse or "mean", True
+        what = what or "its default layers"
+        notes.append(
+            f"using the {fuse} of the maps at {', '.join(chosen)} ({what}; each scaled to [0, 1] first); "
+            "--layer to see one"
+        )
+    else:
+        chosen, reason = default_layer(loaded, calls)
+        reason = reason if own else "its backbone's last stage"
+        notes.append(f"using layer {chosen[0]} (the default for {loaded.name}: {reason}; --layer to change)")
+    if fuse is not None and len(chosen) < 2:
+        raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
+    if not s.methods:
+        notes.append(
+            "using HiResCAM for a detector (Grad-CAM averages a box's local gradient over the "
+            "whole image, so its map spreads to similar objects; --method gradcam to see it)"
+        )
+    options = dataclasses.replace(s.options, batch=min(s.options.batch, 8))
+    params = dataclasses.replace(s, layers=tuple(chosen), fuse=fuse, options=options)
+    job = DetectionJob(loaded=loaded, params=params, targets=targets, fused_only=fused_only)
+    if "drise" in job.methods:
+        notes.append(
+            f"note: D-RISE runs {job.options.masks:,} detector passes per photo (--masks; the paper: 5000)"
+        )
+    return BuiltJob(job=job, notes=tuple(notes), slow=expensive(job.methods, job.options))

@@ -5,23 +5,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hookviz.core.memory import Estimate
-from hookviz.core.targets import Labelled
+from hookviz.core.targets import Classes, Labelled, Positive, Target, Top, said
 from hookviz.errors import InputError, UsageError
 from hookviz.evaluation.families import FIGURES, PIXEL_FAMILIES, MetricSettings, parse_metrics
 from hookviz.io.annotation import input_mask, resolve
+from hookviz.io.annotation import load as load_annotations
 from hookviz.io.images import Box
+from hookviz.jobs.build import chosen_layers, method_options
 from hookviz.jobs.common import BaseJob, check_finite
 from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
 from hookviz.methods.footprint import explain_estimate
-from hookviz.models.classes import label_class
-from hookviz.models.loaded import LoadedModel, num_classes
+from hookviz.models.classes import label_class, parse_targets
+from hookviz.models.loaded import LoadedModel, num_classes, probe
 from hookviz.models.settings import model_settings
 
 
@@ -37,7 +40,7 @@ class EvaluateJob(BaseJob):
     #: The settings of the methods that take any (``--seed``, ``--samples``, ...).
     options: MethodOptions = field(default_factory=MethodOptions)
     #: ``Labelled``: each image's own class (``--target label``), told batch by batch by ``annotate``.
-    targets: str | list[int] | Labelled | None = None
+    targets: Target = field(default_factory=Top)
     steps: int = 16
     chunk: int | None = None  # perturbed images a pass: 64 on a GPU, 8 on the CPU
     metrics: Sequence[str] = ("faithfulness",)
@@ -152,7 +155,7 @@ class EvaluateJob(BaseJob):
     def memory(self, shape: tuple[int, ...]) -> Estimate:
         """What a batch of inputs of ``shape`` holds: the explanation, and the perturbed copies its families
         run (a chunk at a time, whatever the batch)."""
-        k = 1 if not isinstance(self.targets, list) else len(self.targets)
+        k = len(self.targets.ids) if isinstance(self.targets, Classes) else 1
         est = explain_estimate(self.loaded.model, tuple(shape[1:]), self.loaded.device, self.layers,
                                self.methods, k, self.options)  # fmt: skip
         copies = (self.chunk or 64) * est.per_image // 4  # a perturbed copy holds no gradient and no map
@@ -209,8 +212,17 @@ class EvaluateJob(BaseJob):
         return [], fields
 
 
-def _targets_said(targets: str | list[int] | Labelled | None) -> str | list[int]:
-    return "label" if isinstance(targets, Labelled) else targets or "top1"
+def _targets_said(targets: Target) -> Any:
+    return said(targets)
+
+
+def _target(loaded: LoadedModel, given: Target | str | list[int] | None) -> Target:
+    """The library's ``targets`` as a :data:`~hookviz.core.targets.Target` (words parsed as ``--target``)."""
+    if given is None:
+        return Top()
+    if isinstance(given, str):
+        return parse_targets(given, loaded, num_classes(loaded))
+    return Classes(tuple(given)) if isinstance(given, list) else given
 
 
 def _value(name: str, v: Any) -> Any:
@@ -227,7 +239,7 @@ def evaluate(
     methods: Sequence[str] = ("gradcam",),
     *,
     metrics: Sequence[str] | None = None,
-    targets: str | list[int] | None = None,
+    targets: Target | str | list[int] | None = None,
     masks: Sequence[Sequence[tuple[int | None, np.ndarray]]] | None = None,
     settings: MetricSettings | None = None,
     options: MethodOptions | None = None,
@@ -247,7 +259,7 @@ def evaluate(
         loaded=loaded,
         layers=list(layers),
         methods=list(methods),
-        targets=targets,
+        targets=_target(loaded, targets),
         steps=steps,
         metrics=parse_metrics(metrics, annotated=masks is not None),
         metric_settings=settings or MetricSettings(),
@@ -260,3 +272,49 @@ def evaluate(
     )
     ex, rows, found, passes = compute(job, x, objects)
     return {"figures": rows, "objects": found, "forward_passes": passes, "explanation": ex}
+
+
+def evaluate_job(
+    loaded: LoadedModel,
+    *,
+    layers: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    target: str = "top1",
+    options: MethodOptions | None = None,
+    metric: Sequence[str] | None = None,
+    boxes: Path | None = None,
+    mask_dir: Path | None = None,
+    mask_kind: str = "auto",
+    **fields: Any,
+) -> EvaluateJob:
+    """The ``evaluate`` job: ``layers`` (default: the CAM default), one class per image (``target``: top1, a
+    class, or ``label``: each input's own), the metric families ``metric`` as ``--metric`` names them
+    (default: faithfulness, and localisation where ``boxes`` or ``mask_dir`` say where the objects are),
+    ``fields`` as :class:`EvaluateJob` takes them (steps, metric_settings, seed...).
+
+    Raises:
+        UsageError: a ``topK`` target, an unknown family; LayerError, TargetError: a bad layer or class;
+        AnnotationError: boxes or masks that cannot be read.
+    """
+    annotations = fields.pop("annotations", None)
+    if boxes is not None or mask_dir is not None:
+        annotations = load_annotations(boxes, mask_dir, mask_kind)
+    if "metrics" not in fields:
+        fields["metrics"] = parse_metrics(metric, annotated=annotations is not None)
+    calls = probe(loaded)
+    chosen = chosen_layers(loaded, layers, calls)
+    targets = parse_targets(target, loaded, num_classes(loaded))
+    if isinstance(targets, Labelled) and annotations is not None:
+        raise UsageError("--target label with --boxes/--masks: the annotations name each image's classes; "
+                         "leave --target out")  # fmt: skip
+    if isinstance(targets, Positive) or (isinstance(targets, Top) and targets.k > 1):
+        raise UsageError(f"--target {target}: evaluate explains one class per image: top1 or a class")
+    return EvaluateJob(
+        loaded=loaded,
+        layers=chosen,
+        methods=[str(m) for m in (methods or ["gradcam"])],
+        targets=targets,
+        options=method_options(loaded, options or MethodOptions()),
+        annotations=annotations,
+        **fields,
+    )

@@ -10,10 +10,11 @@ import numpy as np
 
 from hookviz import render
 from hookviz.core.arrays import to_numpy
+from hookviz.core.layers import map_layers
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, predicted, weights_note
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.loaded import LoadedModel, probe
 from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Stage
 
@@ -112,3 +113,18 @@ def time_strips(t: Any) -> Any:
     gap = picked.flatten(1).amin(dim=1)[:, None, None, None].expand(c, k, h, 1)
     joined = torch.cat([picked, gap], dim=3).permute(0, 2, 1, 3).reshape(c, h, k * (w + 1))
     return joined[:, :, :-1]
+
+
+def featuremap_job(
+    loaded: LoadedModel,
+    layers: Sequence[str] | None = None,
+    *,
+    stage: str = "output",
+    max_channels: int = 64,
+    colormap: str = "viridis",
+) -> FeatureMapJob:
+    """The ``featuremaps`` job: ``layers`` as names or globs (default: every Conv2d that runs)."""
+    names = map_layers(loaded.model, list(layers) if layers else None, probe(loaded), loaded.name)
+    return FeatureMapJob(
+        loaded=loaded, layers=names, stage=stage, max_channels=max_channels, colormap=colormap
+    )

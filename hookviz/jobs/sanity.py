@@ -16,11 +16,12 @@ from hookviz.engine.explain import explain
 from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
 from hookviz.io.samples import Sample
+from hookviz.jobs.build import method_options, one_layer
 from hookviz.jobs.common import BaseJob, weights_note
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.loaded import LoadedModel, probe
 from hookviz.models.settings import model_settings
 
 
@@ -168,3 +169,23 @@ def _edges(x: Any) -> Any:
     gx = F.conv2d(gray, kx[None, None], padding=1)
     gy = F.conv2d(gray, kx.T[None, None], padding=1)
     return torch.sqrt(gx**2 + gy**2)[:, 0].cpu()
+
+
+def sanity_job(
+    loaded: LoadedModel,
+    *,
+    layer: str | None = None,
+    methods: Sequence[str] | None = None,
+    options: MethodOptions | None = None,
+    **fields: Any,
+) -> SanityJob:
+    """The ``sanity`` job at ``layer`` (default: the CAM default), ``fields`` as :class:`SanityJob` takes them
+    (seed, order, granularity, smooth, noise)."""
+    name = one_layer(loaded, layer, probe(loaded))
+    return SanityJob(
+        loaded=loaded,
+        layer=name,
+        methods=[str(m) for m in (methods or ["gradcam"])],
+        options=method_options(loaded, options or MethodOptions()),
+        **fields,
+    )

@@ -12,11 +12,14 @@ import numpy as np
 from hookviz import render
 from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import logits_of
+from hookviz.core.layers import default_cam_layer, output_layers, resolve_layers
 from hookviz.engine.explain import ranking
 from hookviz.engine.features import capture_features, rank_channels
+from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.jobs.common import BaseJob, predicted, weights_note
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.classes import parse_target
+from hookviz.models.loaded import LoadedModel, num_classes, probe
 from hookviz.models.settings import model_settings
 from hookviz.training.gradients import gradient_flow
 from hookviz.training.regularize import drop_block
@@ -170,3 +173,41 @@ class DropBlockJob(BaseJob):
         ]
         fields = {"layer": self.layer, "dropped_fraction": round(dropped, 6), "channels": channels}
         return files, {"predicted": predicted(self.loaded, result[3], index), **fields}
+
+
+def gradflow_job(
+    loaded: LoadedModel,
+    *,
+    target: str = "top1",
+    label: str | None = None,
+    layers: Sequence[str] | None = None,
+) -> GradFlowJob:
+    """The ``gradflow`` job: the gradient of ``target``'s score, or the cross-entropy against ``label``, at
+    ``layers`` (names or globs; default: every module with parameters).
+
+    Raises:
+        UsageError: ``label`` names no class; TargetError, LayerError: a bad target or layer.
+    """
+    n = num_classes(loaded)
+    names = resolve_layers(loaded.model, list(layers), model_name=loaded.name) if layers else None
+    lab = parse_target(label, loaded, n, "--label") if label is not None else None
+    if label is not None and lab is None:
+        raise UsageError(f"--label {label}: give a class index or name")
+    return GradFlowJob(loaded=loaded, target=parse_target(target, loaded, n), label=lab, layers=names)
+
+
+def dropblock_job(loaded: LoadedModel, layer: str | None = None, **fields: Any) -> DropBlockJob:
+    """The ``dropblock`` job at ``layer`` (one module name, or a glob matching one; default: the CAM
+    default), ``fields`` as :class:`DropBlockJob` takes them (drop_prob, block_size, shared, seed,
+    max_channels).
+
+    Raises:
+        UsageError: a glob matching several layers; LayerError: a bad layer.
+    """
+    calls = probe(loaded)
+    chosen = layer or default_cam_layer(loaded.model, calls)
+    found = output_layers(loaded.model, [chosen], calls, loaded.name)
+    if len(found) > 1:
+        shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+        raise UsageError(f"--layer {chosen}: takes one layer, and the pattern matches {len(found)} ({shown})")
+    return DropBlockJob(loaded=loaded, layer=found[0], **fields)

@@ -73,11 +73,11 @@ class VideoCamJob(CamJob):
                 f"--method {refused[0]} does not apply to a video model (it masks or differentiates the "
                 f"input's pixels); use one of {', '.join(allowed)}"
             )
-        if self.fuse is not None:
+        if self.params.fuse is not None:
             raise UsageError(
                 "--fuse is for photos; a video model's layers differ in time steps: leave it out"
             )
-        if self.metrics:
+        if self.params.metrics:
             raise UsageError("--metrics is for photos; `hookviz evaluate` measures a video model's maps")
 
     picture = ".webm"
@@ -90,7 +90,7 @@ class VideoCamJob(CamJob):
     ) -> list[tuple[str, bytes]]:
         """One map's overlay video, and its raw maps (``--save-raw``: the clip's grid, and each frame's)."""
         files = [(f"{base}.webm", encode_webm(_even(video), clip.fps))]
-        if self.save_raw:
+        if self.params.save_raw:
             files.append((f"{base}.npy", npy_bytes(cam.astype(np.float32))))
             full = np.stack([full_map(m, clip.frames[0], box) for m in over_time])
             files.append((f"{base}.full.npy", npy_bytes(full)))
@@ -107,13 +107,13 @@ class VideoCamJob(CamJob):
         over_time = in_time(maps[0, 0], len(rgb.frames))
         unit = self._unit(over_time, result.scales[(method, layer)], method)
         return render.overlay(
-            rgb.frames[k], unit[k], box, alpha=self.alpha, colormap=self.colormap, scaled=True
+            rgb.frames[k], unit[k], box, alpha=self.params.alpha, colormap=self.params.colormap, scaled=True
         )
 
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
     ) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-        clip = rgb  # a ClipFrames
+        clip, look = rgb, self.params  # a ClipFrames
         frames: np.ndarray = clip.frames
         lm, ex = self.loaded, result.explanation
         check_finite(ex, index)
@@ -141,7 +141,7 @@ class VideoCamJob(CamJob):
                 ]
                 pictures = [
                     render.overlay(
-                        frames[k], unit[k], box, alpha=self.alpha, colormap=self.colormap, scaled=True
+                        frames[k], unit[k], box, alpha=look.alpha, colormap=look.colormap, scaled=True
                     )
                     for k in range(n)
                 ]

@@ -53,9 +53,9 @@ class VolumeCamJob(CamJob):
                 f"--method {refused[0]} does not apply to a volume model (it masks or differentiates the "
                 f"input's voxels); use one of {', '.join(allowed)}"
             )
-        if self.fuse is not None:
+        if self.params.fuse is not None:
             raise UsageError("--fuse is for photos; leave it out for a volume model")
-        if self.metrics:
+        if self.params.metrics:
             raise UsageError("--metrics is for photos; `hookviz evaluate` measures a volume model's maps")
 
     def planned(self, stem: str) -> list[str]:
@@ -65,7 +65,7 @@ class VolumeCamJob(CamJob):
                 for suffix in self._target_suffixes():
                     base = self._name(stem, m, layer, suffix)
                     names += [f"{base}.png", f"{base}.slices.png", f"{base}.webm", f"{base}.nii.gz"]
-                    if self.save_raw:
+                    if self.params.save_raw:
                         names += [f"{base}.npy", f"{base}.full.npy"]
         sheet = self._sheet_name(stem)
         return [*names, sheet] if sheet else names
@@ -80,7 +80,9 @@ class VolumeCamJob(CamJob):
         (method, layer), maps = next(iter(result.maps.items()))
         full = resample(np.nan_to_num(maps[0, 0].astype(np.float32)), rgb.shape)
         unit = self._unit(full, result.scales[(method, layer)], method)
-        return draw.overlay_slice(rgb.grey(), unit, axis, k, rgb, alpha=self.alpha, colormap=self.colormap)
+        return draw.overlay_slice(
+            rgb.grey(), unit, axis, k, rgb, alpha=self.params.alpha, colormap=self.params.colormap
+        )
 
     def render(
         self, result: CamBatch, index: int, rgb: Any, box: Box, stem: str
@@ -141,7 +143,7 @@ class VolumeCamJob(CamJob):
         full = resample(np.nan_to_num(cam.astype(np.float32)), volume.shape)  # the volume's voxel grid
         unit = self._unit(full, scale, method)
         peak = [int(v) for v in np.unravel_index(int(np.argmax(full)), full.shape)]
-        style: dict[str, Any] = {"alpha": self.alpha, "colormap": self.colormap}
+        style: dict[str, Any] = {"alpha": self.params.alpha, "colormap": self.params.colormap}
         grey = volume.grey()
         tiles = [draw.overlay_slice(grey, unit, a, peak[a], volume, **style) for a in range(3)]
         files = [
@@ -153,7 +155,7 @@ class VolumeCamJob(CamJob):
                 nifti_bytes(full, volume.affine, description=f"hookviz {method}", codes=volume.codes),
             ),
         ]
-        if self.save_raw:
+        if self.params.save_raw:
             files += [
                 (f"{base}.npy", npy_bytes(cam.astype(np.float32))),
                 (f"{base}.full.npy", npy_bytes(full)),

@@ -49,7 +49,7 @@ def finercam(p: LayerPass) -> Tensor:
     """Finer-CAM: Grad-CAM of the target's score against the classes it is confused with, weighted by their
     probabilities: ``Σ_j p_j (y_c − y_j) / Σ_j p_j`` over ``--compare`` (else the three classes whose logits
     are nearest to the target's)."""
-    chosen = p.options.compare
+    chosen = [int(k) for k in p.options.compare]  # indices: the builder resolves names
 
     def objective(scores: Tensor, c: Tensor) -> Tensor:
         y = scores

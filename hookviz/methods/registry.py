@@ -58,7 +58,8 @@ class MethodOptions:
     stride: int = 8
     masks: int = 2000
     cells: int = 7
-    compare: tuple[int, ...] = ()
+    #: Finer-CAM's classes (``--compare``): indices, or names resolved with the model before the methods run.
+    compare: tuple[int | str, ...] = ()
     batch: int = 64
     input_floor: tuple[float, ...] | None = None
     head_fusion: str = "mean"

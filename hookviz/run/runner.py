@@ -12,7 +12,7 @@ from hookviz.errors import UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import Output
-from hookviz.jobs.build import CamSettings
+from hookviz.jobs.settings import CamSettings, settings_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.run import pipeline, verdicts
@@ -76,6 +76,7 @@ def explain_inputs(
     overwrite: bool = False,
     batch_size: int | None = None,
     trust: str | Path | None = None,
+    **given: Any,
 ) -> Records:
     """The ``hookviz gradcam`` of any model over its kind of inputs, from Python: the maps written under
     ``out`` as the command writes them, and the records, also appended to ``out/manifest.jsonl`` (a list
@@ -86,8 +87,10 @@ def explain_inputs(
             sampled), a volume model, or a model of several inputs (``inputs=(names...)``).
         inputs: files, folders, globs; for several inputs each one's folder (or file) by name, in the model's
             order (``{"rgb": "photos/", "depth": "depth/"}``).
-        settings: a :class:`hookviz.jobs.build.CamSettings` (layers, methods, target, colours, ``save_raw``);
-            default: Grad-CAM at the default layer, the top class.
+        settings: a :class:`hookviz.jobs.settings.CamSettings` (layers, methods, target, colours,
+            ``save_raw``) or a mapping of them; default: Grad-CAM at the default layer, the top class.
+        given: settings by keyword (``methods=("layercam",)``), over ``settings``; a name
+            :class:`~hookviz.jobs.settings.CamSettings` does not have is refused, the closest named.
         kind: the input kind expected (``video``, ``volume``, ``sample``, a registered one): a model that
             takes another is refused.
         batch_size: inputs per forward pass (default: the kind's).
@@ -111,7 +114,7 @@ def explain_inputs(
     if kind is not None and taken.name != kind:
         raise UsageError(input_kind(kind).refusal.format(name=loaded.name))
     output = Output(Path(out), overwrite=overwrite)
-    settings = settings or CamSettings()
+    settings = settings_of(CamSettings, settings, **given)
     if verdicts.wants_auto(settings):
         chosen = verdicts.auto_choice(loaded, trust=Path(trust) if trust is not None else None, out=Path(out),
                                       photos=specs)  # fmt: skip

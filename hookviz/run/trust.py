@@ -23,7 +23,7 @@ from hookviz.evaluation.trust import TrustReport, trust
 from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
-from hookviz.jobs.build import CamSettings
+from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel
 from hookviz.run.kinds import input_kind_of
 from hookviz.tasks import make_cam_job

@@ -13,7 +13,8 @@ from hookviz import methods
 from hookviz.core.hooks import ModuleCall
 from hookviz.errors import UsageError
 from hookviz.io.samples import check_names
-from hookviz.jobs.build import BuiltJob, CamSettings, RunContext
+from hookviz.jobs.build import BuiltJob, RunContext
+from hookviz.jobs.settings import CamSettings, settings_of
 from hookviz.models.build import build
 from hookviz.models.classes import parse_targets
 from hookviz.models.heads import with_head
@@ -111,7 +112,7 @@ def load_model(
 
 def make_cam_job(
     loaded: LoadedModel,
-    settings: CamSettings,
+    settings: CamSettings | Mapping[str, Any],
     *,
     calls: list[ModuleCall] | None = None,
     first_images: Callable[[int], Tensor | None] | None = None,
@@ -133,9 +134,11 @@ def make_cam_job(
         target_option: how a target's message names the setting (``"target="``: the explorer's field).
 
     Raises:
-        UsageError: options that do not apply to the task, ``--layer auto`` without a readable image.
+        UsageError: options that do not apply to the task, ``--layer auto`` without a readable image, a
+            setting ``settings`` (a mapping) does not have (the closest named).
         LayerError, TargetError: a bad layer or target.
     """
+    settings = settings_of(CamSettings, settings)
     if context is not None:
         first_images, agree = first_images or context.first_images, agree or context.agree
     boxes = task_of(loaded).name == "detection"  # a detector's methods are those that work per box

@@ -10,10 +10,12 @@ from torchvision.models import detection
 
 from hookviz.core.detections import Detects
 from hookviz.core.hooks import ModuleCall
+from hookviz.core.targets import Target
 from hookviz.errors import UsageError
 from hookviz.io.images import Preprocess
-from hookviz.jobs.build import BuiltJob, CamSettings, detection_job
-from hookviz.models.classes import TargetSpec
+from hookviz.jobs.build import BuiltJob
+from hookviz.jobs.detection import detection_job
+from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.torchvision import dense_classes, task_preprocess
 from hookviz.tasks.registry import Task, register_task
@@ -70,7 +72,7 @@ class Detection(Task):
         loaded: LoadedModel,
         settings: CamSettings,
         calls: list[ModuleCall],
-        targets: TargetSpec,
+        targets: Target,
         *,
         first_images: Callable[[int], Tensor | None] | None = None,
         agree: Callable[[Any], Any] | None = None,

@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from hookviz.core.hooks import ModuleCall
+from hookviz.core.targets import Target
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, Preprocess
 from hookviz.io.inputs import Item, read_input
 from hookviz.io.video import VideoPreprocess
 from hookviz.io.volume import VolumePreprocess
-from hookviz.jobs.build import BuiltJob, CamSettings, classifier_job
+from hookviz.jobs.build import BuiltJob
 from hookviz.jobs.cam import CamJob
-from hookviz.models.classes import TargetSpec
+from hookviz.jobs.cam_build import classifier_job
+from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel, photo_shape
 from hookviz.models.several import Several
 from hookviz.models.sources import Built
@@ -110,7 +112,7 @@ class Task:
         loaded: LoadedModel,
         settings: CamSettings,
         calls: list[ModuleCall],
-        targets: TargetSpec,
+        targets: Target,
         *,
         first_images: Callable[[int], Tensor | None] | None = None,
         agree: Callable[[Any], Any] | None = None,
