@@ -21,7 +21,7 @@ from hookviz import methods
 from hookviz.engine.explain import explain
 from hookviz.evaluation.faithfulness import upsample
 from hookviz.evaluation.localisation import pointing_game
-from hookviz.evaluation.trust import edge_maps, trust
+from hookviz.evaluation.trust import VERDICTS, edge_maps, trust
 from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
 from hookviz.tasks import load_model
@@ -141,8 +141,11 @@ def test_the_command_writes_its_files_and_refuses_in_one_line(tmp_path: Path) ->
     assert "broken.png" in r.stderr and "1 input(s) could not be read" in r.stderr
     data = json.loads((out / "trust.json").read_text())
     assert [Path(name).name for name in data["failed"]] == ["broken.png"]
-    assert [(c["method"], c["verdict"] in ("recommended", "care", "fails")) for c in data["candidates"]] == [
-        ("gradcam", True), ("saliency", True), ("edges", True)
+    # The default layer and the last two others --layer auto would try; saliency (the same map at every
+    # layer) at the first only.
+    assert [(c["method"], c["layer"], c["verdict"] in VERDICTS) for c in data["candidates"]] == [
+        ("gradcam", "features", True), ("saliency", "features", True), ("gradcam", "features.1", True),
+        ("gradcam", "features.5", True), ("edges", "-", True),
     ]  # fmt: skip
     assert len(data["photos"]) == 6 and data["seed"] == 0 and data["versions"]["torch"] == torch.__version__
     assert "hookviz trust" in (out / "trust.md").read_text() and (out / "trust.png").stat().st_size > 1000
@@ -261,7 +264,7 @@ def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_js
         rows.append(f"s{i:02d}.png,0,{xs.min()},{ys.min()},{xs.max() + 1},{ys.max() + 1}")
     (tmp_path / "boxes.csv").write_text("\n".join(rows) + "\n")
     model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "48",
-             "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--method", "gradcam"]  # fmt: skip
+             "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--method", "gradcam", "-l", "features"]  # fmt: skip
     runs = []
     for k in range(2):
         out = tmp_path / f"out{k}"
