@@ -264,7 +264,8 @@ def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_js
         rows.append(f"s{i:02d}.png,0,{xs.min()},{ys.min()},{xs.max() + 1},{ys.max() + 1}")
     (tmp_path / "boxes.csv").write_text("\n".join(rows) + "\n")
     model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "48",
-             "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--method", "gradcam", "-l", "features"]  # fmt: skip
+             "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--method", "gradcam",
+             "-l", "features"]  # fmt: skip
     runs = []
     for k in range(2):
         out = tmp_path / f"out{k}"
