@@ -99,7 +99,8 @@ def not_applicable(name: str, why: str) -> Test:
 class Candidate:
     """A method at a layer, its tests and its verdict (``recommended``, ``care`` or ``fails``) and why.
     ``dropped``: why its tests stopped before the last photo (failed clearly on the first ones, or the
-    budget ran out), None when it saw them all; ``photos``: how many its figures are over."""
+    budget ran out), None when it saw them all; ``photos``: how many its figures are over (a detector's:
+    how many boxes)."""
 
     method: str
     layer: str
