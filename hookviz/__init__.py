@@ -32,6 +32,8 @@ _EXPORTS = {
     "InputKind": "hookviz.run.kinds",
     "register_input_kind": "hookviz.run.kinds",
     "evaluate": "hookviz.jobs.evaluate",
+    "trust": "hookviz.run.trust",
+    "TrustReport": "hookviz.evaluation.trust",
     "DetectionExplanation": "hookviz.engine.detection",
     "summarize": "hookviz.summary",
     "ModelSummary": "hookviz.summary",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.engine.explain import CamResult, Explanation, explain, grad_cam
     from hookviz.engine.features import FeatureMap, feature_maps
     from hookviz.errors import HookvizError
+    from hookviz.evaluation.trust import TrustReport
     from hookviz.explore.widget import widget
     from hookviz.io.images import Preprocess, load_rgb
     from hookviz.io.volume import read_volume
@@ -72,6 +75,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.options import Normalize, Stage
     from hookviz.run.kinds import InputKind, register_input_kind
     from hookviz.run.runner import explain_inputs, explain_samples, explain_videos, explain_volumes
+    from hookviz.run.trust import trust
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
     from hookviz.training.gradients import GlobalNormClipper, clip_grad_values, gradient_flow
@@ -94,6 +98,7 @@ __all__ = [
     "Normalize",
     "Preprocess",
     "Stage",
+    "TrustReport",
     "attach_dropblock",
     "attach_dropout2d",
     "capture",
@@ -118,6 +123,7 @@ __all__ = [
     "resolve_layers",
     "summarize",
     "trace_shapes",
+    "trust",
     "widget",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)

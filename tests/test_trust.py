@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,17 @@ import numpy as np
 import pytest
 import torch
 
+import hookviz
 from hookviz import methods
-from hookviz.evaluation.trust import edge_maps, trust
-from hookviz.io.shapes import shapes_batch
+from hookviz.engine.explain import explain
+from hookviz.evaluation.faithfulness import upsample
+from hookviz.evaluation.localisation import pointing_game
+from hookviz.evaluation.trust import VERDICTS, edge_maps, trust
+from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
-from tests.conftest import TinyCNN, invoke, write_image
+from hookviz.tasks import load_model
+from tests.conftest import ROOT, TinyCNN, invoke, write_image
+from tests.shapes_net import make_segmenter
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +141,11 @@ def test_the_command_writes_its_files_and_refuses_in_one_line(tmp_path: Path) ->
     assert "broken.png" in r.stderr and "1 input(s) could not be read" in r.stderr
     data = json.loads((out / "trust.json").read_text())
     assert [Path(name).name for name in data["failed"]] == ["broken.png"]
-    assert [(c["method"], c["verdict"] in ("recommended", "care", "fails")) for c in data["candidates"]] == [
-        ("gradcam", True), ("saliency", True), ("edges", True)
+    # The default layer and the last two others --layer auto would try; saliency (the same map at every
+    # layer) at the first only.
+    assert [(c["method"], c["layer"], c["verdict"] in VERDICTS) for c in data["candidates"]] == [
+        ("gradcam", "features", True), ("saliency", "features", True), ("gradcam", "features.1", True),
+        ("gradcam", "features.5", True), ("edges", "-", True),
     ]  # fmt: skip
     assert len(data["photos"]) == 6 and data["seed"] == 0 and data["versions"]["torch"] == torch.__version__
     assert "hookviz trust" in (out / "trust.md").read_text() and (out / "trust.png").stat().st_size > 1000
@@ -154,3 +164,218 @@ def test_the_command_writes_its_files_and_refuses_in_one_line(tmp_path: Path) ->
     # Not a classifier of photos: one line, exit 2.
     r = invoke("trust", str(photos), *model, "--method", "nosuchmethod", "--out", str(tmp_path / "o2"))
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+# -- the library's function, localisation, the cost ------------------------------------------------------
+
+
+def _folder(path: Path, x: torch.Tensor) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(x):
+        write_image(path / f"s{i:02d}.png", (image.numpy().transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    return path
+
+
+def test_a_model_whose_weights_were_never_loaded_gets_no_map_naming_the_check(tmp_path: Path) -> None:
+    """EfficientNet-Lite0's shape with weights=None, on the sample photos, through ``hookviz.trust``: its
+    1000 probabilities are near uniform, so no map is recommended, whatever their figures."""
+
+    loaded = load_model("efficientnet_lite0", "none", input_size=96)  # small: the verdict is the model's
+    report = hookviz.trust(loaded, str(ROOT / "sample_images"), methods=["gradcam"], max_photos=3)
+    assert isinstance(report, hookviz.TrustReport) and len(report.photos) == 3
+    assert report.model_check.at_chance and report.model_check.entropy > 0.9
+    assert report.answer.startswith("no map here can be trusted: the model's predictions are at chance")
+    assert "near uniform" in report.answer
+    assert report.recommended() is None
+    assert all(c.verdict == "fails" for c in report.candidates if not c.control)
+    assert json.loads(json.dumps(report.as_dict(), default=str))["candidates"][0]["method"] == "gradcam"
+
+
+@pytest.mark.slow
+def test_recommended_maps_point_at_the_shape_and_failed_ones_do_not(trained: Any) -> None:
+    """Ground truth: the verdicts (with the true masks, so localisation is among the tests) from 16 scenes;
+    then on 64 held-out scenes each map's peak on the shape (the pointing game), against a random pixel's
+    chance (the shape's share of the photo)."""
+
+    x, _, masks = shapes_batch(16, np.random.default_rng(5))
+    named = ["gradcam", "layercam", "guidedbackprop", "saliency"]
+    report = trust(trained.model, x, ["features"], named, masks=torch.from_numpy(masks))
+    assert all("localisation" in c.tests for c in report.candidates)
+    held, _, held_masks = shapes_batch(64, np.random.default_rng(77))
+    ex = explain(trained.model, held, ["features"], named, None)
+    chance = float(held_masks.reshape(64, -1).mean(1).mean())
+    margin = {}
+    for m in named:
+        up = upsample(ex.maps[(m, "features")][:, 0], (48, 48))
+        margin[m] = float(pointing_game(up, torch.from_numpy(held_masks), tolerance=0).mean()) - chance
+    verdicts = {c.method: c.verdict for c in report.candidates}
+    good = [m for m in named if verdicts[m] == "recommended"]
+    bad = [m for m in named if verdicts[m] == "fails"]
+    print(verdicts, margin, chance)
+    assert good and bad, verdicts
+    for m in good:
+        assert margin[m] + chance >= 0.9, (m, margin)
+    for m in bad:
+        assert margin[m] < min(margin[g] for g in good), (m, margin)
+
+
+@pytest.mark.slow
+def test_a_candidate_that_fails_clearly_on_the_first_photos_is_dropped(
+    trained: Any, scenes: torch.Tensor
+) -> None:
+    report = trust(trained.model, scenes, ["features"], ["gradcam", "guidedbackprop"])
+    found = {c.method: c for c in report.candidates}
+    # Guided backprop's randomisation interval lies wholly above 0.5 on the first 8: it stops there.
+    assert found["guidedbackprop"].photos == 8 and found["guidedbackprop"].verdict == "fails"
+    assert "first 8 of 16 photos" in (found["guidedbackprop"].dropped or "")
+    assert found["gradcam"].photos == 16 and found["gradcam"].dropped is None
+    assert len(found["gradcam"].tests["class"].per_photo) == 16
+
+
+def test_a_budget_gives_a_partial_answer_that_says_what_it_left_out(scenes: torch.Tensor) -> None:
+    torch.manual_seed(2)
+    model = TinyCNN().eval()
+    lines: list[str] = []
+
+    def slow(line: str) -> None:  # the second step outlasts the budget: the rest is left out
+        lines.append(line)
+        if len(lines) == 2:
+            time.sleep(2.5)
+
+    report = trust(model, scenes, ["features"], ["gradcam", "saliency"], budget=2.0, progress=slow)
+    assert report.partial and "partial" in report.answer and report.as_dict()["partial"] is True
+    tested = {c.method for c in report.candidates}
+    left = " ".join(report.left_out) + " ".join(c.dropped or "" for c in report.candidates)
+    for m in ("gradcam", "saliency", "edges"):
+        assert m in tested or m in left
+    assert any("budget" in (c.dropped or "") for c in report.candidates) or report.left_out
+    assert lines[0].startswith("photos 1-8 of 16")
+
+
+def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_json(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    weights = tmp_path / "tiny.pt"
+    torch.save(TinyCNN().state_dict(), weights)
+    x, _, masks = shapes_batch(4, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    rows = ["file,class,x0,y0,x1,y1"]
+    for i, m in enumerate(masks):
+        ys, xs = np.nonzero(m)
+        rows.append(f"s{i:02d}.png,0,{xs.min()},{ys.min()},{xs.max() + 1},{ys.max() + 1}")
+    (tmp_path / "boxes.csv").write_text("\n".join(rows) + "\n")
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "48",
+             "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--method", "gradcam",
+             "-l", "features"]  # fmt: skip
+    runs = []
+    for k in range(2):
+        out = tmp_path / f"out{k}"
+        r = invoke("trust", str(photos), *model, "--boxes", str(tmp_path / "boxes.csv"), "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        assert "hookviz: trust: photos 1-4 of 4: gradcam at features" in r.stderr  # progress
+        runs.append(json.loads((out / "trust.json").read_text()))
+    a, b = ({k: v for k, v in run.items() if k != "command"} for run in runs)
+    _close(a, b)
+    cam = a["candidates"][0]
+    assert a["tests"] == ["randomisation", "class", "faithfulness", "stability", "localisation"]
+    loc = cam["tests"]["localisation"]
+    assert loc["outcome"] in ("pass", "care", "fail") and len(loc["per_photo"]) == 4
+    # The centre map's hits on these four boxes, computed by hand: the figure is the map's hits less these.
+    centre = [bool(m[24, 24]) for m in masks]
+    assert loc["extra"]["centre_pointing"] == pytest.approx(np.mean(centre))
+    assert loc["value"] == pytest.approx(loc["extra"]["pointing"] - np.mean(centre))
+    assert "localisation" in (tmp_path / "out0" / "trust.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flag", "said"),
+    [(["--budget", "soon"], "--budget soon: a time above zero"), (["--budget", "0"], "a time above zero"),
+     (["--boxes", "nosuch.csv"], "nosuch.csv")],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, flag: list[str], said: str) -> None:
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    r = invoke("trust", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size",
+               "48", *flag, "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+# -- a ViT, a segmenter, a detector ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_trained_vit_is_tested_at_its_blocks(tmp_path: Path) -> None:
+    """The shapes ViT (tests/fixtures): its encoder blocks are the candidate layers; Grad-CAM at them is
+    judged like a CNN's, the edge control fails."""
+
+    loaded = load_model(f"{ROOT / 'examples' / 'shapes_vit.py'}:make_vit",
+                        str(ROOT / "tests" / "fixtures" / "shapes_vit.safetensors"), input_size=64,
+                        resize="squash", mean=(0, 0, 0), std=(1, 1, 1))  # fmt: skip
+    x, _, _ = shapes_batch(8, np.random.default_rng(5), 64)
+    report = hookviz.trust(loaded, str(_folder(tmp_path / "p", x)), methods=["gradcam"])
+    layers = [c.layer for c in report.candidates if not c.control]
+    assert len(layers) == 3 and all(la.startswith("encoder.layers.encoder_layer_") for la in layers), layers
+    assert not report.model_check.at_chance
+    for c in report.candidates:
+        assert {"randomisation", "class", "faithfulness", "stability"} <= c.tests.keys()
+        assert c.verdict in ("recommended", "care", "fails") and c.photos in (4, 8)
+    edges = report.candidates[-1]
+    assert edges.control and edges.verdict == "fails"
+
+
+@pytest.mark.slow
+def test_a_detector_is_tested_on_its_own_boxes_and_says_what_does_not_apply(tmp_path: Path) -> None:
+    """The shapes detector (tests/fixtures): each kept box's map against the box; the tests that need the
+    same box found again, or another class's map of it, are n/a with the reason."""
+
+    loaded = load_model(f"{ROOT / 'examples' / 'shapes_detector.py'}:make_detector",
+                        str(ROOT / "tests" / "fixtures" / "shapes_detector.safetensors"),
+                        labels=["__background__", "square", "disc", "cross"])  # fmt: skip
+    rng = np.random.default_rng(21)
+    folder = tmp_path / "p"
+    folder.mkdir()
+    for i in range(4):
+        img = shapes_scene(rng, 120, 160, 2, (9, 18))[0]
+        write_image(folder / f"d{i}.png", (img * 255).round().astype(np.uint8))
+    report = hookviz.trust(loaded, str(folder), methods=["hirescam", "gradcam"])
+    assert report.task == "detection" and not report.model_check.at_chance
+    found = {c.method: c for c in report.candidates}
+    assert set(found) == {"hirescam", "gradcam", "edges"}
+    for c in found.values():
+        assert c.tests["randomisation"].outcome == "n/a" and "other boxes" in c.tests["randomisation"].rule
+        assert c.tests["class"].outcome == "n/a" and c.tests["faithfulness"].outcome == "n/a"
+    hires = found["hirescam"].tests["localisation"]
+    # HiResCAM's peak lies in the box it explains (tests/test_dense.py: 35 of 37 boxes), the centre's rarely.
+    assert hires.extra["pointing"] >= 0.8 and hires.value > 0.3
+    assert found["hirescam"].verdict in ("recommended", "care")
+
+
+@pytest.mark.slow
+def test_a_segmenter_goes_through_the_battery(tmp_path: Path) -> None:
+    """The FCN of tests/shapes_net.py trained briefly on scenes: every test applies (a class's score sums
+    its pixels), the figures are finite, the edge control fails."""
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = make_segmenter()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    model.train()
+    for _ in range(120):
+        batch = [shapes_scene(rng, 64, 80, 2, (7, 12)) for _ in range(16)]
+        xb = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in batch]))
+        loss = torch.nn.functional.cross_entropy(
+            model(xb)["out"], torch.from_numpy(np.stack([b[3] for b in batch]))
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    x = torch.from_numpy(
+        np.stack([shapes_scene(rng, 64, 80, 2, (7, 12))[0].transpose(2, 0, 1) for _ in range(8)])
+    )
+    report = trust(model, x, ["backbone.1"], ["gradcam", "hirescam"], task="segmentation")
+    assert not report.model_check.at_chance, report.model_check
+    for c in report.candidates:
+        for t in ("randomisation", "class", "faithfulness", "stability"):
+            assert math.isfinite(c.tests[t].value), (c.method, t)
+    assert report.candidates[-1].control and report.candidates[-1].verdict == "fails"

@@ -237,6 +237,8 @@ TrustSeed = Annotated[int, typer.Option("--seed", rich_help_panel=METRICS,
     help="the random maps, the randomised classifier and the noise (same seed, same JSON).")]  # fmt: skip
 MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=METRICS,
     help="photos tested, the first by name (16 give intervals worth reading).")]  # fmt: skip
+Budget = Annotated[str | None, typer.Option("--budget", rich_help_panel=METRICS, help="stop after this "
+    "long (600, 90s, 10m, 1h): the answer says what it left out.")]  # fmt: skip
 TrustRun = Annotated[RunOptions, omit(
     "skip_existing", "batch_size", "workers", "max_memory", "report", "null", "as_json", *DATA,
 )]  # fmt: skip
@@ -250,24 +252,39 @@ def trust(
     layers: CamDefaultLayers = None,
     seed: TrustSeed = 0,
     max_photos: MaxPhotos = 16,
+    boxes: Boxes = None,
+    masks: MaskDir = None,
+    mask_kind: MaskKind = "auto",
+    budget: Budget = None,
     run: TrustRun = RunOptions(),
 ) -> None:
     """Which map to believe for this model: every method that applies, tested for randomisation, class
-    sensitivity, faithfulness and stability over the photos, with an edge detector as the control, and the
-    model checked for predictions at chance. Writes OUT/trust.json, trust.md and trust.png."""
+    sensitivity, faithfulness and stability over the photos (and localisation with --boxes or --masks), with
+    an edge detector as the control, and the model checked for predictions at chance. Writes OUT/trust.json,
+    trust.md and trust.png."""
     import shlex
 
-    from hookviz.run.trust import table, trust_photos, write_trust
+    from hookviz.io.annotation import load
+    from hookviz.run.trust import parse_budget, table, trust_photos, write_trust
     from hookviz.run.verdicts import trust_key
 
+    seconds = parse_budget(budget)
+    found = None
+    if boxes is not None or masks is not None:
+        found = load(boxes, None if masks is None else Path(masks), mask_kind)
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
+    say = None if run.quiet else lambda line: typer.echo(f"hookviz: trust: {line}", err=True)
     report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
-                                   max_photos=max_photos, max_pixels=run.max_pixels)  # fmt: skip
+                                   max_photos=max_photos, max_pixels=run.max_pixels, annotations=found,
+                                   budget=seconds, progress=say)  # fmt: skip
     words = ["hookviz", "trust", *inputs, *_model_words(model)]
     words += [w for m in methods or [] for w in ("--method", m)] + [
         w for la in layers or [] for w in ("-l", la)
     ]
     words += ["--seed", str(seed), "--max-photos", str(max_photos), "--out", str(run.out)]
+    words += ["--boxes", str(boxes)] if boxes is not None else []
+    words += ["--masks", str(masks), "--mask-kind", mask_kind] if masks is not None else []
+    words += ["--budget", str(budget)] if budget is not None else []
     for name, why in failed.items():
         typer.echo(f"hookviz: error: {name}: {why}", err=True)
     paths = write_trust(report, run.out, command=shlex.join(words), refused=refused, overwrite=run.overwrite,

@@ -4,10 +4,12 @@ battery of :mod:`hookviz.evaluation.trust`, and the report written as ``trust.js
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import platform
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +19,40 @@ import torch
 from hookviz import methods as registry
 from hookviz import render
 from hookviz.core.hooks import traced
-from hookviz.core.layers import default_cam_layer
-from hookviz.errors import HookvizError, OutputError, UsageError
-from hookviz.evaluation.trust import TrustReport, trust
+from hookviz.core.layers import candidate_layers, default_cam_layer
+from hookviz.errors import HookvizError, InputError, OutputError, UsageError
+from hookviz.evaluation.trust import NOT_APPLICABLE, TESTS_RUN, Candidate, Progress, Test, TrustReport
+from hookviz.evaluation.trust import trust as battery
+from hookviz.io.annotation import Annotations, input_mask
+from hookviz.io.annotation import load as load_annotations
 from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
 from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel
 from hookviz.run.kinds import input_kind_of
-from hookviz.tasks import make_cam_job
+from hookviz.run.trust_detection import trust_detections
+from hookviz.tasks import load_model, make_cam_job
 
-__all__ = ["FILES", "TESTS", "candidate_methods", "trust_photos", "write_trust"]
+__all__ = [
+    "FILES",
+    "TESTS",
+    "Photos",
+    "candidate_methods",
+    "read_photos",
+    "trust",
+    "trust_layers",
+    "trust_photos",
+    "write_trust",
+]
 
 #: The methods tried when none are named: the gradient CAMs and the gradient pixel attributions (each
 #: kept only where the registry lets it run on the model).
 DEFAULT_METHODS = ("gradcam", "gradcampp", "xgradcam", "layercam", "hirescam", "saliency", "guidedbackprop",
                    "inputxgradient", "integratedgradients")  # fmt: skip
-TESTS = ("randomisation", "class", "faithfulness", "stability")
+TESTS = TESTS_RUN
 FILES = ("trust.json", "trust.md", "trust.png")
-COLOURS = {"pass": (46, 125, 50), "care": (230, 150, 0), "fail": (198, 40, 40)}
+COLOURS = {"pass": (46, 125, 50), "care": (230, 150, 0), "fail": (198, 40, 40), NOT_APPLICABLE: (90, 90, 90)}
 VERDICT_COLOURS = {"recommended": COLOURS["pass"], "care": COLOURS["care"], "fails": COLOURS["fail"]}
 
 
@@ -57,6 +73,86 @@ def candidate_methods(
     return kept, refused
 
 
+@dataclass(frozen=True)
+class Photos:
+    """The photos read for a trust run: the batch, their names, where their objects lie (with
+    annotations), and the inputs that could not be read, with why."""
+
+    batch: list[torch.Tensor]
+    names: list[str]
+    masks: list[np.ndarray] | None
+    failed: dict[str, str]
+
+
+def read_photos(
+    loaded: LoadedModel,
+    inputs: Sequence[str],
+    max_photos: int,
+    max_pixels: int,
+    annotations: Annotations | None = None,
+) -> Photos:
+    """The first ``max_photos`` readable photos by name (with annotations: those annotated, each with the
+    union of its objects in the model's input frame).
+
+    Raises:
+        UsageError: not photos; fewer than two readable photos.
+    """
+    kind = input_kind_of(loaded, list(inputs))
+    if kind.name != "photo":
+        raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
+    items = sorted(kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels), key=lambda i: str(i.path))
+    failed = {i.name: str(i.error) for i in items if i.error}
+    read = kind.read(loaded)
+    found = Photos([], [], [] if annotations is not None else None, failed)
+    for item in [i for i in items if not i.error]:
+        if len(found.batch) == max_photos:
+            break
+        try:
+            rgb, x, box = read(item, kind.preprocess(loaded), max_pixels)
+            if annotations is not None and found.masks is not None:
+                found.masks.append(_object_mask(annotations, item, rgb, box, tuple(np.asarray(x).shape[-2:])))
+        except HookvizError as exc:
+            failed[item.name] = str(exc)
+            continue
+        found.batch.append(torch.from_numpy(np.asarray(x)))
+        found.names.append(item.name)
+    if len(found.batch) < 2:
+        said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
+        raise UsageError(f"hookviz trust needs 2 photos or more for an interval ({said} among "
+                         f"{', '.join(inputs)}); 16 give answers worth reading")  # fmt: skip
+    return found
+
+
+def _object_mask(
+    annotations: Annotations, item: Any, rgb: np.ndarray, box: Any, size: tuple[int, ...]
+) -> np.ndarray:
+    """Every annotated object of the photo (any class) as one mask in the model's input frame."""
+    regions = annotations.regions(item.path or item.name)
+    if regions is None:
+        raise InputError(f"not in the annotations ({annotations.source}): nothing to localise")
+    h, w = rgb.shape[:2]
+    drawn = np.zeros((h, w), bool)
+    for r in regions:
+        drawn |= r.draw(h, w)
+    mask = input_mask(drawn, box, (int(size[0]), int(size[1])))
+    if not mask.any():
+        raise InputError("its annotated objects lie outside the region the model saw: nothing to localise")
+    return mask
+
+
+def trust_layers(loaded: LoadedModel, calls: Any, layers: Sequence[str] | None) -> list[str]:
+    """The layers named, else the default CAM layer and the two last others ``--layer auto`` would try
+    (the last block of a CNN's stages; a transformer's blocks)."""
+    if layers:
+        return list(layers)
+    default = default_cam_layer(loaded.model, calls)
+    try:
+        others = [la for la in candidate_layers(loaded.model, calls) if la != default][-2:]
+    except HookvizError:
+        others = []
+    return [default, *others]
+
+
 def trust_photos(
     loaded: LoadedModel,
     inputs: Sequence[str],
@@ -66,85 +162,118 @@ def trust_photos(
     seed: int = 0,
     max_photos: int = 16,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    annotations: Annotations | None = None,
+    budget: float | None = None,
+    progress: Progress | None = None,
 ) -> tuple[TrustReport, dict[str, str], dict[str, str]]:
     """Which map to believe for ``loaded`` on its photos ``inputs`` (files, folders, globs): the report,
     the methods refused on this model with the registry's reason, and the inputs that could not be read
     with theirs.
 
     Raises:
-        UsageError: not a classifier of photos; fewer than two readable photos; no method that applies.
+        UsageError: not a classifier, segmenter or detector of photos; fewer than two readable photos; no
+            method that applies.
     """
-    if loaded.task_name != "classification":
-        raise UsageError(f"hookviz trust tests a classifier's maps; {loaded.name} is a {loaded.task_name} "
-                         "model (hookviz evaluate and sanity measure its maps)")  # fmt: skip
-    kind = input_kind_of(loaded, list(inputs))
-    if kind.name != "photo":
-        raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
-    items = sorted(kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels), key=lambda i: str(i.path))
-    failed = {i.name: str(i.error) for i in items if i.error}
-    read = kind.read(loaded)
-    batch: list[torch.Tensor] = []
-    names: list[str] = []
-    for item in [i for i in items if not i.error]:
-        if len(batch) == max_photos:
-            break
-        try:
-            _, x, _ = read(item, kind.preprocess(loaded), max_pixels)
-        except HookvizError as exc:
-            failed[item.name] = str(exc)
-            continue
-        batch.append(torch.from_numpy(np.asarray(x)))
-        names.append(item.name)
-    if len(batch) < 2:
-        found = f"{len(batch)} readable photo" + ("" if len(batch) == 1 else "s")
-        raise UsageError(f"hookviz trust needs 2 photos or more for an interval ({found} among "
-                         f"{', '.join(inputs)}); 16 give answers worth reading")  # fmt: skip
-    calls = traced(loaded.model, tuple(batch[0].shape), loaded.device)
+    if loaded.task_name not in ("classification", "segmentation", "detection"):
+        raise UsageError(f"hookviz trust tests the maps of a classifier, a segmenter or a detector; "
+                         f"{loaded.name} is a {loaded.task_name} model (hookviz evaluate measures its "
+                         "maps)")  # fmt: skip
+    detector = loaded.task_name == "detection"
+    if detector and annotations is not None:
+        raise UsageError("a detector's maps are tested against its own boxes; leave --boxes/--masks out")
+    photos = read_photos(loaded, inputs, max_photos, max_pixels, annotations)
+    calls = traced(loaded.model, tuple(photos.batch[0].shape), loaded.device)
     chosen, refused = candidate_methods(loaded, methods, calls)
     if not chosen:
         raise UsageError("no method named applies to this model: " + "; ".join(refused.values()))
-    default_layer = default_cam_layer(loaded.model, calls)
-    stacked = torch.stack(batch).to(loaded.device)
-    report = trust(loaded.model, stacked, list(layers or [default_layer]), chosen, names=names,
-                   model_name=loaded.name, default=("gradcam", default_layer), seed=seed)  # fmt: skip
-    return report, refused, failed
+    if detector:
+        settings = CamSettings(methods=(chosen[0],), layers=tuple(layers or ()))
+        tried = list(make_cam_job(loaded, settings, calls=calls).job.layers)
+        report = trust_detections(
+            loaded, photos.batch, photos.names, tried, chosen, seed=seed, progress=progress
+        )
+        return report, refused, photos.failed
+    stacked = torch.stack(photos.batch).to(loaded.device)
+    masks = None if photos.masks is None else torch.from_numpy(np.stack(photos.masks))
+    tried = trust_layers(loaded, calls, layers)
+    report = battery(loaded.model, stacked, tried, chosen, names=photos.names, model_name=loaded.name,
+                   default=("gradcam", tried[0]), seed=seed, masks=masks, budget=budget, progress=progress,
+                   task=loaded.task_name)  # fmt: skip
+    return report, refused, photos.failed
+
+
+def _cell(c: Candidate, name: str) -> str:
+    t = c.tests.get(name)
+    if t is None or t.outcome == NOT_APPLICABLE:
+        return "n/a"
+    return f"{t.value:.2f}"
 
 
 def table(report: TrustReport) -> list[str]:
     """The console's table: a line per candidate with each test's figure and outcome, then the answer."""
     wide = max([5, *(len(c.layer) for c in report.candidates)])
-    lines = [f"{'method':<22} {'layer':<{wide}} " + " ".join(f"{t:<14}" for t in TESTS) + " verdict"]
+    names = report.tests
+    lines = [f"{'method':<22} {'layer':<{wide}} " + " ".join(f"{t:<14}" for t in names) + " verdict"]
     for c in report.candidates:
-        cells = " ".join(f"{c.tests[t].value:5.2f} {c.tests[t].outcome:<8}" for t in TESTS)
+        cells = " ".join(f"{_cell(c, t):>5} {c.tests[t].outcome if t in c.tests else '':<8}" for t in names)
         name = c.method + (" (control)" if c.control else "")
-        lines.append(f"{name:<22} {c.layer:<{wide}} {cells} {c.verdict}")
+        said = f" ({c.dropped})" if c.dropped else ""
+        lines.append(f"{name:<22} {c.layer:<{wide}} {cells} {c.verdict}{said}")
     lines += [f"note: {n}" for n in report.notes]
+    lines += [f"n/a: {t.name}: {t.rule}" for t in _not_applicable(report)]
+    lines += [f"left out: {n}" for n in report.left_out]
     lines.append(f"{report.answer} ({len(report.photos)} photo(s), seed {report.seed})")
     return lines
 
 
+def _not_applicable(report: TrustReport) -> list[Test]:
+    found: dict[str, Test] = {}
+    for c in report.candidates:
+        for t in c.tests.values():
+            if t.outcome == NOT_APPLICABLE:
+                found.setdefault(t.name, t)
+    return list(found.values())
+
+
+RULES = {
+    "randomisation": "randomisation (|Spearman| with the map once the classifier is re-initialised; "
+    "pass below 0.5)",
+    "class": "class (SSIM with the least likely class's map; pass below 0.6)",
+    "faithfulness": "faithfulness (insertion minus deletion AUC above a random map's, and an edge "
+    "detector's)",
+    "stability": "stability (max-sensitivity under small noise; pass below 0.5)",
+    "localisation": "localisation (the pointing game's hits less the centre map's on the annotated objects; "
+    "pass above 0)",
+}
+
+
 def markdown(report: TrustReport, command: str) -> str:
     """A model-card section: what was tested, on how many photos, the verdicts, how to reproduce them."""
-    rows = ["| method | layer | " + " | ".join(TESTS) + " | verdict |", "|---" * (len(TESTS) + 3) + "|"]
+    names = report.tests
+    rows = ["| method | layer | " + " | ".join(names) + " | verdict |", "|---" * (len(names) + 3) + "|"]
     for c in report.candidates:
         figures = " | ".join(
-            f"{c.tests[t].value:.2f} ± {c.tests[t].ci:.2f} ({c.tests[t].outcome})" for t in TESTS
+            "n/a"
+            if _cell(c, t) == "n/a"
+            else f"{c.tests[t].value:.2f} ± {c.tests[t].ci:.2f} ({c.tests[t].outcome})"
+            for t in names
         )
         rows.append(
             f"| {c.method}{' (control)' if c.control else ''} | {c.layer} | {figures} | {c.verdict} |"
         )
     check = report.model_check
+    said = ", ".join(RULES.get(t, t) for t in names)
     return "\n".join([
         "## Which saliency map to trust",
         "",
         f"**{report.answer}.**",
         "",
-        f"Tested by hookviz on {len(report.photos)} photo(s) of `{report.model}` (seed {report.seed}). "
-        "Each map was put through four tests, each figure the mean over the photos with its 95 % interval: "
-        "randomisation (|Spearman| with the map once the classifier is re-initialised; pass below 0.5), "
-        "class (SSIM with the least likely class's map; pass below 0.6), faithfulness (insertion minus "
-        "deletion AUC above a random map's, and an edge detector's), stability (max-sensitivity under "
-        "small noise; pass below 0.5). The edge detector is the control that must fail.",
+        f"Tested by hookviz on {len(report.photos)} photo(s) of `{report.model}`, a {report.task} model "
+        f"(seed {report.seed}). Each map was put through these tests, each figure the mean over the photos "
+        f"with its 95 % interval: {said}. The edge detector is the control that must fail.",
+        *[f"Not applicable here: {t.name}: {t.rule}." for t in _not_applicable(report)],
+        *[f"Dropped: {c.method} at {c.layer}: {c.dropped}." for c in report.candidates if c.dropped],
+        *[f"Left out: {n}." for n in report.left_out],
         "",
         f"The model: {check.reason} (normalised entropy {check.entropy:.2f}, top class flipped by small "
         f"noise on {check.flips:.0%} of the photos).",
@@ -162,23 +291,24 @@ def markdown(report: TrustReport, command: str) -> str:
 
 def grid(report: TrustReport) -> np.ndarray:
     """The picture: a row per candidate, a column per test and the verdict, coloured by outcome, with the
-    figure in each cell."""
+    figure in each cell (grey where a test does not apply)."""
     cell_w, cell_h, head_w = 130, 28, 260
+    names = report.tests
     rows = len(report.candidates) + 1
-    image = np.full((rows * cell_h + 8, head_w + (len(TESTS) + 1) * cell_w, 3), 40, np.uint8)
-    for j, title in enumerate([*TESTS, "verdict"]):
+    image = np.full((rows * cell_h + 8, head_w + (len(names) + 1) * cell_w, 3), 40, np.uint8)
+    for j, title in enumerate([*names, "verdict"]):
         render.put_text(image, title, (head_w + j * cell_w + 6, 19), 0.45)
     for i, c in enumerate(report.candidates, start=1):
         y = i * cell_h
         render.put_text(
             image, f"{c.method}{' (ctrl)' if c.control else ''} @ {c.layer}"[:34], (6, y + 19), 0.45
         )
-        for j, t in enumerate(TESTS):
-            test = c.tests[t]
+        for j, t in enumerate(names):
             x = head_w + j * cell_w
-            image[y + 2 : y + cell_h - 2, x + 2 : x + cell_w - 2] = COLOURS[test.outcome]
-            render.put_text(image, f"{test.value:.2f}", (x + 8, y + 19), 0.45)
-        x = head_w + len(TESTS) * cell_w
+            outcome = c.tests[t].outcome if t in c.tests else NOT_APPLICABLE
+            image[y + 2 : y + cell_h - 2, x + 2 : x + cell_w - 2] = COLOURS[outcome]
+            render.put_text(image, _cell(c, t), (x + 8, y + 19), 0.45)
+        x = head_w + len(names) * cell_w
         image[y + 2 : y + cell_h - 2, x + 2 : x + cell_w - 2] = VERDICT_COLOURS[c.verdict]
         render.put_text(image, c.verdict, (x + 8, y + 19), 0.45)
     return image
@@ -224,3 +354,61 @@ def _version() -> str:
         return importlib.metadata.version("hookviz")
     except importlib.metadata.PackageNotFoundError:  # a source tree not installed
         return "unknown"
+
+
+def parse_budget(text: str | float | None) -> float | None:
+    """``--budget``: seconds, or a number with ``s``, ``m`` or ``h`` (``10m``); None for no budget.
+
+    Raises:
+        UsageError: anything else, or not above zero.
+    """
+    if text is None or isinstance(text, int | float):
+        seconds = None if text is None else float(text)
+    else:
+        word = text.strip().lower()
+        unit = {"s": 1, "m": 60, "h": 3600}.get(word[-1:], 0) if word[-1:].isalpha() else 1
+        try:
+            seconds = float(word[:-1] if word[-1:].isalpha() else word) * unit if unit else -1.0
+        except ValueError:
+            seconds = -1.0
+    if seconds is not None and not seconds > 0:
+        raise UsageError(f"--budget {text}: a time above zero, such as 600, 90s, 10m or 1h")
+    return seconds
+
+
+def trust(
+    model: str | LoadedModel,
+    photos: str | Path | Sequence[str | Path],
+    *,
+    methods: Sequence[str] | None = None,
+    layers: Sequence[str] | None = None,
+    weights: str = "DEFAULT",
+    seed: int = 0,
+    max_photos: int = 16,
+    boxes: str | Path | None = None,
+    masks: str | Path | None = None,
+    budget: str | float | None = None,
+    progress: Progress | None = None,
+) -> TrustReport:
+    """``hookviz trust`` as a function: which map to believe for ``model`` (a name ``load_model`` takes,
+    with ``weights``, or a loaded model) on ``photos`` (files, folders, globs). The report is what
+    ``trust.json`` holds (:meth:`TrustReport.as_dict`), with the methods the model refused and the inputs
+    that could not be read added to its notes.
+
+    Raises:
+        UsageError: as the command refuses (one line: fewer than two photos, a method or layer that does
+            not apply, a bad budget).
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, weights)
+    inputs = [str(photos)] if isinstance(photos, str | Path) else [str(p) for p in photos]
+    found = None
+    if boxes is not None or masks is not None:
+        found = load_annotations(
+            None if boxes is None else Path(boxes), None if masks is None else Path(masks)
+        )
+    report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
+                                           max_photos=max_photos, annotations=found,
+                                           budget=parse_budget(budget), progress=progress)  # fmt: skip
+    said = [f"{m} refused on this model: {why}" for m, why in refused.items()]
+    said += [f"{name} could not be read: {why}" for name, why in failed.items()]
+    return dataclasses.replace(report, notes=[*report.notes, *said])

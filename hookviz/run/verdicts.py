@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hookviz.errors import UntrustedError, UsageError
-from hookviz.evaluation.trust import Candidate, TrustReport, report_from_dict
+from hookviz.evaluation.trust import Candidate, TrustReport
+from hookviz.evaluation.trust_read import report_from_dict
 from hookviz.io.outputs import settings_key
 from hookviz.jobs.build import BuiltJob, CamSettings, RunContext
 from hookviz.models.loaded import LoadedModel
