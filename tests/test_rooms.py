@@ -209,30 +209,42 @@ def test_the_option_groups_reach_the_library_whole() -> None:
     assert s.compare == "1,2"
 
 
-def test_a_model_source_from_outside_is_one_registration(
-    trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``--model shapes:NAME`` built by a function the test registers: the trained model, its classes and its
-    preprocessing come with it."""
+def test_a_model_source_from_outside_is_one_registration(trained: Trained, tmp_path: Path) -> None:
+    """``--model shapes:NAME`` built by a source the test registers (one record): the trained model, its
+    classes and its preprocessing come with it; the warm server's key reads the file its fingerprint names."""
+    from hookviz.cli.loading import warm_key
+    from hookviz.cli.options import ModelOptions
     from hookviz.io.images import Preprocess
-    from hookviz.models import build, sources
+    from hookviz.models.build import Source, register_source, unregister_source
     from hookviz.models.sources import Built
+
+    card = tmp_path / "tiny.card"
+    card.write_text("v1")
 
     def make(spec: str, weights: str, options: Any) -> Built:
         pre = Preprocess(crop_size=SIZE, resize_size=SIZE, mean=(0.0,) * 3, std=(1.0,) * 3, resize="squash")
         return Built(trained.model, spec, "the shapes fixture", True, "shapes:v1", SHAPES, pre)
 
-    monkeypatch.setattr(build, "SOURCES", dict(build.SOURCES))
-    monkeypatch.setattr(sources, "SCHEMES", set(sources.SCHEMES))
-    build.register_source("shapes", make)
-    with pytest.raises(ValueError, match="replace=True"):
-        build.register_source("shapes", make)
-    img, mask = draw_shape(0, SIZE, np.random.default_rng(4))  # a square
-    photo = write_image(tmp_path / "square.png", (img * 255).round().astype(np.uint8))
-    out = tmp_path / "out"
-    r = invoke("gradcam", str(photo), "--model", "shapes:tiny", "--save-raw", "--out", str(out))
-    assert r.exit_code == 0, r.stderr
-    (rec,) = records(out)
-    assert rec["model"] == "shapes:tiny" and rec["predicted"]["name"] == "square"
-    full = np.load(next(p for p in map(Path, rec["outputs"]) if p.name.endswith(".full.npy")))
-    assert float(np.nanmean(full[mask])) > 2 * float(np.nanmean(full[~mask]))
+    register_source(Source("shapes", make, suffixes=(".card",), fingerprint=lambda spec: (card,)))
+    try:
+        with pytest.raises(ValueError, match="replace=True"):
+            register_source(Source("shapes", make))
+        img, mask = draw_shape(0, SIZE, np.random.default_rng(4))  # a square
+        photo = write_image(tmp_path / "square.png", (img * 255).round().astype(np.uint8))
+        out = tmp_path / "out"
+        r = invoke("gradcam", str(photo), "--model", "shapes:tiny", "--save-raw", "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        (rec,) = records(out)
+        assert rec["model"] == "shapes:tiny" and rec["predicted"]["name"] == "square"
+        full = np.load(next(p for p in map(Path, rec["outputs"]) if p.name.endswith(".full.npy")))
+        assert float(np.nanmean(full[mask])) > 2 * float(np.nanmean(full[~mask]))
+        r = invoke("gradcam", str(photo), "--model", str(card), "--out", str(tmp_path / "by-suffix"))
+        assert r.exit_code == 0, r.stderr
+        assert records(tmp_path / "by-suffix")[0]["predicted"]["name"] == "square"
+        before = warm_key(ModelOptions(model="shapes:tiny"))
+        card.write_text("v2")
+        assert before is not None and warm_key(ModelOptions(model="shapes:tiny")) != before
+    finally:
+        unregister_source("shapes")
+    r = invoke("gradcam", str(photo), "--model", "shapes:tiny", "--out", str(tmp_path / "gone"))
+    assert r.exit_code != 0

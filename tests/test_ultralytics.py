@@ -331,9 +331,10 @@ def ex_indices(ex: Any, segmenter: Any, x: torch.Tensor, k: int) -> torch.Tensor
 def test_segment_class_regions_from_the_cli(
     tmp_path: Path, segmenter: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookviz.models.build import SOURCES
+    from hookviz.models import sources
 
-    monkeypatch.setitem(SOURCES, "ultralytics", lambda spec, weights, options: segmenter)
+    made = sources.Source("ultralytics", lambda spec, weights, options: segmenter)
+    monkeypatch.setitem(sources._SOURCES, "ultralytics", made)
     write_image(tmp_path / "s.png", _scenes(1, seed=6)[0][0])
     r = invoke("gradcam", str(tmp_path / "s.png"), "--model", "ultralytics:yolov8n-seg.yaml", "--out",
                str(tmp_path / "out"), "--score-threshold", "0.05", "--max-boxes", "4")  # fmt: skip

@@ -27,16 +27,16 @@ USED: list[ModelOptions] = []
 
 def warm_key(m: ModelOptions) -> Any:
     """What identifies a loaded model for ``hookviz serve``: the options, and the content of every file they
-    name (the weights, the labels, a local ``hf:DIR``, ``timm:``/``ultralytics:`` file or folder), so a file
-    rewritten, re-saved or copied over with its size and time kept (``cp -p``) is loaded again; None for a
-    model from the user's own code (``module:function``, ``file.py``), which is loaded afresh every call."""
-    name = m.model
-    scheme, _, rest = name.partition(":")
-    if name.endswith(".py") or (
-        ":" in name and scheme not in ("timm", "hf", "torchvision", "monai", "ultralytics")
-    ):
+    name (the weights, the labels, and the files its source's fingerprint names: a local ``hf:DIR``, a
+    ``timm:``/``ultralytics:`` file or folder, an ONNX or pickled file), so a file rewritten, re-saved or
+    copied over with its size and time kept (``cp -p``) is loaded again; None for a model its source never
+    keeps warm (the user's own code, ``module:function``, ``file.py:FN``): loaded afresh every call."""
+    from hookviz.models.build import model_files  # the sources' records: torch, loaded by the server only
+
+    fingerprint = model_files(m.model)
+    if fingerprint is None:
         return None
-    named = [m.weights, m.labels, rest.partition("?")[0] if scheme in ("hf", "timm", "ultralytics") else None]
+    named = [m.weights, m.labels, *fingerprint]
     stamps = []
     for value in named:
         path = Path(str(value)) if value else None
