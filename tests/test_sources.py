@@ -365,3 +365,46 @@ def test_every_command_works_on_every_source(hf_models: Path, tmp_path: Path, so
     assert len(json.loads(r.stdout)["maps"]) == len(registry.parse(["all"])) * 2
     for command in (["layers", "--model", spec], ["summary", "--model", spec, "--input-size", "3,64,64"]):
         assert invoke(*command).exit_code == 0, command
+
+
+def _strict(line: str) -> dict[str, object]:
+    """Parse as strict JSON: NaN / Infinity are not JSON."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"non-JSON constant {name}")
+
+    value = json.loads(line, parse_constant=refuse)
+    assert isinstance(value, dict)
+    return value
+
+
+def _labels(tmp_path: Path) -> Path:
+    p = tmp_path / "labels.txt"
+    p.write_text("square\ndisc\ncross\n")
+    return p
+
+
+def test_a_retrained_checkpoint_loaded_by_its_factory_changes_the_key(
+    two_photos: Path, tmp_path: Path
+) -> None:
+    code = tmp_path / "net.py"
+    code.write_text(
+        "import torch\nfrom pathlib import Path\nfrom tests.shapes_net import ShapesNet\n"
+        "def make():\n    m = ShapesNet()\n"
+        "    state = torch.load(Path(__file__).with_name('w.pt'), weights_only=True)\n"
+        "    m.load_state_dict(state)\n    return m\n"
+    )
+    from tests.shapes_net import ShapesNet
+
+    out = tmp_path / "out"
+    keys = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        torch.save(ShapesNet().state_dict(), tmp_path / "w.pt")
+        r = invoke("gradcam", str(two_photos / "a.png"), "--model", f"{code}:make", "--input-size", "48",
+                   "--labels", str(_labels(tmp_path)), "--out", str(out), "-q", "--json")  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        (rec,) = [_strict(line) for line in r.stdout.splitlines()]
+        assert rec["status"] == "ok"  # not "skipped" with the old checkpoint's results
+        keys.append(rec["key"])
+    assert keys[0] != keys[1]
