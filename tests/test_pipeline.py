@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from hookviz.run.pipeline import Output, expand_inputs, output_stem
 from tests.conftest import (
@@ -123,6 +125,26 @@ def test_stage_timings_account_for_every_stage(tmp_path: Path, monkeypatch: pyte
 
 
 RANDOM_64 = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
+
+
+class NaNForBright(nn.Module):
+    """A classifier that diverges (NaN logits) on bright images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        logits = self.fc(h.mean(dim=(2, 3)))
+        bright = (x.mean(dim=(1, 2, 3)) > 0.5)[:, None]
+        return torch.where(bright, torch.full_like(logits, float("nan")), logits)
+
+
+def make_nan() -> nn.Module:
+    torch.manual_seed(0)
+    return NaNForBright()
 
 
 def _strict(line: str) -> dict[str, object]:
