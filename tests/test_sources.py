@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -408,3 +409,48 @@ def test_a_retrained_checkpoint_loaded_by_its_factory_changes_the_key(
         assert rec["status"] == "ok"  # not "skipped" with the old checkpoint's results
         keys.append(rec["key"])
     assert keys[0] != keys[1]
+
+
+def test_each_source_is_one_record_that_claims_its_specs(tmp_path: Path) -> None:
+    """``--model`` specs go to the source whose record claims them (a scheme, a bare name, a suffix, the
+    user's code, any other file, else torchvision), and the warm server fingerprints the files its record
+    names; a source registered from outside, by record or by scheme and builder, is asked first."""
+    from hookviz.models.build import Source, build, model_files, register_source, unregister_source
+    from hookviz.models.sources import source_of
+
+    plain = tmp_path / "weights"
+    plain.write_bytes(b"x")
+    expected = {
+        "timm:convnext_tiny": "timm", "hf:some/dir?x=1": "hf", "ultralytics:best.pt": "ultralytics",
+        "monai:DenseNet121?spatial_dims=3": "monai", "efficientnet_lite0": "lite", "m.onnx": "onnx",
+        "m.pt2": "export", "net.py:make_net": "python", "pkg.mod:Net": "python", "model.pt": "pickle",
+        str(plain): "pickle", "resnet18": "torchvision", "onnx:m.onnx": "onnx",
+    }  # fmt: skip
+    assert {spec: source_of(spec).name for spec in expected} == expected
+    assert model_files("hf:some/dir?revision=2") == (Path("some/dir"),) and model_files("m.onnx") == (
+        Path("m.onnx"),
+    )
+    assert model_files("pkg.mod:Net") is None and model_files("net.py:make_net") is None
+    assert model_files("resnet18") == () and model_files("efficientnet_lite0") == ()
+
+    made: list[str] = []
+
+    def toy(spec: str, weights: str, options: Any) -> Any:
+        made.append(spec)
+        return spec
+
+    register_source(Source("toy", toy, scheme=False, suffixes=(".pt",), names=("resnet18",)))
+    register_source("toy2", toy)
+    try:
+        assert source_of("model.pt").name == "toy" and source_of("resnet18").name == "toy"
+        assert source_of("toy2:anything").name == "toy2" and source_of("timm:x").name == "timm"
+        build("toy2:a", "none", None)  # type: ignore[arg-type]
+        assert made == ["toy2:a"]
+        with pytest.raises(ValueError, match="replace=True"):
+            register_source("toy2", toy)
+    finally:
+        unregister_source("toy")
+        unregister_source("toy2")
+    assert source_of("model.pt").name == "pickle" and source_of("toy2:a").name == "python"
+    with pytest.raises(ValueError, match="stays"):
+        unregister_source("torchvision")

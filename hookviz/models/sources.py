@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -122,9 +123,21 @@ _SOURCES: dict[str, Source] = {}
 DEFAULT = "torchvision"
 
 
-def register_source(source: Source, *, replace: bool = False) -> Source:
+def register_source(
+    source: Source | str, build: Builder | None = None, *, replace: bool = False, **fields: Any
+) -> Source:
     """Make ``--model`` build what ``source`` claims (its scheme, suffixes, names); ``replace`` swaps one
-    registered under the same name. The newest registered is asked first."""
+    registered under the same name. The newest registered is asked first.
+
+    Examples:
+        >>> register_source(Source("onnx", onnx_build))  # --model onnx:model.onnx
+        >>> register_source("onnx", onnx_build)  # the same: a scheme and its builder
+        >>> register_source(Source("tflite", tflite_build, scheme=False, suffixes=(".tflite",)))
+    """
+    if isinstance(source, str):
+        if build is None:
+            raise ValueError(f"source {source!r}: give its builder, or a Source")
+        source = Source(source, build, **fields)
     if not source.name.isidentifier() or (source.name in _SOURCES and not replace):
         raise ValueError(f"source {source.name!r}: give a new name (an identifier), or replace=True")
     _SOURCES.pop(source.name, None)
