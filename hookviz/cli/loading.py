@@ -105,8 +105,9 @@ def with_sampling(
     ]
     if not given:
         return loaded
-    if loaded.video is None:
+    video = loaded.video
+    if video is None:
         raise UsageError(f"{given[0]} is for video models, and {loaded.name} takes photos; leave it out")
     if clips is not None and clips != "all" and not (clips.isascii() and clips.isdigit() and int(clips) > 0):
         raise UsageError(f"--clips {clips!r}: give a positive number of clips, or all")
-    return dataclasses.replace(loaded, video=loaded.video.sampled(clip_len, frame_stride, clips))
+    return dataclasses.replace(loaded, inputs=video.sampled(clip_len, frame_stride, clips))

@@ -28,7 +28,7 @@ from hookviz.explore.maps import VIEWS_KEPT, Maps
 from hookviz.explore.methods import method_list
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.models.loaded import LoadedModel, probe
-from hookviz.run.kinds import input_kind_of
+from hookviz.run.kinds import prepared
 
 __all__ = ["MAX_UPLOAD", "VIEWS_KEPT", "Session", "under"]
 
@@ -48,7 +48,8 @@ class Session:
         channels_run: ChannelsRun | None = None,
     ):
         self.loaded, self.max_pixels = loaded, max_pixels
-        self.kind = input_kind_of(loaded, list(specs))
+        self.kind, loaded = prepared(loaded, list(specs))
+        self.loaded = loaded
         if self.kind.name not in ("photo", "video", "volume"):
             raise UsageError(f"hookviz explore takes photos, videos and volumes; {loaded.name} takes "
                              f"{self.kind.name}s (hookviz gradcam explains them)")  # fmt: skip

@@ -25,7 +25,7 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
 from hookviz.jobs.build import CamSettings
 from hookviz.models.loaded import LoadedModel
-from hookviz.run.kinds import input_kind_of
+from hookviz.run.kinds import prepared
 from hookviz.tasks import make_cam_job
 
 __all__ = ["FILES", "TESTS", "candidate_methods", "trust_photos", "write_trust"]
@@ -77,7 +77,7 @@ def trust_photos(
     if loaded.task_name != "classification":
         raise UsageError(f"hookviz trust tests a classifier's maps; {loaded.name} is a {loaded.task_name} "
                          "model (hookviz evaluate and sanity measure its maps)")  # fmt: skip
-    kind = input_kind_of(loaded, list(inputs))
+    kind, loaded = prepared(loaded, list(inputs))
     if kind.name != "photo":
         raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
     items = sorted(kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels), key=lambda i: str(i.path))
