@@ -458,7 +458,7 @@ def test_explain_videos_from_the_library(video_net: tuple[ShapesVideoNet, Path],
         _write(folder / f"v{n}.avi", moving_shape(rng, n, frames=10)[0])
     loaded = load_model(NET, str(weights), input_size=SIDE, resize="squash", labels=list(CLASSES))
     assert loaded.video is not None
-    loaded = dataclasses.replace(loaded, video=loaded.video.sampled(clip_len=8, clips=1))
+    loaded = dataclasses.replace(loaded, inputs=loaded.video.sampled(clip_len=8, clips=1))
     recs = explain_videos(loaded, folder, tmp_path / "out", CamSettings(target="cross"))
     clips, whole = [r for r in recs if "clip" in r], [r for r in recs if "video" in r]
     assert len(clips) == 2 and len(whole) == 2
