@@ -432,3 +432,21 @@ def run_cli(
     if check:
         res.check_returncode()
     return res
+
+
+@pytest.fixture
+def labelled_photos(photos: Path) -> Path:
+    """The four noise photos of :func:`photos`, and the shapes' class names beside them (``labels.txt``)."""
+    (photos.parent / "labels.txt").write_text("square\ndisc\ncross\n")
+    return photos
+
+
+@pytest.fixture
+def two_photos(tmp_path: Path) -> Path:
+    """Two 60 x 50 noise photos (``a.png``, ``b.png``) in ``tmp_path/in``."""
+    d = tmp_path / "in"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png"):
+        write_image(d / name, rng.integers(0, 256, (50, 60, 3), dtype=np.uint8))
+    return d

@@ -507,3 +507,21 @@ def test_the_report_shows_channels_tcav_and_visualisations(tmp_path: Path) -> No
     assert 'src="visualize.m.L.c0.s0.png"' in page and "objective 2.5" in page
     with pytest.raises(UsageError, match="holds no manifest.jsonl"):
         build_report(tmp_path / "empty")
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def test_channels_outputs_of_other_settings_stand_side_by_side(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    base = ["channels", str(photos), *TINY, "--layer", "features.4", "--out", str(out), "-q"]
+    assert invoke(*base, "--top", "2").exit_code == 0
+    assert invoke(*base, "--top", "3").exit_code == 0
+    found = sorted(out.glob("channels.*.json"))
+    assert len(found) == 2
+    tops = sorted(json.loads(f.read_text())["top"] for f in found)
+    assert tops == [2, 3]
+    for f in found:
+        data = json.loads(f.read_text())
+        sheets = {c["sheet"] for c in data["layers"]["features.4"]["channels"] if "sheet" in c}
+        assert sheets and all(s.startswith(f"{f.stem}/") and (out / s).is_file() for s in sheets)

@@ -361,3 +361,23 @@ def test_the_collector_waits_for_the_model_then_runs_as_usual() -> None:
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+RANDOM_64 = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
+
+
+def test_json_records_keep_input_order_with_a_missing_input(two_photos: Path, tmp_path: Path) -> None:
+    args = [str(two_photos / "a.png"), str(two_photos / "missing.png"), str(two_photos / "b.png")]
+    r = invoke(
+        "gradcam", *args, *RANDOM_64, "--out", str(tmp_path / "o"), "--json", "-q", "--batch-size", "8"
+    )
+    assert r.exit_code == 1
+    names = [Path(str(json.loads(line)["input"])).name for line in r.stdout.splitlines()]
+    assert names == ["a.png", "missing.png", "b.png"]
+
+
+def test_one_option_string_serves_every_command() -> None:
+    common = ["--model", "resnet18", "--weights", "none", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"]
+    for command in ("layers", "summary"):
+        r = invoke(command, *common)
+        assert r.exit_code == 0, (command, r.stderr)

@@ -24,7 +24,15 @@ from hookviz.io.shapes import shapes_scene
 from hookviz.methods import MethodOptions
 from hookviz.models.torchvision import list_models
 from hookviz.tasks import load_model
-from tests.conftest import ROOT, evaluation_file, hook_counts, invoke, picture, records, write_image
+from tests.conftest import (
+    ROOT,
+    evaluation_file,
+    hook_counts,
+    invoke,
+    picture,
+    records,
+    write_image,
+)
 from tests.shapes_net import make_segmenter
 
 DETECTOR = f"{ROOT / 'examples' / 'shapes_detector.py'}:make_detector"
@@ -480,3 +488,40 @@ def test_detection_raw_maps_and_refused_options(detector: object, tmp_path: Path
         assert r.exit_code == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, extra
     r = invoke("gradcam", str(src), "--model", "ssd300_vgg16", "--weights", "none", "--input-size", "128")
     assert r.exit_code == 2 and "resizes every photo to 300x300" in r.stderr
+
+
+def test_every_detector_method_on_a_photo_without_detections(tmp_path: Path) -> None:
+    from hookviz.engine.detection import detection_methods
+
+    photo = write_image(tmp_path / "grey.png", np.full((96, 128, 3), 127, np.uint8))
+    methods = detection_methods()
+    model = ["--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--weights", "none", "--device", "cpu"]
+    r = invoke("gradcam", str(photo), *model, "--method", ",".join(methods), "--out", str(tmp_path / "o"),
+               "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.splitlines()[0])
+    assert rec["status"] == "ok" and rec["detections"] == [] and rec["predicted"] is None
+    from hookviz.jobs.detection import _per_photo
+
+    whole = {m for m in methods if _per_photo(m)}
+    assert whole and {m["method"] for m in rec["maps"]} == whole  # no box, so only the whole-photo maps
+    for m in rec["maps"]:  # a class-agnostic map of the whole photo, explaining no box
+        assert m["box"] is None and m["target"] is None and m["finite"]
+
+
+def test_a_segmenter_that_finds_only_background_says_so(tmp_path: Path) -> None:
+    """Every pixel background: the caption's prediction is the background, not "disc 0.0 % of pixels"."""
+    from types import SimpleNamespace
+
+    from hookviz.jobs.cam import CamJob
+
+    names = ["background", "square", "disc"]
+    job = SimpleNamespace(
+        loaded=SimpleNamespace(describe=lambda k: f"{names[k]} ({k})"),
+        _scored=lambda ex, score: f"{score:.1%} of pixels",
+    )
+    only = SimpleNamespace(labels=torch.zeros(1, 8, 8, dtype=torch.long))
+    said = CamJob._predicted(job, only, 0, 2, 0.0)  # type: ignore[arg-type]
+    assert said == "nothing but background (0) (every pixel; disc (2), the likeliest other class, has none)"
+    some = SimpleNamespace(labels=torch.tensor([[[0, 2], [2, 2]]]))
+    assert CamJob._predicted(job, some, 0, 2, 0.75) == "disc (2) 75.0% of pixels"  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 from hookviz.io.images import decode_png
 from hookviz.run.distributed import Dist, from_env, merge_parts, shard
 from hookviz.run.pipeline import Item
-from tests.conftest import ROOT, ball_video, run_cli, write_image
+from tests.conftest import ROOT, ball_video, invoke, records, run_cli, write_image
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 ARGS = ["--weights", "none", "--input-size", "64", "--device", "cpu", "-q"]
@@ -238,3 +238,56 @@ def test_two_torchrun_jobs_and_a_rerun_with_fewer_ranks_keep_every_row(tmp_path:
         (r["input"], r["status"], r["prefix"]) for r in recs[:6]
     )
     assert len(zarr.open_group(str(tmp_path / "o" / "maps.zarr"), mode="r")) == 6
+
+
+RANDOM_64 = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
+
+
+def test_two_jobs_in_one_folder_merge_only_their_own_parts(tmp_path: Path) -> None:
+    from hookviz.run.distributed import merge_parts
+
+    mine = tmp_path / f".manifest.jobA.rank1.{os.getpid()}.jsonl"
+    theirs = tmp_path / f".manifest.jobB.rank0.{os.getpid()}.jsonl"
+    mine.write_text('{"input": "a"}\n')
+    theirs.write_text('{"input": "b"}\n')
+    assert merge_parts(tmp_path, "manifest.jsonl", only_dead=False, job="jobA") == 1
+    assert not mine.exists() and theirs.exists()  # the other job's live part is left alone
+
+
+def test_a_killed_jobs_parts_are_merged_before_a_one_process_resume(two_photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke("gradcam", str(two_photos), *RANDOM_64, "--out", str(out), "-q")
+    assert r.exit_code == 0
+    stale = out / ".manifest.jobZ.rank1.999999.jsonl"  # a dead process's part
+    stale.write_text(json.dumps({"input": "old.png", "status": "error", "error": "killed"}) + "\n")
+    r = invoke("gradcam", str(two_photos), *RANDOM_64, "--out", str(out), "-q")
+    assert r.exit_code == 0 and not stale.exists()
+    inputs = [x["input"] for x in records(out)]
+    assert inputs.index("old.png") < len(inputs) - 2  # before this run's records, not after them
+
+
+def test_a_usage_error_under_torchrun_is_said_once(tmp_path: Path) -> None:
+    said = []
+    for rank in ("0", "1"):
+        env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank}
+        res = run_cli([sys.executable, "-m", "hookviz", "gradcam", "-", *RANDOM_64, "--out",
+                       str(tmp_path / "o")], input="x.png\n", cwd=ROOT, env=env)  # fmt: skip
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        said.append(res.stderr.strip())
+    assert "not supported under torchrun" in said[0] and said[1] == ""
+
+
+@pytest.mark.slow
+def test_layer_auto_is_one_choice_per_torchrun_job(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    for i in range(4):
+        write_image(d / f"p{i}.png", np.random.default_rng(i).integers(0, 256, (50, 60, 3), np.uint8))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "hookviz", "gradcam", "in", *RANDOM_64, "--layer", "auto", "--probe", "2",
+           "--out", "o", "-q"]  # fmt: skip
+    res = run_cli(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr
+    recs = records(tmp_path / "o")
+    assert len(recs) == 4 and len({r["key"] for r in recs}) == 1 and len({r["layer"] for r in recs}) == 1
+    assert res.stderr.count("--layer auto chose") == 1

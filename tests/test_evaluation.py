@@ -19,7 +19,15 @@ from hookviz import evaluation as ev
 from hookviz.cli import app
 from hookviz.engine.explain import explain
 from hookviz.io.shapes import SHAPES, draw_shape, shapes_batch
-from tests.conftest import TinyCNN, evaluation_file, hook_counts, train_on_shapes, write_image
+from tests.conftest import (
+    TinyCNN,
+    evaluation_file,
+    hook_counts,
+    invoke,
+    records,
+    train_on_shapes,
+    write_image,
+)
 
 
 class LeftHalf(nn.Module):
@@ -337,3 +345,48 @@ def test_sanity_independent_and_smooth(shape_photos: dict[str, Path], tmp_path: 
     assert all(s["spearman"] == pytest.approx(1.0) for s in edges)
     bad = CliRunner().invoke(app, ["sanity", str(photos[0]), *_cli_model(d), "--order", "sideways"])
     assert bad.exit_code == 2 and "one of cascading, independent" in bad.stderr
+
+
+def test_random_baseline_does_not_depend_on_the_batch() -> None:
+    from hookviz.evaluation import random_maps, wilson
+
+    x = torch.rand(6, 3, 8, 8)
+    whole = random_maps(6, 4, 4, x=x)
+    halves = torch.cat([random_maps(3, 4, 4, x=x[:3]), random_maps(3, 4, 4, x=x[3:])])
+    torch.testing.assert_close(whole, halves)
+    assert not torch.equal(whole[0], whole[3])  # image i and i + b get different maps
+    low, high = wilson(3, 3)
+    assert 0.0 < low < 1.0 and high == 1.0
+    low, high = wilson(0, 3)
+    assert low == 0.0 and 0.0 < high < 1.0
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # the textbook value
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def test_robustness_randomisation_and_road_figures_do_not_change_with_the_batch_size(
+    labelled_photos: Path, tmp_path: Path
+) -> None:
+    got = []
+    for b in (1, 4):
+        out = tmp_path / f"b{b}"
+        r = invoke("evaluate", str(labelled_photos), *TINY, "--metric", "robustness,randomisation,road",
+                   "--robust-samples", "2", "-b", str(b), "--out", str(out), "-q")  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        got.append({Path(x["input"]).name: x["metrics"] for x in records(out)})
+    for name in got[0]:
+        for method, figures in got[0][name].items():
+            for fig, v in figures.items():
+                w = got[1][name][method][fig]
+                # Batched convolutions sum in another order: RIS, a ratio, moved 3e-4 relative under
+                # ATEN_CPU_CAPABILITY=default; noise drawn per batch moved the figures by far more.
+                assert v == pytest.approx(w, rel=5e-3, abs=1e-5), (name, method, fig, v, w)
+
+
+def test_one_image_has_no_interval(labelled_photos: Path, tmp_path: Path) -> None:
+    r = invoke("evaluate", str(labelled_photos / "p0.png"), *TINY, "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.stderr
+    assert "±0.000" not in r.stdout and "(n/a)" in r.stdout
+    rows = json.loads(evaluation_file(tmp_path / "o").read_text())["rows"]
+    assert rows[0]["deletion_auc_ci95"] is None

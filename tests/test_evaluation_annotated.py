@@ -23,7 +23,13 @@ from hookviz.io import annotation as ann
 from hookviz.io.shapes import SHAPES, draw_shape
 from hookviz.jobs.sanity import _edges
 from hookviz.report import build_report
-from tests.conftest import Trained, evaluation_file, write_image
+from tests.conftest import (
+    Trained,
+    evaluation_file,
+    invoke,
+    records,
+    write_image,
+)
 
 N = 30
 #: The photos' side: twice what the model was trained on (it is fully convolutional), so that the shapes
@@ -315,3 +321,145 @@ def test_a_table_of_inputs_gives_its_boxes_and_masks_to_evaluate(
     )
     assert r.exit_code == 2 and "the annotations name each image's classes" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def _mask(path: Path, values: np.ndarray) -> None:
+    path.parent.mkdir(exist_ok=True)
+    Image.fromarray(values.astype(np.uint8)).save(path)
+
+
+def test_a_box_wholly_left_of_or_above_the_image_is_empty_not_the_whole_image() -> None:
+    for box in [(-50, -50, -10, -10), (-50, 5, -10, 20), (5, -50, 20, -10), (60, 60, 90, 90)]:
+        assert not ann.Region("cat", box).draw(40, 40).any(), box
+    # A box across an edge keeps its inside part only.
+    inside = ann.Region("cat", (-10, -10, 5, 5)).draw(40, 40)
+    assert inside.sum() == 25 and inside[:5, :5].all()
+
+
+def test_boxes_that_cover_nothing_are_left_out_with_one_warning_per_file(tmp_path: Path) -> None:
+    rows = [
+        "file,class,x0,y0,x1,y1",
+        "p0.png,disc,10,10,20,20",
+        "p1.png,disc,20,20,10,10",  # reversed corners
+        "p2.png,disc,5,5,5,9",  # zero area
+        "p3.png,disc,12,12,30,30",
+    ]
+    (tmp_path / "b.csv").write_text("\n".join(rows))
+    found = ann.load(tmp_path / "b.csv")
+    assert [len(found.regions(Path(f"p{i}.png")) or []) for i in range(4)] == [1, 0, 0, 1]
+    assert len(found.warnings) == 1
+    assert "2 box(es) cover no pixel" in found.warnings[0] and "reversed corners" in found.warnings[0]
+    coco = {
+        "images": [{"id": 0, "file_name": "p0.png", "width": 40, "height": 40}],
+        "annotations": [{"id": 0, "image_id": 0, "category_id": 1, "bbox": [50, 50, 5, 5]}],
+        "categories": [{"id": 1, "name": "disc"}],
+    }
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    found = ann.load(tmp_path / "c.json")
+    assert found.regions(Path("p0.png")) == [] and "outside the image" in found.warnings[0]
+
+
+def test_evaluate_says_which_boxes_it_left_out_and_what_the_crop_lost(
+    labelled_photos: Path, tmp_path: Path
+) -> None:
+    rows = [
+        "file,class,x0,y0,x1,y1",
+        "p0.png,disc,-50,-50,-10,-10",
+        "p1.png,1,0,0,2,40",
+        "p2.png,1,8,8,30,30",
+    ]
+    rows.append("p3.png,2,10,10,30,30")
+    (tmp_path / "b.csv").write_text("\n".join(rows))
+    r = invoke("evaluate", str(labelled_photos), *TINY, "--labels", str(tmp_path / "labels.txt"), "--boxes",
+               str(tmp_path / "b.csv"), "--metric", "localisation", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "1 box(es) cover no pixel" in r.stderr and "outside the image" in r.stderr
+    # p1's strip at the left edge lies outside the centre crop the model saw (crop is the default resize).
+    assert "outside the region the model saw" in r.stderr
+    by = {Path(x["input"]).name: x for x in records(tmp_path / "o")}
+    assert by["p0.png"]["objects"] == [] and by["p1.png"]["objects"] == []
+    assert [o["class"]["index"] for o in by["p3.png"]["objects"]] == [2]
+
+
+def test_a_mask_holding_one_class_index_is_that_class_not_binary(tmp_path: Path) -> None:
+    m = np.zeros((40, 40), np.uint8)
+    m[5:15, 5:15] = 3
+    _mask(tmp_path / "m" / "p0.png", m)
+    _mask(tmp_path / "m" / "p1.png", (m > 0) * 255)
+    _mask(tmp_path / "m" / "p2.png", (m > 0) * 1)
+    found = ann.load(masks=tmp_path / "m")
+    assert [r.label for r in found.regions(Path("p0.png")) or []] == [3]
+    assert [r.label for r in found.regions(Path("p1.png")) or []] == [None]
+    assert [r.label for r in found.regions(Path("p2.png")) or []] == [None]
+    assert "1 read as class-index masks" in found.warnings[0] and "2 read as binary" in found.warnings[0]
+    forced = ann.load(masks=tmp_path / "m", mask_kind="classes")
+    assert [r.label for r in forced.regions(Path("p2.png")) or []] == [1]
+    assert [
+        r.label for r in ann.load(masks=tmp_path / "m", mask_kind="binary").regions(Path("p0")) or []
+    ] == [None]
+
+
+def test_a_mask_of_another_aspect_fails_its_image_and_another_size_is_resized(
+    labelled_photos: Path, tmp_path: Path
+) -> None:
+    wide = np.zeros((20, 60), np.uint8)
+    wide[5:10, 5:20] = 1
+    _mask(tmp_path / "m" / "p0.png", wide)  # another aspect: refused
+    half = np.zeros((20, 20), np.uint8)
+    half[5:15, 5:15] = 2
+    _mask(tmp_path / "m" / "p1.png", half)  # half the size, same aspect: resized, with a note
+    r = invoke("evaluate", str(labelled_photos / "p0.png"), str(labelled_photos / "p1.png"), *TINY,
+               "--labels", str(tmp_path / "labels.txt"), "--masks", str(tmp_path / "m"), "--metric",
+               "localisation", "--mask-kind", "classes", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    by = {Path(x["input"]).name: x for x in records(tmp_path / "o")}
+    assert by["p0.png"]["status"] == "error" and "another aspect" in by["p0.png"]["error"]
+    assert by["p1.png"]["status"] == "ok" and [o["class"]["index"] for o in by["p1.png"]["objects"]] == [2]
+    assert "resized (nearest)" in r.stderr and "read as class-index masks" in r.stderr
+
+
+def test_unknown_classes_are_refused_before_the_first_image_listing_them(
+    labelled_photos: Path, tmp_path: Path
+) -> None:
+    rows = ["file,class,x0,y0,x1,y1", "p0.png,disc,1,1,20,20", "p2.png,zebra,1,1,20,20", "p3.png,9,1,1,9,9"]
+    (tmp_path / "b.csv").write_text("\n".join(rows))
+    out = tmp_path / "o"
+    r = invoke("evaluate", str(labelled_photos), *TINY, "--labels", str(tmp_path / "labels.txt"), "--boxes",
+               str(tmp_path / "b.csv"), "--out", str(out))  # fmt: skip
+    assert r.exit_code == 2, r.stderr
+    assert "2 annotated class(es) are not the model's classes" in r.stderr
+    assert "'zebra' (in p2.png)" in r.stderr and "9 (in p3.png)" in r.stderr
+    assert not (out / "manifest.jsonl").exists() or not (out / "manifest.jsonl").read_text()
+
+
+def test_the_library_refuses_an_unknown_class_too() -> None:
+    found = ann.Annotations("csv", {"a.png": [ann.Region("zebra", (0, 0, 4, 4))]}, where="--boxes b.csv")
+    with pytest.raises(UsageError, match="'zebra' \\(in a.png\\)"):
+        found.check(("square", "disc", "cross"), 3)
+
+
+def test_a_box_beyond_the_right_or_bottom_edge_is_left_out_with_a_note(photos: Path, tmp_path: Path) -> None:
+    (tmp_path / "labels.txt").write_text("square\ndisc\ncross\n")
+    rows = [
+        "file,class,x0,y0,x1,y1",
+        "p0.png,disc,50,5,90,20",
+        "p1.png,disc,5,60,20,90",
+        "p2.png,1,8,8,30,30",
+        "p3.png,2,10,10,30,30",
+    ]
+    (tmp_path / "b.csv").write_text("\n".join(rows))
+    r = invoke("evaluate", str(photos), *TINY, "--labels", str(tmp_path / "labels.txt"), "--resize", "squash",
+               "--boxes", str(tmp_path / "b.csv"), "--metric", "localisation", "--out",
+               str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert (
+        "a box lies wholly outside its photo and is left out" in r.stderr and "the photo is 40x40" in r.stderr
+    )
+    from tests.conftest import records
+
+    by = {Path(x["input"]).name: x for x in records(tmp_path / "o")}
+    assert by["p0.png"]["objects"] == [] and by["p1.png"]["objects"] == []
+    assert [o["class"]["index"] for o in by["p2.png"]["objects"]] == [1]

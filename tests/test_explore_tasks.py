@@ -245,3 +245,56 @@ def test_the_channel_view_visualises_a_channel_and_shows_its_best_photos(tmp_pat
     assert picture.shape == (128, 128, 3)
     np.testing.assert_allclose(picture.astype(float), want, atol=1.01)
     session.close()
+
+
+def _by_jobs(loaded: Any, calls: Any) -> dict[str, str]:
+    """The methods ``make_cam_job`` refuses for ``loaded``, a job built per method (what ``/api/methods``
+    once did), with the line each is refused with."""
+    from hookviz import methods
+    from hookviz.errors import HookvizError
+    from hookviz.jobs.build import CamSettings
+    from hookviz.tasks import make_cam_job
+
+    refused = {}
+    for name in methods.names():
+        try:
+            make_cam_job(loaded, CamSettings(methods=(name,)), calls=calls)
+        except HookvizError as exc:
+            refused[name] = str(exc)
+    return refused
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "classifier",
+        "detector",
+        "volume",
+        *(pytest.param(m, marks=pytest.mark.slow) for m in ("video", "vit")),
+    ],
+)
+def test_the_methods_listed_from_the_registry_are_those_gradcam_builds(model: str) -> None:
+    """``/api/methods`` answers from the registry's declared needs, no job built: the same methods apply, and
+    each refused one in the same words, as building ``gradcam``'s job for each of them says; a classifier
+    with transformer blocks takes the attention methods, one without refuses them."""
+    from hookviz.explore.methods import method_list, refusals
+    from hookviz.models.loaded import probe
+    from tests import volume_net
+
+    net = f"{Path(volume_net.__file__)}:make"
+    loaded = {
+        "classifier": lambda: load_model("tests.conftest:TinyCNN", "none", input_size=48),
+        "detector": lambda: load_model(DETECTOR, str(FIXTURE), labels=NAMES),
+        "video": lambda: load_model("r3d_18", "none", input_size=32),
+        "volume": lambda: load_model(
+            net, str(Path(volume_net.__file__).parent / "fixtures/volume_net.safetensors")
+        ),
+        "vit": lambda: load_model("timm:vit_little_patch16_reg4_gap_256?img_size=64", "none", input_size=64),
+    }[model]()
+    calls = probe(loaded)
+    found = refusals(loaded, calls)
+    assert found == _by_jobs(loaded, calls)
+    listed = {m["name"]: m for m in method_list(loaded, calls)}
+    assert {n for n, m in listed.items() if not m["applies"]} == set(found) and listed["gradcam"]["applies"]
+    assert listed["rollout"]["applies"] is (model == "vit")
+    assert listed["drise"]["applies"] is (model == "detector")

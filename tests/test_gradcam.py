@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torchvision
 
-from hookviz.engine.explain import grad_cam
+from hookviz.engine.explain import explain, grad_cam
 from hookviz.errors import LayerError, TargetError
 from hookviz.methods import cams
 from tests.conftest import TinyCNN, hook_counts
@@ -81,3 +83,29 @@ def test_bad_layer_and_target_are_clear_errors(tiny: TinyCNN) -> None:
     with pytest.raises(TargetError, match="out of range 0..2"):
         grad_cam(tiny, x, "features.8", target=7)
     assert hook_counts(tiny) == 0 and tiny.training
+
+
+def test_two_threads_explaining_one_model() -> None:
+    torch.manual_seed(0)
+    model = TinyCNN().eval()
+    xs = [torch.rand(4, 3, 32, 32) for _ in range(2)]
+    expected = [explain(model, x, ["features"], ["gradcam"]).maps[("gradcam", "features")] for x in xs]
+    got: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(5):
+                got[i] = explain(model, xs[i], ["features"], ["gradcam"]).maps[("gradcam", "features")]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(2):
+        torch.testing.assert_close(got[i], expected[i])
+    assert hook_counts(model) == 0

@@ -20,7 +20,13 @@ from hookviz.engine.explain import explain
 from hookviz.io.shapes import shapes_scene
 from hookviz.methods import MethodOptions
 from hookviz.tasks import load_model
-from tests.conftest import hook_counts, invoke, picture, records, write_image
+from tests.conftest import (
+    hook_counts,
+    invoke,
+    picture,
+    records,
+    write_image,
+)
 
 T = pytest.importorskip("transformers")
 
@@ -383,3 +389,46 @@ def test_input_size_resizes_as_the_processor_would(name: str, folders: dict[str,
         [got] = loaded.model.detect([_tensor(rgb)], 0.0)
     assert got.canvas == tuple(inputs["pixel_values"].shape[-2:]) and min(got.canvas) == 96
     assert torch.allclose(got.boxes, want[0]["boxes"], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        "Mask2FormerImageProcessor(size={'shortest_edge': 64, 'longest_edge': 96})",
+        "Mask2FormerImageProcessor(size={'shortest_edge': 800, 'longest_edge': 1333})",
+        "MaskFormerImageProcessor(size={'shortest_edge': 64, 'longest_edge': 128}, size_divisor=32)",
+        "DPTImageProcessor(size={'height': 64, 'width': 64}, keep_aspect_ratio=True, ensure_multiple_of=14)",
+        "DPTImageProcessor(size={'height': 96, 'width': 96}, keep_aspect_ratio=True, ensure_multiple_of=32)",
+        "DPTImageProcessor(size={'height': 64, 'width': 64}, keep_aspect_ratio=False, ensure_multiple_of=32)",
+        "SegformerImageProcessor(size={'height': 64, 'width': 64})",
+    ],
+)
+def test_a_segmenters_input_is_the_shape_its_processor_gives(make: str, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    import transformers  # noqa: F401  (the processors named by ``make``)
+
+    from hookviz.io.images import Preprocess
+    from hookviz.models.hf import _preprocessing
+
+    processor = eval(f"transformers.{make}")
+    processor.save_pretrained(tmp_path)
+    built = SimpleNamespace(preprocess=Preprocess())
+    _preprocessing(built, str(tmp_path), None)  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)
+    sizes = [
+        (100, 300),
+        (300, 100),
+        (64, 64),
+        (37, 211),
+        (480, 640),
+        *[tuple(rng.integers(20, 700, 2)) for _ in range(6)],
+    ]
+    for h, w in sizes:
+        photo = rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8)
+        want = processor(images=photo, return_tensors="pt")["pixel_values"][0]
+        x, box = built.preprocess(photo)
+        assert x.shape == tuple(want.shape), (make, (h, w), x.shape, tuple(want.shape))
+        assert (box.x0, box.y0, box.x1, box.y1) == (0, 0, int(w), int(h))  # the whole photo, as they see it
+        assert float(np.abs(x - want.numpy()).mean()) < 0.25  # the same picture (resamplers differ a little)

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from hookviz.errors import InputError
 from hookviz.io.images import Box, Preprocess, decode_png, encode_png, load_rgb
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, write_image
 
 
 def _gradient(h: int = 20, w: int = 30) -> np.ndarray:
@@ -88,7 +89,6 @@ def test_crop_box_matches_torchvision_eval_transform() -> None:
 
 
 def test_crop_agrees_with_torchvision_transforms() -> None:
-    import torch
     from torchvision.models import ResNet18_Weights
 
     rgb = load_rgb(SAMPLES / "cat.jpg")  # 451x300
@@ -104,3 +104,17 @@ def test_crop_agrees_with_torchvision_transforms() -> None:
 def test_png_round_trip_keeps_rgb_order() -> None:
     rgb = _gradient()
     np.testing.assert_array_equal(decode_png(encode_png(rgb)), rgb)
+
+
+def test_a_png_cut_short_is_said_to_be_truncated(tmp_path: Path) -> None:
+    from hookviz.errors import InputError
+    from hookviz.io.images import load_rgb
+
+    whole = write_image(tmp_path / "whole.png", np.zeros((40, 40, 3), np.uint8)).read_bytes()
+    for n in (12, 30, len(whole) // 2):
+        (tmp_path / "cut.png").write_bytes(whole[:n])
+        with pytest.raises(InputError, match="cut short|truncated"):
+            load_rgb(tmp_path / "cut.png")
+    (tmp_path / "text.png").write_text("not a picture at all")
+    with pytest.raises(InputError, match="not an image file"):
+        load_rgb(tmp_path / "text.png")

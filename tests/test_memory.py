@@ -116,3 +116,23 @@ def test_a_bad_max_memory_is_a_usage_error(tmp_path: Path) -> None:
     photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
     r = invoke("gradcam", str(photo), *TINY, "--max-memory", "lots", "--out", str(tmp_path / "o"))
     assert r.exit_code == 2 and "not a size" in r.stderr
+
+
+def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8))
+    model = [
+        "--model",
+        "tests.conftest:TinyCNN",
+        "--weights",
+        "none",
+        "--input-size",
+        "448",
+        "--device",
+        "cpu",
+    ]
+    r = invoke("gradcam", str(photo), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1 MB" in r.stderr
+    assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
+    fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
+    assert fits.exit_code == 0 and "alone holds" not in fits.stderr

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.error
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torchvision
 
 from hookviz.core.layers import default_cam_layer
+from hookviz.engine.explain import explain
 from hookviz.errors import DeviceError, ModelNotFoundError, TargetError, UsageError, WeightsError
 from hookviz.models.classes import parse_target
 from hookviz.models.loaded import probe, resolve_device
 from hookviz.tasks import load_model
+from tests.conftest import (
+    invoke,
+    write_image,
+)
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -175,3 +183,105 @@ def test_a_model_that_cannot_take_the_default_size_asks_for_the_size_it_was_buil
     r = invoke("gradcam", str(tmp_path / "v.npy"), "--model", spec, "--weights", "none", "--input-size",
                "32,32,32", "--out", str(tmp_path / "ok"))  # fmt: skip
     assert r.exit_code == 0, r.stderr
+
+
+def test_labels_duplicates_keras_json_imagenet_and_class_n(tmp_path: Path) -> None:
+    from hookviz.errors import TargetError
+    from hookviz.models.classes import find_class, parse_target, parse_targets, read_labels
+    from hookviz.tasks import load_model
+
+    with pytest.raises(TargetError, match="classes 1, 3 all have this name"):
+        find_class("crane", ["a", "crane", "b", "crane"])
+    keras = tmp_path / "imagenet_class_index.json"
+    keras.write_text(json.dumps({"0": ["n01440764", "tench"], "1": ["n01443537", "goldfish"]}))
+    assert read_labels(keras) == ("tench", "goldfish")
+    lm = load_model("resnet18", "none", labels="imagenet")
+    assert lm.categories[281] == "tabby" and lm.describe(281) == "tabby (281)"
+    plain = load_model("resnet18", "none", labels=[f"c{i}" for i in range(1000)])
+    object.__setattr__(plain, "categories", ())
+    assert plain.describe(282) == "class 282"  # not "class 282 (282)"
+    assert parse_target("class 3", plain, 1000) == 3
+    for bad in ("²", "top²", "3²"):
+        with pytest.raises(TargetError):
+            parse_targets(bad, plain, 1000)
+
+
+def test_a_wrapper_prefix_on_every_key_is_stripped(tmp_path: Path) -> None:
+    from tests.shapes_net import ShapesNet
+
+    torch.manual_seed(3)
+    net = ShapesNet()
+    for prefix in ("model.", "net.", "model.module."):
+        path = tmp_path / f"{prefix.strip('.')}.ckpt"
+        torch.save({"state_dict": {prefix + k: v for k, v in net.state_dict().items()}}, path)
+        from hookviz.tasks import load_model
+
+        lm = load_model("tests.shapes_net:make", str(path), input_size=48)
+        for k, v in net.state_dict().items():
+            torch.testing.assert_close(lm.model.state_dict()[k], v)
+
+
+def test_timm_levit_defaults_to_its_token_map() -> None:
+    timm = pytest.importorskip("timm")
+    from hookviz.core.hooks import trace_shapes
+    from hookviz.core.layers import default_cam_layer
+
+    model = timm.create_model("levit_128s", pretrained=False).eval()
+    layer = default_cam_layer(model, trace_shapes(model, torch.zeros(1, 3, 224, 224)))
+    assert layer == "stages"  # the tokens its head averages, not a key/value projection
+    ex = explain(model, torch.rand(1, 3, 224, 224), [layer], ["gradcam"])
+    assert ex.maps[("gradcam", layer)].shape == (1, 1, 4, 4)
+
+
+def test_a_newline_inside_one_prompt_or_label_is_not_two() -> None:
+    import hashlib
+
+    joined = hashlib.sha256("\n".join(["a cat\na dog"]).encode()).hexdigest()
+    two = hashlib.sha256("\n".join(["a cat", "a dog"]).encode()).hexdigest()
+    assert joined == two  # what the old key did
+    from hookviz.tasks import load_model
+
+    one = load_model("tests.conftest:TinyCNN", "none", labels=["a\nb", "c", "d"])
+    other = load_model("tests.conftest:TinyCNN", "none", labels=["a", "b\nc", "d"])
+    assert one.labels_id != other.labels_id
+
+
+def test_labels_imagenet_from_the_cli(tmp_path: Path) -> None:
+    photo = write_image(tmp_path / "p.png", np.zeros((40, 40, 3), np.uint8))
+    r = invoke("gradcam", str(photo), "--model", "resnet18", "--weights", "none", "--input-size", "32",
+               "--labels", "imagenet", "--out", str(tmp_path / "o"), "--json", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[0])
+    assert rec["predicted"]["name"] != f"class {rec['predicted']['index']}"  # named from ImageNet's list
+
+
+def test_prompts_past_the_tokenizer_limit_are_said() -> None:
+    from hookviz.models.scores import _truncated
+
+    class Tok:
+        model_max_length = 5
+
+        def __call__(self, texts: list[str], truncation: bool = False) -> dict[str, Any]:
+            return {"input_ids": [t.split() for t in texts]}
+
+    assert _truncated(Tok(), ["a b", "c d e"]) == ()
+    (note,) = _truncated(Tok(), ["a b", "one two three four five six seven"])
+    assert "1 prompt(s) are longer than the text model's 5 tokens" in note
+
+
+def test_prompts_that_differ_only_past_the_limit_are_said_to_read_as_one() -> None:
+    from hookviz.models.scores import _truncated
+
+    class Tok:
+        model_max_length = 5
+
+        def __call__(self, texts: list[str], truncation: bool = False) -> dict[str, Any]:
+            return {"input_ids": [t.split() for t in texts]}
+
+        def decode(self, ids: list[str], skip_special_tokens: bool = True) -> str:
+            return " ".join(ids)
+
+    notes = _truncated(Tok(), ["a photo of a cat on a mat", "a photo of a cat in a hat", "a dog"])
+    assert "2 prompt(s) are longer" in notes[0] and "cut after 'a photo of a cat'" in notes[0]
+    assert notes[1].startswith("prompts 1 and 2 differ only past the 5-token limit")
+    assert len(_truncated(Tok(), ["a photo of a cat on a mat", "a b"])) == 1

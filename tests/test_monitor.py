@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from torch import nn
 from hookviz.errors import UsageError
 from hookviz.io.shapes import shapes_batch
 from hookviz.training.monitor import Monitor, Nonfinite, activation_stats
-from tests.conftest import TinyCNN, hook_counts
+from tests.conftest import ROOT, TinyCNN, hook_counts, run_cli
 
 pytestmark = [
     # TensorBoard, Lightning and W&B warn about their own dependencies on import.
@@ -211,7 +212,6 @@ def test_an_attention_mask_of_minus_infinity_raises_nothing(tmp_path: Path) -> N
 
 
 def test_without_tensorboard_a_log_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
 
     from hookviz.errors import SetupError
 
@@ -357,9 +357,6 @@ def test_a_wandb_run_in_offline_mode_gets_the_logs(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.slow
 def test_the_example_logs_maps_a_user_can_open(tmp_path: Path) -> None:
-    import sys
-
-    from tests.conftest import ROOT, run_cli
 
     example = str(ROOT / "examples/monitor_shapes.py")
     r = run_cli([sys.executable, example, "--steps", "60", "--log-dir", str(tmp_path)])
@@ -450,3 +447,95 @@ def test_an_mlflow_run_gets_the_same_figures_as_tensorboard(
     assert got.shape == want.shape and np.abs(got - want).max() <= 2
     with pytest.raises(UsageError, match="give one of log_dir"):
         Monitor(model, x, log="mlflow", log_dir=tmp_path)
+
+
+class _Block(torch.nn.Module):
+    """An attention-like block whose own code makes the NaN: a softmax over a row masked whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.armed = False
+
+    def forward(self, x: Any) -> Any:
+        h = self.qkv(x)
+        if self.armed:
+            h = h.masked_fill(h == h, float("-inf"))  # every position masked
+        return self.proj(h.softmax(-1))
+
+
+def _train_blocks(model: Any, steps: int, arm: Any, tmp_path: Path, every: int = 100) -> Any:
+    import torch
+
+    from hookviz.training.monitor import Monitor
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    probe = torch.randn(2, 3, 4, generator=g)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Monitor(model, probe, layer="0", every=every, log_dir=tmp_path) as mon:
+            for step in range(steps):
+                arm(step)
+                loss = model(torch.randn(5, 3, 4, generator=g)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                mon.step(step)
+    return mon, [str(w.message) for w in said]
+
+
+def test_a_nan_made_in_a_composite_modules_own_code_names_that_module(tmp_path: Path) -> None:
+    import torch
+
+    block = _Block()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), block, torch.nn.Linear(4, 2))
+
+    def arm(step: int) -> None:
+        block.armed = step == 2
+
+    mon, said = _train_blocks(model, 4, arm, tmp_path)
+    assert mon.first_nonfinite is not None and mon.first_nonfinite.step == 2
+    assert mon.first_nonfinite.module == "1 (1's own code, between 1.qkv and 1.proj)"
+    assert any("1's own code, between 1.qkv and 1.proj" in s for s in said)
+
+
+def test_a_nan_made_in_the_models_forward_is_said_to_be_there(tmp_path: Path) -> None:
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+            self.armed = False
+
+        def forward(self, x: Any) -> Any:
+            h = self.a(x)
+            return self.b(h * float("nan") if self.armed else h)
+
+    net = Net()
+    mon, _ = _train_blocks(torch.nn.Sequential(net), 3, lambda s: setattr(net, "armed", s == 1), tmp_path)
+    assert mon.first_nonfinite is not None
+    assert mon.first_nonfinite.module == "0 (0's own code, between 0.a and 0.b)"
+
+
+def test_a_nan_that_persists_across_logging_steps_never_stops_the_training(tmp_path: Path) -> None:
+    """Weights turned NaN at step 1: every later logging step sees only NaN activations."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    def arm(step: int) -> None:
+        if step == 1:
+            with torch.no_grad():
+                model[0].weight.fill_(float("nan"))
+
+    mon, _ = _train_blocks(model, 7, arm, tmp_path, every=2)  # logs at 0, 2, 4, 6
+    assert mon.first_nonfinite is not None and mon.first_nonfinite.module.startswith("0")
+    ea = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "histograms": 0})
+    ea.Reload()
+    share = {e.step: e.value for e in ea.Scalars("activations/0/nonfinite")}
+    assert share == {0: 0.0, 2: 1.0, 4: 1.0, 6: 1.0}
+    assert [e.step for e in ea.Histograms("activations/0")] == [0]  # none of nothing
+    assert [e.step for e in ea.Scalars("activations/0/mean")] == [0]

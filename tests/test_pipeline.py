@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from hookviz.run.pipeline import Output, expand_inputs, output_stem
-from tests.conftest import write_image
+from tests.conftest import (
+    PATIENCE,
+    ROOT,
+    invoke,
+    records,
+    started,
+    write_image,
+)
 
 
 @pytest.fixture
@@ -108,3 +122,169 @@ def test_stage_timings_account_for_every_stage(tmp_path: Path, monkeypatch: pyte
     assert stages["images"] == 5
     for name in ("decode", "preprocess", "compute", "render", "encode", "write"):
         assert stages[name] > 0, name
+
+
+RANDOM_64 = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
+
+
+class NaNForBright(nn.Module):
+    """A classifier that diverges (NaN logits) on bright images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        logits = self.fc(h.mean(dim=(2, 3)))
+        bright = (x.mean(dim=(1, 2, 3)) > 0.5)[:, None]
+        return torch.where(bright, torch.full_like(logits, float("nan")), logits)
+
+
+def make_nan() -> nn.Module:
+    torch.manual_seed(0)
+    return NaNForBright()
+
+
+def _strict(line: str) -> dict[str, object]:
+    """Parse as strict JSON: NaN / Infinity are not JSON."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"non-JSON constant {name}")
+
+    value = json.loads(line, parse_constant=refuse)
+    assert isinstance(value, dict)
+    return value
+
+
+def test_non_finite_numbers_are_strict_json_and_a_nan_prediction_is_an_error(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    write_image(d / "dark.png", np.full((40, 40, 3), 20, np.uint8))
+    write_image(d / "bright.png", np.full((40, 40, 3), 240, np.uint8))
+    out = tmp_path / "out"
+    r = invoke("gradcam", str(d), "--model", "tests.test_pipeline:make_nan", "--input-size", "40",
+               "--mean", "0,0,0", "--std", "1,1,1", "--out", str(out), "--json", "-q")  # fmt: skip
+    assert r.exit_code == 1
+    recs = {Path(str(x["input"])).name: x for x in map(_strict, r.stdout.splitlines())}
+    assert recs["dark.png"]["status"] == "ok"
+    assert recs["bright.png"]["status"] == "error" and "not finite" in str(recs["bright.png"]["error"])
+    for line in (out / "manifest.jsonl").read_text().splitlines():
+        _strict(line)
+    from hookviz.run.pipeline import to_json
+
+    assert to_json({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
+
+
+def test_folder_symlinks_are_followed_without_loops(tmp_path: Path) -> None:
+    from hookviz.run.pipeline import expand_inputs
+
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    write_image(real / "sub" / "x.png", np.zeros((4, 4, 3), np.uint8))
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "link").symlink_to(real)
+    (real / "sub" / "back").symlink_to(top)  # a loop through the link
+    write_image(top / "y.jpg", np.zeros((4, 4, 3), np.uint8))
+    (top / "y.jpg").rename(top / "y.jpg ")  # a suffix with a trailing space, as some zips leave it
+    names = sorted(Path(i.name).name for i in expand_inputs([str(top)]) if i.error is None)
+    assert names == ["x.png", "y.jpg "]
+
+
+def test_a_file_name_that_is_not_utf8_is_processed_and_kept(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    raw = os.fsencode(d) + b"/caf\xe9.png"
+    write_image(Path(os.fsdecode(raw)), np.full((40, 50, 3), 90, np.uint8))
+    out = tmp_path / "out"
+    r = invoke("gradcam", str(d), *RANDOM_64, "--out", str(out), "-q", "--json")
+    assert r.exit_code == 0, r.stderr
+    (rec,) = records(out)
+    assert rec["status"] == "ok" and os.fsencode(str(rec["input"])) == raw  # lossless
+    (line,) = (out / "manifest.jsonl").read_bytes().splitlines()
+    line.decode("utf-8")  # valid UTF-8 on disk
+
+
+def test_save_raw_added_to_a_finished_run_writes_only_the_arrays(two_photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert invoke("gradcam", str(two_photos), *RANDOM_64, "--out", str(out), "-q").exit_code == 0
+    pngs = {p: p.stat().st_mtime_ns for p in out.glob("*.png")}
+    r = invoke("gradcam", str(two_photos), *RANDOM_64, "--out", str(out), "-q", "--save-raw")
+    assert r.exit_code == 0, r.stderr
+    assert len(list(out.glob("*.npy"))) == 4  # map and full map, per photo
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.png")} == pngs
+    assert [x["status"] for x in records(out)][-2:] == ["ok", "ok"]
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def test_two_identical_runs_into_one_folder_at_once_report_no_failure(
+    labelled_photos: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "o"
+    cmd = [
+        sys.executable,
+        "-m",
+        "hookviz",
+        "gradcam",
+        str(labelled_photos),
+        *TINY,
+        "--out",
+        str(out),
+        "-q",
+        "-b",
+        "1",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with contextlib.ExitStack() as stack:
+        runs = [
+            stack.enter_context(started(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True))
+            for _ in range(2)
+        ]
+        said = [p.communicate(timeout=PATIENCE)[1] for p in runs]
+    codes = [p.returncode for p in runs]
+    assert codes == [0, 0], said
+    recs = records(out)
+    assert codes == [0, 0] and len(recs) == 8
+    assert {x["status"] for x in recs} <= {"ok", "skipped"}
+    assert sum(x["status"] == "ok" for x in recs) >= 4
+
+
+def test_finish_records_skipped_when_another_run_completed_the_set(tmp_path: Path) -> None:
+    """The race itself, forced: the final name appears between the render and the rename."""
+    from hookviz.io.inputs import Item
+    from hookviz.run import pipeline
+
+    photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
+
+    from hookviz.jobs.common import BaseJob
+
+    class Job(BaseJob):
+        kind = "toy"
+
+        def settings(self) -> dict[str, Any]:
+            return {"model": "toy"}
+
+        def planned(self, prefix: str) -> list[str]:
+            return [f"{prefix}.out.bin"]
+
+        def compute(self, x: Any) -> Any:
+            return x
+
+        def render(self, result: Any, index: int, rgb: Any, box: Any, prefix: str) -> Any:
+            (out.root / f"{prefix}.out.bin").write_bytes(b"theirs")  # the other run wins the race
+            return [(f"{prefix}.out.bin", b"mine")], {}
+
+    from hookviz.io.images import Preprocess
+
+    out = Output(tmp_path / "o")
+    out.prepare()
+    pre = Preprocess(crop_size=8, resize_size=8)
+    recs = list(
+        pipeline.run([Item(str(photo), photo)], Job(), preprocess=pre, output=out, device="cpu", base={})
+    )  # type: ignore[arg-type]
+    assert recs[0]["status"] == "skipped" and "another run" in recs[0]["note"]
+    assert (out.root / Path(recs[0]["outputs"][0]).name).read_bytes() == b"theirs"

@@ -91,3 +91,19 @@ def test_the_plan_comes_from_what_methods_need() -> None:
 def test_the_docs_method_table_is_the_registry() -> None:
     page = (Path(__file__).parent.parent / "docs" / "methods.md").read_text()
     assert methods.table() in page, "regenerate with: python -m hookviz.methods"
+
+
+def test_method_all_holds_the_cheap_ones_its_words_promise() -> None:
+    from hookviz.methods.registry import REGISTRY, MethodOptions, parse
+
+    chosen = parse(["all"])
+    options = MethodOptions()
+    for name in chosen:
+        passes = REGISTRY[name].passes
+        if passes is None:
+            continue
+        for k in (64, 512):  # whatever the layer's width
+            forward, backward = passes(k, 3, options, (224, 224))
+            assert forward <= 1 and backward <= 2 * 3, (name, k, forward, backward)
+    assert "scorecam" not in chosen and "fullgrad" not in chosen
+    assert {"gradcam", "hirescam", "eigencam", "saliency"} <= set(chosen)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from hookviz.cli import app
 from hookviz.io.images import decode_png
 from hookviz.report import build_report, latest_records
-from tests.conftest import ball_video, write_image
+from tests.conftest import ball_video, invoke, write_image
 
 FAST = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
 HOSTILE = '<img src=x onerror="window.pwned=1">.png'
@@ -238,3 +238,29 @@ def test_a_video_run_plays_its_overlays_in_the_page(browser: object, tmp_path: P
     assert len(played) == 2
     for width, ready, now, error in played:
         assert error == 0 and width >= 32 and ready >= 2 and now > 0  # decoded, and playing
+
+
+def test_report_skips_wrong_typed_records_with_a_warning(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = [
+        json.dumps({"input": "a.png", "status": "ok", "predicted": "tabby", "maps": "none", "outputs": 3}),
+        json.dumps({"input": "b.png", "status": "ok", "maps": [{"file": "b.png", "metrics": {
+            "deletion_auc": None, "insertion_auc": 0.5}}],
+            "predicted": {"index": 1, "name": "x", "score": "hi"}}),
+        "not json at all",
+        json.dumps([1, 2]),
+        json.dumps({"input": "seg.png", "status": "ok", "score": "share of pixels",
+                    "predicted": {"index": 3, "name": "class 3", "score": 1.0}}),
+    ]  # fmt: skip
+    (out / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    r = invoke("report", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert "manifest line 3 is not a hookviz record" in r.stderr and "line 4" in r.stderr
+    page = (out / "index.html").read_text()
+    data = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+    cards = {c["input"]: c for c in data}
+    assert set(cards) == {"a.png", "b.png", "seg.png"}
+    assert cards["a.png"]["predicted"] is None and cards["a.png"]["pictures"] == []
+    assert cards["b.png"]["pictures"][0]["metrics"] is None and cards["b.png"]["score"] is None
+    assert cards["seg.png"]["share"] is True  # shown as a share of the pixels, not "p=1.000"

@@ -4,10 +4,11 @@ declared once reach the library whole."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import pytest
@@ -21,10 +22,10 @@ from hookviz.cli.options import ModelOptions, PlainModel, RunOptions, grouped
 from hookviz.cli.runner import run_command
 from hookviz.io.inputs import Item
 from hookviz.io.shapes import SHAPES, draw_shape
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.loaded import LoadedModel, input_channels
 from hookviz.run.kinds import InputKind, input_kind_of, register_input_kind, unregister_input_kind
 from hookviz.tasks import Task, register_task, unregister_task
-from tests.conftest import TinyCNN, Trained, invoke, records, write_image
+from tests.conftest import TinyCNN, Trained, invoke, records, tiny_loaded, write_image
 
 SIZE = 48
 
@@ -209,30 +210,110 @@ def test_the_option_groups_reach_the_library_whole() -> None:
     assert s.options == MethodOptions(seed=3, samples=5, baseline="blur", batch=16, compare=("1", "2"))
 
 
-def test_a_model_source_from_outside_is_one_registration(
-    trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``--model shapes:NAME`` built by a function the test registers: the trained model, its classes and its
-    preprocessing come with it."""
+def test_a_model_source_from_outside_is_one_registration(trained: Trained, tmp_path: Path) -> None:
+    """``--model shapes:NAME`` built by a source the test registers (one record): the trained model, its
+    classes and its preprocessing come with it; the warm server's key reads the file its fingerprint names."""
+    from hookviz.cli.loading import warm_key
+    from hookviz.cli.options import ModelOptions
     from hookviz.io.images import Preprocess
-    from hookviz.models import build, sources
+    from hookviz.models.build import Source, register_source, unregister_source
     from hookviz.models.sources import Built
+
+    card = tmp_path / "tiny.card"
+    card.write_text("v1")
 
     def make(spec: str, weights: str, options: Any) -> Built:
         pre = Preprocess(crop_size=SIZE, resize_size=SIZE, mean=(0.0,) * 3, std=(1.0,) * 3, resize="squash")
         return Built(trained.model, spec, "the shapes fixture", True, "shapes:v1", SHAPES, pre)
 
-    monkeypatch.setattr(build, "SOURCES", dict(build.SOURCES))
-    monkeypatch.setattr(sources, "SCHEMES", set(sources.SCHEMES))
-    build.register_source("shapes", make)
-    with pytest.raises(ValueError, match="replace=True"):
-        build.register_source("shapes", make)
-    img, mask = draw_shape(0, SIZE, np.random.default_rng(4))  # a square
-    photo = write_image(tmp_path / "square.png", (img * 255).round().astype(np.uint8))
-    out = tmp_path / "out"
-    r = invoke("gradcam", str(photo), "--model", "shapes:tiny", "--save-raw", "--out", str(out))
-    assert r.exit_code == 0, r.stderr
-    (rec,) = records(out)
-    assert rec["model"] == "shapes:tiny" and rec["predicted"]["name"] == "square"
-    full = np.load(next(p for p in map(Path, rec["outputs"]) if p.name.endswith(".full.npy")))
-    assert float(np.nanmean(full[mask])) > 2 * float(np.nanmean(full[~mask]))
+    register_source(Source("shapes", make, suffixes=(".card",), fingerprint=lambda spec: (card,)))
+    try:
+        with pytest.raises(ValueError, match="replace=True"):
+            register_source(Source("shapes", make))
+        img, mask = draw_shape(0, SIZE, np.random.default_rng(4))  # a square
+        photo = write_image(tmp_path / "square.png", (img * 255).round().astype(np.uint8))
+        out = tmp_path / "out"
+        r = invoke("gradcam", str(photo), "--model", "shapes:tiny", "--save-raw", "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        (rec,) = records(out)
+        assert rec["model"] == "shapes:tiny" and rec["predicted"]["name"] == "square"
+        full = np.load(next(p for p in map(Path, rec["outputs"]) if p.name.endswith(".full.npy")))
+        assert float(np.nanmean(full[mask])) > 2 * float(np.nanmean(full[~mask]))
+        r = invoke("gradcam", str(photo), "--model", str(card), "--out", str(tmp_path / "by-suffix"))
+        assert r.exit_code == 0, r.stderr
+        assert records(tmp_path / "by-suffix")[0]["predicted"]["name"] == "square"
+        before = warm_key(ModelOptions(model="shapes:tiny"))
+        card.write_text("v2")
+        assert before is not None and warm_key(ModelOptions(model="shapes:tiny")) != before
+    finally:
+        unregister_source("shapes")
+    r = invoke("gradcam", str(photo), "--model", "shapes:tiny", "--out", str(tmp_path / "gone"))
+    assert r.exit_code != 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GreyInputs:
+    """What the grey kind prepares for a model: how many bands it repeats a grey plane into (the model's)."""
+
+    bands: int
+    kind: ClassVar[str] = "grey"
+    sides: ClassVar[str] = "N"
+
+    def shape(self, preprocess: Any) -> tuple[int, ...]:
+        return (self.bands, preprocess.crop_size, preprocess.crop_size)
+
+    def key(self) -> dict[str, Any]:
+        return {"grey": {"bands": self.bands}}
+
+
+class Greys(Grids):
+    """A kind that needs the model: a ``.grey`` file of grey values, repeated into as many bands as the
+    model's first convolution takes (read from the model when a run takes the kind)."""
+
+    name = "grey"
+
+    def claims(self, loaded: LoadedModel, specs: Any) -> bool:
+        return bool(specs) and all(str(s).endswith(".grey") for s in specs)
+
+    def prepare(self, loaded: LoadedModel) -> LoadedModel:
+        return dataclasses.replace(loaded, inputs=GreyInputs(input_channels(loaded.model)))
+
+    def preprocess(self, loaded: LoadedModel) -> Any:
+        return loaded.inputs, loaded.preprocess
+
+    def read(self, loaded: LoadedModel) -> Any:
+        def read_grey(item: Item, prepared: Any, max_pixels: int) -> tuple[np.ndarray, np.ndarray, Any]:
+            inputs, preprocess = prepared
+            assert item.path is not None
+            grey = np.loadtxt(item.path, dtype=np.float32, ndmin=2)
+            planes = (np.repeat(grey[..., None], inputs.bands, axis=2) * 255).round().astype(np.uint8)
+            x, box = preprocess(planes)
+            return planes[..., :3], x, box
+
+        return read_grey
+
+
+def test_an_input_kind_that_needs_the_model_is_one_class_from_outside(
+    shapes_weights: Path, tmp_path: Path
+) -> None:
+    """The kind's ``prepare`` reads the model (its bands) when a run takes the kind: what it prepares sets
+    the traced shape and goes into every output's key, and its reader uses it; the trained model finds the
+    disc and the map lies on it."""
+    kind = register_input_kind(Greys())
+    try:
+        img, mask = draw_shape(1, SIZE, np.random.default_rng(3))  # a disc, in grey
+        grey = tmp_path / "disc.grey"
+        np.savetxt(grey, img.mean(axis=2), fmt="%.4f")
+        out = tmp_path / "out"
+        model = _shapes_model(shapes_weights, tmp_path / "labels.txt")
+        r = invoke("gradcam", str(grey), *model, "--save-raw", "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        (rec,) = records(out)
+        assert rec["input_kind"] == "grey" and rec["predicted"]["name"] == "disc"
+        assert rec["settings"]["grey"] == {"bands": 3}
+        full = np.load(next(p for p in map(Path, rec["outputs"]) if p.name.endswith(".full.npy")))
+        assert float(np.nanmean(full[mask])) > 2 * float(np.nanmean(full[~mask]))
+        loaded = kind.prepare(tiny_loaded(TinyCNN(), SIZE))
+        assert input_kind_of(loaded, [str(grey)]) is kind and loaded.input_shape == (3, SIZE, SIZE)
+    finally:
+        unregister_input_kind("grey")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -15,9 +16,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from hookviz.serve.wire import ask
 from tests.conftest import PATIENCE, ROOT, run_cli, started, write_image
@@ -298,3 +301,173 @@ def test_serve_detach_status_and_stop_from_the_command_line(tmp_path: Path) -> N
         time.sleep(0.1)
     gone = serve("--status")
     assert gone.returncode == 1 and "no server" in gone.stderr
+
+
+unix_only = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets only")
+
+
+def _hookviz(sock: Path, *args: str, pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess[str]:
+    return run_cli([sys.executable, "-m", "hookviz", *args], cwd=ROOT, env=_env(sock, pythonpath))
+
+
+def _server(sock: Path, pythonpath: str = str(ROOT)) -> Any:
+    return running_server(sock, ["-m", "hookviz"], "--idle-timeout", "300", pythonpath=pythonpath)
+
+
+def _vit(folder: Path, seed: int) -> None:
+    import transformers
+
+    config = transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
+        patch_size=8, num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    transformers.ViTForImageClassification(config).save_pretrained(folder)
+
+
+def _module(folder: Path, classes: int) -> None:
+    pkg = folder / "hvround5pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text(
+        f"from tests.conftest import TinyCNN\n\n\ndef net():\n    return TinyCNN(classes={classes})\n"
+    )
+
+
+@unix_only
+def test_serve_never_changes_a_folder_it_did_not_create(tmp_path: Path) -> None:
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chmod(team, 0o2775)
+    r = _hookviz(tmp_path / "x.sock", "serve", "--socket", str(team / "hv.sock"))
+    assert r.returncode == 3, r.stderr
+    assert "open to others" in r.stderr and "mkdir -m 700" in r.stderr
+    assert stat.S_IMODE(team.stat().st_mode) == 0o2775 and not (team / "hv.sock").exists()
+
+
+@unix_only
+def test_serve_replaces_no_file_at_its_socket_path(tmp_path: Path) -> None:
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    results = private / "results.json"
+    results.write_text('{"auc": 0.9}')
+    r = _hookviz(tmp_path / "x.sock", "serve", "--socket", str(results))
+    assert r.returncode == 3 and "not a socket of yours" in r.stderr, r.stderr
+    assert results.read_text() == '{"auc": 0.9}'
+
+
+@unix_only
+@pytest.mark.slow
+def test_a_server_removes_only_its_own_socket_on_the_way_out(tmp_path: Path) -> None:
+    """A file put where the socket was while the server ran is left there when the server stops."""
+    from hookviz.serve.paths import claim, identity
+
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    sock = private / "s.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock))  # a socket of a server that died: claimed
+    stale.close()
+    claim(sock)
+    assert not sock.exists()
+    with _server(sock) as proc:
+        bound = identity(sock)
+        assert bound is not None
+        sock.unlink()
+        sock.write_text("someone else's")
+        ask(sock, {"op": "stop"})  # no answer: the path is not a socket any more
+        proc.send_signal(15)
+        proc.wait(timeout=PATIENCE)
+    assert sock.read_text() == "someone else's"
+
+
+@unix_only
+@pytest.mark.slow
+def test_serving_on_is_said_once_the_server_listens(tmp_path: Path) -> None:
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    sock = private / "s.sock"
+    cmd = [sys.executable, "-m", "hookviz", "serve", "--socket", str(sock)]
+    with started(cmd, cwd=ROOT, env=_env(sock), stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stderr is not None
+            while True:
+                line = proc.stderr.readline()
+                assert line, "the server exited"
+                if "serving on" in line:
+                    break
+            # The line comes once a client is served: a status asked at once is answered.
+            assert ask(sock, {"op": "status"}, timeout=5.0) is not None
+        finally:
+            ask(sock, {"op": "stop"})
+            proc.communicate(timeout=PATIENCE)
+
+
+@unix_only
+@pytest.mark.slow
+def test_the_server_serves_the_files_and_modules_the_client_names(tmp_path: Path, photos: Path) -> None:
+    """Warm models keyed by their files' content (#5, #6), the client's PYTHONPATH (#7)."""
+    pytest.importorskip("transformers")
+    four, seven = tmp_path / "four", tmp_path / "seven"
+    _module(four, 4)
+    _module(seven, 7)
+    private = tmp_path / "p"
+    private.mkdir(mode=0o700)
+    sock = private / "s.sock"
+    photo = str(photos / "p0.png")
+    with _server(sock, pythonpath=f"{ROOT}{os.pathsep}{four}"):
+        # 7: the client's module, not the server's.
+        model = [
+            "--model",
+            "hvround5pkg.mod:net",
+            "--weights",
+            "none",
+            "--input-size",
+            "32",
+            "--device",
+            "cpu",
+        ]
+        r = _hookviz(sock, "gradcam", photo, *model, "--target", "6", "--json", "-q", "--out",
+                     str(tmp_path / "m"), pythonpath=f"{ROOT}{os.pathsep}{seven}")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[0])["target"]["index"] == 6
+
+        # 5: an hf:DIR re-saved into its folder is loaded again.
+        folder = tmp_path / "vit"
+        _vit(folder, 0)
+        hf = ["--model", f"hf:{folder}", "--device", "cpu", "--save-raw", "--json", "-q"]
+        first = _hookviz(sock, "gradcam", photo, *hf, "--out", str(tmp_path / "h1"))
+        assert first.returncode == 0, first.stderr
+        _vit(folder, 1)
+        served = _hookviz(sock, "gradcam", photo, *hf, "--out", str(tmp_path / "h2"))
+        here = _hookviz(sock, "gradcam", photo, *hf, "--no-server", "--out", str(tmp_path / "h3"))
+        a, b = (json.loads(x.stdout.splitlines()[0]) for x in (served, here))
+        assert a["key"] == b["key"] != json.loads(first.stdout.splitlines()[0])["key"]
+        assert a["target"] == b["target"]
+        raw = [np.load(next(Path(r["outputs"][0]).parent.glob("*.npy"))) for r in (a, b)]
+        np.testing.assert_allclose(raw[0], raw[1], atol=1e-5)
+
+        # 6: a weights file copied over with its size and time kept (cp -p) is loaded again.
+        import torch
+        import torchvision
+
+        w1, w2, weights = tmp_path / "w1.pt", tmp_path / "w2.pt", tmp_path / "weights.pt"
+        tv = ["--model", "resnet18", "--input-size", "32", "--device", "cpu", "--json", "-q", "--weights"]
+        for w, seed in ((w1, 0), (w2, 1)):
+            torch.manual_seed(seed)
+            torch.save(torchvision.models.resnet18(num_classes=5).state_dict(), w)
+        shutil.copy2(w1, weights)
+        st = weights.stat()
+        one = _hookviz(sock, "gradcam", photo, *tv, str(weights), "--out", str(tmp_path / "w1"))
+        shutil.copy2(w2, weights)
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert weights.stat().st_size == st.st_size and weights.stat().st_mtime_ns == st.st_mtime_ns
+        two = _hookviz(sock, "gradcam", photo, *tv, str(weights), "--out", str(tmp_path / "w2"))
+        ref = _hookviz(
+            sock, "gradcam", photo, *tv, str(weights), "--no-server", "--out", str(tmp_path / "w3")
+        )
+        assert one.returncode == two.returncode == ref.returncode == 0, (one.stderr, two.stderr)
+        r1, r2, r3 = (json.loads(x.stdout.splitlines()[0]) for x in (one, two, ref))
+        assert r2["key"] == r3["key"] != r1["key"]
+        assert r2["target"]["score"] == pytest.approx(r3["target"]["score"], abs=1e-5)
+        assert r1["target"]["score"] != pytest.approx(r2["target"]["score"], abs=1e-5)

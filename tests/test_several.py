@@ -17,7 +17,7 @@ from hookviz.errors import HookvizError
 from hookviz.models.several import branches, several
 from hookviz.tasks import load_model
 from tests import rgbd_net
-from tests.conftest import invoke, records
+from tests.conftest import invoke, records, write_image
 
 NET = f"{Path(rgbd_net.__file__)}:make"
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
@@ -218,3 +218,39 @@ def test_a_trained_rgbd_nets_maps_find_what_each_branch_sees() -> None:
         (p[1] < 32) == (np.nonzero(s[3])[1].mean() < 32) for s, p in zip(made, fuse_peaks, strict=True)
     )
     assert half >= 22, half
+
+
+def _touch(*paths: Path) -> None:
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_image(p, np.zeros((8, 8, 3), np.uint8))
+
+
+def test_two_files_of_one_name_make_their_sample_fail_naming_both(tmp_path: Path) -> None:
+    from hookviz.io.samples import pair_inputs
+
+    rgb, depth = tmp_path / "rgb", tmp_path / "depth"
+    _touch(rgb / "001.png", rgb / "001.jpg", rgb / "002.png", depth / "001.png", depth / "002.png",
+           depth / "002.jpg")  # fmt: skip
+    items = {Path(i.name).stem: i for i in pair_inputs([("rgb", str(rgb)), ("depth", str(depth))])}
+    assert set(items) == {"001", "002"}
+    assert "001.png" in items["001"].error and "001.jpg" in items["001"].error
+    assert "one rgb sample" in items["001"].error
+    assert "depth partner is ambiguous" in items["002"].error
+    assert "002.png" in items["002"].error and "002.jpg" in items["002"].error
+    assert all(i.path is None for i in items.values())
+
+
+def test_the_stem_pairs_only_where_it_is_unique_and_never_twice(tmp_path: Path) -> None:
+    from hookviz.io.samples import pair_inputs
+
+    rgb, depth = tmp_path / "rgb", tmp_path / "depth"
+    _touch(rgb / "a" / "001.png", rgb / "c" / "001.png", depth / "b" / "001.png", rgb / "a" / "007.png",
+           depth / "x" / "007.png", rgb / "k" / "009.png", depth / "k" / "009.png")  # fmt: skip
+    items = pair_inputs([("rgb", str(rgb)), ("depth", str(depth))])
+    partners = [dict(i.partners)["depth"] for i in items if i.error is None]
+    assert len(partners) == len(set(partners))  # no depth map given to two photos
+    ok = {str(Path(i.name).relative_to(rgb)): dict(i.partners)["depth"] for i in items if i.error is None}
+    assert ok == {"a/007.png": depth / "x" / "007.png", "k/009.png": depth / "k" / "009.png"}
+    failed = {Path(i.name) for i in items if i.error is not None}
+    assert failed == {rgb / "a" / "001.png", rgb / "c" / "001.png", depth / "b" / "001.png"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -365,3 +366,91 @@ def test_every_command_works_on_every_source(hf_models: Path, tmp_path: Path, so
     assert len(json.loads(r.stdout)["maps"]) == len(registry.parse(["all"])) * 2
     for command in (["layers", "--model", spec], ["summary", "--model", spec, "--input-size", "3,64,64"]):
         assert invoke(*command).exit_code == 0, command
+
+
+def _strict(line: str) -> dict[str, object]:
+    """Parse as strict JSON: NaN / Infinity are not JSON."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"non-JSON constant {name}")
+
+    value = json.loads(line, parse_constant=refuse)
+    assert isinstance(value, dict)
+    return value
+
+
+def _labels(tmp_path: Path) -> Path:
+    p = tmp_path / "labels.txt"
+    p.write_text("square\ndisc\ncross\n")
+    return p
+
+
+def test_a_retrained_checkpoint_loaded_by_its_factory_changes_the_key(
+    two_photos: Path, tmp_path: Path
+) -> None:
+    code = tmp_path / "net.py"
+    code.write_text(
+        "import torch\nfrom pathlib import Path\nfrom tests.shapes_net import ShapesNet\n"
+        "def make():\n    m = ShapesNet()\n"
+        "    state = torch.load(Path(__file__).with_name('w.pt'), weights_only=True)\n"
+        "    m.load_state_dict(state)\n    return m\n"
+    )
+    from tests.shapes_net import ShapesNet
+
+    out = tmp_path / "out"
+    keys = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        torch.save(ShapesNet().state_dict(), tmp_path / "w.pt")
+        r = invoke("gradcam", str(two_photos / "a.png"), "--model", f"{code}:make", "--input-size", "48",
+                   "--labels", str(_labels(tmp_path)), "--out", str(out), "-q", "--json")  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        (rec,) = [_strict(line) for line in r.stdout.splitlines()]
+        assert rec["status"] == "ok"  # not "skipped" with the old checkpoint's results
+        keys.append(rec["key"])
+    assert keys[0] != keys[1]
+
+
+def test_each_source_is_one_record_that_claims_its_specs(tmp_path: Path) -> None:
+    """``--model`` specs go to the source whose record claims them (a scheme, a bare name, a suffix, the
+    user's code, any other file, else torchvision), and the warm server fingerprints the files its record
+    names; a source registered from outside, by record or by scheme and builder, is asked first."""
+    from hookviz.models.build import Source, build, model_files, register_source, unregister_source
+    from hookviz.models.sources import source_of
+
+    plain = tmp_path / "weights"
+    plain.write_bytes(b"x")
+    expected = {
+        "timm:convnext_tiny": "timm", "hf:some/dir?x=1": "hf", "ultralytics:best.pt": "ultralytics",
+        "monai:DenseNet121?spatial_dims=3": "monai", "efficientnet_lite0": "lite", "m.onnx": "onnx",
+        "m.pt2": "export", "net.py:make_net": "python", "pkg.mod:Net": "python", "model.pt": "pickle",
+        str(plain): "pickle", "resnet18": "torchvision", "onnx:m.onnx": "onnx",
+    }  # fmt: skip
+    assert {spec: source_of(spec).name for spec in expected} == expected
+    assert model_files("hf:some/dir?revision=2") == (Path("some/dir"),) and model_files("m.onnx") == (
+        Path("m.onnx"),
+    )
+    assert model_files("pkg.mod:Net") is None and model_files("net.py:make_net") is None
+    assert model_files("resnet18") == () and model_files("efficientnet_lite0") == ()
+
+    made: list[str] = []
+
+    def toy(spec: str, weights: str, options: Any) -> Any:
+        made.append(spec)
+        return spec
+
+    register_source(Source("toy", toy, scheme=False, suffixes=(".pt",), names=("resnet18",)))
+    register_source("toy2", toy)
+    try:
+        assert source_of("model.pt").name == "toy" and source_of("resnet18").name == "toy"
+        assert source_of("toy2:anything").name == "toy2" and source_of("timm:x").name == "timm"
+        build("toy2:a", "none", None)  # type: ignore[arg-type]
+        assert made == ["toy2:a"]
+        with pytest.raises(ValueError, match="replace=True"):
+            register_source("toy2", toy)
+    finally:
+        unregister_source("toy")
+        unregister_source("toy2")
+    assert source_of("model.pt").name == "pickle" and source_of("toy2:a").name == "python"
+    with pytest.raises(ValueError, match="stays"):
+        unregister_source("torchvision")

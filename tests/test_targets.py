@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from hookviz.engine.explain import explain
 from hookviz.io.shapes import draw_shape, shape_mask
-from tests.conftest import evaluation_file, invoke, records, train_on_shapes, write_image
+from tests.conftest import (
+    evaluation_file,
+    invoke,
+    records,
+    train_on_shapes,
+    write_image,
+)
 from tests.shapes_net import ShapesNet
 
 RAW = ["--input-size", "48", "--resize", "shorter", "--mean", "0,0,0", "--std", "1,1,1"]
@@ -172,7 +180,6 @@ def test_each_prompt_lights_up_the_shape_it_names() -> None:
     last block's input gets 25 and LeGrad 19 on this model: in the README, not asserted."""
     import torch.nn.functional as F
 
-    from hookviz.engine.explain import explain
     from hookviz.models.scores import with_prompts
     from hookviz.tasks import load_model
 
@@ -240,7 +247,6 @@ def test_similarity_on_an_image_text_model_uses_its_image_embedding(pairs: dict,
 def test_a_siglip_folder_takes_prompts(tmp_path: Path) -> None:
     """SigLIP: a sigmoid model with a bias and an attention-pooling head (random weights, the fixture's
     tokenizer): prompts padded to the maximum length, every method family runs."""
-    import shutil
 
     import transformers as t
 
@@ -307,3 +313,38 @@ def test_explain_takes_the_parsed_target_as_its_words_give_it() -> None:
     torch.testing.assert_close(typed.maps[("gradcam", "features")], words.maps[("gradcam", "features")])
     chosen = explain(model, x, ["features"], ["gradcam"], Classes((1, 0)))
     assert chosen.targets.tolist() == [[1, 0]] * 3
+
+
+RANDOM_64 = ["--weights", "none", "--input-size", "64", "--device", "cpu"]
+
+
+def test_superscript_target_is_a_usage_error(two_photos: Path, tmp_path: Path) -> None:
+    r = invoke("gradcam", str(two_photos), *RANDOM_64, "--target", "²", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def test_top3_records_every_class_explained(labelled_photos: Path, tmp_path: Path) -> None:
+    r = invoke("gradcam", str(labelled_photos / "p0.png"), *TINY, "--target", "top3", "--out",
+               str(tmp_path / "o"), "--json", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[0])
+    assert [t["index"] for t in rec["targets"]] == [m["target"]["index"] for m in rec["maps"]][:3]
+    assert len({t["index"] for t in rec["targets"]}) == 3 and rec["targets"][0] == rec["target"]
+    scores = [t["score"] for t in rec["targets"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_top_k_on_a_model_of_one_output_says_there_is_one_value(tmp_path: Path) -> None:
+    from tests.test_heads import REGRESSOR
+
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(1).integers(0, 256, (32, 32, 3), np.uint8))
+    args = ["--model", REGRESSOR, "--weights", "DEFAULT", "--input-size", "32", "--head", "raw"]
+    r = invoke("gradcam", str(photo), *args, "--target", "top3", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "has one output, so there is one value to explain" in r.output, r.output
+    assert "top1..top1" not in r.output
+    assert (
+        invoke("gradcam", str(photo), *args, "--target", "top1", "--out", str(tmp_path / "o")).exit_code == 0
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import warnings
 from pathlib import Path
 
@@ -157,3 +158,71 @@ def test_cli_writes_the_table_and_json(tmp_path: Path, trained: Trained) -> None
     bad = invoke("tcav", inputs, *model, "--layer", LAYER, "--target", "disc", "--concept", "disc",
                  *rand, "--out", str(tmp_path / "out2"))  # fmt: skip
     assert bad.exit_code == 2 and "--concept disc: give NAME=FOLDER" in bad.output
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def _tcav_folders(root: Path) -> tuple[str, str, list[str]]:
+    """Inputs, a concept and five random folders of noise photos (32 px); the concept is a copy of random
+    folder 0 under another path (its CAVs cannot beat chance)."""
+    rng = np.random.default_rng(5)
+
+    def folder(name: str, n: int = 10) -> str:
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            write_image(root / name / f"{i}.png", rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+        return str(root / name)
+
+    inputs = folder("inputs", 6)
+    randoms = [folder(f"random{i}") for i in range(5)]
+    shutil.copytree(randoms[0], root / "concept")
+    return inputs, str(root / "concept"), randoms
+
+
+@pytest.mark.slow
+def test_tcav_outputs_are_keyed_a_rerun_skipped_and_folders_distinct(tmp_path: Path) -> None:
+    inputs, concept, randoms = _tcav_folders(tmp_path)
+    rand = [a for r in randoms for a in ("--random", r)]
+    head = ["tcav", inputs, *TINY, "--target", "1", "--layer", "features.4"]
+    args = [*head, "--concept", f"c={concept}", *rand, "--out", str(tmp_path / "out")]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    (one,) = (tmp_path / "out").glob("tcav.*.json")
+    data = json.loads(one.read_text())
+    assert one.name == f"tcav.{data['key']}.json"
+    # A copy of a random folder: CAVs at chance, never significant, said so.
+    (c,) = data["layers"][0]["concepts"]
+    assert c["meaningful"] is False and c["significant"] is False and c["cav_accuracy"] <= 0.65
+    assert "not meaningful" in first.output
+    before = one.read_bytes()
+    again = invoke(*args)
+    assert again.exit_code == 0 and "skipped" in again.output and one.read_bytes() == before
+    other = invoke(*args[:-2], "--seed", "1", "--out", str(tmp_path / "out"))
+    assert other.exit_code == 0, other.output
+    assert len(list((tmp_path / "out").glob("tcav.*.json"))) == 2 and one.read_bytes() == before
+    # The same random folder five times, a concept that is a random folder, or inside one: refused.
+    for bad, why in (
+        ([a for _ in range(5) for a in ("--random", randoms[1])], "the same folder as --random"),
+        (["--random", concept, *rand[2:]], "the same folder as --concept c"),
+        (["--random", str(tmp_path), *rand[2:]], "overlaps"),
+    ):
+        r = invoke(*head, "--concept", f"c={concept}", *bad, "--out", str(tmp_path / "bad"))
+        assert r.exit_code == 2 and why in r.output, r.output
+    twice = invoke(*head, "--concept", f"c={concept}", "--concept", f"c={randoms[1]}", *rand[4:])
+    assert twice.exit_code == 2 and "given twice" in twice.output
+
+
+def test_a_concept_its_cavs_tell_apart_is_meaningful() -> None:
+    """The chance test passes a real concept: bright photos against noise."""
+    import torch
+
+    from hookviz.concepts.tcav import Seeds, above_chance, train_cav
+
+    g = torch.Generator().manual_seed(0)
+    noise = [torch.rand(30, 16, generator=g) for _ in range(3)]
+    bright = torch.rand(30, 16, generator=g) + 0.6
+    seeds = Seeds(0)
+    assert above_chance([train_cav(bright, n, seeds=seeds) for n in noise]) is True
+    assert above_chance([train_cav(noise[0], n, seeds=seeds) for n in noise[1:]]) is False
+    assert above_chance([train_cav(bright, n, method="mean") for n in noise]) is None

@@ -7,6 +7,7 @@ through the padding); the other models are ultralytics' own definitions built wi
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,14 @@ from hookviz.engine.detection import explain_detections
 from hookviz.io.shapes import shapes_scene
 from hookviz.models.sources import Options
 from hookviz.models.ultralytics import process_kept
-from tests.conftest import ROOT, hook_counts, invoke, picture, records, write_image
+from tests.conftest import (
+    ROOT,
+    hook_counts,
+    invoke,
+    picture,
+    records,
+    write_image,
+)
 
 # ultralytics patches PIL.Image.open and torch.save when imported; hookviz imports it with them put back,
 # and so do the tests (a patched Image.open would turn the other tests' bad files into install attempts).
@@ -331,9 +339,10 @@ def ex_indices(ex: Any, segmenter: Any, x: torch.Tensor, k: int) -> torch.Tensor
 def test_segment_class_regions_from_the_cli(
     tmp_path: Path, segmenter: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookviz.models.build import SOURCES
+    from hookviz.models import sources
 
-    monkeypatch.setitem(SOURCES, "ultralytics", lambda spec, weights, options: segmenter)
+    made = sources.Source("ultralytics", lambda spec, weights, options: segmenter)
+    monkeypatch.setitem(sources._SOURCES, "ultralytics", made)
     write_image(tmp_path / "s.png", _scenes(1, seed=6)[0][0])
     r = invoke("gradcam", str(tmp_path / "s.png"), "--model", "ultralytics:yolov8n-seg.yaml", "--out",
                str(tmp_path / "out"), "--score-threshold", "0.05", "--max-boxes", "4")  # fmt: skip
@@ -361,7 +370,6 @@ def test_loading_a_yolo_leaves_the_process_as_found(tmp_path: Path) -> None:
     """ultralytics patches PIL.Image.open (to pip-install a HEIF plugin when a file is not an image) and
     torch.save on import; after hookviz loads a YOLO both are the originals; a broken photo is one line."""
     import importlib
-    import sys
 
     from PIL import Image
 
@@ -377,3 +385,39 @@ def test_loading_a_yolo_leaves_the_process_as_found(tmp_path: Path) -> None:
     (tmp_path / "empty.jpg").write_bytes(b"")
     with pytest.raises(InputError):
         load_rgb(tmp_path / "empty.jpg")
+
+
+def test_a_yolo_reads_an_rgba_png_as_predict_does(tmp_path: Path) -> None:
+    """Shapes painted under a transparent alpha: predict (cv2.imread) sees them, a viewer does not; the
+    boxes hookviz explains are predict's."""
+    from hookviz.models.ultralytics import process_kept
+
+    with process_kept():
+        pytest.importorskip("ultralytics")
+        from ultralytics import YOLO
+    import cv2
+
+    from hookviz.io.inputs import Item, read_input
+    from hookviz.io.shapes import shapes_scene
+    from hookviz.models.sources import Options
+    from hookviz.models.ultralytics import build
+
+    fixture = ROOT / "tests" / "fixtures" / "shapes_yolo.pt"
+    built = build(f"ultralytics:{fixture}", "DEFAULT", Options())
+    rng = np.random.default_rng(4)
+    compared = 0
+    for i in range(3):
+        img, *_ = shapes_scene(rng, 130, 200, 3, (9, 16))
+        rgb = (img * 255).round().astype(np.uint8)
+        alpha = np.full(rgb.shape[:2], 255, np.uint8)
+        alpha[:, : rgb.shape[1] // 2] = 0  # the left half transparent
+        path = tmp_path / f"s{i}.png"
+        cv2.imwrite(str(path), np.dstack([rgb[..., ::-1], alpha]))
+        drawn, _, _ = read_input(Item(str(path), path), built.preprocess, 10**8)
+        np.testing.assert_array_equal(drawn, cv2.imread(str(path))[..., ::-1])
+        ours = built.model.detect([torch.from_numpy(drawn.copy()).permute(2, 0, 1).float() / 255], 0.25)[0]
+        theirs = YOLO(str(fixture)).predict(str(path), conf=0.25, verbose=False)[0].boxes
+        assert ours.labels.tolist() == theirs.cls.long().tolist()
+        assert torch.allclose(ours.boxes, theirs.xyxy, atol=0.1)
+        compared += len(theirs)
+    assert compared >= 3

@@ -458,7 +458,7 @@ def test_explain_videos_from_the_library(video_net: tuple[ShapesVideoNet, Path],
         _write(folder / f"v{n}.avi", moving_shape(rng, n, frames=10)[0])
     loaded = load_model(NET, str(weights), input_size=SIDE, resize="squash", labels=list(CLASSES))
     assert loaded.video is not None
-    loaded = dataclasses.replace(loaded, video=loaded.video.sampled(clip_len=8, clips=1))
+    loaded = dataclasses.replace(loaded, inputs=loaded.video.sampled(clip_len=8, clips=1))
     recs = explain_videos(loaded, folder, tmp_path / "out", CamSettings(target="cross"))
     clips, whole = [r for r in recs if "clip" in r], [r for r in recs if "video" in r]
     assert len(clips) == 2 and len(whole) == 2
@@ -478,3 +478,30 @@ def test_gradflow_runs_on_clips_and_dropblock_is_refused_in_one_line(tmp_path: P
     assert any(o.endswith(".clip01.gradflow.png") for o in json.loads(res.stdout.splitlines()[0])["outputs"])
     res = invoke("dropblock", str(clip), *common, "--out", str(tmp_path / "db"))
     assert res.exit_code == 2 and "a video model's (B, C, T, H, W)" in res.stderr
+
+
+def test_a_truncated_mp4_is_called_damaged(tmp_path: Path) -> None:
+    import cv2
+
+    from hookviz.errors import InputError
+    from hookviz.io.video import probe
+
+    path = tmp_path / "v.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), 10, (32, 32))
+    for k in range(20):
+        writer.write(np.full((32, 32, 3), k * 10, np.uint8))
+    writer.release()
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(InputError, match="damaged or truncated"):
+        probe(path)
+    (tmp_path / "t.mp4").write_text("not a video")
+    with pytest.raises(InputError, match="not a video file"):
+        probe(tmp_path / "t.mp4")
+
+
+def test_a_clip_of_a_variable_rate_file_says_its_span_differs() -> None:
+    from hookviz.jobs.video import _uneven
+
+    assert _uneven([0, 1, 2, 3], [0.0, 0.1, 0.2, 0.3], 10.0) == {}
+    note = _uneven([0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0], 10.0)
+    assert "frame rate varies" in note["sampling"] and "3.00 s" in note["sampling"]

@@ -130,3 +130,80 @@ def test_cli(tmp_path: Path) -> None:
     assert invoke(*args, "--overwrite").exit_code == 0
     bad = invoke(*args, "--neuron", "3")
     assert bad.exit_code == 2 and "--neuron '3': give Y,X" in bad.output
+
+
+TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
+
+
+def test_visualize_names_hold_its_settings(tmp_path: Path) -> None:
+    import torch
+
+    from tests.conftest import TinyCNN
+
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        w = tmp_path / f"w{seed}.pt"
+        torch.save(TinyCNN().state_dict(), w)
+        paths.append(w)
+    base = ["visualize", "--model", "tests.conftest:TinyCNN", "--input-size", "48", "--device", "cpu",
+            "--layer", "features.4", "--channel", "3", "--size", "32",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    runs = [
+        [*base, "--weights", str(paths[0]), "--steps", "4"],
+        [*base, "--weights", str(paths[1]), "--steps", "4"],  # another checkpoint
+        [*base, "--weights", str(paths[1]), "--steps", "5"],
+        [*base, "--weights", str(paths[1]), "--steps", "5", "--lr", "0.1"],
+        [*base, "--weights", str(paths[1]), "--steps", "5", "--lr", "0.1", "--size", "40"],
+    ]
+    for args in runs:
+        r = invoke(*args)
+        assert r.exit_code == 0, r.output
+    assert len(list((tmp_path / "o").glob("visualize.*.png"))) == len(runs)
+
+
+def test_a_bad_direction_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "text.npy").write_text("0.1, 0.2\n")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "nan.npy", np.array([1.0, np.nan, *[0.0] * 14], np.float32))
+    np.save(tmp_path / "square.npy", np.ones((4, 4), np.float32))
+    np.save(tmp_path / "zeros.npy", np.zeros(16, np.float32))
+    base = ["visualize", *TINY, "--layer", "features.1", "--steps", "2", "--size", "16",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    for name, why in (
+        ("missing.npy", "no such file"),
+        ("text.npy", "not a .npy array of numbers"),
+        ("objects.npy", "not a .npy array of numbers"),
+        ("nan.npy", "NaN or infinity"),
+        ("square.npy", "(4, 4) array is not a vector"),
+        ("zeros.npy", "every value is 0"),
+    ):
+        r = invoke(*base, "--direction", str(tmp_path / name))
+        assert r.exit_code == 2, (name, r.exit_code, r.output)
+        assert (why in r.output and "numpy.save" in r.output) or name == "missing.npy", r.output
+        assert not (tmp_path / "o").exists()
+    np.save(tmp_path / "column.npy", np.ones((16, 1, 1), np.float32))
+    r = invoke(*base, "--direction", str(tmp_path / "column.npy"))
+    assert r.exit_code == 0, r.output
+    (record,) = (tmp_path / "o").glob("*.json")
+    json.loads(record.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+
+def test_a_dead_unit_says_so(tmp_path: Path) -> None:
+    """A channel whose ReLU gives 0 to every picture: objective 0.0 with a note, not silence."""
+    import torch
+
+    from tests.conftest import TinyCNN
+
+    model = TinyCNN()
+    with torch.no_grad():
+        model.features[1].weight[2] = 0.0
+        model.features[1].bias[2] = -1.0  # channel 2 after the ReLU is 0 everywhere
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    r = invoke("visualize", "--model", "tests.conftest:TinyCNN", "--weights", str(tmp_path / "w.pt"),
+               "--input-size", "32", "--device", "cpu", "--layer", "features.2", "--channel", "2", "--steps",
+               "3", "--size", "16", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "stayed at 0" in r.output and "dead unit" in r.output
+    (record,) = (tmp_path / "o").glob("*.json")
+    assert "dead unit" in json.loads(record.read_text())["note"]

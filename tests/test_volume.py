@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -356,3 +358,100 @@ def test_occlusion_over_cubes_equals_captums_and_rise_finds_the_cube() -> None:
     for k, (_, where) in enumerate(made):
         peak = np.unravel_index(int(rise[k, 0].argmax()), rise[k, 0].shape)
         assert all(s.start - 2 <= p < s.stop + 2 for p, s in zip(peak, where, strict=True)), (k, peak, where)
+
+
+def _header_only(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .nii.gz whose header names ``shape`` and whose voxels are cut short (nothing to decode)."""
+    import gzip
+
+    import nibabel as nib
+
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(np.uint8)
+    header["vox_offset"] = 352
+    path.write_bytes(gzip.compress(header.binaryblock + b"\0" * 4 + b"\0" * 1024))
+    return path
+
+
+def test_a_huge_nifti_is_refused_by_its_header_before_decoding(tmp_path: Path) -> None:
+    pytest.importorskip("nibabel")
+    from hookviz.errors import InputError
+    from hookviz.io.volume import DEFAULT_MAX_VOXELS, read_volume
+
+    started = time.monotonic()
+    with pytest.raises(InputError, match=r"2048x2048x2048 is 8,589,934,592 voxels, over the limit") as got:
+        read_volume(_header_only(tmp_path / "huge.nii.gz", (2048, 2048, 2048)), DEFAULT_MAX_VOXELS)
+    assert time.monotonic() - started < 5 and "--input-size" not in str(got.value)
+    # An .npy's header names its shape too (a sparse file: nothing written past the header).
+    big = np.lib.format.open_memmap(tmp_path / "wide.npy", "w+", np.uint8, (1, 600, 600, 600))
+    del big
+    with pytest.raises(InputError, match="over the limit"):
+        read_volume(tmp_path / "wide.npy", DEFAULT_MAX_VOXELS)
+
+
+def test_the_default_limit_fits_a_plain_ct(tmp_path: Path) -> None:
+    """512x512x320 passes the size check with the default --max-pixels (then fails: its voxels are cut)."""
+    pytest.importorskip("nibabel")
+    from hookviz.errors import InputError
+    from hookviz.io.images import DEFAULT_MAX_PIXELS
+    from hookviz.io.inputs import Item
+    from hookviz.tasks.volume import VOLUME
+
+    ct = _header_only(tmp_path / "ct.nii.gz", (512, 512, 320))
+    with pytest.raises(InputError) as got:
+        VOLUME.read(Item(str(ct), ct), None, DEFAULT_MAX_PIXELS)
+    assert "over the limit" not in str(got.value) and "cannot be read" in str(got.value)
+    with pytest.raises(InputError, match="over the limit of 1,000,000"):
+        VOLUME.read(Item(str(ct), ct), None, 1_000_000)  # a limit given is the limit
+
+
+def test_a_dicom_series_with_a_missing_or_doubled_slice(tmp_path: Path) -> None:
+    pytest.importorskip("pydicom")
+    from hookviz.errors import InputError
+    from hookviz.io.volume import read_volume
+    from tests.test_volume import _dicom_series
+
+    v = np.round(np.random.default_rng(5).uniform(-50, 50, (8, 8, 10)) * 2) / 2
+    _dicom_series(tmp_path / "gap", v, (1.0, 1.0, 2.5))
+    (tmp_path / "gap" / "im4.dcm").unlink()
+    said = r"not evenly spaced: 5 mm between slices 4 and 5 .* 2.5 mm apart \(a missing slice\?\)"
+    with pytest.raises(InputError, match=said):
+        read_volume(tmp_path / "gap")
+    _dicom_series(tmp_path / "twice", v, (1.0, 1.0, 2.5))
+    shutil.copy(tmp_path / "twice" / "im3.dcm", tmp_path / "twice" / "zz_copy.dcm")
+    got = read_volume(tmp_path / "twice")
+    assert got.shape == (8, 8, 10) and got.spacing[2] == pytest.approx(2.5)
+    np.testing.assert_allclose(got.data[0], v, atol=1e-4)
+    assert got.notes == ("1 DICOM slice(s) given twice (the same pixels at one position) were dropped",)
+    import pydicom
+
+    other = pydicom.dcmread(tmp_path / "twice" / "zz_copy.dcm")
+    other.PixelData = bytes(len(other.PixelData))
+    other.save_as(tmp_path / "twice" / "zz_copy.dcm")
+    with pytest.raises(InputError, match="two different slices at position"):
+        read_volume(tmp_path / "twice")
+
+
+def test_volume_errors_name_their_file_and_maps_keep_the_inputs_codes(tmp_path: Path) -> None:
+    nib = pytest.importorskip("nibabel")
+    from tests.test_volume import FIXTURE, NET
+
+    fmri = tmp_path / "run.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((12, 12, 12, 100), np.float32), np.eye(4)), str(fmri))
+    out = tmp_path / "o"
+    r = invoke("gradcam", str(fmri), "--model", NET, "--weights", str(FIXTURE), "-o", str(out))
+    assert r.exit_code == 1
+    assert "run.nii.gz" in r.output and "fMRI" in r.output and "img.slicer" in r.output, r.output
+    img = nib.Nifti1Image(np.random.default_rng(0).normal(size=(24, 24, 24)).astype(np.float32), np.eye(4))
+    img.set_sform(np.diag([2.0, 2.0, 2.0, 1.0]), code=4)  # MNI space
+    img.set_qform(np.diag([2.0, 2.0, 2.0, 1.0]), code=1)
+    nib.save(img, str(tmp_path / "aligned.nii.gz"))
+    r = invoke("gradcam", str(tmp_path / "aligned.nii.gz"), "--model", NET, "--weights", str(FIXTURE), "-o",
+               str(tmp_path / "o2"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    from tests.conftest import records
+
+    (rec,) = records(tmp_path / "o2")
+    written = nib.load(str(tmp_path / "o2" / rec["maps"][0]["nifti"])).header
+    assert (int(written["sform_code"]), int(written["qform_code"])) == (4, 1)

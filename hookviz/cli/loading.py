@@ -27,16 +27,16 @@ USED: list[ModelOptions] = []
 
 def warm_key(m: ModelOptions) -> Any:
     """What identifies a loaded model for ``hookviz serve``: the options, and the content of every file they
-    name (the weights, the labels, a local ``hf:DIR``, ``timm:``/``ultralytics:`` file or folder), so a file
-    rewritten, re-saved or copied over with its size and time kept (``cp -p``) is loaded again; None for a
-    model from the user's own code (``module:function``, ``file.py``), which is loaded afresh every call."""
-    name = m.model
-    scheme, _, rest = name.partition(":")
-    if name.endswith(".py") or (
-        ":" in name and scheme not in ("timm", "hf", "torchvision", "monai", "ultralytics")
-    ):
+    name (the weights, the labels, and the files its source's fingerprint names: a local ``hf:DIR``, a
+    ``timm:``/``ultralytics:`` file or folder, an ONNX or pickled file), so a file rewritten, re-saved or
+    copied over with its size and time kept (``cp -p``) is loaded again; None for a model its source never
+    keeps warm (the user's own code, ``module:function``, ``file.py:FN``): loaded afresh every call."""
+    from hookviz.models.build import model_files  # the sources' records: torch, loaded by the server only
+
+    fingerprint = model_files(m.model)
+    if fingerprint is None:
         return None
-    named = [m.weights, m.labels, rest.partition("?")[0] if scheme in ("hf", "timm", "ultralytics") else None]
+    named = [m.weights, m.labels, *fingerprint]
     stamps = []
     for value in named:
         path = Path(str(value)) if value else None
@@ -105,8 +105,9 @@ def with_sampling(
     ]
     if not given:
         return loaded
-    if loaded.video is None:
+    video = loaded.video
+    if video is None:
         raise UsageError(f"{given[0]} is for video models, and {loaded.name} takes photos; leave it out")
     if clips is not None and clips != "all" and not (clips.isascii() and clips.isdigit() and int(clips) > 0):
         raise UsageError(f"--clips {clips!r}: give a positive number of clips, or all")
-    return dataclasses.replace(loaded, video=loaded.video.sampled(clip_len, frame_stride, clips))
+    return dataclasses.replace(loaded, inputs=video.sampled(clip_len, frame_stride, clips))

@@ -283,7 +283,7 @@ def _run_shard(
     from hookviz.io.inputs import table_items
     from hookviz.jobs.build import RunContext
     from hookviz.run import pipeline
-    from hookviz.run.kinds import input_kind_of
+    from hookviz.run.kinds import prepared
 
     _check_out(r)
     lead = dist is None or dist.rank == 0
@@ -296,7 +296,7 @@ def _run_shard(
     quiet = r.quiet or not lead or (r.as_json and dist is not None)
     with stdout_reserved() as stdout:
         loaded = load_warm(m, quiet)
-        kind = input_kind_of(loaded, r.inputs)
+        kind, loaded = prepared(loaded, r.inputs)
         stdin = sys.stdin if "-" in r.inputs else None
         everything = kind.find(loaded, r.inputs, stdin=stdin, exclude=r.out, null=r.null) if r.inputs else []
         if r.inputs_table is not None:

@@ -1,8 +1,10 @@
 """Writing files safely in a folder others may share: never half a file, never through a planted link.
 
-Temp files are created by :func:`tempfile.mkstemp` (``O_CREAT | O_EXCL``: a name someone else created, a
-symlink included, is never opened), then renamed over the final name (a rename replaces a symlink at the
-final name instead of writing through it). Appends (the manifest) open with ``O_NOFOLLOW``.
+Temp files are created with ``O_CREAT | O_EXCL`` under a random name (a name someone else created, a symlink
+included, is never opened) and the mode ``0o666``, which the kernel narrows by the process's umask as it
+stands then (nothing reads or changes the umask: another thread's files keep theirs), then renamed over the
+final name (a rename replaces a symlink at the final name instead of writing through it). Appends (the
+manifest) open with ``O_NOFOLLOW``.
 """
 
 from __future__ import annotations
@@ -11,11 +13,8 @@ import contextlib
 import hashlib
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 #: A temp file of :func:`atomic_write` (or of hookviz before it): ``.<name>.<pid>[.<random>].tmp``.
 TEMP = re.compile(r"^\..+\.(\d+)(?:\.[A-Za-z0-9_]+)?\.tmp$")
@@ -37,11 +36,9 @@ def atomic_write(final: Path, data: bytes | str, *, exclusive: bool = False) -> 
     before the rename; a hard link would make it atomic, but not every file system has them).
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name[:80]}.{os.getpid()}.", suffix=".tmp")
-    tmp = Path(name)
+    fd, tmp = _fresh(final)
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(raw)
         if exclusive and os.path.lexists(final):
             raise FileExistsError(final)
@@ -50,6 +47,22 @@ def atomic_write(final: Path, data: bytes | str, *, exclusive: bool = False) -> 
         tmp.unlink(missing_ok=True)
         raise
     return final
+
+
+#: Flags of a temp file: a new name only, never through a link, not inherited by a child process.
+_FRESH = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _fresh(final: Path) -> tuple[int, Path]:
+    """A new temp file beside ``final`` (``.<name>.<pid>.<random>.tmp``), open for writing, of mode 0o666 less
+    the umask (as ``open`` makes a file)."""
+    for _ in range(100):
+        tmp = final.parent / f".{final.name[:80]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, _FRESH | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp name beside {final}")
 
 
 def open_append(path: Path) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -170,9 +170,19 @@ class SeveralPreprocess:
     names: tuple[str, ...]
     each: tuple[Preprocess, ...]
 
+    kind: ClassVar[str] = "sample"
+    sides: ClassVar[str] = "N"
+
     @property
     def bands(self) -> tuple[int, ...]:
         return tuple(p.channels for p in self.each)
+
+    def shape(self, preprocess: Any) -> tuple[int, ...]:
+        """The packed input's ``(C, H, W)``: every input's bands side by side."""
+        return (preprocess.channels, preprocess.crop_size, preprocess.crop_size)
+
+    def key(self) -> dict[str, Any]:
+        return {"inputs": dict(zip(self.names, self.bands, strict=True))}
 
     def read(self, item: Item, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Sample, np.ndarray, Box]:
         """A sample's files read and preprocessed: ``(the sample, the model's input, the first input's box)``.

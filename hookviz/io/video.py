@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -125,6 +125,16 @@ class VideoPreprocess:
         if fps is None or self.frame_rate is None or not fps > 0:
             return 1.0
         return max(1.0, fps / self.frame_rate)
+
+    kind: ClassVar[str] = "video"
+    sides: ClassVar[str] = "N"
+
+    def shape(self, preprocess: Any) -> tuple[int, ...]:
+        """A clip's ``(3, T, H, W)``: ``clip_len`` frames of the preprocessing's square."""
+        return (3, self.clip_len, preprocess.crop_size, preprocess.crop_size)
+
+    def key(self) -> dict[str, Any]:
+        return {"video": self.settings()}
 
     def settings(self) -> dict[str, object]:
         return {

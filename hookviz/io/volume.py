@@ -17,7 +17,7 @@ import gzip
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -279,6 +279,17 @@ class VolumePreprocess:
     std: tuple[float, ...] = (1.0,)
     channels: int = 1
     size: tuple[int, int, int] | None = None
+
+    kind: ClassVar[str] = "volume"
+    sides: ClassVar[str] = "D,H,W"
+
+    def shape(self, preprocess: Any) -> tuple[int, ...]:
+        """``(C, D, H, W)``: its ``size``, or a cube of the preprocessing's side when it has none."""
+        side = preprocess.crop_size
+        return (preprocess.channels, *(self.size if self.size is not None else (side, side, side)))
+
+    def key(self) -> dict[str, Any]:
+        return {"volume": {"size": self.size}}
 
     def __call__(self, volume: Volume) -> tuple[np.ndarray, Box]:
         data = volume.data

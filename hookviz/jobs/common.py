@@ -1,5 +1,6 @@
-"""What every job shares: the settings that key its outputs, method names, predictions, and the raw-map and
-caption helpers; and :class:`Job`, the protocol the pipeline runs."""
+"""What every job shares: :class:`Job`, the protocol the pipeline runs (its ``settings`` key its outputs);
+:class:`BaseJob`, the members most jobs leave as they are (notes for the user, no memory estimate); and the
+helpers for predictions, raw maps and captions."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class Job(Protocol):
     loaded: LoadedModel
 
     def take_notes(self) -> list[str]:
-        """BaseJob for the user found since the last call."""
+        """Notes for the user found since the last call (each said once)."""
         ...
 
     def memory(self, shape: tuple[int, ...]) -> Estimate | None:

@@ -58,7 +58,7 @@ class EvaluateJob(BaseJob):
             self._classes = num_classes(self.loaded)  # once: without class names it costs a forward pass
             self.annotations.check(self.loaded.categories, self._classes)
             self.notes.extend(self.annotations.warnings)
-        if self.loaded.video is not None and (bad := [f for f in self.metrics if f in PIXEL_FAMILIES]):
+        if self.loaded.inputs.kind == "video" and (bad := [f for f in self.metrics if f in PIXEL_FAMILIES]):
             raise UsageError(
                 f"--metric {bad[0]} perturbs or annotates an image's pixels; on a video model's clips use "
                 "faithfulness, complexity, robustness or randomisation"

@@ -1,42 +1,37 @@
-"""Building the model a ``--model`` spec names: one builder per source (torchvision, timm, Hugging Face, the
-user's own code or a pickled module), chosen by :func:`~hookviz.models.sources.source_of`."""
+"""Building the model a ``--model`` spec names: the sources hookviz ships, each one
+:class:`~hookviz.models.sources.Source` record, and :func:`build`, which asks the source
+:func:`~hookviz.models.sources.source_of` picks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from hookviz.models import exported, hf, lite, monai, onnx, python, timm, torchvision, ultralytics
+from hookviz.models.sources import (
+    Builder,
+    Built,
+    Options,
+    Source,
+    model_files,
+    no_files,
+    register_source,
+    source_of,
+    unregister_source,
+)
 
-from hookviz.models import exported, hf, lite, monai, onnx, python, sources, timm, torchvision, ultralytics
-from hookviz.models.sources import Built, Options, source_of
+__all__ = ["Builder", "Source", "build", "model_files", "register_source", "unregister_source"]
 
-#: How a source builds a model: ``build(spec, weights, options)``.
-Builder = Callable[[str, str, Options], Built]
-
-#: Each source's builder, by name (a scheme's name is the one ``--model SCHEME:...`` gives).
-SOURCES: dict[str, Builder] = {
-    "torchvision": torchvision.build,
-    "timm": timm.build,
-    "hf": hf.build,
-    "ultralytics": ultralytics.build,
-    "monai": monai.build,
-    "lite": lite.build,
-    "export": exported.build,
-    "onnx": onnx.build,
-    "python": python.build,
-    "pickle": python.build,
-}
-
-
-def register_source(scheme: str, builder: Builder, *, replace: bool = False) -> Builder:
-    """Make ``--model SCHEME:REST`` build with ``builder`` (``replace`` swaps a registered one).
-
-    Examples:
-        >>> register_source("onnx", onnx_build)  # --model onnx:model.onnx
-    """
-    if not scheme.isidentifier() or (scheme in SOURCES and not replace):
-        raise ValueError(f"source {scheme!r}: give a new name (an identifier), or replace=True")
-    SOURCES[scheme] = builder
-    sources.SCHEMES.add(scheme)
-    return builder
+for _source in (
+    Source("torchvision", torchvision.build, scheme=False, fingerprint=no_files),
+    Source("pickle", python.pickled, scheme=False, suffixes=python.PICKLES, claims=python.is_pickle),
+    Source("python", python.build, scheme=False, claims=python.is_code, fingerprint=None),
+    Source("export", exported.build, scheme=False, suffixes=(".pt2",)),
+    Source("onnx", onnx.build, scheme=False, suffixes=(".onnx",)),
+    Source("lite", lite.build, scheme=False, names=("efficientnet_lite0",), fingerprint=no_files),
+    Source("timm", timm.build),
+    Source("hf", hf.build),
+    Source("ultralytics", ultralytics.build),
+    Source("monai", monai.build),
+):
+    register_source(_source)
 
 
 def build(spec: str, weights: str, options: Options) -> Built:
@@ -47,4 +42,4 @@ def build(spec: str, weights: str, options: Options) -> Built:
         SetupError: a missing optional dependency, a refused pickle, a factory that returns no module.
         WeightsError: weights that cannot be fetched or do not fit.
     """
-    return SOURCES[source_of(spec)](spec, weights, options)
+    return source_of(spec).build(spec, weights, options)

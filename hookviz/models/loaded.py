@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -60,6 +60,44 @@ class ModelTask(Protocol):
         ...
 
 
+class ModelInputs(Protocol):
+    """What a model takes, as its input kind prepared it when the model was loaded (photos:
+    :data:`PHOTOS`; a video's clips: :class:`~hookviz.io.video.VideoPreprocess`; volumes:
+    :class:`~hookviz.io.volume.VolumePreprocess`; several inputs:
+    :class:`~hookviz.io.samples.SeveralPreprocess`; a kind of your own: its own object). The layers below the
+    input kinds ask it, never which kind it is."""
+
+    #: The name of the input kind that takes them (``photo``, ``video``, ``volume``, ``sample``).
+    kind: ClassVar[str]
+    #: How ``--input-size`` gives the size: ``N`` (a square side) or ``D,H,W``.
+    sides: ClassVar[str]
+
+    def shape(self, preprocess: Preprocess) -> tuple[int, ...]:
+        """One input's shape, without the batch axis (what tracing the model feeds it)."""
+        ...
+
+    def key(self) -> dict[str, Any]:
+        """What it adds to the settings that key every output (photos: nothing)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PhotoInputs:
+    """Photos: one image of the model's bands at its input size."""
+
+    kind: ClassVar[str] = "photo"
+    sides: ClassVar[str] = "N"
+
+    def shape(self, preprocess: Preprocess) -> tuple[int, ...]:
+        return (preprocess.channels, preprocess.crop_size, preprocess.crop_size)
+
+    def key(self) -> dict[str, Any]:
+        return {}
+
+
+PHOTOS = PhotoInputs()
+
+
 def resolve_device(spec: str = "auto") -> torch.device:
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
 
@@ -103,16 +141,28 @@ class LoadedModel:
     #: What the output is and which job explains it (:mod:`hookviz.tasks`: ``classification``,
     #: ``segmentation``, ``detection``, ``video``, or one registered by the user).
     task: ModelTask | None = None
-    #: How a video becomes clips for a model that takes clips (None for the others).
-    video: VideoPreprocess | None = None
-    #: How a volume becomes an input, for a model that takes volumes (None for the others).
-    volume: VolumePreprocess | None = None
-    #: How a sample's inputs become the model's input, for a model taking several (None for the others).
-    several: SeveralPreprocess | None = None
+    #: What the model takes, as its input kind prepared it (photos, a video's clips, volumes, samples of
+    #: several inputs): how one becomes the model's input, its traced shape, what it adds to the key.
+    inputs: ModelInputs = PHOTOS
     #: Lines for the user about how the model was set up (prompts cut to the tokenizer's limit, ...).
     notes: tuple[str, ...] = ()
     #: Whether the input size is the user's (``--input-size``), not the source's or the task's default.
     sized: bool = False
+
+    @property
+    def video(self) -> VideoPreprocess | None:
+        """How a video becomes clips, for a model that takes clips (None for the others)."""
+        return self.inputs if isinstance(self.inputs, VideoPreprocess) else None
+
+    @property
+    def volume(self) -> VolumePreprocess | None:
+        """How a volume becomes an input, for a model that takes volumes (None for the others)."""
+        return self.inputs if isinstance(self.inputs, VolumePreprocess) else None
+
+    @property
+    def several(self) -> SeveralPreprocess | None:
+        """How a sample's inputs become the model's input, for a model of several (None for the others)."""
+        return self.inputs if isinstance(self.inputs, SeveralPreprocess) else None
 
     @property
     def task_name(self) -> str:
@@ -132,9 +182,8 @@ class LoadedModel:
 
 
 def photo_shape(loaded: LoadedModel) -> tuple[int, ...]:
-    """``(3, H, W)`` of a photo, or ``(3, T, H, W)`` of a clip of a video model."""
-    s, c = loaded.preprocess.crop_size, loaded.preprocess.channels
-    return (3, loaded.video.clip_len, s, s) if loaded.video is not None else (c, s, s)
+    """One input's shape as the model's inputs say: ``(C, H, W)`` of a photo, ``(3, T, H, W)`` of a clip."""
+    return loaded.inputs.shape(loaded.preprocess)
 
 
 def prepare(
@@ -182,8 +231,7 @@ def prepare(
         built.weights_id,
         labels_id,
         task,
-        video,
-        volume,
+        video or volume or PHOTOS,
         sized=side is not None or size3 is not None,
     )
 
@@ -300,7 +348,7 @@ def probe(loaded: LoadedModel) -> list[ModuleCall]:
         if loaded.sized:
             fix = "leave --input-size out, or build the model for that size (timm:NAME?img_size=N)"
         else:  # the size is the default one: the model may have been built for another
-            sides = "D,H,W" if loaded.volume is not None else "N"
+            sides = loaded.inputs.sides
             fix = f"if it was built for another input size, give it with --input-size {sides}"
         raise SetupError(f"{loaded.name} cannot take a {size} input ({first}); {fix}") from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pickle
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +20,7 @@ from torch import nn
 from hookviz.errors import SetupError, UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.models.onnx import Scripted
-from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded, source_of
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, seeded
 from hookviz.models.weights import (
     apply_state_dict,
     is_torchscript,
@@ -27,10 +28,28 @@ from hookviz.models.weights import (
     values_digest,
 )
 
+#: The suffixes of a whole pickled module's file (any other existing file is taken as one too).
+PICKLES = (".pt", ".pth", ".pkl", ".bin", ".ckpt")
+_MODULE_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def is_code(spec: str) -> bool:
+    """Whether ``spec`` names a function or class in the user's code: ``net.py:make_net``, ``pkg.mod:Net``."""
+    head, sep, tail = spec.rpartition(":")
+    return bool(sep) and (head.endswith(".py") or bool(_MODULE_PATH.match(spec))) and tail.isidentifier()
+
+
+def is_pickle(spec: str) -> bool:
+    """Whether ``spec`` is a file (of a pickled module, unless another source claims its suffix)."""
+    return Path(spec).is_file()
+
+
+def pickled(spec: str, weights: str, options: Options) -> Built:
+    """The whole pickled module in the file ``spec`` (with ``trust_pickle`` only)."""
+    return _pickled(Path(spec).expanduser(), weights, options)
+
 
 def build(spec: str, weights: str, options: Options) -> Built:
-    if source_of(spec) == "pickle":
-        return _pickled(Path(spec).expanduser(), weights, options)
     target, _, attr = spec.rpartition(":")
     module, source_file = _import(target)
     factory = getattr(module, attr, None)

@@ -30,12 +30,6 @@ def model_settings(loaded: LoadedModel) -> dict[str, Any]:
             **({"longest": p.longest} if p.longest is not None else {}),
             **({"multiple": [p.multiple, p.multiple_rounding]} if p.multiple > 1 else {}),
         },
-        **({"video": loaded.video.settings()} if loaded.video is not None else {}),
-        **({"volume": {"size": loaded.volume.size}} if loaded.volume is not None else {}),
-        **(
-            {"inputs": dict(zip(loaded.several.names, loaded.several.bands, strict=True))}
-            if loaded.several is not None
-            else {}
-        ),
+        **loaded.inputs.key(),
         **head_settings(loaded.model),
     }

@@ -144,7 +144,7 @@ def with_several(
         mean=tuple(v for p in each for v in p.mean),
         std=tuple(v for p in each for v in p.std),
     )
-    return replace(loaded, preprocess=packed, several=SeveralPreprocess(model.names, tuple(each)))
+    return replace(loaded, preprocess=packed, inputs=SeveralPreprocess(model.names, tuple(each)))
 
 
 def _given(

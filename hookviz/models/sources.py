@@ -11,16 +11,18 @@
 ``efficientnet_lite0``                 the trained ImageNet classifier of ``hookviz[demo]`` (:mod:`.lite`)
 =====================================  =====================================================
 
-A new family is one ``build(spec, weights, options) -> Built`` function and one
-:func:`hookviz.models.build.register_source` call naming its scheme (``onnx`` for ``onnx:FILE``).
+Each source is one :class:`Source` record: its scheme (or the suffixes and names it claims), its
+``build(spec, weights, options) -> Built`` function, and the files that identify its models for the warm
+server. A new family is one :func:`register_source` call (``register_source(Source("onnx", build))`` for
+``--model onnx:FILE``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,32 +76,103 @@ def seeded(make: Callable[[], nn.Module]) -> nn.Module:
         return make()
 
 
-_MODULE_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: How a source builds a model: ``build(spec, weights, options)``.
+Builder = Callable[[str, str, Options], Built]
 
 
-#: The sources named by a scheme before a colon (``timm:convnext_tiny``); :func:`hookviz.models.build.
-#: register_source` adds one.
-SCHEMES: set[str] = {"timm", "hf", "ultralytics", "monai"}
-#: Models named without a scheme that a source other than torchvision builds (``efficientnet_lite0``: the
-#: trained classifier hookviz[demo] ships).
-NAMED: dict[str, str] = {"efficientnet_lite0": "lite"}
+def named_files(spec: str) -> tuple[Path, ...]:
+    """The file or folder a spec names (``hf:DIR``'s folder, ``ultralytics:best.pt``, ``model.onnx``; the
+    query after ``?`` left out): the warm server reads their content into its key."""
+    scheme, sep, rest = spec.partition(":")
+    named = rest if sep and scheme.isidentifier() else spec
+    return (Path(named.partition("?")[0]).expanduser(),)
 
 
-def source_of(spec: str) -> str:
-    """Which source a ``--model`` spec names: a registered scheme's (``timm:NAME``), else python (a function
-    in the user's code), pickle (a file) or torchvision (a name)."""
-    scheme = spec.partition(":")[0]
-    if ":" in spec and scheme in SCHEMES:
-        return scheme
-    if spec in NAMED:
-        return NAMED[spec]
-    if Path(spec).suffix.lower() == ".pt2":
-        return "export"
-    if Path(spec).suffix.lower() == ".onnx":
-        return "onnx"
-    head, sep, tail = spec.rpartition(":")
-    if sep and (head.endswith(".py") or _MODULE_PATH.match(spec)) and tail.isidentifier():
-        return "python"
-    if Path(spec).suffix.lower() in (".pt", ".pth", ".pkl", ".bin", ".ckpt") or Path(spec).is_file():
-        return "pickle"
-    return "torchvision"
+def no_files(spec: str) -> tuple[Path, ...]:
+    """A source whose models a name identifies alone (torchvision's, the packaged classifier)."""
+    return ()
+
+
+@dataclass(frozen=True)
+class Source:
+    """One model source, whole: what ``--model`` names it by, how it builds, and what identifies its models
+    for ``hookviz serve`` (which keeps a loaded model warm until a file it was built from changes)."""
+
+    #: Its name, and its scheme when ``scheme``: ``--model NAME:REST`` (``timm:convnext_tiny``).
+    name: str
+    build: Builder
+    #: Whether ``NAME:REST`` names it (False: it claims specs by ``suffixes``, ``names`` or ``claims`` only).
+    scheme: bool = True
+    #: Files it builds, by suffix (``.onnx``): ``--model model.onnx``.
+    suffixes: tuple[str, ...] = ()
+    #: Models named without a scheme that it builds (``efficientnet_lite0``).
+    names: tuple[str, ...] = ()
+    #: Any other spec it takes (the user's ``net.py:make_net``), asked after the schemes, names and suffixes.
+    claims: Callable[[str], bool] | None = None
+    #: The files whose content identifies a model it built (the warm server's fingerprint, with the weights
+    #: and labels); None: never kept warm (the user's own code, loaded afresh by every call).
+    fingerprint: Callable[[str], tuple[Path, ...]] | None = named_files
+
+    def files(self, spec: str) -> tuple[Path, ...] | None:
+        return self.fingerprint(spec) if self.fingerprint is not None else None
+
+
+#: The registered sources, by name, oldest first (:func:`register_source`).
+_SOURCES: dict[str, Source] = {}
+#: The source of a spec that no registered one claims.
+DEFAULT = "torchvision"
+
+
+def register_source(
+    source: Source | str, build: Builder | None = None, *, replace: bool = False, **fields: Any
+) -> Source:
+    """Make ``--model`` build what ``source`` claims (its scheme, suffixes, names); ``replace`` swaps one
+    registered under the same name. The newest registered is asked first.
+
+    Examples:
+        >>> register_source(Source("onnx", onnx_build))  # --model onnx:model.onnx
+        >>> register_source("onnx", onnx_build)  # the same: a scheme and its builder
+        >>> register_source(Source("tflite", tflite_build, scheme=False, suffixes=(".tflite",)))
+    """
+    if isinstance(source, str):
+        if build is None:
+            raise ValueError(f"source {source!r}: give its builder, or a Source")
+        source = Source(source, build, **fields)
+    if not source.name.isidentifier() or (source.name in _SOURCES and not replace):
+        raise ValueError(f"source {source.name!r}: give a new name (an identifier), or replace=True")
+    _SOURCES.pop(source.name, None)
+    _SOURCES[source.name] = source
+    return source
+
+
+def unregister_source(name: str) -> None:
+    if name == DEFAULT:
+        raise ValueError(f"{DEFAULT} builds every model no other source claims; it stays")
+    _SOURCES.pop(name, None)
+
+
+def source_named(name: str) -> Source:
+    """The registered source ``name``."""
+    return _SOURCES[name]
+
+
+def source_of(spec: str) -> Source:
+    """The source a ``--model`` spec names: a registered scheme's (``timm:NAME``), else the one naming it
+    (``efficientnet_lite0``), else the one claiming its suffix (``model.onnx``), else the first whose
+    ``claims`` takes it (the user's code, a pickled file), else torchvision's (a name)."""
+    newest = list(reversed(_SOURCES.values()))
+    scheme, sep, _ = spec.partition(":")
+    suffix = Path(spec).suffix.lower()
+    found = (
+        next((s for s in newest if sep and s.scheme and s.name == scheme), None)
+        or next((s for s in newest if spec in s.names), None)
+        or next((s for s in newest if suffix and suffix in s.suffixes), None)
+        or next((s for s in newest if s.claims is not None and s.claims(spec)), None)
+    )
+    return found if found is not None else _SOURCES[DEFAULT]
+
+
+def model_files(spec: str) -> tuple[Path, ...] | None:
+    """What the warm server reads to tell whether the model ``spec`` names changed (its source's
+    fingerprint); None: the model is loaded afresh by every call."""
+    return source_of(spec).files(spec)

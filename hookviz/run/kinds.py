@@ -29,7 +29,8 @@ from hookviz.errors import InputError, UsageError
 from hookviz.io.images import load_rgb
 from hookviz.io.inputs import Item, clip_items, expand_inputs
 from hookviz.io.outputs import Output
-from hookviz.io.samples import pair_inputs, parse_specs, read_sample
+from hookviz.io.samples import SeveralPreprocess, pair_inputs, parse_specs, read_sample
+from hookviz.io.video import VideoPreprocess
 from hookviz.jobs.video import VideoCamJob, video_summary
 from hookviz.models.loaded import LoadedModel
 from hookviz.tasks import task_of
@@ -54,6 +55,13 @@ class InputKind:
     def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
         """Whether a run of ``loaded`` over ``specs`` takes this kind."""
         return True
+
+    def prepare(self, loaded: LoadedModel) -> LoadedModel:
+        """The model-side hook, called when a run takes this kind: ``loaded`` made ready for its inputs, its
+        ``inputs`` set to what the layers below ask of them (one input's traced shape, what the outputs' key
+        adds, how ``--input-size`` is given: a :class:`~hookviz.models.loaded.ModelInputs`). The kinds
+        hookviz ships are prepared as the model loads: theirs returns ``loaded`` as it is."""
+        return loaded
 
     def find(
         self,
@@ -141,18 +149,18 @@ class Videos(InputKind):
     refusal = "{name} takes photos, not videos; explain photos with hookviz.explain"
 
     def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.video is not None
+        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         stdin = where.pop("stdin", None)
         return expand_inputs(specs, stdin, video=True, **where)
 
     def items(self, loaded: LoadedModel, found: list[Item], max_pixels: int) -> list[Item]:
-        assert loaded.video is not None
-        return list(clip_items(found, loaded.video, max_pixels))
+        assert isinstance(loaded.inputs, VideoPreprocess)
+        return list(clip_items(found, loaded.inputs, max_pixels))
 
     def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.video
+        return loaded.inputs
 
     def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
         return None
@@ -169,14 +177,14 @@ class Volumes(InputKind):
     refusal = "{name} does not take volumes; load it with volumes=True or task='volume'"
 
     def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.volume is not None
+        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         stdin = where.pop("stdin", None)
         return expand_inputs(specs, stdin, volume=True, **where)
 
     def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.volume
+        return loaded.inputs
 
     def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
         return None
@@ -189,18 +197,19 @@ class Samples(InputKind):
     refusal = "{name} takes one input; load it with load_model(..., inputs=(names...))"
 
     def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.several is not None
+        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
-        assert loaded.several is not None
+        several = loaded.inputs
+        assert isinstance(several, SeveralPreprocess)
         pairs = parse_specs(list(specs))
-        if [n for n, _ in pairs] != list(loaded.several.names):
+        if [n for n, _ in pairs] != list(several.names):
             raise UsageError(f"--input names {', '.join(n for n, _ in pairs)}; the model was loaded with "
-                             f"{', '.join(loaded.several.names)}")  # fmt: skip
+                             f"{', '.join(several.names)}")  # fmt: skip
         return pair_inputs(pairs, where.get("exclude"))
 
     def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.several
+        return loaded.inputs
 
     def read(self, loaded: LoadedModel) -> Reader:
         return read_sample
@@ -234,6 +243,13 @@ def input_kind_of(loaded: LoadedModel, specs: Sequence[str] = ()) -> InputKind:
         if kind.claims(loaded, specs):
             return kind
     return PHOTOS
+
+
+def prepared(loaded: LoadedModel, specs: Sequence[str] = ()) -> tuple[InputKind, LoadedModel]:
+    """The kind a run of ``loaded`` over ``specs`` takes (:func:`input_kind_of`), and ``loaded`` as that
+    kind prepares it (:meth:`InputKind.prepare`)."""
+    kind = input_kind_of(loaded, specs)
+    return kind, kind.prepare(loaded)
 
 
 def input_kind(name: str) -> InputKind:

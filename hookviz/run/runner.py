@@ -16,7 +16,7 @@ from hookviz.jobs.settings import CamSettings, settings_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.run import pipeline, verdicts
-from hookviz.run.kinds import InputKind, input_kind, input_kind_of
+from hookviz.run.kinds import InputKind, input_kind, input_kind_of, prepared
 from hookviz.tasks import make_cam_job, task_of
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def explain_inputs(
         specs = [f"{n}={p}" for n, p in inputs.items()]
     else:
         specs = [str(p) for p in (inputs if isinstance(inputs, list) else [inputs])]
-    taken = input_kind_of(loaded, specs)
+    taken, loaded = prepared(loaded, specs)
     if kind is not None and taken.name != kind:
         raise UsageError(input_kind(kind).refusal.format(name=loaded.name))
     output = Output(Path(out), overwrite=overwrite)

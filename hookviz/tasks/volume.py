@@ -51,10 +51,7 @@ class Volume(Task):
         return VolumePreprocess(tuple(mean), tuple(std), c, size)
 
     def input_shape(self, loaded: LoadedModel) -> tuple[int, ...]:
-        v = loaded.volume
-        side = loaded.preprocess.crop_size
-        size = v.size if v is not None and v.size is not None else (side, side, side)
-        return (loaded.preprocess.channels, *size)
+        return loaded.inputs.shape(loaded.preprocess)
 
     def read(self, item: Item, preprocess: Any, max_pixels: int) -> tuple[Any, np.ndarray, Box]:
         assert item.path is not None
