@@ -1,5 +1,5 @@
-"""The shared body of the per-image commands: model options, the reporter (progress, records on stdout), the
-run over inputs (one process, or one torchrun rank's shard), and the run-then-summarise step."""
+"""The command line's side of a run (:class:`hookviz.run.Run` does the run): the options completed, the run's
+events printed (progress on stderr, records on stdout), its end an exit code, a command's summary after it."""
 
 from __future__ import annotations
 
@@ -12,45 +12,39 @@ from typing import IO, TYPE_CHECKING, Any
 import typer
 
 from hookviz.cli import tracking
-from hookviz.cli.app import (
-    EXIT_INPUTS_FAILED,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    fail,
-    stdout_reserved,
-)
+from hookviz.cli.app import EXIT_USAGE, fail, stdout_reserved
 from hookviz.cli.loading import load_warm
 from hookviz.cli.options import RUNNING, ModelOptions, Prompts, RunOptions, Sampling
-from hookviz.errors import HookvizError
 from hookviz.io import trackers
-from hookviz.models.labels import class_label
-from hookviz.report import build_report
+from hookviz.io.outputs import to_json
 from hookviz.run import distributed
 
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for --help
-    from hookviz.io.inputs import Item
-    from hookviz.io.outputs import Output
     from hookviz.jobs import Job
-    from hookviz.jobs.build import BuiltJob, JobFactory, RunContext
+    from hookviz.jobs.build import JobFactory, RunContext
     from hookviz.models.loaded import LoadedModel
-    from hookviz.run.distributed import Dist
-    from hookviz.run.kinds import InputKind
+    from hookviz.run.events import Event
+
+#: The run options :class:`hookviz.run.Run` takes as they are.
+RUN_SETTINGS = ("out", "records", "maps", "overwrite", "skip_existing", "report", "batch_size", "workers",
+                "max_pixels", "max_memory", "null", "inputs_table", "inputs_column")  # fmt: skip
+#: How the command line starts a note's line, by its kind (:data:`hookviz.run.events.NoteKind`).
+LEADS = {"auto": "hookviz: ", "built": "hookviz: ", "failed": "hookviz: ", "rank": "hookviz",
+         "report": "hookviz: report: ", "warning": "hookviz: warning: "}  # fmt: skip
 
 
 class Reporter:
-    """Progress on stderr (a bar on a terminal), result lines on ``out``; counts ok and failed inputs.
+    """Progress on stderr (a bar on a terminal), result lines on ``out``.
 
     Lines bound for the same terminal as the bar are printed through the bar's console, so they scroll
     above it instead of tearing it.
     """
 
-    def __init__(self, out: IO[str], quiet: bool, as_json: bool) -> None:
-        self.out, self.quiet, self.as_json = out, quiet, as_json
-        self.ok = self.failed = 0
-        self.lines = True
+    def __init__(self, out: IO[str], quiet: bool, as_json: bool, lines: bool = True) -> None:
+        self.out, self.quiet, self.as_json, self.lines = out, quiet, as_json, lines
         self.bar: Any = None
         self._inner: Any = None
+        self.done = 0
         #: Under torchrun, rank 0's bar counts every rank's inputs (``count_from()`` adds them up).
         self.count_from: Callable[[], int] | None = None
 
@@ -86,37 +80,19 @@ class Reporter:
             self.out.write(text + "\n")
             self.out.flush()
 
-    def add(self, rec: dict[str, Any]) -> None:
-        if "video" in rec:  # a whole video's prediction, after its clips
-            if self.as_json:
-                from hookviz.run.pipeline import to_json
-
-                self.say(to_json(rec))
-            elif not self.quiet and self.lines:
-                v = rec["video"]
-                self.say(
-                    f"{rec['input']}: whole video: predicted {_named(v)} p={v['score']:.3f} "
-                    f"({v['clips_agreeing']} of {v['clips']} clips agree)"
-                )
-            return
-        if rec["status"] == "error":
-            self.failed += 1
+    def add(self, rec: dict[str, Any], line: str) -> None:
+        """One record: ``line`` (or its JSON) on ``out``, an error on stderr; the bar moved on."""
+        video = "video" in rec  # a whole video's prediction, after its clips: no input of its own
+        if not video and rec["status"] == "error":
             self.say(f"hookviz: {rec['error']}", err=True)
-        else:
-            self.ok += 1
         if self.as_json:
-            from hookviz.run.pipeline import to_json
-
             self.say(to_json(rec))
-        elif not self.quiet and self.lines and rec["status"] != "error":
-            self.say(_describe(rec))
-        if rec["status"] == "ok" and rec.get("note") and not self.quiet:  # a shard sample's other images
-            self.say(f"hookviz: note: {rec['input']}: {rec['note']}", err=True)
-        if self.bar is not None:
-            if self.count_from is not None:
-                self.bar.update(self._task, completed=max(self.ok + self.failed, self.count_from()))
-            else:
-                self.bar.advance(self._task)
+        elif not self.quiet and self.lines and (video or rec["status"] != "error"):
+            self.say(line)
+        if self.bar is not None and not video:
+            self.done += 1
+            every = self.count_from() if self.count_from is not None else 0
+            self.bar.update(self._task, completed=max(self.done, every))
             if self._inner is not None:
                 self.bar.remove_task(self._inner)
                 self._inner = None
@@ -124,258 +100,63 @@ class Reporter:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
 
 
 def warn(text: str) -> None:
     typer.echo(f"hookviz: warning: {text}", err=True)
 
 
-def _named(d: dict[str, Any]) -> str:
-    """``tabby (281)``, or ``class 281`` for a class without a name (not ``class 281 (281)``)."""
+def _said(event: Event, reporter: Reporter, r: RunOptions, stdout: IO[str]) -> int | None:
+    """``event`` printed; the exit code, at the end."""
+    from hookviz.run import events
 
-    return class_label(d.get("name"), d.get("index"))
-
-
-def _describe(rec: dict[str, Any]) -> str:
-    from hookviz import tasks  # loaded already: records come after the model
-
-    parts = [f"{rec['input']}:"]
-    clip = rec.get("clip")
-    if clip:
-        span = f"frames {clip['frames'][0]}-{clip['frames'][1]}"
-        if clip.get("seconds"):
-            span += f", {clip['seconds'][0]:.2f}-{clip['seconds'][1]:.2f}s"
-        parts = [f"{rec['input']} clip {clip['number']}/{clip['of']} ({span}):"]
-    told = tasks.describe(rec)
-    if told is not None:  # the task's account (a detector's boxes) replaces the prediction
-        parts += told
-        rec = {**rec, "predicted": None}
-    p, t = rec.get("predicted"), rec.get("target")
-
-    def scored(score: float) -> str:  # a probability, or a segmentation's share of the pixels
-        return f"{score:.1%} of pixels" if rec.get("region") else f"p={score:.3f}"
-
-    if p:
-        parts.append(f"predicted {_named(p)} {scored(p['score'])};")
-        if t and t["index"] != p["index"]:
-            parts.append(f"explained {_named(t)} {scored(t['score'])};")
-    outs = rec["outputs"]
-    verb = "exists" if rec["status"] == "skipped" else "wrote"
-    if outs:
-        parts.append(f"{verb} {outs[0]}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
-    return " ".join(parts)
+    if isinstance(event, events.Note) and (
+        event.kind not in ("built", "setup", "note") or not reporter.quiet
+    ):
+        reporter.say(LEADS.get(event.kind, "hookviz: note: ") + event.text, err=True)
+    elif isinstance(event, events.Started):
+        reporter.count_from = event.done
+        reporter.start(event.total)
+    elif isinstance(event, events.Record):
+        reporter.add(event.record, event.line() if not (reporter.quiet or reporter.as_json) else "")
+    elif isinstance(event, events.Written):
+        reporter.close()
+        if event.merged is not None and r.as_json:
+            stdout.write(event.merged)
+            stdout.flush()
+        tracking.log_run(r, event.start, event.command, r.quiet)
+    elif isinstance(event, events.Finished):
+        return event.code
+    return None
 
 
-def _run_job(job_factory: JobFactory, m: ModelOptions, r: RunOptions, command: str | None = None) -> None:
-    """The shared body of the per-image commands: inputs → model → job → pipeline → records.
+def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, command: str | None) -> int:
+    """The run of ``factory``'s job over ``r.inputs`` (one process, or one torchrun rank's shard), its events
+    printed; returns the exit code."""
+    from hookviz.run.runner import Run
 
-    Under ``torchrun`` every rank runs its shard of the inputs; the ranks then meet, rank 0 merges the
-    manifest parts (and prints the records with ``--json``), and each exits with the worst code.
-    """
-
-    if r.overwrite and r.skip_existing:
-        raise typer.BadParameter(
-            "--overwrite (redo everything) and --skip-existing (keep what exists) contradict each other; "
-            "pass one",
-            param_hint="--skip-existing",
-        )
     dist = distributed.from_env()
-    if dist is None:
-        _run_shard(job_factory, m, r, None, command)
-        return
-    if "-" in r.inputs:  # said once, by rank 0; every rank stops with the same code
+    if dist is not None and "-" in r.inputs:  # said once, by rank 0; every rank stops with the same code
         if dist.rank != 0:
             raise typer.Exit(EXIT_USAGE)
-        fail(
-            "reading paths from stdin is not supported under torchrun (each rank has its own stdin); "
-            "pass files, folders or globs",
-            EXIT_USAGE,
-        )
-    distributed.init(dist)
-    m = dataclasses.replace(m, device=distributed.device_and_threads(dist, m.device))
+        fail("reading paths from stdin is not supported under torchrun (each rank has its own stdin); "
+             "pass files, folders or globs", EXIT_USAGE)  # fmt: skip
+    # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
+    quiet = r.quiet or (dist is not None and (dist.rank != 0 or r.as_json))
+    settings = {name: getattr(r, name) for name in RUN_SETTINGS}
     code = 0
-    try:
-        _run_shard(job_factory, m, r, dist, command)
-    except typer.Exit as exc:
-        code = int(exc.exit_code or 0)
-    except KeyboardInterrupt:
-        typer.echo(f"hookviz[rank {dist.rank}]: interrupted", err=True)
-        code = EXIT_INTERRUPTED
-    except HookvizError as exc:
-        if dist.rank == 0 or exc.exit_code != EXIT_USAGE:  # a usage error is the same on every rank
-            typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
-        code = exc.exit_code
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        typer.echo(f"hookviz[rank {dist.rank}]: internal error: {type(exc).__name__}: {first}", err=True)
-        code = EXIT_INTERNAL
-    worst = distributed.finish(dist, code)  # every rank is done writing here
-    if dist.rank == 0 and r.out.is_dir():
-        from hookviz.run import pipeline
-
-        before = (r.out / pipeline.MANIFEST).read_bytes() if (r.out / pipeline.MANIFEST).exists() else b""
-        distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=False, job=dist.job)
-        distributed.clear_progress(r.out, dist)
-        if r.as_json:
-            added = (r.out / pipeline.MANIFEST).read_bytes()[len(before) :].decode("utf-8", "replace")
-            sys.stdout.write(added)
-            sys.stdout.flush()
-        tracking.log_run(r, len(before), command, quiet=r.quiet)
-        if r.report:
-            typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
-    # Only rank 0 reports the worst code: a rank that exits non-zero first makes torchrun stop the others,
-    # which could cut rank 0's merge short. torchrun exits with rank 0's code.
-    if worst and dist.rank == 0:
-        raise typer.Exit(worst)
-
-
-def _setup_notes(job: Job, loaded: LoadedModel) -> list[str]:
-    """What the user should know about how the model was set up before the records come."""
-    from hookviz import tasks  # loaded already: the model is
-
-    notes = list(job.loaded.notes)  # how the command set the model up (prompts cut to the tokenizer's limit)
-    if not loaded.pretrained:
-        notes.append(f"{loaded.name} has RANDOM weights (--weights none); maps show mechanics only")
-    return notes + tasks.hints(loaded)
-
-
-def _built(made: Any) -> BuiltJob:
-    from hookviz.jobs.build import BuiltJob
-
-    return made if isinstance(made, BuiltJob) else BuiltJob(job=made)
-
-
-def _said(built: BuiltJob, lead: bool, quiet: bool, reporter: Reporter) -> Job:
-    """The built job, once what its building found is said: how ``--layer auto`` chose (a result: said even
-    with -q, by rank 0), its notes, and a bar over its slow methods' passes."""
-    from hookviz.jobs.build import auto_line
-
-    if built.auto is not None and lead:
-        typer.echo(f"hookviz: {auto_line(built.auto)}", err=True)
-    if not quiet:
-        for note in built.notes:
-            typer.echo(f"hookviz: {note}", err=True)
-    if built.slow:
-        built.job.progress = reporter.inner("extra passes of " + ", ".join(built.slow))
-    return built.job
-
-
-def _check_out(r: RunOptions) -> None:
-    """``--out`` may not be one of the input folders (outputs would be read back as inputs); ``--log``
-    names a tracker that is installed (both said before any work)."""
-    if r.log is not None and (said := trackers.check_log(r.log)) is not None:
-        warn(said)
-    real_out = r.out.resolve()
-    for spec in r.inputs:
-        if spec != "-" and Path(spec).is_dir() and Path(spec).resolve() == real_out:
-            fail(
-                f"--out {str(r.out)!r} is also an input folder; outputs would be read back as inputs. "
-                "Choose another --out",
-                EXIT_USAGE,
-            )
-
-
-def _run_shard(
-    job_factory: JobFactory, m: ModelOptions, r: RunOptions, dist: Dist | None, command: str | None = None
-) -> None:
-    """One process's run (the whole run, or one torchrun rank's shard of it)."""
-    from hookviz import tasks
-    from hookviz.io.inputs import table_items
-    from hookviz.jobs.build import RunContext
-    from hookviz.run import pipeline
-    from hookviz.run.kinds import input_kind_of
-
-    _check_out(r)
-    lead = dist is None or dist.rank == 0
-    output = pipeline.Output(
-        r.out,
-        overwrite=r.overwrite,
-        manifest=dist.part_name if dist is not None else pipeline.MANIFEST,
-        pictures=not r.no_pictures,
-    )
-    quiet = r.quiet or not lead or (r.as_json and dist is not None)
     with stdout_reserved() as stdout:
-        loaded = load_warm(m, quiet)
-        kind = input_kind_of(loaded, r.inputs)
-        stdin = sys.stdin if "-" in r.inputs else None
-        everything = kind.find(loaded, r.inputs, stdin=stdin, exclude=r.out, null=r.null) if r.inputs else []
-        if r.inputs_table is not None:
-            everything += table_items(r.inputs_table, r.inputs_column)
-        # By file: a video's clips stay on one rank.
-        items = kind.items(loaded, distributed.shard(everything, dist), r.max_pixels)
-        # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
-        reporter = Reporter(stdout, quiet, r.as_json and dist is None)
-        reporter.lines = r.lines
-        # The first images of the whole input list, not of this rank's shard: every rank sees the same.
-        context = RunContext(first_images=lambda n: kind.first_images(everything, loaded, n, r.max_pixels))
-        if dist is not None:
-            context = dataclasses.replace(context, agree=distributed.agree)
+        reporter = Reporter(stdout, quiet, r.as_json and dist is None, r.lines)
+        run = Run(lambda device: load_warm(dataclasses.replace(m, device=device), quiet), r.inputs, factory,
+                  pictures=not r.no_pictures, command=command, device=m.device, progress=reporter.inner,
+                  **settings)  # fmt: skip
         try:
-            if command is not None:
-                tasks.refuse(loaded, command)
-            job = _said(_built(job_factory(loaded, context)), lead, quiet, reporter)
-            tasks.refuse(loaded, job.kind)
-            if not quiet:
-                for text in _setup_notes(job, loaded):
-                    typer.echo(f"hookviz: note: {text}", err=True)
-            if lead and r.out.is_dir():  # parts left by a killed torchrun job, before this run's records
-                distributed.merge_parts(r.out, pipeline.MANIFEST, only_dead=True)
-            output.prepare()
-            if dist is not None:
-                reporter.count_from = lambda: distributed.global_progress(r.out, dist)
-            reporter.start(len(items) if kind.cuts else len(everything))
-            _report_records(job, loaded, kind, items, output, r, dist, reporter)
+            for event in run:
+                code = _said(event, reporter, r, stdout) or code
         finally:
             reporter.close()
-    if r.report and dist is None:
-        typer.echo(f"hookviz: report: {build_report(r.out, warn=warn)}", err=True)
-    if reporter.failed:
-        where = f"rank {dist.rank}: " if dist is not None else ""
-        typer.echo(
-            f"hookviz: {where}{reporter.failed} of {len(items)} input(s) failed; "
-            f"see {r.out / pipeline.MANIFEST}",
-            err=True,
-        )
-        raise typer.Exit(EXIT_INPUTS_FAILED)
-
-
-def _report_records(
-    job: Job,
-    loaded: LoadedModel,
-    kind: InputKind,
-    items: list[Item],
-    output: Output,
-    r: RunOptions,
-    dist: Dist | None,
-    reporter: Reporter,
-) -> None:
-    """The job run over ``items``, each record said as it comes (and the notes the job takes on the way); the
-    raw maps into ``--maps``' Zarr store and each record into ``--records``' Parquet table, when asked."""
-    from hookviz.io.sinks import data_sinks
-    from hookviz.run import pipeline, runner
-
-    quiet = reporter.quiet
-    how = {n: getattr(r, n) for n in ("batch_size", "workers", "skip_existing", "max_pixels", "max_memory")}
-    say = None if quiet else lambda text: reporter.say(f"hookviz: note: {text}", err=True)
-    output.maps, table = data_sinks(r.out, r.maps, r.records, dist.rank if dist is not None else 0)
-    manifest = r.out / pipeline.MANIFEST
-    start = manifest.stat().st_size if manifest.is_file() else 0  # --log: what this run adds
-    records = runner.run_job(job, loaded, items, output, kind=kind, note=say, **how)
-    try:
-        for done, rec in enumerate(records, start=1):
-            for text in job.take_notes():
-                if not quiet:
-                    reporter.say(f"hookviz: note: {text}", err=True)
-            reporter.add(rec)
-            if table is not None:
-                table.add(rec)
-            if dist is not None:
-                distributed.write_progress(r.out, dist, done)
-    finally:
-        if table is not None:
-            table.close()
-    if dist is None:  # under torchrun, rank 0 logs the merged manifest
-        tracking.log_run(r, start, job.kind, quiet)
+    return code
 
 
 def prepared(
@@ -436,46 +217,32 @@ def run_command(
     """A per-image command's whole body: its options completed (:func:`prepared`), the job run over inputs.
     The command running (:data:`hookviz.cli.options.RUNNING`) is refused first where the model's task does
     not take it; ``prompts`` replace the model's classes; ``announce(job)`` speaks before the run (unless
-    quiet), and ``summarise(job)`` after it, even when some inputs failed (on rank 0 under torchrun)."""
+    quiet), and ``summarise(job)`` after it, even when some inputs failed (on rank 0 under torchrun); the
+    run's exit code stands."""
+    if run.overwrite and run.skip_existing:
+        raise typer.BadParameter("--overwrite (redo everything) and --skip-existing (keep what exists) "
+                                 "contradict each other; pass one", param_hint="--skip-existing")  # fmt: skip
     m, r = prepared(model, run, inputs, several, sampling, **fixed)
     built: list[Job] = []
 
     def factory(loaded: LoadedModel, context: RunContext) -> Any:
+        from hookviz.jobs.build import BuiltJob
+
         made = job_factory(prompts.apply(loaded) if prompts is not None else loaded, context)
-        built.append(_built(made).job)
+        built.append(made.job if isinstance(made, BuiltJob) else made)
         if announce is not None and not r.quiet:
             announce(built[-1])
         return made
 
-    command = RUNNING.get()
-    if summarise is None:
-        _run_job(factory, m, r, command)
-    else:
-        _run_then(factory, m, r, lambda: summarise(built[0]) if built else None, command)
-
-
-def _run_then(
-    job_factory: JobFactory,
-    m: ModelOptions,
-    r: RunOptions,
-    summarise: Callable[[], None],
-    command: str | None = None,
-) -> None:
-    """:func:`_run_job`, then ``summarise()`` over the run's records (on rank 0 under torchrun), even when
-    some inputs failed; the run's exit code stands."""
-
-    failed: typer.Exit | None = None
     if r.log is not None and (said := trackers.check_log(r.log)) is not None:
         warn(said)
     # --log after the summary: its files (evaluation.KEY.json, sanity.json, ...) are logged with the maps.
-    start, before = tracking.out_state(r.out) if r.log is not None else (0, {})  # a listing only for --log
-    try:
-        _run_job(job_factory, m, dataclasses.replace(r, log=None), command)
-    except typer.Exit as exc:
-        failed = exc
+    start, before = tracking.out_state(r.out) if summarise and r.log else (0, {})  # a listing only for --log
+    code = _run(factory, m, dataclasses.replace(r, log=None) if summarise else r, RUNNING.get())
     dist = distributed.from_env()
-    if dist is None or dist.rank == 0:
-        summarise()
-        tracking.log_run(r, start, command, r.quiet, summaries=tracking.changed(r.out, before))
-    if failed is not None:
-        raise failed
+    if summarise is not None and (dist is None or dist.rank == 0):
+        if built:
+            summarise(built[0])
+        tracking.log_run(r, start, RUNNING.get(), r.quiet, summaries=tracking.changed(r.out, before))
+    if code:
+        raise typer.Exit(code)

@@ -17,6 +17,7 @@ from typing import Any
 
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
+from hookviz.io.outputs import finite  # NaN is not JSON: JSON.parse would blank the page
 from hookviz.report import concepts
 
 MANIFEST = "manifest.jsonl"
@@ -225,7 +226,6 @@ def build_report(
             if warn is not None:
                 warn(f"{manifest}: record for {str(rec.get('input'))[:80]!r} left out ({type(exc).__name__})")
     records = latest_records(lines)
-    from hookviz.run.pipeline import finite  # NaN is not JSON: JSON.parse would blank the page
 
     env = Environment(loader=PackageLoader("hookviz", "report"), autoescape=select_autoescape(["html"]))
     page = env.get_template("template.html").render(
