@@ -8,6 +8,7 @@ after (a video's whole prediction after its clips)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
@@ -96,7 +97,8 @@ class Run:
             or the :class:`~hookviz.jobs.build.CamSettings` of ``gradcam``'s job; default Grad-CAM.
         out: the output folder (or an :class:`~hookviz.io.outputs.Output` already prepared, kept open).
         records, maps: as ``--records`` and ``--maps``: a registered sink's name (``parquet``, ``zarr``,
-            :func:`hookviz.io.sinks.register_sink`'s), a path or URL ending in ``.NAME``, or a sink itself.
+            :func:`hookviz.io.sinks.register_sink`'s), a path or URL ending in ``.NAME``, or a sink itself;
+            with ``maps``, gradcam's raw maps are kept (``save_raw``), as ``--maps`` keeps them.
         overwrite, skip_existing, pictures, batch_size, workers, max_pixels, max_memory, report, null,
             inputs_table, inputs_column: as the options of the same names (``pictures``: not
             ``--no-pictures``; ``batch_size`` None: the input kind's).
@@ -140,7 +142,10 @@ class Run:
         if overwrite and skip_existing:
             raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
         self.model, self.inputs = model, _specs(inputs)
-        self.factory: JobFactory = partial(cam_job, job or CamSettings()) if not callable(job) else job
+        if not callable(job):  # gradcam's settings: a maps store is for their raw maps
+            settings = job or CamSettings()
+            job = partial(cam_job, dataclasses.replace(settings, save_raw=True) if maps else settings)
+        self.factory: JobFactory = job
         self.output = out if isinstance(out, Output) else None
         self.out = out.root if isinstance(out, Output) else Path(out)
         self.sinks, self.pictures, self.overwrite, self.skip_existing = (
@@ -195,7 +200,7 @@ class Run:
     def _ranked(self, dist: Dist) -> Iterator[Event]:
         """This rank's shard; once every rank is done, rank 0 merges the manifest parts and builds the report;
         the last event's code is the worst rank's on rank 0 (torchrun exits with rank 0's)."""
-        distributed.init(dist)
+        joined = distributed.init(dist)
         code, where = 0, f"[rank {dist.rank}]: "
         try:
             yield from self._shard()
@@ -213,7 +218,7 @@ class Run:
                 first = (str(exc).strip().splitlines() or [""])[0]
                 yield Note("rank", f"{where}internal error: {type(exc).__name__}: {first}")
             code = said if isinstance(said, int) else INTERNAL
-        worst = distributed.finish(dist, code)  # every rank is done writing here
+        worst = distributed.finish(dist, code, leave=joined)  # every rank is done writing here
         if dist.rank == 0 and self.out.is_dir():
             manifest = self.out / MANIFEST
             before = manifest.read_bytes() if manifest.exists() else b""
