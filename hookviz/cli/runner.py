@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
 from hookviz.cli import tracking
 from hookviz.cli.app import EXIT_USAGE, fail, stdout_reserved
-from hookviz.cli.loading import load_warm
+from hookviz.cli.loading import load_warm, prepared
 from hookviz.cli.options import RUNNING, ModelOptions, Prompts, RunOptions, Sampling
 from hookviz.io import trackers
 from hookviz.io.outputs import to_json
@@ -24,21 +23,16 @@ if TYPE_CHECKING:  # names for annotations only: importing them here would load 
     from hookviz.jobs.build import JobFactory, RunContext
     from hookviz.models.loaded import LoadedModel
     from hookviz.run.events import Event
+    from hookviz.run.runner import Run
 
 #: The run options :class:`hookviz.run.Run` takes as they are.
 RUN_SETTINGS = ("out", "records", "maps", "overwrite", "skip_existing", "report", "batch_size", "workers",
                 "max_pixels", "max_memory", "null", "inputs_table", "inputs_column")  # fmt: skip
-#: How the command line starts a note's line, by its kind (:data:`hookviz.run.events.NoteKind`).
-LEADS = {"auto": "hookviz: ", "built": "hookviz: ", "failed": "hookviz: ", "rank": "hookviz",
-         "report": "hookviz: report: ", "warning": "hookviz: warning: "}  # fmt: skip
 
 
 class Reporter:
-    """Progress on stderr (a bar on a terminal), result lines on ``out``.
-
-    Lines bound for the same terminal as the bar are printed through the bar's console, so they scroll
-    above it instead of tearing it.
-    """
+    """Progress on stderr (a bar on a terminal), result lines on ``out``. Lines bound for the bar's terminal
+    are printed through the bar's console, so they scroll above it instead of tearing it."""
 
     def __init__(self, out: IO[str], quiet: bool, as_json: bool, lines: bool = True) -> None:
         self.out, self.quiet, self.as_json, self.lines = out, quiet, as_json, lines
@@ -62,17 +56,15 @@ class Reporter:
         """A ``progress(done, total)`` callback for slow work inside one batch (Score-CAM's passes)."""
 
         def update(done: int, total: int) -> None:
-            if self.bar is None:
-                return
-            if self._inner is None:
+            if self.bar is not None and self._inner is None:
                 self._inner = self.bar.add_task(label, total=total)
-            self.bar.update(self._inner, completed=done, total=total)
+            if self.bar is not None:
+                self.bar.update(self._inner, completed=done, total=total)
 
         return update
 
     def say(self, text: str, err: bool = False) -> None:
-        to_terminal = err or (hasattr(self.out, "isatty") and self.out.isatty())
-        if self.bar is not None and to_terminal:
+        if self.bar is not None and (err or (hasattr(self.out, "isatty") and self.out.isatty())):
             self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
         elif err:
             typer.echo(text, err=True)
@@ -107,14 +99,14 @@ def warn(text: str) -> None:
     typer.echo(f"hookviz: warning: {text}", err=True)
 
 
-def _said(event: Event, reporter: Reporter, r: RunOptions, stdout: IO[str]) -> int | None:
-    """``event`` printed; the exit code, at the end."""
-    from hookviz.run import events
+def _said(event: Event, reporter: Reporter, r: RunOptions, announce: Any) -> int | None:
+    """``event`` printed (``announce(job)`` once the job is built); the exit code, at the end."""
+    from hookviz.run import events  # loads torch: only once a command runs
 
-    if isinstance(event, events.Note) and (
-        event.kind not in ("built", "setup", "note") or not reporter.quiet
-    ):
-        reporter.say(LEADS.get(event.kind, "hookviz: note: ") + event.text, err=True)
+    if isinstance(event, events.Note) and (event.loud or not reporter.quiet):
+        reporter.say(event.line(), err=True)
+    elif isinstance(event, events.Built) and announce is not None and not r.quiet:
+        announce(event.job)
     elif isinstance(event, events.Started):
         reporter.count_from = event.done
         reporter.start(event.total)
@@ -122,18 +114,15 @@ def _said(event: Event, reporter: Reporter, r: RunOptions, stdout: IO[str]) -> i
         reporter.add(event.record, event.line() if not (reporter.quiet or reporter.as_json) else "")
     elif isinstance(event, events.Written):
         reporter.close()
-        if event.merged is not None and r.as_json:
-            stdout.write(event.merged)
-            stdout.flush()
+        if event.merged is not None and r.as_json:  # under torchrun: the merged records, once
+            reporter.out.write(event.merged)
+            reporter.out.flush()
         tracking.log_run(r, event.start, event.command, r.quiet)
-    elif isinstance(event, events.Finished):
-        return event.code
-    return None
+    return event.code if isinstance(event, events.Finished) else None
 
 
-def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, command: str | None) -> int:
-    """The run of ``factory``'s job over ``r.inputs`` (one process, or one torchrun rank's shard), its events
-    printed; returns the exit code."""
+def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, announce: Any) -> tuple[Run, int]:
+    """The run of ``factory``'s job over ``r.inputs`` (or a torchrun rank's shard), said; its exit code."""
     from hookviz.run.runner import Run
 
     dist = distributed.from_env()
@@ -144,61 +133,18 @@ def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, command: str | Non
              "pass files, folders or globs", EXIT_USAGE)  # fmt: skip
     # Under torchrun only rank 0 talks; the records are printed once, merged, at the end.
     quiet = r.quiet or (dist is not None and (dist.rank != 0 or r.as_json))
-    settings = {name: getattr(r, name) for name in RUN_SETTINGS}
-    code = 0
     with stdout_reserved() as stdout:
         reporter = Reporter(stdout, quiet, r.as_json and dist is None, r.lines)
         run = Run(lambda device: load_warm(dataclasses.replace(m, device=device), quiet), r.inputs, factory,
-                  pictures=not r.no_pictures, command=command, device=m.device, progress=reporter.inner,
-                  **settings)  # fmt: skip
+                  pictures=not r.no_pictures, command=RUNNING.get(), device=m.device, progress=reporter.inner,
+                  **{name: getattr(r, name) for name in RUN_SETTINGS})  # fmt: skip
+        code = 0
         try:
             for event in run:
-                code = _said(event, reporter, r, stdout) or code
+                code = _said(event, reporter, r, announce) or code
         finally:
             reporter.close()
-    return code
-
-
-def prepared(
-    model: ModelOptions,
-    run: RunOptions,
-    inputs: list[str] | None,
-    several: list[str] | None = None,
-    sampling: Sampling | None = None,
-    **fixed: Any,
-) -> tuple[ModelOptions, RunOptions]:
-    """The model and run options of a command over ``inputs`` (or ``--input NAME=PATH`` specs, ``several``):
-    completed with what the run decides for the model (the device, the inputs' kind and names, the sampling);
-    ``fixed`` sets run options a command does not let the user choose."""
-    if several:  # a model of several inputs: the NAME=PATH specs are its inputs
-        if inputs:
-            raise typer.BadParameter("give the inputs as --input NAME=PATH only, not also as arguments")
-        inputs = list(several)
-    elif not inputs and run.inputs_table is None:
-        raise typer.BadParameter("give files, folders, globs or - (stdin); or --input NAME=PATH for a model "
-                                 "of several inputs", param_hint="INPUTS")  # fmt: skip
-    run = dataclasses.replace(run, inputs=list(inputs or ()), **fixed)
-    model = dataclasses.replace(
-        model,
-        device=run.device,
-        volumes=all_volumes(list(inputs or ())),
-        inputs=tuple(s.partition("=")[0].strip() for s in several or ()),
-        **(dataclasses.asdict(sampling) if sampling is not None else {}),
-    )
-    return model, run
-
-
-def all_volumes(inputs: list[str]) -> bool:
-    """Whether every input names a volume (a NIfTI or ``.npy`` file, a DICOM folder, a folder of volumes)."""
-    from hookviz.io.volume import is_volume, volume_suffix  # loads numpy: only once a command runs
-
-    def one(spec: str) -> bool:
-        path = Path(spec).expanduser()
-        if is_volume(path):
-            return True
-        return path.is_dir() and any(volume_suffix(f) for f in path.iterdir())
-
-    return bool(inputs) and "-" not in inputs and all(one(s) for s in inputs)
+    return run, code
 
 
 def run_command(
@@ -214,35 +160,25 @@ def run_command(
     summarise: Callable[[Job], None] | None = None,
     **fixed: Any,
 ) -> None:
-    """A per-image command's whole body: its options completed (:func:`prepared`), the job run over inputs.
-    The command running (:data:`hookviz.cli.options.RUNNING`) is refused first where the model's task does
-    not take it; ``prompts`` replace the model's classes; ``announce(job)`` speaks before the run (unless
-    quiet), and ``summarise(job)`` after it, even when some inputs failed (on rank 0 under torchrun); the
-    run's exit code stands."""
+    """A per-image command's body: its options completed (:func:`prepared`), the job run over the inputs (the
+    command refused where the model's task does not take it); ``prompts`` replace the model's classes;
+    ``announce(job)`` speaks before the run, ``summarise(job)`` after it (rank 0's), even if inputs failed."""
     if run.overwrite and run.skip_existing:
         raise typer.BadParameter("--overwrite (redo everything) and --skip-existing (keep what exists) "
                                  "contradict each other; pass one", param_hint="--skip-existing")  # fmt: skip
     m, r = prepared(model, run, inputs, several, sampling, **fixed)
-    built: list[Job] = []
 
     def factory(loaded: LoadedModel, context: RunContext) -> Any:
-        from hookviz.jobs.build import BuiltJob
-
-        made = job_factory(prompts.apply(loaded) if prompts is not None else loaded, context)
-        built.append(made.job if isinstance(made, BuiltJob) else made)
-        if announce is not None and not r.quiet:
-            announce(built[-1])
-        return made
+        return job_factory(prompts.apply(loaded) if prompts is not None else loaded, context)
 
     if r.log is not None and (said := trackers.check_log(r.log)) is not None:
         warn(said)
     # --log after the summary: its files (evaluation.KEY.json, sanity.json, ...) are logged with the maps.
     start, before = tracking.out_state(r.out) if summarise and r.log else (0, {})  # a listing only for --log
-    code = _run(factory, m, dataclasses.replace(r, log=None) if summarise else r, RUNNING.get())
-    dist = distributed.from_env()
-    if summarise is not None and (dist is None or dist.rank == 0):
-        if built:
-            summarise(built[0])
+    done, code = _run(factory, m, dataclasses.replace(r, log=None) if summarise else r, announce)
+    if summarise is not None and done.lead:
+        if done.job is not None:
+            summarise(done.job)
         tracking.log_run(r, start, RUNNING.get(), r.quiet, summaries=tracking.changed(r.out, before))
     if code:
         raise typer.Exit(code)

@@ -67,24 +67,12 @@ class Output:
     records: RecordSink | None = None
 
     def prepare(self) -> None:
-        """Create the folder; fail clearly if it is a file or not writable.
+        """Create the folder (:func:`make_folder`), clean what a killed run left, read the earlier results.
 
         Raises:
             OutputError: the folder cannot be used.
         """
-        if self.root.exists() and not self.root.is_dir():
-            raise OutputError(f"--out {self.root}: is a file, not a folder; choose another --out")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"--out {self.root}: cannot create the folder ({exc.strerror})") from None
-        try:
-            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".hookviz-probe-"):
-                pass
-        except OSError as exc:
-            raise OutputError(
-                f"--out {self.root}: the folder is not writable ({exc.strerror}); choose another --out"
-            ) from None
+        make_folder(self.root)
         self._clean_stale_temps()
         self.previous = read_results(self.root / MANIFEST)
         if os.path.lexists(self.root / self.manifest):
@@ -170,6 +158,28 @@ class Output:
         self.close()
         if self.records is not None:
             self.records.close()
+
+
+def make_folder(root: Path) -> None:
+    """Create ``root`` (a run's output folder, before its sinks open there); fail clearly if it is a file or
+    not writable.
+
+    Raises:
+        OutputError: the folder cannot be used.
+    """
+    if root.exists() and not root.is_dir():
+        raise OutputError(f"--out {root}: is a file, not a folder; choose another --out")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"--out {root}: cannot create the folder ({exc.strerror})") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".hookviz-probe-"):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"--out {root}: the folder is not writable ({exc.strerror}); choose another --out"
+        ) from None
 
 
 def finite(value: Any) -> Any:

@@ -3,6 +3,7 @@ line prints (each one line, or nothing) and Python reads, or ignores.
 
 - :class:`Note`: something the user should know (how ``--layer auto`` chose, how the model was set up, a batch
   split to fit ``--max-memory``, the report's place, the inputs that failed);
+- :class:`Built`: the job is built (its layers chosen), before what its building found is said;
 - :class:`Started`: the inputs are found, the job built, the output ready: ``total`` to go;
 - :class:`Record`: one input's record, as appended to the manifest (and to ``--records``' sink);
 - :class:`Written`: every record of the run is in ``manifest.jsonl`` (merged, under torchrun, on rank 0);
@@ -24,12 +25,34 @@ from hookviz.models.labels import class_label
 NoteKind = Literal["auto", "built", "setup", "note", "warning", "report", "failed", "rank"]
 
 
+#: How a note's line starts, by its kind (the others: ``hookviz: note:``).
+LEADS = {"auto": "hookviz: ", "built": "hookviz: ", "failed": "hookviz: ", "rank": "hookviz",
+         "report": "hookviz: report: ", "warning": "hookviz: warning: "}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Note:
     """One line for the user (:data:`NoteKind` says what about)."""
 
     kind: NoteKind
     text: str
+
+    @property
+    def loud(self) -> bool:
+        """Whether it is said even when quiet: a result (how ``--layer auto`` chose, the report, the failed
+        inputs), a warning, a rank's error."""
+        return self.kind not in ("built", "setup", "note")
+
+    def line(self) -> str:
+        """The note as the command line says it (``hookviz: note: ...``)."""
+        return LEADS.get(self.kind, "hookviz: note: ") + self.text
+
+
+@dataclass(frozen=True)
+class Built:
+    """The job the run runs (a :class:`hookviz.jobs.common.Job`), built for the model and the inputs."""
+
+    job: Any
 
 
 @dataclass(frozen=True)
@@ -72,7 +95,7 @@ class Finished:
     code: int
 
 
-Event = Note | Started | Record | Written | Finished
+Event = Note | Built | Started | Record | Written | Finished
 
 
 def named(d: dict[str, Any]) -> str:

@@ -19,14 +19,14 @@ from hookviz import tasks
 from hookviz.errors import HookvizError, UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item, table_items
-from hookviz.io.outputs import MANIFEST, MapStore, Output, RecordSink
+from hookviz.io.outputs import MANIFEST, MapStore, Output, RecordSink, make_folder
 from hookviz.io.sinks import data_sinks
 from hookviz.jobs.build import BuiltJob, CamSettings, JobFactory, RunContext, auto_line
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.report import build_report
 from hookviz.run import distributed, pipeline
-from hookviz.run.events import Event, Finished, Note, Record, Started, Written
+from hookviz.run.events import Built, Event, Finished, Note, Record, Started, Written
 from hookviz.run.kinds import InputKind, input_kind, input_kind_of
 from hookviz.tasks import cam_job, task_of
 
@@ -166,6 +166,8 @@ class Run:
         #: Whether this process speaks for the run (rank 0 under torchrun).
         self.lead = self.dist is None or self.dist.rank == 0
         self.ok = self.failed = 0
+        #: The job, once built (:class:`~hookviz.run.events.Built`).
+        self.job: Job | None = None
 
     def __iter__(self) -> Iterator[Event]:
         if self.dist is None:
@@ -300,6 +302,8 @@ class Run:
             tasks.refuse(loaded, self.command)
         made = self.factory(loaded, context)
         built = made if isinstance(made, BuiltJob) else BuiltJob(job=made)
+        self.job = built.job
+        yield Built(built.job)
         if built.auto is not None and self.lead:
             yield Note("auto", auto_line(built.auto))
         for text in built.notes:
@@ -321,7 +325,10 @@ class Run:
         if self.lead and self.out.is_dir():
             distributed.merge_parts(self.out, MANIFEST, only_dead=True)
         dist = self.dist
-        maps, records = self.sinks  # a sink's name (or place) opened here; a sink given, as it is
+        maps, records = (
+            self.sinks
+        )  # a sink's name (or place) opened here, in the folder; a sink given, as it is
+        make_folder(self.out)
         named = data_sinks(
             self.out, maps if isinstance(maps, str) else None, records if isinstance(records, str) else None,
             dist.rank if dist is not None else 0,
