@@ -95,7 +95,8 @@ class Run:
         inputs: see :data:`Inputs`.
         job: a job factory (``factory(loaded, context)``: a job or a :class:`~hookviz.jobs.build.BuiltJob`),
             or the :class:`~hookviz.jobs.build.CamSettings` of ``gradcam``'s job; default Grad-CAM.
-        out: the output folder (or an :class:`~hookviz.io.outputs.Output` already prepared, kept open).
+        out: the output folder (or an :class:`~hookviz.io.outputs.Output` already prepared, with its sinks:
+            kept open, as :class:`hookviz.ray.Explainer` keeps one for all its batches).
         records, maps: as ``--records`` and ``--maps``: a registered sink's name (``parquet``, ``zarr``,
             :func:`hookviz.io.sinks.register_sink`'s), a path or URL ending in ``.NAME``, or a sink itself;
             with ``maps``, gradcam's raw maps are kept (``save_raw``), as ``--maps`` keeps them.
@@ -148,18 +149,12 @@ class Run:
         self.factory: JobFactory = job
         self.output = out if isinstance(out, Output) else None
         self.out = out.root if isinstance(out, Output) else Path(out)
-        self.sinks, self.pictures, self.overwrite, self.skip_existing = (
-            (maps, records),
-            pictures,
-            overwrite,
-            skip_existing,
-        )
-        self.batch_size, self.workers, self.max_pixels, self.max_memory = (
-            batch_size,
-            workers,
-            max_pixels,
-            max_memory,
-        )
+        if isinstance(out, Output) and (records is not None or maps is not None):
+            raise UsageError("Run(out=Output(...)): give the Output its sinks (maps=, records=), not the Run")
+        self.sinks = (maps, records)
+        self.pictures, self.overwrite, self.skip_existing = pictures, overwrite, skip_existing
+        self.batch_size, self.workers = batch_size, workers
+        self.max_pixels, self.max_memory = max_pixels, max_memory
         self.report, self.null, self.table = report, null, (inputs_table, inputs_column)
         self.kind, self.command, self.device, self.progress = kind, command, device, progress
         self.dist: Dist | None = distributed.from_env() if torchrun else None
@@ -170,6 +165,7 @@ class Run:
         self.job: Job | None = None
 
     def __iter__(self) -> Iterator[Event]:
+        self.ok = self.failed = 0
         if self.dist is None:
             yield from self._shard()
             yield Finished(self.ok, self.failed, 1 if self.failed else 0)
