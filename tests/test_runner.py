@@ -127,9 +127,9 @@ def test_a_python_run_writes_the_manifest_table_and_store_the_cli_writes(
 
 
 def test_the_events_come_in_order_and_end_with_the_exit_code(shapes: dict[str, Path], tmp_path: Path) -> None:
-    """Notes (the random weights of a model loaded with none), one Started for the inputs, a Record per input
-    (a file that is not a photo an error), Written with where this run's records start in the manifest, the
-    failed inputs said, then Finished with the command line's exit code (1: an input failed)."""
+    """The job built, notes (the random weights of a model loaded with none), one Started for the inputs, a
+    Record per input (a file that is not a photo an error), Written with where this run's records start in the
+    manifest, the failed inputs said, then Finished with the command line's exit code (1: an input failed)."""
     photos = tmp_path / "in"
     photos.mkdir()
     for p in sorted(shapes["photos"].iterdir())[:2]:
@@ -140,7 +140,8 @@ def test_the_events_come_in_order_and_end_with_the_exit_code(shapes: dict[str, P
     kinds = [type(e).__name__ for e in found]
     first = kinds.index("Started")
     assert kinds[first:] == ["Started", "Record", "Record", "Record", "Written", "Note", "Finished"], kinds
-    assert all(k == "Note" for k in kinds[:first])
+    assert sorted(set(kinds[:first])) == ["Built", "Note"] and kinds[:first].index("Built") == 0
+    assert isinstance(found[0], events.Built) and list(found[0].job.layers) == ["features.6"]
     setup = [e.text for e in found[:first] if isinstance(e, events.Note) and e.kind == "setup"]
     assert any("RANDOM weights" in text for text in setup)
     started, written, said, finished = found[first], found[-3], found[-2], found[-1]
