@@ -24,6 +24,8 @@ _EXPORTS = {
     "Explanation": "hookviz.engine.explain",
     "explain_detections": "hookviz.engine.detection",
     "explain_inputs": "hookviz.run.runner",
+    "Run": "hookviz.run.runner",
+    "register_sink": "hookviz.io.sinks",
     "widget": "hookviz.explore.widget",
     "explain_videos": "hookviz.run.runner",
     "explain_volumes": "hookviz.run.runner",
@@ -68,13 +70,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from hookviz.evaluation.trust import TrustReport
     from hookviz.explore.widget import widget
     from hookviz.io.images import Preprocess, load_rgb
+    from hookviz.io.sinks import register_sink
     from hookviz.io.volume import read_volume
     from hookviz.jobs.evaluate import evaluate
     from hookviz.methods import Method, MethodOptions, register_method
     from hookviz.models.loaded import LoadedModel
     from hookviz.options import Normalize, Stage
     from hookviz.run.kinds import InputKind, register_input_kind
-    from hookviz.run.runner import explain_inputs, explain_samples, explain_videos, explain_volumes
+    from hookviz.run.runner import Run, explain_inputs, explain_samples, explain_videos, explain_volumes
     from hookviz.run.trust import trust
     from hookviz.summary import ModelSummary, summarize
     from hookviz.tasks import load_model
@@ -97,6 +100,7 @@ __all__ = [
     "Monitor",
     "Normalize",
     "Preprocess",
+    "Run",
     "Stage",
     "TrustReport",
     "attach_dropblock",
@@ -120,6 +124,7 @@ __all__ = [
     "read_volume",
     "register_input_kind",
     "register_method",
+    "register_sink",
     "resolve_layers",
     "summarize",
     "trace_shapes",

@@ -1,11 +1,11 @@
 """hookviz on Ray Data: :class:`Explainer` is a callable class for ``Dataset.map_batches``, so a cluster
 explains a data set where it lives (``pip install 'hookviz[ray]'``; Ray is never required otherwise).
 
-Each actor loads the model once and runs ``hookviz gradcam``'s pipeline on each batch of rows: the pictures
-(and raw maps, or a Zarr store) written under ``out`` as the command writes them, each record appended to
-``out/manifest.jsonl``, and the rows returned are those ``--records parquet`` writes, a row per input x target
-x method x layer. torchrun stays the way for GPU jobs on a fixed set of machines (docs: "A data set in the
-cloud").
+Each actor loads the model once and runs ``hookviz gradcam``'s run (:class:`hookviz.run.Run`) on each batch
+of rows: the pictures (and raw maps, or a Zarr store) written under ``out`` as the command writes them, each
+record appended to ``out/manifest.jsonl``, and the rows returned are those ``--records parquet`` writes, a row
+per input x target x method x layer. torchrun stays the way for GPU jobs on a fixed set of machines (docs: "A
+data set in the cloud").
 
 Example::
 
@@ -28,11 +28,12 @@ from typing import Any
 from hookviz.errors import UsageError
 from hookviz.io.inputs import Item
 from hookviz.io.outputs import Output
-from hookviz.io.sinks import COLUMNS, ZarrMaps, record_rows
+from hookviz.io.sinks import COLUMNS, data_sinks, record_rows
 from hookviz.io.stores import PATH_COLUMNS, Blob, is_url
 from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import resolve_device
-from hookviz.run.runner import run_job
+from hookviz.run.events import Record
+from hookviz.run.runner import Run
 from hookviz.tasks import load_model, make_cam_job
 
 
@@ -66,9 +67,9 @@ class Explainer:
         self.loaded = load_model(model, device=resolve_device(device), **load)
         chosen = settings or CamSettings(methods=tuple(methods), layers=tuple(layers), target=target)
         self.job = make_cam_job(self.loaded, chosen if maps is None else _raw(chosen)).job
-        self.output = Output(Path(out))
+        store, _ = data_sinks(Path(out), maps, None)
+        self.output = Output(Path(out), maps=store)
         self.output.prepare()
-        self.output.maps = ZarrMaps(maps) if maps is not None else None
         self.column = column
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
@@ -79,8 +80,9 @@ class Explainer:
                 f"hookviz.ray.Explainer: the rows have no {column or 'path'} column ({list(batch)})"
             )
         items = [_item(str(value)) for value in batch[column]]
-        found = run_job(self.job, self.loaded, items, self.output, batch_size=max(1, len(items)))
-        rows = [row for record in found for row in record_rows(record)]
+        job = lambda loaded, context: self.job  # noqa: E731  (built once, by the actor)
+        run = Run(self.loaded, items, job, out=self.output, batch_size=max(1, len(items)), torchrun=False)
+        rows = [row for event in run if isinstance(event, Record) for row in record_rows(event.record)]
         return {name: [row.get(name) for row in rows] for name, _ in COLUMNS}
 
 

@@ -29,9 +29,9 @@ LAYERS = [
     "sae",  # what a layer has learned: sparse dictionaries trained from hooks, their features
     "jobs",  # adapters from a command's settings to the pipeline
     "tasks",  # the task registry
+    "report",  # the HTML page over a run's manifest (the run builds it at its end)
     "run",  # the pipeline, torchrun, the runner
     "vlm",  # generative vision-language models: their families, word maps, pictures, runs
-    "report",  # the HTML page
     "explore",  # hookviz explore: the live page and its API
     "serve",  # the warm server
     "cli",  # the command line

@@ -1,5 +1,6 @@
-"""How a per-image command gets its model: the model options every such command shares, loading them, and the
-warm models of ``hookviz serve`` (a forked child finds the model its parent loaded)."""
+"""How a per-image command gets its model: the model options every such command shares, completed with what
+the run decides (:func:`prepared`), loading them, and the warm models of ``hookviz serve`` (a forked child
+finds the model its parent loaded)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookviz.cli.options import ModelOptions
+import typer
+
+from hookviz.cli.options import ModelOptions, RunOptions, Sampling
 from hookviz.errors import UsageError
 from hookviz.io.files import file_digest
 from hookviz.startup import release_collector
@@ -16,7 +19,7 @@ from hookviz.startup import release_collector
 if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
     from hookviz.models.loaded import LoadedModel
 
-__all__ = ["USED", "WARM", "ModelOptions", "load_options", "warm_key", "with_sampling"]
+__all__ = ["USED", "WARM", "ModelOptions", "load_options", "prepared", "warm_key", "with_sampling"]
 
 
 #: Models kept warm by ``hookviz serve`` (a forked child finds them here), by :func:`warm_key`.
@@ -111,3 +114,34 @@ def with_sampling(
     if clips is not None and clips != "all" and not (clips.isascii() and clips.isdigit() and int(clips) > 0):
         raise UsageError(f"--clips {clips!r}: give a positive number of clips, or all")
     return dataclasses.replace(loaded, inputs=video.sampled(clip_len, frame_stride, clips))
+
+
+def prepared(
+    model: ModelOptions,
+    run: RunOptions,
+    inputs: list[str] | None,
+    several: list[str] | None = None,
+    sampling: Sampling | None = None,
+    **fixed: Any,
+) -> tuple[ModelOptions, RunOptions]:
+    """The model and run options of a command over ``inputs`` (or ``--input NAME=PATH`` specs, ``several``):
+    completed with what the run decides for the model (the device, the inputs' kind and names, the sampling);
+    ``fixed`` sets run options a command does not let the user choose."""
+    from hookviz.io.volume import all_volumes  # loads numpy: only once a command runs
+
+    if several:  # a model of several inputs: the NAME=PATH specs are its inputs
+        if inputs:
+            raise typer.BadParameter("give the inputs as --input NAME=PATH only, not also as arguments")
+        inputs = list(several)
+    elif not inputs and run.inputs_table is None:
+        raise typer.BadParameter("give files, folders, globs or - (stdin); or --input NAME=PATH for a model "
+                                 "of several inputs", param_hint="INPUTS")  # fmt: skip
+    run = dataclasses.replace(run, inputs=list(inputs or ()), **fixed)
+    model = dataclasses.replace(
+        model,
+        device=run.device,
+        volumes=all_volumes(list(inputs or ())),
+        inputs=tuple(s.partition("=")[0].strip() for s in several or ()),
+        **(dataclasses.asdict(sampling) if sampling is not None else {}),
+    )
+    return model, run

@@ -57,8 +57,7 @@ class Explanation(ExplanationDisplay):
             ``probs`` are then pixel shares, see :mod:`hookviz.core.readout`); ``region`` what a score sums.
         negative_mass: per layer, ``(B,)`` the share of each image's CAM-tensor mass (sum of absolute
             values) that is below zero: ~0.5 for a BatchNorm's output, 0 after a ReLU, a few % after SiLU
-            (some formulas assume none: those whose :class:`hookviz.methods.registry.Method` says why in its
-            ``assumes_nonnegative``).
+            (formulas that assume none say why in ``hookviz.methods.registry.Method.assumes_nonnegative``).
         guided: with Guided Backprop, how many activations of each kind were guided (``{"relu": 17}``).
         channels: per layer, the CAM tensor's channels.
         score_kind: ``softmax`` (``probs`` are a softmax) or ``identity`` (they are the scores themselves: a

@@ -11,7 +11,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hookviz.errors import OutputError
 from hookviz.io.files import TEMP, append_line, atomic_write, open_append
@@ -28,9 +28,29 @@ def safe_name(text: str) -> str:
 MANIFEST = "manifest.jsonl"
 
 
+class MapStore(Protocol):
+    """Where raw maps (``.npy`` outputs) go instead of files (``--maps``: ``hookviz.io.sinks.ZarrMaps``)."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def write(self, name: str, data: bytes, attrs: dict[str, Any]) -> str: ...
+
+    def location(self, name: str) -> str: ...
+
+
+class RecordSink(Protocol):
+    """Where each record goes besides the manifest (``--records``: :class:`hookviz.io.sinks.RecordTable`);
+    ``close()`` once the run is done."""
+
+    def add(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> Any: ...
+
+
 @dataclass
 class Output:
-    """Atomic writes under one folder, and its manifest."""
+    """Atomic writes under one folder, its manifest, and the sinks the run writes into besides (given when it
+    is built: a store for the raw maps, a sink for the records)."""
 
     root: Path
     overwrite: bool = False
@@ -40,29 +60,19 @@ class Output:
     #: The latest result record (``ok`` or ``skipped``) per output prefix, read from an earlier manifest.
     previous: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     #: Where raw maps (``.npy`` outputs) go instead of files: a Zarr store (``hookviz.io.sinks.ZarrMaps``).
-    maps: Any = None
+    maps: MapStore | None = None
     #: Whether PNG pictures are written (``--no-pictures``: the raw maps and records only).
     pictures: bool = True
+    #: Where each record also goes (``--records``: a Parquet table), as it is appended to the manifest.
+    records: RecordSink | None = None
 
     def prepare(self) -> None:
-        """Create the folder; fail clearly if it is a file or not writable.
+        """Create the folder (:func:`make_folder`), clean what a killed run left, read the earlier results.
 
         Raises:
             OutputError: the folder cannot be used.
         """
-        if self.root.exists() and not self.root.is_dir():
-            raise OutputError(f"--out {self.root}: is a file, not a folder; choose another --out")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"--out {self.root}: cannot create the folder ({exc.strerror})") from None
-        try:
-            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".hookviz-probe-"):
-                pass
-        except OSError as exc:
-            raise OutputError(
-                f"--out {self.root}: the folder is not writable ({exc.strerror}); choose another --out"
-            ) from None
+        make_folder(self.root)
         self._clean_stale_temps()
         self.previous = read_results(self.root / MANIFEST)
         if os.path.lexists(self.root / self.manifest):
@@ -134,11 +144,42 @@ class Output:
                 f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}); the run "
                 "stopped: free some space and rerun (finished inputs are skipped)"
             ) from None
+        if self.records is not None:
+            self.records.add(entry)
 
     def close(self) -> None:
+        """Close the manifest (a later record opens it again); the sinks stay open (:meth:`finish`)."""
         if self._manifest_fd is not None:
             os.close(self._manifest_fd)
             self._manifest_fd = None
+
+    def finish(self) -> None:
+        """Close the manifest and the records' sink (its table put in place): the run is over."""
+        self.close()
+        if self.records is not None:
+            self.records.close()
+
+
+def make_folder(root: Path) -> None:
+    """Create ``root`` (a run's output folder, before its sinks open there); fail clearly if it is a file or
+    not writable.
+
+    Raises:
+        OutputError: the folder cannot be used.
+    """
+    if root.exists() and not root.is_dir():
+        raise OutputError(f"--out {root}: is a file, not a folder; choose another --out")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"--out {root}: cannot create the folder ({exc.strerror})") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".hookviz-probe-"):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"--out {root}: the folder is not writable ({exc.strerror}); choose another --out"
+        ) from None
 
 
 def finite(value: Any) -> Any:

@@ -16,6 +16,8 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,20 +247,76 @@ def _arrow_fs(fs: Any) -> Any:
     return PyFileSystem(FSSpecHandler(fs))
 
 
-def data_sinks(
-    out: Path, maps: str | None, records: str | None, rank: int = 0
-) -> tuple[ZarrMaps | None, RecordTable | None]:
-    """The Zarr store (``--maps``) and the Parquet table (``--records``) a run writes into: ``zarr`` and
-    ``parquet`` put them under ``out``; else a local path or a URL ending in ``.zarr`` / ``.parquet``.
+#: Makes a sink: ``factory(where, rank)``, ``where`` the place resolved from the option (a path or URL),
+#: ``rank`` the torchrun rank writing (0 in one process).
+SinkFactory = Callable[[str, int], Any]
+
+
+@dataclass(frozen=True)
+class Sink:
+    """A registered sink: ``--records NAME`` (what each record also goes to) or ``--maps NAME`` (where the raw
+    maps go); ``NAME`` alone puts it at ``OUT/<records|maps>.NAME``, a path or URL ending in ``.NAME`` there.
+    """
+
+    name: str
+    kind: str
+    factory: SinkFactory
+
+
+#: The sinks by (kind, name): ``records`` sinks take :class:`hookviz.io.outputs.RecordSink`'s calls,
+#: ``maps`` sinks :class:`hookviz.io.outputs.MapStore`'s.
+SINKS: dict[tuple[str, str], Sink] = {}
+
+
+def register_sink(name: str, factory: SinkFactory, *, kind: str = "records") -> Sink:
+    """Make ``--records NAME`` (or, with ``kind="maps"``, ``--maps NAME``) write through ``factory(where,
+    rank)``: a records sink has ``add(record)`` and ``close()``; a maps store ``exists(name)``,
+    ``write(name, data, attrs)`` and ``location(name)``. Returns the registered :class:`Sink`.
+
+    Raises:
+        UsageError: ``kind`` is neither records nor maps; ``name`` is not a plain word.
+    """
+    if kind not in ("records", "maps"):
+        raise UsageError(f"register_sink({name!r}): kind {kind!r} is neither records nor maps")
+    if not name.isidentifier():
+        raise UsageError(f"register_sink({name!r}): a sink's name is one word (letters, digits, _)")
+    SINKS[(kind, name)] = sink = Sink(name, kind, factory)
+    return sink
+
+
+def unregister_sink(name: str, *, kind: str = "records") -> None:
+    """Take back :func:`register_sink`'s ``name`` (a test's, a plugin's)."""
+    SINKS.pop((kind, name), None)
+
+
+register_sink("parquet", lambda where, rank: RecordTable(where, rank))
+register_sink("zarr", lambda where, rank: ZarrMaps(where), kind="maps")
+
+
+def _place(kind: str, value: str, out: Path) -> tuple[Sink, str]:
+    """The registered sink ``value`` names and where it writes."""
+    if (kind, value) in SINKS:
+        return SINKS[(kind, value)], str(out / f"{kind}.{value}")
+    names = [name for k, name in SINKS if k == kind]
+    for name in names:
+        if value.rstrip("/").endswith(f".{name}"):
+            return SINKS[(kind, name)], value
+    said, ends = " or ".join(names), " or .".join(names)
+    raise UsageError(f"--{kind} {value}: give {said}, or a folder or URL ending in .{ends}")
+
+
+def data_sinks(out: Path, maps: str | None, records: str | None, rank: int = 0) -> tuple[Any, Any]:
+    """The maps store (``--maps``) and the records sink (``--records``) a run writes into, each None when not
+    asked for: a registered name (``zarr``, ``parquet``) puts it under ``out`` (``OUT/maps.zarr``,
+    ``OUT/records.parquet``), else it is a local path or URL ending in ``.NAME``. Both values are checked
+    before either is opened.
 
     Raises:
         UsageError: another value; a missing package. OutputError: a store that cannot be opened.
     """
-    for value, word, flag in ((maps, "zarr", "--maps"), (records, "parquet", "--records")):
-        if value is not None and value != word and not value.rstrip("/").endswith(f".{word}"):
-            raise UsageError(f"{flag} {value}: give {word}, or a folder or URL ending in .{word}")
-    store = ZarrMaps(str(out / "maps.zarr") if maps == "zarr" else maps) if maps is not None else None
-    table = None
-    if records is not None:
-        table = RecordTable(str(out / "records.parquet") if records == "parquet" else records, rank)
-    return store, table
+    store = _place("maps", maps, out) if maps is not None else None
+    table = _place("records", records, out) if records is not None else None
+    return (
+        store[0].factory(store[1], rank) if store is not None else None,
+        table[0].factory(table[1], rank) if table is not None else None,
+    )

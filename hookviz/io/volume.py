@@ -58,6 +58,17 @@ def is_volume(path: Path) -> bool:
     return volume_suffix(path) is not None or is_dicom_folder(path)
 
 
+def all_volumes(specs: Sequence[str]) -> bool:
+    """Whether every input names a volume (a NIfTI or ``.npy`` file, a DICOM folder, a folder of volumes):
+    then the inputs decide the model's task (a 3-D CNN)."""
+
+    def one(spec: str) -> bool:
+        path = Path(spec).expanduser()
+        return is_volume(path) or (path.is_dir() and any(volume_suffix(f) for f in path.iterdir()))
+
+    return bool(specs) and "-" not in specs and all(one(s) for s in specs)
+
+
 @dataclass(frozen=True)
 class Volume:
     """A volume as read: its values ``(C, X, Y, Z)`` float32, the voxel-to-world ``affine`` (mm, RAS; the

@@ -17,6 +17,7 @@ from typing import Any
 
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
+from hookviz.io.outputs import finite  # NaN is not JSON: JSON.parse would blank the page
 from hookviz.report import concepts
 
 MANIFEST = "manifest.jsonl"
@@ -202,7 +203,7 @@ def _verdicts(
 ) -> list[dict[str, Any]]:
     """Each picture's verdict (``picture["verdict"]``) from a trust run of its record's model and weights, in
     ``trust`` or ``out`` (or their subfolders); the runs used, for the header."""
-    from hookviz.run.verdicts import badge_for, trust_runs  # loads torch: only once a page is built
+    from hookviz.evaluation.trust_read import badge_for, trust_runs  # loads torch: only once a page is built
 
     runs: dict[tuple[str, str], Any] = {}
     for r in trust_runs([*trust, out], warn):  # the newest of a model and weights wins
@@ -254,7 +255,6 @@ def build_report(
                 warn(f"{manifest}: record for {str(rec.get('input'))[:80]!r} left out ({type(exc).__name__})")
     records = latest_records(lines)
     trusted = _verdicts(out, records, cards, [Path(t) for t in trust], warn)
-    from hookviz.run.pipeline import finite  # NaN is not JSON: JSON.parse would blank the page
 
     env = Environment(loader=PackageLoader("hookviz", "report"), autoescape=select_autoescape(["html"]))
     page = env.get_template("template.html").render(

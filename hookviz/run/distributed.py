@@ -84,12 +84,15 @@ def device_and_threads(dist: Dist, requested: str) -> str:
     return requested
 
 
-def init(dist: Dist) -> None:
-    """Join the job's gloo group (the rendezvous torchrun set up), for the barrier and exit codes."""
+def init(dist: Dist) -> bool:
+    """Join the job's gloo group (the rendezvous torchrun set up), for the barrier and exit codes; whether
+    it was joined here (False: the process had its own group already, as a training script has)."""
     import torch.distributed as td
 
-    if not td.is_initialized():
-        td.init_process_group("gloo")
+    if td.is_initialized():
+        return False
+    td.init_process_group("gloo")
+    return True
 
 
 def agree(value: Any) -> Any:
@@ -104,8 +107,9 @@ def agree(value: Any) -> Any:
     return box[0]
 
 
-def finish(dist: Dist, code: int) -> int:
-    """Wait for every rank, then return the worst exit code over the ranks (the same on each)."""
+def finish(dist: Dist, code: int, leave: bool = True) -> int:
+    """Wait for every rank, then return the worst exit code over the ranks (the same on each); ``leave``:
+    destroy the group (one :func:`init` joined)."""
     import torch
     import torch.distributed as td
 
@@ -114,7 +118,8 @@ def finish(dist: Dist, code: int) -> int:
     worst = torch.tensor([code], dtype=torch.int64)
     td.all_reduce(worst, op=td.ReduceOp.MAX)
     _released(worst)
-    td.destroy_process_group()
+    if leave:
+        td.destroy_process_group()
     return int(worst.item())
 
 

@@ -16,17 +16,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import shlex
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hookviz.errors import UntrustedError, UsageError
-from hookviz.evaluation.trust import Candidate, TrustReport
-from hookviz.evaluation.trust_read import report_from_dict
+from hookviz.evaluation.trust_read import (
+    TRUST_JSON,
+    TrustRun,
+    badge_for,
+    find_trust,
+    read_trust,
+    trust_runs,
+)
 from hookviz.io.outputs import settings_key
 from hookviz.jobs.build import BuiltJob, CamSettings, RunContext
 from hookviz.models.loaded import LoadedModel
@@ -39,14 +43,11 @@ __all__ = ["AUTO", "AUTO_PHOTOS", "Choice", "TrustRun", "auto_choice", "auto_job
            "badge_for", "choose", "find_trust", "read_trust", "trust_key", "trust_run_of", "trust_runs",
            "with_badges"]  # fmt: skip
 
-TRUST_JSON = "trust.json"
 #: ``--method auto``: the method and layer of the model's trust run.
 AUTO = "auto"
 #: Photos a trust run made for ``--method auto`` tests, the first by name: enough for an interval, few enough
 #: to be quick (``hookviz trust --max-photos 16`` gives answers worth reading; point ``--trust`` at it).
 AUTO_PHOTOS = 8
-#: A verdict's rank: the best first.
-RANK = {"recommended": 0, "care": 1, "fails": 2}
 
 
 def trust_key(loaded: LoadedModel) -> dict[str, str]:
@@ -58,77 +59,6 @@ def trust_key(loaded: LoadedModel) -> dict[str, str]:
 def key_digest(key: Mapping[str, Any]) -> str:
     """8 hex digits of a key (the folder a trust run made for ``--method auto`` is kept in)."""
     return settings_key({"model": key.get("model"), "weights": key.get("weights")})
-
-
-@dataclass(frozen=True)
-class TrustRun:
-    """A trust run on disk: its folder, its key and its report."""
-
-    folder: Path
-    key: dict[str, str]
-    report: TrustReport
-
-    def __str__(self) -> str:
-        return f"the trust run in {self.folder} ({len(self.report.photos)} photo(s), seed {self.report.seed})"
-
-
-def read_trust(path: Path) -> TrustRun:
-    """The trust run in ``path`` (a folder holding ``trust.json``, or the file).
-
-    Raises:
-        UsageError: no ``trust.json`` there, or not one ``hookviz trust`` wrote.
-    """
-    file = path / TRUST_JSON if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        report = report_from_dict(data)
-    except FileNotFoundError:
-        raise UsageError(f"{str(path)!r} holds no {TRUST_JSON}; give the --out folder of hookviz trust"
-                         ) from None  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise UsageError(f"{file}: not a trust.json hookviz trust wrote ({type(exc).__name__}: {exc}); "
-                         "run hookviz trust again") from None  # fmt: skip
-    key = data.get("key")
-    if not isinstance(key, dict):
-        raise UsageError(f"{file} has no key (written by an older hookviz trust); run hookviz trust again")
-    return TrustRun(file.parent, {str(k): str(v) for k, v in key.items()}, report)
-
-
-def trust_runs(places: Iterable[Path], warn: Callable[[str], None] | None = None) -> list[TrustRun]:
-    """Every readable trust run in ``places`` (each folder's own ``trust.json`` and its subfolders'), the
-    newest first; one that cannot be read is left out (and named to ``warn``)."""
-    files: dict[Path, float] = {}
-    for place in places:
-        if place.is_file():
-            files[place.resolve()] = place.stat().st_mtime
-        elif place.is_dir():
-            for f in [place / TRUST_JSON, *sorted(place.glob(f"*/{TRUST_JSON}"))]:
-                if f.is_file():
-                    files[f.resolve()] = f.stat().st_mtime
-    runs = []
-    for f in sorted(files, key=lambda p: -files[p]):
-        try:
-            runs.append(read_trust(f))
-        except UsageError as exc:
-            if warn is not None:
-                warn(f"left out: {exc}")
-    return runs
-
-
-def find_trust(
-    key: Mapping[str, str], places: Iterable[Path], warn: Callable[[str], None] | None = None
-) -> TrustRun | None:
-    """The newest trust run in ``places`` of this key's model and weights, or None."""
-    wanted = (key.get("model"), key.get("weights"))
-    return next((r for r in trust_runs(places, warn) if (r.key.get("model"), r.key.get("weights")) == wanted),
-                None)  # fmt: skip
-
-
-def _figures(c: Candidate) -> str:
-    return ", ".join(
-        f"{t.name} {t.value:.2f}" + ("" if math.isnan(t.ci) else f" ± {t.ci:.2f}") + f" ({t.outcome})"
-        for t in c.tests.values()
-    )
 
 
 @dataclass(frozen=True)
@@ -306,23 +236,3 @@ def auto_job(
     if not isinstance(found, Choice):
         raise UntrustedError(str(found))
     return make_cam_job(loaded, auto_settings(settings, found), context=context), found
-
-
-def badge(c: Candidate, run: TrustRun) -> dict[str, Any]:
-    """A candidate's verdict as the report and the explorer show it: the word, the test that decided it
-    (``care: class``, ``fails: randomisation``) and every figure, for the hover."""
-    outcome = {"care": "care", "fails": "fail"}.get(c.verdict)
-    decided = [t.name for t in c.tests.values() if t.outcome == outcome]
-    label = c.verdict if c.verdict == "recommended" or not decided else f"{c.verdict}: {', '.join(decided)}"
-    title = f"{c.method} at {c.layer}: {c.reason}. {_figures(c)}. From {run}: {run.report.answer}"
-    return {"verdict": c.verdict, "label": label, "layer": c.layer, "title": title}
-
-
-def badge_for(run: TrustRun, method: str, layer: str | None = None) -> dict[str, Any] | None:
-    """``method``'s badge in ``run``: at ``layer`` when it was tested there, else its best verdict over the
-    layers tested (the title says which); None when the run did not test it."""
-    mine = [c for c in run.report.candidates if c.method == method and not c.control]
-    if not mine:
-        return None
-    exact = [c for c in mine if c.layer == layer]
-    return badge(exact[0] if exact else min(mine, key=lambda c: RANK.get(c.verdict, 3)), run)
