@@ -4,6 +4,7 @@ uninterrupted one gives; bad input is one line and exit 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from hookviz.errors import UsageError
 from hookviz.io.inputs import expand_inputs
 from hookviz.io.shapes import draw_shape
-from hookviz.sae import dictionary, store
+from hookviz.sae import api, dictionary, store
 from hookviz.sae.api import load_sae, train_sae
 from hookviz.sae.dictionary import Shape
 from hookviz.sae.training import TrainSettings, train_vectors
@@ -334,3 +335,82 @@ def test_vit_prisma_and_saev_files_are_read(trained: Trained, kind: str, tmp_pat
     wrong = tmp_path / "wrong"
     with pytest.raises(UsageError, match="64-wide"):
         import_sae(path, kind, tiny_loaded(trained.model), "features.6", wrong)
+
+
+def test_features_and_explain_take_the_model_options_from_the_run(
+    trained: Trained, weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """A run trained through the command keeps its model options in config.json: sae features and explain
+    given only the run folder load that model (the features equal those with the options repeated); options
+    given again are checked against the run's fingerprint (other weights: one line, exit 2)."""
+    model = _cli(weights, tmp_path)
+    out = tmp_path / "run"
+    quick = ["--width", "2x", "--k", "8", "--vectors", "3000", "--batch", "256", "--buffer", "2048"]
+    res = invoke("sae", "train", str(shapes_folder), *model, "--layer", LAYER, *quick, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    options = json.loads((out / store.CONFIG).read_text())["options"]
+    assert options["model"] == "tests.conftest:TinyCNN" and options["weights"] == str(weights.resolve())
+    assert str(options["input_size"]) == "48" and options["resize"] == "squash"
+    assert options["mean"] == [0, 0, 0] and "device" not in options
+    alone = invoke("sae", "features", str(out), str(shapes_folder), "--detail", "2", "--device", "cpu")
+    assert alone.exit_code == 0, alone.output
+    first = json.loads((out / "features" / "features.json").read_text())
+    repeated = invoke("sae", "features", str(out), str(shapes_folder), *model, "--detail", "2")
+    assert repeated.exit_code == 0, repeated.output
+    second = json.loads((out / "features" / "features.json").read_text())
+    assert first["inputs"] == 36 and [f["top"] for f in first["features"]] == [
+        f["top"] for f in second["features"]
+    ]
+    photo = sorted(shapes_folder.glob("*.png"))[0]
+    told = invoke("sae", "explain", str(photo), "--sae", str(out), "--feature", "0", "--json",
+                  "--device", "cpu", "--out", str(tmp_path / "e"))  # fmt: skip
+    assert told.exit_code == 0, told.output
+    moved = json.loads(told.stdout.strip().splitlines()[-1])["scaled"]["classes"]
+    assert {c["name"] for c in moved} <= {"square", "disc", "cross"}
+    state = {k: v + 0.01 if v.is_floating_point() else v for k, v in trained.model.state_dict().items()}
+    torch.save(state, tmp_path / "other.pt")
+    other = invoke("sae", "features", str(out), str(shapes_folder), "--weights", str(tmp_path / "other.pt"))
+    assert other.exit_code == 2 and "another model" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
+
+
+def test_quality_is_measured_on_held_out_inputs(
+    trained: Trained, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """--eval 0.25 keeps the last 9 of the 36 photos out of training (the stream never reads them) and
+    measures the quality on those 9: the explained variance equals NumPy's over their vectors; metrics.json
+    says so."""
+    loaded, items = tiny_loaded(trained.model), expand_inputs([str(shapes_folder)])
+    read: list[str] = []
+    real = api.read_batch
+
+    def spy(chunk: Any, *args: Any) -> Any:
+        read.extend(item.name for item in chunk)
+        return real(chunk, *args)
+
+    settings = dataclasses.replace(QUICK, vectors=3000, eval=0.25)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "read_batch", spy)
+        done = train_sae(loaded, items, LAYER, tmp_path / "run", settings)
+    held = {item.name for item in items[27:]}
+    m = done.metrics
+    assert (m["evaluated_on"], m["held_out_inputs"], m["inputs"], m["vectors"]) == ("held_out", 9, 9, 9 * 144)
+    assert held <= set(read)  # read for the evaluation ...
+    assert read.count(items[30].name) == 1  # ... once, and never by the training stream
+    found = load_sae(tmp_path / "run", loaded)
+    _, x = _inputs(shapes_folder)
+    kept: list[torch.Tensor] = []
+    handle = dict(trained.model.named_modules())[LAYER].register_forward_hook(
+        lambda mod, a, o: kept.append(o.detach().clone())
+    )
+    with torch.no_grad():
+        trained.model.eval()(x[27:])
+    handle.remove()
+    vn = found.norm.apply(kept[0].permute(0, 2, 3, 1).reshape(-1, kept[0].shape[1]))
+    with torch.no_grad():
+        z = dictionary.encode(found.sae, vn)
+        hat = dictionary.decode(found.sae, z)
+    want = _numpy_stats(vn.numpy().astype(np.float64), hat.numpy().astype(np.float64), z.numpy())
+    assert m["explained_variance"] == pytest.approx(float(want["explained_variance"]), abs=1e-4)
+    with pytest.raises(UsageError, match="--eval"):
+        train_sae(loaded, items[:1], LAYER, tmp_path / "none", dataclasses.replace(settings, eval=0.5))

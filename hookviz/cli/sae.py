@@ -15,6 +15,7 @@ from hookviz.cli.flags import Device, Inputs, Quiet
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import ModelOptions, PlainModel, grouped
 from hookviz.errors import UsageError
+from hookviz.options import Resize
 
 DICT = "Dictionary"
 
@@ -42,11 +43,59 @@ Buffer = Annotated[int, typer.Option("--buffer", min=1, rich_help_panel=DICT,
     help="vectors per shuffle block (the buffer's bound).")]  # fmt: skip
 Every = Annotated[int, typer.Option("--checkpoint-every", min=1, rich_help_panel=DICT,
     help="steps between checkpoints (a killed run resumes from the last).")]  # fmt: skip
+Eval = Annotated[float, typer.Option("--eval", min=0.0, max=0.99, rich_help_panel=DICT,
+    help="share of the inputs held out of training (the last ones given) that the quality is measured on; "
+    "0: measured on the first 64 training inputs (metrics.json's evaluated_on says which).")]  # fmt: skip
 InputsBatch = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")]
 RunDir = Annotated[Path, typer.Option("--out", "-o", help="the run folder: config.json, sae.safetensors, "
     "metrics.json (checkpoint.pt while training).")]  # fmt: skip
 Again = Annotated[bool, typer.Option("--overwrite", help="train again over a finished run.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the metrics as JSON on stdout.")]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Resize):
+        return value.value
+    if isinstance(value, Path):
+        return str(value.resolve())
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def options_json(m: ModelOptions) -> dict[str, Any]:
+    """The model options as the run folder keeps them (config.json's ``options``): the model, its weights (a
+    file's path made absolute) and every option given other than its default; the device left out."""
+    base = ModelOptions()
+    kept: dict[str, Any] = {}
+    for f in dataclasses.fields(m):
+        value = getattr(m, f.name)
+        if f.name != "device" and (f.name in ("model", "weights") or value != getattr(base, f.name)):
+            kept[f.name] = _plain(value)
+    if Path(m.weights).is_file():
+        kept["weights"] = str(Path(m.weights).resolve())
+    return kept
+
+
+def from_run(m: ModelOptions, folder: Path) -> ModelOptions:
+    """``m`` with every option left at its default taken from the run folder's config.json (the options
+    ``sae train`` was given); one given differs from the run's and is kept: the fingerprint check then says
+    whether it is the run's model."""
+    from hookviz.sae.store import read_config
+
+    saved = (read_config(folder) or {}).get("options")
+    if not isinstance(saved, dict):
+        return m
+    base, changes = ModelOptions(), dict[str, Any]()
+    for name, value in saved.items():
+        if name in {f.name for f in dataclasses.fields(m)} and getattr(m, name) == getattr(base, name):
+            restore = {"labels": Path, "resize": Resize}.get(name, _tuples)
+            changes[name] = restore(value) if value is not None else None
+    return dataclasses.replace(m, **changes)
 
 
 @grouped
@@ -63,6 +112,7 @@ def train(
     seed: Seed = 0,
     buffer: Buffer = 16_384,
     checkpoint_every: Every = 200,
+    eval_share: Eval = 0.0,
     batch_size: InputsBatch = 16,
     out: RunDir = Path("sae"),
     overwrite: Again = False,
@@ -79,11 +129,11 @@ def train(
 
     settings = TrainSettings(
         arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer,
-        checkpoint_every=checkpoint_every, inputs_batch=batch_size,
+        checkpoint_every=checkpoint_every, inputs_batch=batch_size, eval=eval_share,
     )  # fmt: skip
     loaded = load_options(dataclasses.replace(model, device=device), quiet)
     items = expand_inputs(inputs)
-    done = train_sae(loaded, items, layer, out, settings, overwrite=overwrite)
+    done = train_sae(loaded, items, layer, out, settings, overwrite=overwrite, options=options_json(model))
     if done.skipped_inputs and not quiet:
         typer.echo(f"hookviz: note: {len(done.skipped_inputs)} input(s) unreadable, e.g. "
                    f"{done.skipped_inputs[0]}", err=True)  # fmt: skip
@@ -126,7 +176,7 @@ def features(
     from hookviz.sae.api import load_sae
     from hookviz.sae.views import describe
 
-    loaded = load_options(dataclasses.replace(model, device=device), quiet)
+    loaded = load_options(dataclasses.replace(from_run(model, folder), device=device), quiet)
     found = load_sae(folder, loaded)
     data = describe(found, loaded, expand_inputs(inputs), folder, top=top, detail=detail, batch=batch_size)
     if not quiet:
@@ -155,7 +205,7 @@ def explain(
     from hookviz.sae.api import load_sae
     from hookviz.sae.views import explain_photo
 
-    loaded = load_options(dataclasses.replace(model, device=device), quiet)
+    loaded = load_options(dataclasses.replace(from_run(model, sae), device=device), quiet)
     found = load_sae(sae, loaded)
     if feature is not None and not 0 <= feature < found.shape.width:
         raise UsageError(f"--feature {feature}: the dictionary has features 0 to {found.shape.width - 1}")

@@ -53,6 +53,17 @@ def _probe(loaded: LoadedModel, items: Sequence[Item]) -> torch.Tensor:
     raise UsageError("no input could be read: give a folder, files or a table of photos")
 
 
+def held_out(items: Sequence[Item], share: float) -> tuple[Sequence[Item], Sequence[Item]]:
+    """The training inputs and those held out for the quality: the last ``share`` of ``items`` (at least one
+    where ``share`` > 0); one line (exit 2) where none would be left to train on."""
+    if not 0 <= share < 1:
+        raise UsageError(f"--eval {share}: give a share of the inputs from 0 to below 1 (0.1: a tenth)")
+    n = max(round(share * len(items)), 1) if share > 0 else 0
+    if n >= len(items):
+        raise UsageError(f"--eval {share} holds out all {len(items)} inputs; give more or a lower share")
+    return items[: len(items) - n], items[len(items) - n :]
+
+
 def _prepare(folder: Path, config: dict[str, Any], overwrite: bool) -> str:
     """``new``, ``resume`` or ``finished`` for a run folder, after refusing one that holds another model's
     dictionary or other settings (``overwrite`` clears it instead)."""
@@ -81,9 +92,13 @@ def train_sae(
     *,
     overwrite: bool = False,
     tick: Callable[[Progress], None] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Outcome:
-    """Train a dictionary of ``layer`` over ``items`` into ``folder`` (resuming a checkpoint there)."""
+    """Train a dictionary of ``layer`` over ``items`` into ``folder`` (resuming a checkpoint there);
+    ``options``, the model options it was given (``hookviz sae features`` and ``explain`` reuse them), go into
+    its config.json."""
     model, device = loaded.model.eval(), loaded.device
+    items, held = held_out(items, settings.eval)
     layout = site_layout(model, layer, _probe(loaded, items))
     d = int(to_vectors(layer_output(model, layer, _probe(loaded, items)), layout).shape[1])
     shape = Shape(settings.arch, d, dictionary.parse_width(settings.width, d), settings.k)
@@ -92,7 +107,7 @@ def train_sae(
         "format": store.FORMAT, "model": loaded.name, "weights": loaded.weights,
         "fingerprint": store.fingerprint(model), "layer": layer, "layout": store.layout_json(layout),
         **dictionary.summary(shape), "settings": settings.key(), "versions": _versions(),
-        "status": "training",
+        "status": "training", "options": options,
     }  # fmt: skip
     state = _prepare(folder, config, overwrite)
     if state == "finished":
@@ -129,11 +144,12 @@ def train_sae(
     progress = training.run_blocks(sae, shape, norm, opt, blocks, settings, progress, save, tick)
     store.save_weights(folder, sae, norm)
     found = Trained(sae, shape, norm, layer, layout, config)
-    ordered = items[:EVAL_INPUTS]
+    ordered = (held or items)[:EVAL_INPUTS]
     metrics = quality.evaluate(
         model, found, _batches(loaded, ordered, settings.inputs_batch, skipped), device
     )
-    metrics = {**metrics, "steps": progress.step, "training_vectors": progress.seen}
+    on = {"evaluated_on": "held_out" if held else "training", "held_out_inputs": len(held)}
+    metrics = {**metrics, **on, "steps": progress.step, "training_vectors": progress.seen}
     store.write_json(folder / METRICS, metrics)
     store.write_json(folder / CONFIG, {**config, "status": "finished", "steps": progress.step})
     (folder / CHECKPOINT).unlink(missing_ok=True)

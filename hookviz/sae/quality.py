@@ -114,5 +114,6 @@ def console(metrics: dict[str, Any]) -> str:
         f"explained variance {metrics['explained_variance']:.3f}, L0 {metrics['l0']:.1f}, dead "
         f"{metrics['dead']:.1%}, dense {metrics['dense']:.1%}; layer replaced by its reconstruction: top-1 "
         f"agreement {metrics['top1_agreement']:.1%}, cross-entropy {metrics['delta_ce']:+.4f} "
-        f"over {metrics['inputs']} inputs ({metrics['vectors']} vectors)"
+        f"over {metrics['inputs']} {'held-out' if metrics.get('evaluated_on') == 'held_out' else 'training'} "
+        f"inputs ({metrics['vectors']} vectors)"
     )

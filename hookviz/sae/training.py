@@ -37,6 +37,9 @@ class TrainSettings:
     dead_after: int | None = None
     #: Inputs per forward pass.
     inputs_batch: int = 16
+    #: The share of the inputs held out of training (the last of them, in the order given) and measured on;
+    #: 0 measures the quality on the first training inputs.
+    eval: float = 0.0
 
     def steps(self) -> int:
         return math.ceil(self.vectors / self.batch)
