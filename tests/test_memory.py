@@ -11,7 +11,7 @@ import pytest
 import torch
 import torchvision
 
-from hookviz.core.memory import Estimate, parse_size
+from hookviz.core.memory import Estimate, human, parse_size
 from hookviz.jobs.build import CamSettings
 from hookviz.methods import MethodOptions, parse
 from hookviz.methods.footprint import explain_estimate
@@ -31,6 +31,16 @@ def test_sizes_parse() -> None:
     for bad in ("", "lots", "-1G", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_sizes_are_said_in_a_unit_that_never_rounds_to_zero() -> None:
+    assert human(1024) == "1 KB"
+    assert human(5 * 2**20) == "5.0 MB"
+    assert human(512 * 2**20) == "512 MB"
+    assert human(3 * 2**30) == "3.0 GB"
+    assert human(300) == "300 B"
+    for n in (1, 1000, 2**10, 2**19, 2**20 - 1, 2**20):
+        assert not human(n).startswith("0"), human(n)
 
 
 def test_a_batch_takes_what_fits() -> None:
@@ -105,6 +115,7 @@ def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_pa
     assert whole.exit_code == split.exit_code == 0, split.stderr
     assert "note: a batch of 5 would hold about" in split.stderr and "running " in split.stderr
     assert split.stderr.count("would hold") == 1 and "would hold" not in whole.stderr
+    assert "over --max-memory 1.0 MB" in split.stderr  # a readable size, never "0 MB"
     a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".npy")}
     b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".npy")}
     assert a.keys() == b.keys() and len(a) == 5 * 2 * 2 * 2
