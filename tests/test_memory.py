@@ -143,7 +143,7 @@ def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
     ]
     r = invoke("gradcam", str(photo), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.output
-    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1 MB" in r.stderr
+    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1.0 MB" in r.stderr
     assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
     fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
     assert fits.exit_code == 0 and "alone holds" not in fits.stderr
