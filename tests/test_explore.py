@@ -346,7 +346,10 @@ BAD = [  # (query, the parameter, the value as the answer quotes it, what it mus
     ("/api/trust?input=0&axis=0", "axis", "'0'", "leave axis out"),
     # The explorer names its own field, not the command line's option.
     ("/api/map?input=0&target=1000", "target=1000", "1000", "out of range"),
-    ("/api/map?input=0&target=top99", "target='top99'", "top99", "top1..top"),
+    # A view shows one map: topK (K > 1) and lists are the command line's, refused, never cut to the first.
+    ("/api/map?input=0&target=top99", "target='top99'", "top99", "one class"),
+    ("/api/map?input=0&target=top1000", "target='top1000'", "top1000", "give top1"),
+    ("/api/map?input=0&target=1%2C2", "target='1,2'", "1,2", "one class"),
     ("/api/map?input=0&target=tabby", "target='tabby'", "tabby", "a class index"),
     ("/api/map?input=0&target=1&token=x", "token", "2 times", "once"),
     ("/api/channel?input=0&channel=abc", "channel", "'abc'", "from 0"),
