@@ -81,6 +81,48 @@ def test_it_answers_only_with_the_token_and_its_own_host(server: Explorer) -> No
     assert get(server, "/", token=False, headers={"Host": "evil.example:80"})[0] == 403
 
 
+def _sent(server: Explorer, path: str, headers: list[tuple[str, str]]) -> tuple[int, Any]:
+    """``(status, JSON)`` of a GET sending ``headers`` as given, a name twice too (``Host`` among them)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=PATIENCE)
+    try:
+        conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
+
+
+def test_the_auth_scheme_is_any_case_and_repeated_or_differing_credentials_are_refused(
+    server: Explorer,
+) -> None:
+    """``bearer T`` was refused (the scheme is case-insensitive); of two ``Authorization`` or ``Host`` headers
+    the first was taken; a query token and a header token that differ were taken (the query's) whichever was
+    right: all three are one line, 400, and never repeat a value given."""
+    host = ("Host", f"127.0.0.1:{server.server_address[1]}")
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        status, _ = _sent(server, "/api/inputs", [host, ("Authorization", f"{scheme} {server.token}")])
+        assert status == 200, scheme
+    right, wrong = ("Authorization", f"Bearer {server.token}"), ("Authorization", "Bearer wrong")
+    for two in ([right, wrong], [wrong, right], [right, right]):
+        assert _sent(server, "/api/inputs", [host, *two]) == (
+            400,
+            {"error": "Authorization header given 2 times; give it once"},
+        )
+    evil = ("Host", "evil.example:80")
+    for hosts in ([host, evil], [evil, host]):
+        status, body = _sent(server, f"/api/inputs?token={server.token}", hosts)
+        assert (status, body) == (400, {"error": "Host header given 2 times; give it once"})
+    for query, header in ((server.token, wrong), ("wrong", right)):
+        status, body = _sent(server, f"/api/inputs?token={query}", [host, header])
+        assert status == 400 and "differ" in body["error"] and server.token not in body["error"]
+    assert _sent(server, f"/api/inputs?token={server.token}", [host, right])[0] == 200  # the same: taken
+
+
 def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
     names = [item["name"] for item in json.loads(get(server, "/api/inputs")[1])]
     assert len(names) == 3 and not any("link" in n or "secret" in n for n in names)

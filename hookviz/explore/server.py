@@ -164,22 +164,28 @@ class Handler(BaseHTTPRequestHandler):
         self._json({"error": text}, status)
 
     # -- who may ask --------------------------------------------------------------------------------------
-    def _token(self, query: dict[str, list[str]]) -> str | None:
-        if "token" in query:
-            return query["token"][0]
-        auth = self.headers.get("Authorization", "")
-        return auth[7:].strip() if auth.startswith("Bearer ") else None
+    def _header_token(self) -> str | None:
+        scheme, _, value = self.headers.get("Authorization", "").strip().partition(" ")
+        return value.strip() if scheme.lower() == "bearer" else None  # the scheme in any case (RFC 9110)
 
     def _allowed(self, query: dict[str, list[str]], page: bool = False) -> bool:
+        for name in ("Host", "Authorization"):  # which one would be meant: refused, never the first taken
+            if (times := len(self.headers.get_all(name) or [])) > 1:
+                self._error(HTTPStatus.BAD_REQUEST, f"{name} header given {times} times; give it once")
+                return False
         if not self.server.serves(self.headers.get("Host", "")):
             self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
             return False
         if len(query.get("token", [])) > 1:  # which one would be the secret: refused, its values never said
             self._error(HTTPStatus.BAD_REQUEST, f"token given {len(query['token'])} times; give it once")
             return False
+        header, asked = self._header_token(), query.get("token", [None])[0]
+        if header is not None and asked is not None and header != asked:  # whichever is right: refused
+            self._error(HTTPStatus.BAD_REQUEST, "the query's token and Authorization's differ; give one")
+            return False
         if page:  # the page holds no secret; a permalink (no token in it) opens it
             return True
-        given = self._token(query)
+        given = asked if asked is not None else header
         if given is None or not secrets.compare_digest(given, self.server.token):
             self._error(HTTPStatus.FORBIDDEN, "open the address hookviz explore printed (it holds the token)")
             return False
