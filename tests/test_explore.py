@@ -456,6 +456,35 @@ def test_a_body_whose_length_is_not_a_number_is_answered_and_nothing_is_printed(
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_the_standard_library_s_own_refusals_answer_the_api_s_json(
+    server: Explorer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A query over the server's limit (414), too many headers (431) or a method not served (501) answered
+    Python's HTML error page; now the API's one line of JSON, and the connection closed."""
+    import socket
+
+    port = server.server_address[1]
+    host = f"Host: 127.0.0.1:{port}\r\n"
+    many = "".join(f"X-H{i}: {i}\r\n" for i in range(120))
+    for head, want, says in (
+        (f"GET /api/inputs?token={server.token}&q={'x' * 70_000} HTTP/1.1\r\n{host}\r\n", 414, "shorten"),
+        (f"GET /api/inputs?token={server.token} HTTP/1.1\r\n{host}{many}\r\n", 431, "headers"),
+        (f"PUT /api/inputs?token={server.token} HTTP/1.1\r\n{host}Content-Length: 0\r\n\r\n", 501, "PUT"),
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(head.encode("ascii"))
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after its answer
+                answer += chunk
+        status_line, _, rest = answer.partition(b"\r\n")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        assert status_line.split()[1] == str(want).encode(), answer[:300]
+        assert b"application/json" in headers and b"<html" not in body.lower()
+        error = json.loads(body)["error"]
+        assert says in error and "\n" not in error, error
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
     tmp_path: Path,
     browser: Any,  # noqa: F811

@@ -163,6 +163,16 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, text: str) -> None:
         self._json({"error": text}, status)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a request line over 64 KiB: 414; too many or too long headers:
+        431; a method not served: 501) in the API's one-line JSON, not its HTML page; connection closed."""
+        self.close_connection = True
+        short = self.responses.get(code, ("error", ""))[0]
+        text = " ".join(f"{message or short}{f': {explain}' if explain else ''}".split())  # one line
+        if code == HTTPStatus.REQUEST_URI_TOO_LONG:
+            text = "the address is over 65,536 characters; shorten the query"
+        self._send(code, json.dumps({"error": text}).encode(), "application/json", {"Connection": "close"})
+
     # -- who may ask --------------------------------------------------------------------------------------
     def _header_token(self) -> str | None:
         scheme, _, value = self.headers.get("Authorization", "").strip().partition(" ")
