@@ -123,6 +123,32 @@ def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_pa
         np.testing.assert_allclose(np.load(a[name]), np.load(b[name]), rtol=1e-4, atol=1e-6)
 
 
+def test_normalize_batch_takes_one_scale_over_a_batch_split_under_the_budget(tmp_path: Path) -> None:
+    """``--normalize batch -b 8 --max-memory`` tight enough to split: each part took its own colour scale, so
+    the pictures differed from the batch run whole under the same names; now the whole batch's scale."""
+    import cv2
+
+    rng = np.random.default_rng(11)
+    d = tmp_path / "in"
+    d.mkdir()
+    for i in range(8):  # contrast varying by photo: each part's own range differs from the whole's
+        photo = rng.integers(0, 256, (40, 40, 3)) * (0.1 + 0.9 * (i % 4 == 0))
+        write_image(d / f"p{i}.png", photo.astype(np.uint8))
+    args = ["gradcam", str(d), *TINY, "--normalize", "batch", "--alpha", "1", "-b", "8"]
+    whole = invoke(*args, "--out", str(tmp_path / "a"))
+    split = invoke(*args, "--out", str(tmp_path / "b"), "--max-memory", "1M")
+    assert whole.exit_code == split.exit_code == 0, split.stderr
+    assert "running " in split.stderr and "would hold" not in whole.stderr  # it was split
+    a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".png")}
+    b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".png")}
+    assert a.keys() == b.keys() and len(a) == 8
+    scales = {r["input"]: [m.get("scale") for m in r["maps"]] for r in records(tmp_path / "a")}
+    assert scales == {r["input"]: [m.get("scale") for m in r["maps"]] for r in records(tmp_path / "b")}
+    for name in a:
+        pa, pb = cv2.imread(a[name]).astype(int), cv2.imread(b[name]).astype(int)
+        assert np.abs(pa - pb).max() <= 1, name
+
+
 def test_a_bad_max_memory_is_a_usage_error(tmp_path: Path) -> None:
     photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
     r = invoke("gradcam", str(photo), *TINY, "--max-memory", "lots", "--out", str(tmp_path / "o"))
