@@ -81,6 +81,48 @@ def test_it_answers_only_with_the_token_and_its_own_host(server: Explorer) -> No
     assert get(server, "/", token=False, headers={"Host": "evil.example:80"})[0] == 403
 
 
+def _sent(server: Explorer, path: str, headers: list[tuple[str, str]]) -> tuple[int, Any]:
+    """``(status, JSON)`` of a GET sending ``headers`` as given, a name twice too (``Host`` among them)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=PATIENCE)
+    try:
+        conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
+
+
+def test_the_auth_scheme_is_any_case_and_repeated_or_differing_credentials_are_refused(
+    server: Explorer,
+) -> None:
+    """``bearer T`` was refused (the scheme is case-insensitive); of two ``Authorization`` or ``Host`` headers
+    the first was taken; a query token and a header token that differ were taken (the query's) whichever was
+    right: all three are one line, 400, and never repeat a value given."""
+    host = ("Host", f"127.0.0.1:{server.server_address[1]}")
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        status, _ = _sent(server, "/api/inputs", [host, ("Authorization", f"{scheme} {server.token}")])
+        assert status == 200, scheme
+    right, wrong = ("Authorization", f"Bearer {server.token}"), ("Authorization", "Bearer wrong")
+    for two in ([right, wrong], [wrong, right], [right, right]):
+        assert _sent(server, "/api/inputs", [host, *two]) == (
+            400,
+            {"error": "Authorization header given 2 times; give it once"},
+        )
+    evil = ("Host", "evil.example:80")
+    for hosts in ([host, evil], [evil, host]):
+        status, body = _sent(server, f"/api/inputs?token={server.token}", hosts)
+        assert (status, body) == (400, {"error": "Host header given 2 times; give it once"})
+    for query, header in ((server.token, wrong), ("wrong", right)):
+        status, body = _sent(server, f"/api/inputs?token={query}", [host, header])
+        assert status == 400 and "differ" in body["error"] and server.token not in body["error"]
+    assert _sent(server, f"/api/inputs?token={server.token}", [host, right])[0] == 200  # the same: taken
+
+
 def test_nothing_outside_its_inputs_is_served(server: Explorer) -> None:
     names = [item["name"] for item in json.loads(get(server, "/api/inputs")[1])]
     assert len(names) == 3 and not any("link" in n or "secret" in n for n in names)
@@ -346,7 +388,10 @@ BAD = [  # (query, the parameter, the value as the answer quotes it, what it mus
     ("/api/trust?input=0&axis=0", "axis", "'0'", "leave axis out"),
     # The explorer names its own field, not the command line's option.
     ("/api/map?input=0&target=1000", "target=1000", "1000", "out of range"),
-    ("/api/map?input=0&target=top99", "target='top99'", "top99", "top1..top"),
+    # A view shows one map: topK (K > 1) and lists are the command line's, refused, never cut to the first.
+    ("/api/map?input=0&target=top99", "target='top99'", "top99", "one class"),
+    ("/api/map?input=0&target=top1000", "target='top1000'", "top1000", "give top1"),
+    ("/api/map?input=0&target=1%2C2", "target='1,2'", "1,2", "one class"),
     ("/api/map?input=0&target=tabby", "target='tabby'", "tabby", "a class index"),
     ("/api/map?input=0&target=1&token=x", "token", "2 times", "once"),
     ("/api/channel?input=0&channel=abc", "channel", "'abc'", "from 0"),
@@ -408,6 +453,35 @@ def test_a_body_whose_length_is_not_a_number_is_answered_and_nothing_is_printed(
         assert status_line.split()[1] == str(want).encode(), answer
         error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
         assert "Content-Length" in error and ("abc" in error or "'-5'" in error or "chunks" in error)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_standard_library_s_own_refusals_answer_the_api_s_json(
+    server: Explorer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A query over the server's limit (414), too many headers (431) or a method not served (501) answered
+    Python's HTML error page; now the API's one line of JSON, and the connection closed."""
+    import socket
+
+    port = server.server_address[1]
+    host = f"Host: 127.0.0.1:{port}\r\n"
+    many = "".join(f"X-H{i}: {i}\r\n" for i in range(120))
+    for head, want, says in (
+        (f"GET /api/inputs?token={server.token}&q={'x' * 70_000} HTTP/1.1\r\n{host}\r\n", 414, "shorten"),
+        (f"GET /api/inputs?token={server.token} HTTP/1.1\r\n{host}{many}\r\n", 431, "headers"),
+        (f"PUT /api/inputs?token={server.token} HTTP/1.1\r\n{host}Content-Length: 0\r\n\r\n", 501, "PUT"),
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(head.encode("ascii"))
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after its answer
+                answer += chunk
+        status_line, _, rest = answer.partition(b"\r\n")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        assert status_line.split()[1] == str(want).encode(), answer[:300]
+        assert b"application/json" in headers and b"<html" not in body.lower()
+        error = json.loads(body)["error"]
+        assert says in error and "\n" not in error, error
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torchvision
 
-from hookviz.core.memory import Estimate, parse_size
+from hookviz.core.memory import Estimate, human, parse_size
 from hookviz.jobs.build import CamSettings
 from hookviz.methods import MethodOptions, parse
 from hookviz.methods.footprint import explain_estimate
@@ -31,6 +31,16 @@ def test_sizes_parse() -> None:
     for bad in ("", "lots", "-1G", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_sizes_are_said_in_a_unit_that_never_rounds_to_zero() -> None:
+    assert human(1024) == "1 KB"
+    assert human(5 * 2**20) == "5.0 MB"
+    assert human(512 * 2**20) == "512 MB"
+    assert human(3 * 2**30) == "3.0 GB"
+    assert human(300) == "300 B"
+    for n in (1, 1000, 2**10, 2**19, 2**20 - 1, 2**20):
+        assert not human(n).startswith("0"), human(n)
 
 
 def test_a_batch_takes_what_fits() -> None:
@@ -105,11 +115,38 @@ def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_pa
     assert whole.exit_code == split.exit_code == 0, split.stderr
     assert "note: a batch of 5 would hold about" in split.stderr and "running " in split.stderr
     assert split.stderr.count("would hold") == 1 and "would hold" not in whole.stderr
+    assert "over --max-memory 1.0 MB" in split.stderr  # a readable size, never "0 MB"
     a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".npy")}
     b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".npy")}
     assert a.keys() == b.keys() and len(a) == 5 * 2 * 2 * 2
     for name in a:
         np.testing.assert_allclose(np.load(a[name]), np.load(b[name]), rtol=1e-4, atol=1e-6)
+
+
+def test_normalize_batch_takes_one_scale_over_a_batch_split_under_the_budget(tmp_path: Path) -> None:
+    """``--normalize batch -b 8 --max-memory`` tight enough to split: each part took its own colour scale, so
+    the pictures differed from the batch run whole under the same names; now the whole batch's scale."""
+    import cv2
+
+    rng = np.random.default_rng(11)
+    d = tmp_path / "in"
+    d.mkdir()
+    for i in range(8):  # contrast varying by photo: each part's own range differs from the whole's
+        photo = rng.integers(0, 256, (40, 40, 3)) * (0.1 + 0.9 * (i % 4 == 0))
+        write_image(d / f"p{i}.png", photo.astype(np.uint8))
+    args = ["gradcam", str(d), *TINY, "--normalize", "batch", "--alpha", "1", "-b", "8"]
+    whole = invoke(*args, "--out", str(tmp_path / "a"))
+    split = invoke(*args, "--out", str(tmp_path / "b"), "--max-memory", "1M")
+    assert whole.exit_code == split.exit_code == 0, split.stderr
+    assert "running " in split.stderr and "would hold" not in whole.stderr  # it was split
+    a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".png")}
+    b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".png")}
+    assert a.keys() == b.keys() and len(a) == 8
+    scales = {r["input"]: [m.get("scale") for m in r["maps"]] for r in records(tmp_path / "a")}
+    assert scales == {r["input"]: [m.get("scale") for m in r["maps"]] for r in records(tmp_path / "b")}
+    for name in a:
+        pa, pb = cv2.imread(a[name]).astype(int), cv2.imread(b[name]).astype(int)
+        assert np.abs(pa - pb).max() <= 1, name
 
 
 def test_a_bad_max_memory_is_a_usage_error(tmp_path: Path) -> None:
@@ -132,7 +169,7 @@ def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
     ]
     r = invoke("gradcam", str(photo), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.output
-    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1 MB" in r.stderr
+    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1.0 MB" in r.stderr
     assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
     fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
     assert fits.exit_code == 0 and "alone holds" not in fits.stderr

@@ -372,7 +372,8 @@ def top_channels(text: str | None) -> int:
 
 # gradcam's maps and their look.
 NormalizeOpt = _option(Normalize, "--normalize", panel=MAPS, help="image: each map min-max; batch: one "
-    "scale per batch; none: the fixed scale 0..--vmax.")  # fmt: skip
+    "scale per batch (the whole --batch-size, run in parts under --max-memory too); none: the fixed scale "
+    "0..--vmax.")  # fmt: skip
 Vmax = _option(float | None, "--vmax", panel=MAPS, help="with --normalize none: the map value drawn as full "
     "colour.")  # fmt: skip
 FuseOpt = _option(Fuse | None, "--fuse", panel=MAPS, help="also fuse the maps of all layers.")

@@ -42,8 +42,16 @@ def parse_size(text: str) -> int:
 
 
 def human(n: float) -> str:
-    """Bytes as ``14.2 GB`` / ``512 MB``."""
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+    """Bytes as ``14.2 GB`` / ``512 MB`` / ``1.5 MB`` / ``1 KB`` / ``512 B``: never rounded to a bare 0."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GB"
+    if n >= 10 * 2**20:
+        return f"{n / 2**20:.0f} MB"
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MB"
+    if n >= 2**10:
+        return f"{n / 2**10:.0f} KB"
+    return f"{n:.0f} B"
 
 
 def available(device: Any = "cpu") -> int:

@@ -92,12 +92,15 @@ def method(query: Query, names: Sequence[str], default: str = "gradcam") -> str:
 
 
 def target(query: Query) -> str:
-    """The class a view explains: ``top1``/``topK``, ``positive``, a class index or a name; a number only in
-    ASCII digits."""
+    """The one class a view explains: ``top1``, ``positive``, a class index or a name; a number only in
+    ASCII digits. ``topK`` (K > 1) and lists ``a,b`` are ``hookviz gradcam``'s, one file each: refused."""
     given = query.text("target", "top1").strip() or "top1"
     number = given[3:] if given.lower().startswith("top") else given
     if number.isdigit() and not number.isascii():
         raise BadParameter(f"target={given!r}: topK, positive, a class index (ASCII digits) or a class name")
+    if "," in given or (number.isdigit() and number != given and int(number) > 1):
+        raise BadParameter(f"target={given!r}: a view shows one class; give top1, positive, a class index "
+                           "or a class name (hookviz gradcam --target topK: one picture each)")  # fmt: skip
     return given
 
 

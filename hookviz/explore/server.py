@@ -163,23 +163,39 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, text: str) -> None:
         self._json({"error": text}, status)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a request line over 64 KiB: 414; too many or too long headers:
+        431; a method not served: 501) in the API's one-line JSON, not its HTML page; connection closed."""
+        self.close_connection = True
+        short = self.responses.get(code, ("error", ""))[0]
+        text = " ".join(f"{message or short}{f': {explain}' if explain else ''}".split())  # one line
+        if code == HTTPStatus.REQUEST_URI_TOO_LONG:
+            text = "the address is over 65,536 characters; shorten the query"
+        self._send(code, json.dumps({"error": text}).encode(), "application/json", {"Connection": "close"})
+
     # -- who may ask --------------------------------------------------------------------------------------
-    def _token(self, query: dict[str, list[str]]) -> str | None:
-        if "token" in query:
-            return query["token"][0]
-        auth = self.headers.get("Authorization", "")
-        return auth[7:].strip() if auth.startswith("Bearer ") else None
+    def _header_token(self) -> str | None:
+        scheme, _, value = self.headers.get("Authorization", "").strip().partition(" ")
+        return value.strip() if scheme.lower() == "bearer" else None  # the scheme in any case (RFC 9110)
 
     def _allowed(self, query: dict[str, list[str]], page: bool = False) -> bool:
+        for name in ("Host", "Authorization"):  # which one would be meant: refused, never the first taken
+            if (times := len(self.headers.get_all(name) or [])) > 1:
+                self._error(HTTPStatus.BAD_REQUEST, f"{name} header given {times} times; give it once")
+                return False
         if not self.server.serves(self.headers.get("Host", "")):
             self._error(HTTPStatus.FORBIDDEN, "this server answers only its own address (Host header)")
             return False
         if len(query.get("token", [])) > 1:  # which one would be the secret: refused, its values never said
             self._error(HTTPStatus.BAD_REQUEST, f"token given {len(query['token'])} times; give it once")
             return False
+        header, asked = self._header_token(), query.get("token", [None])[0]
+        if header is not None and asked is not None and header != asked:  # whichever is right: refused
+            self._error(HTTPStatus.BAD_REQUEST, "the query's token and Authorization's differ; give one")
+            return False
         if page:  # the page holds no secret; a permalink (no token in it) opens it
             return True
-        given = self._token(query)
+        given = asked if asked is not None else header
         if given is None or not secrets.compare_digest(given, self.server.token):
             self._error(HTTPStatus.FORBIDDEN, "open the address hookviz explore printed (it holds the token)")
             return False

@@ -225,6 +225,20 @@ class CamJob(CamRecords, BaseJob):
                                self.methods, k, self.options)  # fmt: skip
         return est if not self.params.aug_smooth else dataclasses.replace(est, per_image=est.per_image * 2)
 
+    def joined(self, parts: list[Any]) -> None:
+        """``--normalize batch``: one colour scale over every part of a batch split under ``--max-memory``,
+        the scale the batch computed whole has (each part's own made its pictures differ)."""
+        import torch
+
+        batches = [p for p in parts if isinstance(p, CamBatch)]
+        if self.params.normalize != Normalize.batch or len(batches) < 2:
+            return
+        for key in batches[0].scales:
+            whole = torch.from_numpy(np.concatenate([b.maps[key] for b in batches]))
+            scale = cams.colour_scale(whole, self.params.normalize, relu=self.params.relu)
+            for b in batches:
+                b.scales[key] = scale
+
     def _explained(self) -> Targets:
         if isinstance(self.targets, Labelled):  # each input's own class: LabelledCamJob's
             raise TypeError("--target label's classes are each input's: build a LabelledCamJob")

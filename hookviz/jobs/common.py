@@ -48,6 +48,11 @@ class BaseJob:
         """Told, before ``compute``, which inputs (item, photo, box) a batch of input ``size`` holds."""
         return None
 
+    def joined(self, parts: list[Any]) -> None:
+        """Told the results of one batch computed in parts (split under ``--max-memory``) before any is
+        rendered: what depends on the whole batch (``--normalize batch``'s scale) is made the whole's."""
+        return None
+
 
 def weights_note(loaded: LoadedModel) -> str:
     return "RANDOM WEIGHTS (--weights none)" if not loaded.pretrained else f"weights {loaded.weights}"
@@ -120,6 +125,10 @@ class Job(Protocol):
 
     def annotate(self, batch: Sequence[tuple[Any, np.ndarray, Box]], size: tuple[int, int]) -> None:
         """Which inputs (item, photo, box) the next batch of input ``size`` holds (``evaluate``'s objects)."""
+        ...
+
+    def joined(self, parts: list[Any]) -> None:
+        """The results of one batch computed in parts, before any is rendered (made the whole batch's)."""
         ...
 
     def settings(self) -> dict[str, Any]:

@@ -440,23 +440,37 @@ class _Run:
             groups.setdefault(tuple(x.shape), []).append(i)
         placed: dict[int, tuple[Any, int]] = {}
         failed: dict[int, str] = {}
-        for members in [c for shape, m in groups.items() for c in self.split(m, shape)]:
-            batch = torch.from_numpy(np.stack([xs[i] for i in members]))
-            # Pinned host memory lets the copy to the GPU overlap with work already queued.
-            batch = (
-                batch.pin_memory().to(self.device, non_blocking=True) if self.cuda else batch.to(self.device)
-            )
-            # evaluate's objects: where each photo's are
-            shown = [(ready[i][0], ready[i][2], ready[i][3]) for i in members]
-            self.job.annotate(shown, (int(batch.shape[-2]), int(batch.shape[-1])))
-            try:
-                with timing.stage("compute"):
-                    result = self.job.compute(batch)
-            except HookvizError:
-                raise  # a bad layer/target fails every batch alike: stop with its message
-            except Exception as exc:  # a model failure on this batch must not stop the others
-                for i in members:
-                    failed[i] = f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
-                continue
-            placed.update({i: (result, j) for j, i in enumerate(members)})
+        for shape, group in groups.items():
+            parts = []
+            for members in self.split(group, shape):
+                result = self._compute_part(ready, xs, members, failed)
+                if result is not None:
+                    parts.append(result)
+                    placed.update({i: (result, j) for j, i in enumerate(members)})
+            if len(parts) > 1:
+                self.job.joined(parts)  # one batch computed in parts: rendered as the whole one
         return placed, failed
+
+    def _compute_part(
+        self,
+        ready: list[tuple[Item, str, np.ndarray, Box, str | None]],
+        xs: list[np.ndarray],
+        members: list[int],
+        failed: dict[int, str],
+    ) -> Any:
+        """The job's result for the inputs ``members``, or None with why in ``failed`` (the model failed)."""
+        batch = torch.from_numpy(np.stack([xs[i] for i in members]))
+        # Pinned host memory lets the copy to the GPU overlap with work already queued.
+        batch = batch.pin_memory().to(self.device, non_blocking=True) if self.cuda else batch.to(self.device)
+        # evaluate's objects: where each photo's are
+        shown = [(ready[i][0], ready[i][2], ready[i][3]) for i in members]
+        self.job.annotate(shown, (int(batch.shape[-2]), int(batch.shape[-1])))
+        try:
+            with timing.stage("compute"):
+                return self.job.compute(batch)
+        except HookvizError:
+            raise  # a bad layer/target fails every batch alike: stop with its message
+        except Exception as exc:  # a model failure on this batch must not stop the others
+            for i in members:
+                failed[i] = f"{quote(ready[i][0].name)}: the model failed on this batch: {_describe(exc)}"
+            return None
