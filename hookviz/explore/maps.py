@@ -87,7 +87,7 @@ class Maps:
         def compute() -> tuple[Any, Any] | None:
             if wanted is not None and not wanted():
                 return None
-            job = make_cam_job(self.loaded, view.settings(), calls=self.calls).job
+            job = make_cam_job(self.loaded, view.settings(), calls=self.calls, target_option="target=").job
             return job, job.compute(torch.from_numpy(x)[None].to(self.loaded.device))
 
         done = self.on_model(compute)
