@@ -379,3 +379,34 @@ def test_a_segmenter_goes_through_the_battery(tmp_path: Path) -> None:
         for t in ("randomisation", "class", "faithfulness", "stability"):
             assert math.isfinite(c.tests[t].value), (c.method, t)
     assert report.candidates[-1].control and report.candidates[-1].verdict == "fails"
+
+
+class _Fickle(torch.nn.Module):
+    """Confident on every photo, its top class a hash of the exact pixels: small noise flips it at random."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.cos(1e5 * x.flatten(1).sum(1))
+        return torch.stack([40 * s, -40 * s], 1)
+
+
+def test_a_few_flips_on_a_few_photos_do_not_make_a_confident_model_at_chance() -> None:
+    """On 3 photos one flip is a third of the figure: said, never called chance (the trained
+    EfficientNet-Lite0 was, on 3 sample photos); on 16 the same model's flips are."""
+    from hookviz.evaluation.trust import check_model
+
+    few = check_model(_Fickle(), torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0)), seed=0)
+    assert few.flips > 0.5 and few.entropy < 0.1 and not few.at_chance
+    assert "of only 3 photos" in few.reason and "confident" in few.reason
+    many = check_model(_Fickle(), torch.rand(16, 3, 8, 8, generator=torch.Generator().manual_seed(1)), seed=0)
+    assert many.flips > 0.5 and many.at_chance and "flips under small noise" in many.reason
+
+
+def test_the_python_report_holds_the_key_trust_json_holds(tmp_path: Path) -> None:
+    """``hookviz.trust(...).as_dict()`` is what ``trust.json`` holds, its ``key`` (how ``--method auto`` finds
+    a run) included, and reads back the same."""
+    from hookviz.evaluation.trust_read import report_from_dict
+
+    loaded = load_model("efficientnet_lite0", "none", input_size=64)
+    report = hookviz.trust(loaded, str(ROOT / "sample_images"), methods=["gradcam"], max_photos=2, budget=1)
+    assert report.as_dict()["key"] == {"model": "efficientnet_lite0", "weights": "none"}
+    assert report_from_dict(json.loads(json.dumps(report.as_dict(), default=str))).key == report.key

@@ -50,6 +50,7 @@ def report_from_dict(data: dict[str, Any]) -> TrustReport:
         (str(default[0]), str(default[1])) if default else None, str(data["answer"]),
         notes=[str(n) for n in data.get("notes", [])], task=str(data.get("task", "classification")),
         left_out=[str(n) for n in data.get("left_out", [])], tests=[str(n) for n in data.get("tests", [])],
+        key={str(k): str(v) for k, v in dict(data.get("key") or {}).items()},
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
 from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.trust_detection import trust_detections
 from hookviz.tasks import load_model, make_cam_job
@@ -192,14 +193,21 @@ def trust_photos(
         report = trust_detections(
             loaded, photos.batch, photos.names, tried, chosen, seed=seed, progress=progress
         )
-        return report, refused, photos.failed
+        return dataclasses.replace(report, key=_key(loaded)), refused, photos.failed
     stacked = torch.stack(photos.batch).to(loaded.device)
     masks = None if photos.masks is None else torch.from_numpy(np.stack(photos.masks))
     tried = trust_layers(loaded, calls, layers)
     report = battery(loaded.model, stacked, tried, chosen, names=photos.names, model_name=loaded.name,
                    default=("gradcam", tried[0]), seed=seed, masks=masks, budget=budget, progress=progress,
                    task=loaded.task_name)  # fmt: skip
-    return report, refused, photos.failed
+    return dataclasses.replace(report, key=_key(loaded)), refused, photos.failed
+
+
+def _key(loaded: LoadedModel) -> dict[str, str]:
+    """What the run is of (``trust.json``'s ``key``): the model's name and its weights' fingerprint, as its
+    outputs' settings keys say; ``gradcam --method auto`` and the report find the run by it."""
+    settings = model_settings(loaded)
+    return {"model": str(settings["model"]), "weights": str(settings["weights"])}
 
 
 def _cell(c: Candidate, name: str) -> str:
@@ -389,17 +397,18 @@ def trust(
     masks: str | Path | None = None,
     budget: str | float | None = None,
     progress: Progress | None = None,
+    device: str = "cpu",
 ) -> TrustReport:
     """``hookviz trust`` as a function: which map to believe for ``model`` (a name ``load_model`` takes,
-    with ``weights``, or a loaded model) on ``photos`` (files, folders, globs). The report is what
-    ``trust.json`` holds (:meth:`TrustReport.as_dict`), with the methods the model refused and the inputs
-    that could not be read added to its notes.
+    with ``weights``, on ``device``; or a loaded model) on ``photos`` (files, folders, globs). The report
+    is what ``trust.json`` holds (:meth:`TrustReport.as_dict`, its ``key`` included), with the methods the
+    model refused and the inputs that could not be read added to its notes.
 
     Raises:
         UsageError: as the command refuses (one line: fewer than two photos, a method or layer that does
             not apply, a bad budget).
     """
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, weights)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, weights, device=device)
     inputs = [str(photos)] if isinstance(photos, str | Path) else [str(p) for p in photos]
     found = None
     if boxes is not None or masks is not None:
