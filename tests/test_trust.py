@@ -21,6 +21,7 @@ from hookviz import methods
 from hookviz.engine.explain import explain
 from hookviz.evaluation.faithfulness import upsample
 from hookviz.evaluation.localisation import pointing_game
+from hookviz.evaluation.stats import mean_ci
 from hookviz.evaluation.trust import VERDICTS, edge_maps, trust
 from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
@@ -208,26 +209,48 @@ def test_recommended_maps_point_at_the_shape_and_failed_ones_do_not(trained: Any
     for m in named:
         up = upsample(ex.maps[(m, "features")][:, 0], (48, 48))
         margin[m] = float(pointing_game(up, torch.from_numpy(held_masks), tolerance=0).mean()) - chance
-    verdicts = {c.method: c.verdict for c in report.candidates}
+    found = {c.method: c for c in report.candidates}
+    verdicts = {m: c.verdict for m, c in found.items()}
     good = [m for m in named if verdicts[m] == "recommended"]
     bad = [m for m in named if verdicts[m] == "fails"]
-    print(verdicts, margin, chance)
     assert good and bad, verdicts
+    worst_good = min(margin[g] for g in good)
     for m in good:
         assert margin[m] + chance >= 0.9, (m, margin)
+    # No failed map points at the shape better than a recommended one, and one does far worse (guided
+    # backprop). A map may fail and still point as well: on a scene of one shape a map of the activations
+    # alone finds it. LayerCAM at this last layer is near that (the ReLU of the gradient keeps each class's
+    # positively weighted channels): its maps differ from Grad-CAM's, yet hit the shape on the same share of
+    # these 64 scenes, and barely change with the classifier re-initialised. Such a map fails randomisation,
+    # which the pointing game cannot see.
     for m in bad:
-        assert margin[m] < min(margin[g] for g in good), (m, margin)
+        assert margin[m] <= worst_good, (m, margin)
+        if margin[m] > worst_good - 0.1:
+            assert found[m].tests["randomisation"].outcome == "fail", (m, found[m].reason)
+    assert min(margin[m] for m in bad) < worst_good - 0.3, margin
 
 
 @pytest.mark.slow
 def test_a_candidate_that_fails_clearly_on_the_first_photos_is_dropped(
     trained: Any, scenes: torch.Tensor
 ) -> None:
-    report = trust(trained.model, scenes, ["features"], ["gradcam", "guidedbackprop"])
+    report = trust(trained.model, scenes, ["features"], ["gradcam", "layercam", "guidedbackprop"])
     found = {c.method: c for c in report.candidates}
-    # Guided backprop's randomisation interval lies wholly above 0.5 on the first 8: it stops there.
-    assert found["guidedbackprop"].photos == 8 and found["guidedbackprop"].verdict == "fails"
-    assert "first 8 of 16 photos" in (found["guidedbackprop"].dropped or "")
+
+    def first_half(method: str) -> tuple[float, float]:  # randomisation's 95 % interval on the first 8
+        mean, ci = mean_ci(found[method].tests["randomisation"].per_photo[:8])
+        return mean - ci, mean + ci
+
+    # LayerCAM's randomisation interval lies wholly above 0.5 on the first 8 (as the edge control's): it
+    # stops there.
+    for m in ("layercam", "edges"):
+        assert found[m].photos == 8 and found[m].verdict == "fails", found[m]
+        assert "first 8 of 16 photos" in (found[m].dropped or "") and first_half(m)[0] > 0.5
+    # Guided backprop's reaches below 0.5 there (one photo's map changes with the classifier): not a clear
+    # failure, so it sees all 16, and fails over them.
+    assert first_half("guidedbackprop")[0] < 0.5 < first_half("guidedbackprop")[1]
+    assert found["guidedbackprop"].photos == 16 and found["guidedbackprop"].dropped is None
+    assert found["guidedbackprop"].verdict == "fails"
     assert found["gradcam"].photos == 16 and found["gradcam"].dropped is None
     assert len(found["gradcam"].tests["class"].per_photo) == 16
 
@@ -259,9 +282,11 @@ def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_js
     x, _, masks = shapes_batch(4, np.random.default_rng(1))
     photos = _folder(tmp_path / "photos", x)
     rows = ["file,class,x0,y0,x1,y1"]
+    boxes = np.zeros_like(masks, dtype=bool)
     for i, m in enumerate(masks):
         ys, xs = np.nonzero(m)
         rows.append(f"s{i:02d}.png,0,{xs.min()},{ys.min()},{xs.max() + 1},{ys.max() + 1}")
+        boxes[i, ys.min() : ys.max() + 1, xs.min() : xs.max() + 1] = True
     (tmp_path / "boxes.csv").write_text("\n".join(rows) + "\n")
     model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "48",
              "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--method", "gradcam",
@@ -279,8 +304,11 @@ def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_js
     assert a["tests"] == ["randomisation", "class", "faithfulness", "stability", "localisation"]
     loc = cam["tests"]["localisation"]
     assert loc["outcome"] in ("pass", "care", "fail") and len(loc["per_photo"]) == 4
-    # The centre map's hits on these four boxes, computed by hand: the figure is the map's hits less these.
-    centre = [bool(m[24, 24]) for m in masks]
+    # The centre map's hits on these four boxes (not the shapes inside them), computed by hand: a 48-pixel
+    # side has no middle pixel, so its peak is the four tied pixels of rows and columns 23-24, and any of
+    # them in the box is a hit (pointing_game's rule). The figure is the map's hits less these.
+    centre = [bool(b[23:25, 23:25].any()) for b in boxes]
+    assert centre == [False, True, True, True]  # the third holds a middle pixel, not (24, 24)
     assert loc["extra"]["centre_pointing"] == pytest.approx(np.mean(centre))
     assert loc["value"] == pytest.approx(loc["extra"]["pointing"] - np.mean(centre))
     assert "localisation" in (tmp_path / "out0" / "trust.md").read_text()
