@@ -130,7 +130,8 @@ def describe(rec: dict[str, Any]) -> str:
     if p:
         parts.append(f"predicted {named(p)} {scored(p['score'])};")
         if t and t["index"] != p["index"]:
-            parts.append(f"explained {named(t)} {scored(t['score'])};")
+            said = f" {scored(t['score'])}" if "score" in t else ""  # channels' target carries none
+            parts.append(f"explained {named(t)}{said};")
     outs = rec["outputs"]
     verb = "exists" if rec["status"] == "skipped" else "wrote"
     if outs:
