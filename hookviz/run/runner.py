@@ -99,17 +99,18 @@ class Run:
             or the :class:`~hookviz.jobs.build.CamSettings` of ``gradcam``'s job; default Grad-CAM.
         out: the output folder (or an :class:`~hookviz.io.outputs.Output` already prepared, with its sinks:
             kept open, as :class:`hookviz.ray.Explainer` keeps one for all its batches).
-        records, maps: as ``--records`` and ``--maps``: a registered sink's name (``parquet``, ``zarr``,
-            :func:`hookviz.io.sinks.register_sink`'s), a path or URL ending in ``.NAME``, or a sink itself;
-            with ``maps``, gradcam's raw maps are kept (``save_raw``), as ``--maps`` keeps them.
-        overwrite, skip_existing, pictures, batch_size, workers, max_pixels, max_memory, report, null,
-            inputs_table, inputs_column: as the options of the same names (``pictures``: not
-            ``--no-pictures``; ``batch_size`` None: the input kind's).
+        records: as ``--records``: a registered sink's name (``parquet``,
+            :func:`hookviz.io.sinks.register_sink`'s), a path or URL ending in ``.NAME``, or a sink itself.
+        maps: as ``--maps`` (``zarr``, ...); gradcam's raw maps are then kept (``save_raw``), as ``--maps``
+            keeps them.
+        overwrite: as ``--overwrite``; ``skip_existing``, ``batch_size`` (None: the input kind's),
+            ``workers``, ``max_pixels``, ``max_memory``, ``report``, ``null``, ``inputs_table`` and
+            ``inputs_column`` likewise as the options of the same names; ``pictures``: not ``--no-pictures``.
         kind: the input kind expected (``video``, ``volume``, ``sample``, ...): a model that takes another is
-            refused. command: a command refused where the model's task does not take it.
+            refused; ``command``: a command refused where the model's task does not take it.
         torchrun: whether to take the torchrun environment's rank (its shard of the inputs, one manifest
-            merged by rank 0 at the end). progress: ``progress(label)`` gives a ``(done, total)`` callback
-            for the passes of slow methods within a batch.
+            merged by rank 0 at the end); ``progress(label)`` gives a ``(done, total)`` callback for the
+            passes of slow methods within a batch.
 
     Examples:
         >>> for event in Run(load_model("resnet18"), "photos/", out="cams/", records="parquet"):
