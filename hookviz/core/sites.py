@@ -20,7 +20,7 @@ from torch import nn
 
 from hookviz.core import taps
 from hookviz.core.layout import Layout, layout_for
-from hookviz.core.trace import ModuleCall, pool_of
+from hookviz.core.trace import ModuleCall, Trace, pool_of
 from hookviz.errors import LayerError, close_matches
 
 
@@ -41,6 +41,7 @@ class Site:
         runs: how often it ran in the traced pass (-1: not traced).
         layout: how it holds its map (:class:`hookviz.core.layout.Layout`), computed once from the trace;
             None where not traced or without a map.
+        traced_on: the shape of the input the trace ran on, less its batch axis (None: unknown).
     """
 
     name: str
@@ -51,6 +52,7 @@ class Site:
     shape: tuple[int, ...] | None = None
     runs: int = -1
     layout: Layout | None = None
+    traced_on: tuple[int, ...] | None = None
 
     @property
     def ref(self) -> taps.Ref:
@@ -64,9 +66,35 @@ class Site:
             raise LayerError(f"{self.name!r} has no traced map, so no channels")
         return int(self.shape[1] if self.layout.kind == "nchw" else self.shape[-1])
 
-    def fits(self, shape: Sequence[int]) -> bool:
-        """Whether its traced layout holds for a captured tensor of ``shape`` (any batch size)."""
-        return self.layout is not None and self.shape is not None and tuple(shape[1:]) == self.shape[1:]
+    def holds(self, shape: Sequence[int], input_shape: Sequence[int]) -> bool:
+        """Whether its traced layout holds for a tensor of ``shape`` captured from an input of
+        ``input_shape`` (any batch size): the traced shape, and for tokens (whose patch grid the input's
+        shape decides) the traced input's shape."""
+        if self.layout is None or self.shape is None or tuple(shape[1:]) != self.shape[1:]:
+            return False
+        return len(shape) != 3 or self.traced_on == tuple(input_shape[1:])
+
+    def layout_at(
+        self, shape: Sequence[int], input_shape: Sequence[int], calls: Sequence[ModuleCall] | None = None
+    ) -> Layout:
+        """Its layout for a tensor of ``shape`` from an input of ``input_shape``: the traced one where it
+        :meth:`holds`, else decided from ``shape`` (and ``calls``, a pass traced on that input) with its
+        module, looked up no more.
+
+        Raises:
+            LayerError: the tensor has no spatial map.
+        """
+        if self.layout is not None and self.holds(shape, input_shape):
+            return self.layout
+        return self.decide(shape, calls)
+
+    def decide(self, shape: Sequence[int], calls: Sequence[ModuleCall] | None = None) -> Layout:
+        """Its layout for a tensor of ``shape`` (:func:`hookviz.core.layout.layout_for`), from its module.
+
+        Raises:
+            LayerError: the tensor has no spatial map.
+        """
+        return layout_for(None if self.stage == "input" else self.module, self.name, shape, calls)
 
 
 def is_pattern(text: str) -> bool:
@@ -157,6 +185,7 @@ class _Resolver:
         self.calls = calls
         self.by_name = {c.name: c for c in calls or ()}
         self.model_name = model_name
+        self.input_shape = calls.input_shape if isinstance(calls, Trace) else None
 
     def site(self, name: str) -> Site:
         """``name`` (a module's output, ``NAME:input`` or a functional pooling's input) as a site, its shape
@@ -181,7 +210,8 @@ class _Resolver:
             shape, runs = pool.shape, 1
         elif (call := self.by_name.get(ref.module)) is not None:
             shape, runs = (call.input_shape if ref.stage == "input" else call.output_shape), call.calls
-        return Site(name, ref.module, ref.stage, self.modules[ref.module], ref.function, shape, runs)
+        module = self.modules[ref.module]
+        return Site(name, ref.module, ref.stage, module, ref.function, shape, runs, None, self.input_shape)
 
     def _unknown(self, name: str) -> None:
         if self.model_name is None:  # a hook's own name, given from Python: no model name, no listing
@@ -201,10 +231,8 @@ class _Resolver:
         """``site`` with its layout, when it ran once or more with a tensor shape that has a map."""
         if site.runs < 1 or site.shape is None:
             return site
-        module = None if site.stage == "input" else site.module
         with contextlib.suppress(LayerError):
-            layout = layout_for(module, site.name, site.shape, self.calls)
-            return dataclasses.replace(site, layout=layout)
+            return dataclasses.replace(site, layout=site.decide(site.shape, self.calls))
         return site
 
     def cam(self, name: str) -> Site:
@@ -223,11 +251,10 @@ class _Resolver:
             )
         if site.shape is None:
             raise LayerError(f"{name!r} is not a tensor; pick another layer")
-        module = None if site.stage == "input" else site.module
         try:
-            layout = layout_for(module, name, site.shape, self.calls)
+            layout = site.decide(site.shape, self.calls)
         except LayerError as exc:
-            raise LayerError(f"{exc} ({listing(self.model_name)})") from None
+            raise LayerError(f"{exc} ({listing(str(self.model_name))})") from None
         if site.runs > 1:
             raise LayerError(
                 f"layer {name!r} runs {site.runs} times per forward pass, so its gradient is ambiguous; "

@@ -56,10 +56,13 @@ class ModuleCall:
 
 
 class Trace(list[ModuleCall]):
-    """What :func:`trace_shapes` saw: every module's :class:`ModuleCall` (a list), and ``pool``, where the
-    head's global pooling takes its input (:class:`hookviz.core.taps.PoolSite`), None without one."""
+    """What :func:`trace_shapes` saw: every module's :class:`ModuleCall` (a list), ``pool``, where the head's
+    global pooling takes its input (:class:`hookviz.core.taps.PoolSite`), None without one, and the input's
+    shape it ran on."""
 
     pool: PoolSite | None = None
+    #: The input's shape, less its batch axis (None: not a traced pass).
+    input_shape: tuple[int, ...] | None = None
 
 
 def pool_of(calls: Sequence[ModuleCall]) -> PoolSite | None:
@@ -118,6 +121,7 @@ def trace_shapes(model: nn.Module, x: Tensor) -> Trace:
     ]
     trace = Trace(calls + unused)
     trace.pool = tracer.site({n: v[2] for n, v in seen.items()}, {n: v[0] for n, v in seen.items()})
+    trace.input_shape = tuple(int(s) for s in x.shape[1:])
     return trace
 
 
