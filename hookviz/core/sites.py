@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -75,18 +75,21 @@ class Site:
         return len(shape) != 3 or self.traced_on == tuple(input_shape[1:])
 
     def layout_at(
-        self, shape: Sequence[int], input_shape: Sequence[int], calls: Sequence[ModuleCall] | None = None
+        self,
+        shape: Sequence[int],
+        input_shape: Sequence[int],
+        trace: Callable[[], Sequence[ModuleCall]] | None = None,
     ) -> Layout:
         """Its layout for a tensor of ``shape`` from an input of ``input_shape``: the traced one where it
-        :meth:`holds`, else decided from ``shape`` (and ``calls``, a pass traced on that input) with its
-        module, looked up no more.
+        :meth:`holds`, else decided from ``shape`` with its module (tokens: with ``trace()``, a pass traced
+        on that input, for their patch grid).
 
         Raises:
             LayerError: the tensor has no spatial map.
         """
         if self.layout is not None and self.holds(shape, input_shape):
             return self.layout
-        return self.decide(shape, calls)
+        return self.decide(shape, trace() if trace is not None and len(shape) == 3 else None)
 
     def decide(self, shape: Sequence[int], calls: Sequence[ModuleCall] | None = None) -> Layout:
         """Its layout for a tensor of ``shape`` (:func:`hookviz.core.layout.layout_for`), from its module.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,8 +164,7 @@ def explain(
             logit summed over its predicted pixels (``region="class"``) or all pixels (``"all"``), and
             the predicted class the most frequent one other than ``background``.
         x: the preprocessed batch on the model's device.
-        layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too), or their sites
-            (:func:`hookviz.core.sites.cam_sites`), taken as they are.
+        layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too), or their sites.
         methods: registered method names (:mod:`hookviz.methods`); the pass gives them what they need.
         targets: a :data:`hookviz.core.targets.Target` (``Top(5)``, ``Classes((281,))``, ``Positive()``),
             ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every image, a list of
@@ -328,12 +328,6 @@ def _forward(
             logits = scores.scores
             found = cap.captured.taps if with_gradients else cap.captured.outputs
             raw = {layer: single_call(found, layer) for layer in layers}
-            # A site's layout as traced; else tokens wait for the patch grid, traced once the hooks are off.
-            layouts = {
-                s.name: s.layout_at(raw[s.name].shape, x.shape)
-                for s in sites
-                if s.holds(raw[s.name].shape, x.shape) or raw[s.name].dim() != 3
-            }
             t = _targets(targets, logits.detach(), scores.order)
             if with_gradients or with_input:
                 inputs = [raw[layer] for layer in layers] if with_gradients else []
@@ -349,10 +343,9 @@ def _forward(
                         input_grads.append(got[-1].detach())
                     for layer in layers if with_gradients else ():
                         grads[layer].append(cap.captured.grads[layer][-1])
-        for site in sites:
-            if site.name not in layouts:
-                calls = traced(model, tuple(x.shape[1:]), x.device)
-                layouts[site.name] = site.layout_at(raw[site.name].shape, x.shape, calls)
+        # Each site's layout as traced, else from its tensor (tokens: by a pass traced on x, the hooks off).
+        again = functools.partial(traced, model, tuple(x.shape[1:]), x.device)
+        layouts = {s.name: s.layout_at(raw[s.name].shape, x.shape, again) for s in sites}
     kept = grads if with_gradients else None
     return _Forward(scores, t, raw, layouts, kept, input_grads if with_input else None, bias, backward_passes)
 
