@@ -15,6 +15,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from torch import nn
 
@@ -200,7 +201,6 @@ class _Resolver:
         ref = taps.parse(name, self.modules)
         if ref is None:
             self._unknown(name)
-        assert ref is not None
         shape: tuple[int, ...] | None = None
         runs = -1 if self.calls is None else 0
         if ref.function is not None and self.calls is not None:
@@ -216,7 +216,7 @@ class _Resolver:
         module = self.modules[ref.module]
         return Site(name, ref.module, ref.stage, module, ref.function, shape, runs, None, self.input_shape)
 
-    def _unknown(self, name: str) -> None:
+    def _unknown(self, name: str) -> NoReturn:
         if self.model_name is None:  # a hook's own name, given from Python: no model name, no listing
             raise LayerError(f"no layer {name!r} in the model{close_matches(name, self.modules)}")
         names = [n for n in self.modules if n]
