@@ -1,5 +1,6 @@
-"""Layer rules, in one place: names and globs, which layers run (and how often), which have a spatial map,
-how token layouts become maps, and the default CAM layer. Used by the CLI and the library alike.
+"""Layer rules, in one place: which layers run (and how often), which have a spatial map, how token layouts
+become maps, and the default CAM layer. Used by the CLI and the library alike. Names, globs and CAM tensors
+are resolved into sites in :mod:`hookviz.core.sites` (imported from here as before).
 
 Rules are decided from shapes traced in one forward pass (:func:`hookviz.core.hooks.trace_shapes`), not from
 class names, wherever a shape can tell.
@@ -7,87 +8,25 @@ class names, wherever a shape can tell.
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from hookviz.core import taps
-from hookviz.core.hooks import ModuleCall, pool_of
 from hookviz.core.layout import Layout, layout_of
-from hookviz.errors import LayerError, UsageError, close_matches
-
-
-def is_pattern(text: str) -> bool:
-    """Whether a layer spec is a glob (``*``, ``?`` or ``[``) rather than a module name."""
-    return any(c in text for c in "*?[")
-
-
-def module_names(model: nn.Module) -> list[str]:
-    """Names of every submodule in ``named_modules`` order (the root, named "", excluded)."""
-    return [name for name, _ in model.named_modules() if name]
-
-
-def _listing(model_name: str) -> str:
-    return f"`hookviz layers --model {model_name}` lists them"
-
-
-def resolve_layers(
-    model: nn.Module,
-    patterns: Iterable[str],
-    *,
-    model_name: str = "the model",
-    kinds: tuple[type[nn.Module], ...] | None = None,
-) -> list[str]:
-    """Turn layer names and glob patterns into module names, in network order.
-
-    A pattern with ``*``, ``?`` or ``[`` is a glob over ``named_modules()`` names (and, when
-    ``kinds`` is given, matches only modules of those types); a plain name must exist exactly.
-
-    Raises:
-        LayerError: a name does not exist (close matches are suggested) or a pattern matches nothing.
-    """
-    modules = dict(model.named_modules())
-    names = [n for n in modules if n]
-    chosen: set[str] = set()
-    for pattern in patterns:
-        if is_pattern(pattern):
-            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-            if kinds is not None:
-                hits = [n for n in hits if isinstance(modules[n], kinds)]
-            if not hits:
-                kind = f" {'/'.join(k.__name__ for k in kinds)}" if kinds else ""
-                raise LayerError(
-                    f"pattern {pattern!r} matches no{kind} layer in {model_name}; {_listing(model_name)}"
-                )
-            chosen.update(hits)
-        elif pattern in modules and pattern:
-            chosen.add(pattern)
-        else:
-            near = close_matches(pattern, names)
-            raise LayerError(f"no layer {pattern!r} in {model_name}{near} ({_listing(model_name)})")
-    return [n for n in names if n in chosen]
-
-
-def one_module(model: nn.Module, spec: str, model_name: str = "the model") -> str:
-    """The one module ``spec`` names: a module name, or a glob matching exactly one.
-
-    Raises:
-        LayerError: an unknown name, a glob matching none or several.
-    """
-    found = resolve_layers(model, [spec], model_name=model_name)
-    if len(found) > 1:
-        shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
-        raise LayerError(f"--layer {spec}: takes one layer, and the pattern matches {len(found)} ({shown})")
-    return found[0]
-
-
-def outermost(names: Sequence[str]) -> list[str]:
-    """``names`` without those nested inside another of them (``layer4.0`` goes when ``layer4`` is there)."""
-    kept = set(names)
-    return [n for n in names if not any(n.startswith(f"{other}.") for other in kept if other != n)]
+from hookviz.core.sites import (
+    cam_layer,
+    cam_layers,
+    cam_sites,
+    channels,
+    is_pattern,
+    module_names,
+    one_module,
+    outermost,
+    resolve_layers,
+)
+from hookviz.core.trace import ModuleCall, pool_of
+from hookviz.errors import LayerError, UsageError
 
 
 def has_map(call: ModuleCall) -> bool:
@@ -168,100 +107,6 @@ def output_layers(
             "DropBlock and Dropout2d drop blocks of (B, C, H, W) maps; use them on a photo model"
         )
     return chosen
-
-
-def tensor_of(
-    model: nn.Module, name: str, calls: Sequence[ModuleCall], model_name: str = "the model"
-) -> ModuleCall:
-    """The traced call behind CAM tensor ``name`` (a module's output, ``NAME:input``, or a functional
-    pooling's input, see :mod:`hookviz.core.taps`), its ``output_shape`` being that tensor's shape.
-
-    Raises:
-        LayerError: no such module, or no such functional pooling in the traced pass.
-    """
-    if not taps.is_input(name):
-        (name,) = resolve_layers(model, [name], model_name=model_name)
-        return next((c for c in calls if c.name == name), ModuleCall(name, "", None, 0))
-    modules = dict(model.named_modules())
-    ref = taps.parse(name, modules)
-    if ref is None:
-        head = taps.base(name)
-        near = close_matches(head, [n for n in modules if n])
-        raise LayerError(
-            f"no layer {head!r} in {model_name}{near}, and {name!r} is not a global pooling's input "
-            f"({_listing(model_name)}; NAME:input takes a module's input)"
-        )
-    if ref.function is not None:
-        pool = pool_of(calls)
-        if pool is None or pool.name != name:
-            found = f"; the head's pooling input is {pool.name!r}" if pool is not None else ""
-            raise LayerError(f"{name!r}: {model_name} makes no such functional global pooling call{found}")
-        return ModuleCall(name, pool.pooled_by, pool.shape, 1)
-    call = next((c for c in calls if c.name == ref.module), None)
-    if call is None:
-        return ModuleCall(name, "", None, 0)
-    return ModuleCall(name, call.type, call.input_shape, call.calls, call.order)
-
-
-def cam_layer(model: nn.Module, name: str, calls: Sequence[ModuleCall], model_name: str = "the model") -> str:
-    """Check that ``name`` can be a CAM tensor: a module (its output) or ``NAME:input`` that exists, runs
-    once, and has a spatial map.
-
-    Raises:
-        LayerError: a pattern, an unknown name, a layer that does not run or runs twice, or one with
-        no spatial map (a pooled vector, a classifier head).
-    """
-    if is_pattern(name):
-        raise LayerError(f"--layer takes module names, not patterns ({name!r})")
-    call = tensor_of(model, name, calls, model_name)
-    name = call.name
-    if call.calls == 0:
-        raise LayerError(f"layer {name!r} does not run in {model_name}'s forward pass; pick another layer")
-    if call.output_shape is None:
-        raise LayerError(f"{name!r} is not a tensor; pick another layer")
-    try:
-        layout_of(model, name, call.output_shape, calls)
-    except LayerError as exc:
-        raise LayerError(f"{exc} ({_listing(model_name)})") from None
-    if call.calls > 1:
-        raise LayerError(
-            f"layer {name!r} runs {call.calls} times per forward pass, so its gradient is ambiguous; "
-            "pick a layer that runs once (e.g. its parent block)"
-        )
-    return name
-
-
-def cam_layers(
-    model: nn.Module, specs: Sequence[str], calls: Sequence[ModuleCall], model_name: str = "the model"
-) -> list[str]:
-    """``--layer``'s names and globs as CAM tensors, each checked once (:func:`cam_layer`) and given once:
-    a name as it is, a glob as the layers it matches that can be CAM tensors, in network order.
-
-    Raises:
-        LayerError: a bad name (:func:`cam_layer`), a glob matching no layer that can be one.
-    """
-    chosen: list[str] = []
-    for spec in specs:
-        if not is_pattern(spec):
-            chosen.append(cam_layer(model, spec, calls, model_name))
-            continue
-        found = []
-        for name in resolve_layers(model, [spec], model_name=model_name):
-            with contextlib.suppress(LayerError):
-                found.append(cam_layer(model, name, calls, model_name))
-        if not found:
-            raise LayerError(
-                f"pattern {spec!r} matches no layer of {model_name} with a spatial map that runs once; "
-                f"{_listing(model_name)}"
-            )
-        chosen += found
-    return list(dict.fromkeys(chosen))
-
-
-def channels(model: nn.Module, name: str, calls: Sequence[ModuleCall]) -> int:
-    """How many channels CAM tensor ``name``'s map has (tokens: the embedding width)."""
-    shape = tensor_of(model, name, calls).output_shape or ()
-    return int(shape[1] if layout_of(model, name, shape, calls).kind == "nchw" else shape[-1])
 
 
 def _spatial(model: nn.Module, c: ModuleCall, calls: Sequence[ModuleCall], batch: int = 1) -> Layout | None:
@@ -474,3 +319,26 @@ def candidate_layers(model: nn.Module, calls: Sequence[ModuleCall]) -> list[str]
         except (LayerError, KeyError):
             pass
     return chosen
+
+
+__all__ = [
+    "backbone_prefix",
+    "cam_layer",
+    "cam_layers",
+    "cam_sites",
+    "candidate_layers",
+    "channels",
+    "check_map",
+    "default_cam_layer",
+    "default_reason",
+    "has_map",
+    "is_pattern",
+    "map_layers",
+    "module_names",
+    "one_module",
+    "outermost",
+    "output_layers",
+    "resolve_layers",
+    "single_call",
+    "token_blocks",
+]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from hookviz.core import taps
-from hookviz.core.hooks import ModuleCall
+from hookviz.core.trace import ModuleCall
 from hookviz.errors import LayerError
 
 
@@ -120,7 +120,16 @@ def layout_of(
     Raises:
         LayerError: the output has no spatial structure (a classifier head, a pooled vector, 1x1).
     """
-    module = None if taps.is_input(layer) else dict(model.named_modules())[layer]
+    return layout_for(
+        None if taps.is_input(layer) else dict(model.named_modules())[layer], layer, shape, calls
+    )
+
+
+def layout_for(
+    module: nn.Module | None, layer: str, shape: Sequence[int], calls: Sequence[ModuleCall] | None = None
+) -> Layout:
+    """:func:`layout_of` for the module already found (None for a ``NAME:input`` tensor): a site
+    (:mod:`hookviz.core.sites`) computes its layout once with it, and looks nothing up."""
     kind_name = type(module).__name__ if module is not None else "input"
     what = f"layer {layer!r} ({kind_name}) outputs shape {tuple(shape)}"
     if len(shape) == 4:

@@ -227,12 +227,12 @@ class FunctionTaps(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def depth_tracker(model: nn.Module, owners: Sequence[str], hooks: Any) -> Callable[[str], bool]:
-    """``running(owner)``: whether ``owner``'s forward is running and none of its children's is.
+def depth_tracker(owners: dict[str, nn.Module], hooks: Any) -> Callable[[str], bool]:
+    """``running(owner)``: whether ``owner``'s forward is running and none of its children's is (``owners``:
+    each owner's module by name, as the sites found them).
 
     Registers forward-pre and forward hooks on each owner and its direct children into ``hooks`` (a
-    :class:`~hookviz.core.hooks.HookGroup`)."""
-    modules = dict(model.named_modules())
+    :class:`~hookviz.core.guards.HookGroup`)."""
     active: dict[str, int] = {}
 
     def enter(key: str) -> Any:
@@ -248,8 +248,7 @@ def depth_tracker(model: nn.Module, owners: Sequence[str], hooks: Any) -> Callab
         return hook
 
     children: dict[str, list[str]] = {}
-    for owner in dict.fromkeys(owners):
-        module = modules[owner]
+    for owner, module in owners.items():
         keys = [f"child:{owner}:{i}" for i, _ in enumerate(module.children())]
         children[owner] = keys
         hooks.add(module.register_forward_pre_hook(enter(f"self:{owner}")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,9 @@ from hookviz.core.hooks import (
     unwrap_compiled,
 )
 from hookviz.core.layers import single_call
-from hookviz.core.layout import Layout, layout_of, to_spatial, unfold_time
+from hookviz.core.layout import Layout, to_spatial, unfold_time
 from hookviz.core.readout import Readout, Scorer, positive_targets, ranking, read
+from hookviz.core.sites import Site, bind
 from hookviz.core.taps import negative_mass
 from hookviz.core.targets import Classes, Labelled, Positive, Target, Top, parse
 from hookviz.errors import TargetError, UsageError
@@ -135,7 +137,7 @@ def _targets(spec: Targets, logits: Tensor, order: Tensor) -> Tensor:
 def explain(
     model: nn.Module,
     x: Tensor,
-    layers: Sequence[str],
+    layers: Sequence[str | Site],
     methods: Sequence[str] = ("gradcam",),
     targets: Targets = None,
     *,
@@ -162,7 +164,7 @@ def explain(
             logit summed over its predicted pixels (``region="class"``) or all pixels (``"all"``), and
             the predicted class the most frequent one other than ``background``.
         x: the preprocessed batch on the model's device.
-        layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too).
+        layers: module names (conv layers or blocks; ViT/Swin encoder blocks work too), or their sites.
         methods: registered method names (:mod:`hookviz.methods`); the pass gives them what they need.
         targets: a :data:`hookviz.core.targets.Target` (``Top(5)``, ``Classes((281,))``, ``Positive()``),
             ``None``/``"top1"`` (the predicted class), ``"topK"``, a class index for every image, a list of
@@ -221,7 +223,7 @@ def explain(
 def _explain(
     model: nn.Module,
     x: Tensor,
-    layers: Sequence[str],
+    given: Sequence[str | Site],
     methods: Sequence[str],
     targets: Targets,
     relu: bool,
@@ -230,10 +232,11 @@ def _explain(
     eigen_smooth: bool,
     readout: Callable[[Any], Readout],
 ) -> Explanation:
-    layers, methods = tuple(dict.fromkeys(layers)), tuple(dict.fromkeys(methods))
+    sites = bind(model, given)
+    layers, methods = tuple(s.name for s in sites), tuple(dict.fromkeys(methods))
     plan = _plan(methods)
     needs = frozenset().union(*(spec.needs for spec in plan))
-    f = _forward(model, x, layers, targets, needs, readout)
+    f = _forward(model, x, sites, targets, needs, readout)
     shared: dict[str, Any] = {"scores": f.scores.scores.detach()}
     if f.input_grads is not None:
         shared["input_gradient"] = f.input_grads
@@ -299,7 +302,7 @@ class _Forward:
 def _forward(
     model: nn.Module,
     x: Tensor,
-    layers: Sequence[str],
+    sites: Sequence[Site],
     targets: Targets,
     needs: frozenset[str],
     readout: Callable[[Any], Readout],
@@ -309,13 +312,13 @@ def _forward(
     with_gradients = "layer_gradients" in needs
     # The plain input gradient (Saliency, Input x Gradient) comes from this pass, recorded from the input.
     with_input = "input_gradients" in needs
-    backward_passes = 0
+    backward_passes, layers = 0, [s.name for s in sites]
     input_grads: list[Tensor] = []
     grads: dict[str, list[Tensor]] = {layer: [] for layer in layers}
     with preserved(model):
         model.eval()
         # Gradient taps when a method needs layer gradients; else the tensors alone, with no graph.
-        hooks = capture(model, grad_layers=layers) if with_gradients else capture(model, layers, outputs=True)
+        hooks = capture(model, grad_layers=sites) if with_gradients else capture(model, sites, outputs=True)
         x_in = x.detach().requires_grad_() if with_input else x
         # FullGrad's bias terms, gathered by the shared backward passes (they reach the input for it).
         bias = BiasTerms(model) if "bias_gradients" in needs else None
@@ -325,8 +328,6 @@ def _forward(
             logits = scores.scores
             found = cap.captured.taps if with_gradients else cap.captured.outputs
             raw = {layer: single_call(found, layer) for layer in layers}
-            # Tokens wait for the patch grid, traced once the hooks are off.
-            layouts = {la: layout_of(model, la, raw[la].shape) for la in layers if raw[la].dim() != 3}
             t = _targets(targets, logits.detach(), scores.order)
             if with_gradients or with_input:
                 inputs = [raw[layer] for layer in layers] if with_gradients else []
@@ -342,10 +343,9 @@ def _forward(
                         input_grads.append(got[-1].detach())
                     for layer in layers if with_gradients else ():
                         grads[layer].append(cap.captured.grads[layer][-1])
-        for layer in layers:
-            if layer not in layouts:
-                calls = traced(model, tuple(x.shape[1:]), x.device)
-                layouts[layer] = layout_of(model, layer, raw[layer].shape, calls)
+        # Each site's layout as traced, else from its tensor (tokens: by a pass traced on x, the hooks off).
+        again = functools.partial(traced, model, tuple(x.shape[1:]), x.device)
+        layouts = {s.name: s.layout_at(raw[s.name].shape, x.shape, again) for s in sites}
     kept = grads if with_gradients else None
     return _Forward(scores, t, raw, layouts, kept, input_grads if with_input else None, bias, backward_passes)
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from hookviz.core.conventions import default_layers
 from hookviz.core.hooks import ModuleCall
-from hookviz.core.layers import cam_layer, cam_layers, default_cam_layer, default_reason
+from hookviz.core.layers import cam_layer, default_cam_layer, default_reason
+from hookviz.core.sites import Site, cam_sites, sites_of
 from hookviz.errors import UsageError
 from hookviz.jobs.settings import CamSettings
 from hookviz.methods import MethodOptions, get, passes
@@ -156,7 +157,14 @@ def chosen_layers(loaded: LoadedModel, names: Sequence[str] | None, calls: list[
     CAM layer."""
     if not names:
         return default_layer(loaded, calls)[0]
-    return cam_layers(loaded.model, names, calls, loaded.name)
+    return [s.name for s in chosen_sites(loaded, names, calls)]
+
+
+def chosen_sites(loaded: LoadedModel, names: Sequence[str] | None, calls: list[ModuleCall]) -> list[Site]:
+    """:func:`chosen_layers` as sites (:mod:`hookviz.core.sites`), resolved and laid out once."""
+    if not names:
+        return sites_of(loaded.model, default_layer(loaded, calls)[0], calls)
+    return cam_sites(loaded.model, names, calls, loaded.name)
 
 
 def one_layer(loaded: LoadedModel, name: str | None, calls: list[ModuleCall]) -> str:

@@ -16,6 +16,7 @@ from hookviz.core.arrays import to_numpy
 from hookviz.core.conventions import sign
 from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
+from hookviz.core.sites import Site
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
 from hookviz.core.targets import Labelled, Positive, Target, Top, said
 from hookviz.engine.explain import Targets, explain
@@ -85,6 +86,8 @@ class CamJob(CamRecords, BaseJob):
     auto_layer: dict[str, Any] | None = None
     #: A segmenter's job: a class's score sums its pixels (``params.region``), and the settings say which.
     dense: bool = False
+    #: ``params.layers`` as the builder resolved them (:mod:`hookviz.core.sites`), taken by the hooks as is.
+    sites: list[Site] = field(default_factory=list)
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -246,7 +249,9 @@ class CamJob(CamRecords, BaseJob):
 
     def compute(self, x: Any) -> CamBatch:
         s = self.params
-        ex = explain(self.loaded.model, x, self.layers, self.methods, self._explained(), relu=s.relu,
+        same = [site.name for site in self.sites] == list(self.layers)  # else a job changed since: its names
+        layers = self.sites if same else self.layers
+        ex = explain(self.loaded.model, x, layers, self.methods, self._explained(), relu=s.relu,
                      options=self.options, progress=self.progress, eigen_smooth=s.eigen_smooth,
                      aug_smooth=s.aug_smooth, region=s.region)  # fmt: skip
         self._check_assumptions(ex)

@@ -10,18 +10,19 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hookviz.core.conventions import declared_kind
 from hookviz.core.hooks import ModuleCall
-from hookviz.core.layers import candidate_layers, channels, token_blocks
+from hookviz.core.layers import candidate_layers, token_blocks
+from hookviz.core.sites import Site, sites_of
 from hookviz.core.targets import Labelled, Positive, Target
 from hookviz.errors import UsageError
 from hookviz.evaluation import choose_layer
 from hookviz.jobs.build import (
     BuiltJob,
-    chosen_layers,
+    chosen_sites,
     cost_notes,
     default_layer,
     expensive,
@@ -69,6 +70,7 @@ def classifier_job(
     job_class = _refused(loaded, settings, calls, targets, job_class, dense)
     notes: list[str] = []
     auto = None
+    chosen: Sequence[str | Site]
     if settings.layers == ("auto",):
         if first_images is None or (x := first_images(settings.probe_images)) is None:
             raise UsageError("--layer auto needs at least one readable image among the inputs")
@@ -80,13 +82,14 @@ def classifier_job(
         chosen, reason = default_layer(loaded, calls)
         notes.append(f"using layer {chosen[0]} (the default for {loaded.name}: {reason}; --layer to change)")
     else:
-        chosen = chosen_layers(loaded, settings.layers, calls)
+        chosen = chosen_sites(loaded, settings.layers, calls)
+    sites = sites_of(loaded.model, chosen, calls)  # each chosen layer resolved once, as the hooks take it
     options = method_options(loaded, settings.options)
     if loaded.several is not None and job_class is CamJob:  # each layer drawn over the input it sees
         job_class = SeveralCamJob
-    params = dataclasses.replace(settings, layers=tuple(chosen), options=options)
-    job = job_class(loaded=loaded, params=params, targets=targets, dense=dense, auto_layer=auto)
-    per_layer = {name: channels(loaded.model, name, calls) for name in chosen}
+    params = dataclasses.replace(settings, layers=tuple(s.name for s in sites), options=options)
+    job = job_class(loaded=loaded, params=params, targets=targets, dense=dense, auto_layer=auto, sites=sites)
+    per_layer = {s.name: s.channels for s in sites}
     size = input_hw(calls)
     notes += cost_notes(job.methods, per_layer, max(1, len(job._target_suffixes())), options, size)
     return BuiltJob(job=job, notes=tuple(notes), auto=auto, slow=expensive(job.methods, options))

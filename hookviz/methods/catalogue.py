@@ -7,6 +7,7 @@ Order is the order sheets show them: the CAM family first, then the pixel attrib
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hookviz.methods.registry import MethodOptions, register_method
 
@@ -16,6 +17,15 @@ _X = "hookviz.methods.pixel"
 _O = "hookviz.methods.ownpass"
 _A = "hookviz.methods.attention"
 _SHARED = "the shared backward passes"
+#: The CAMs weighting the activations by the gradients of the shared pass: their family, needs and cost.
+_GRADIENT: dict[str, Any] = {
+    "family": "gradient-weighted", "needs": {"activations", "layer_gradients"}, "cost": _SHARED,
+}  # fmt: skip
+#: The class-agnostic CAMs of the activations alone: their family, needs and cost.
+_ACTIVATIONS: dict[str, Any] = {
+    "family": "activation-only", "needs": {"activations"}, "class_specific": False,
+    "cost": "no backward pass",
+}  # fmt: skip
 
 
 def _n(options: MethodOptions, default: int) -> int:
@@ -37,37 +47,37 @@ NOISE = {"sscam": 2.0, "smoothgradcampp": 0.3, "smoothgrad": 0.15}
 
 # -- the CAM family: one map per layer from the shared pass ---------------------------------------------
 register_method(
-    "gradcam", title="Grad-CAM", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Selvaraju et al., ICCV 2017",
+    "gradcam", title="Grad-CAM", **_GRADIENT,
+    paper="Selvaraju et al., ICCV 2017",
     formula="ReLU(Σ_k mean(∂y/∂A^k) A^k)", detection=True, function=f"{_C}:gradcam",
 )  # fmt: skip
 register_method(
-    "gradcampp", title="Grad-CAM++", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Chattopadhay et al., WACV 2018",
+    "gradcampp", title="Grad-CAM++", **_GRADIENT,
+    paper="Chattopadhay et al., WACV 2018",
     formula="closed-form α from 2nd/3rd powers of the gradient", detection=True,
     assumes_nonnegative="its weights divide by each channel's sum of activations (the derivation takes "
     "A >= 0)",
     function=f"{_C}:gradcampp",
 )  # fmt: skip
 register_method(
-    "xgradcam", title="XGrad-CAM", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Fu et al., BMVC 2020", formula="weights Σ (A/ΣA)·∂y/∂A",
+    "xgradcam", title="XGrad-CAM", **_GRADIENT,
+    paper="Fu et al., BMVC 2020", formula="weights Σ (A/ΣA)·∂y/∂A",
     detection=True, assumes_nonnegative="its weights divide by each channel's sum of activations",
     function=f"{_C}:xgradcam",
 )  # fmt: skip
 register_method(
-    "layercam", title="LayerCAM", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Jiang et al., TIP 2021",
+    "layercam", title="LayerCAM", **_GRADIENT,
+    paper="Jiang et al., TIP 2021",
     formula="ReLU(Σ_k ReLU(∂y/∂A^k) ⊙ A^k), element-wise", detection=True, function=f"{_C}:layercam",
 )  # fmt: skip
 register_method(
-    "hirescam", title="HiResCAM", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Draelos & Carin, 2020",
+    "hirescam", title="HiResCAM", **_GRADIENT,
+    paper="Draelos & Carin, 2020",
     formula="ReLU(Σ_k ∂y/∂A^k ⊙ A^k), element-wise", detection=True, function=f"{_C}:hirescam",
 )  # fmt: skip
 register_method(
-    "eigencam", title="Eigen-CAM", family="activation-only", needs={"activations"}, class_specific=False,
-    cost="no backward pass", paper="Muhammad & Yeasin, IJCNN 2020",
+    "eigencam", title="Eigen-CAM", **_ACTIVATIONS,
+    paper="Muhammad & Yeasin, IJCNN 2020",
     formula="first principal component of A; no gradient, class-agnostic", detection=True,
     function=f"{_C}:eigencam",
 )  # fmt: skip
@@ -93,38 +103,36 @@ register_method(
     passes=lambda k, t, o, hw: (1, t), resolution="input",
 )  # fmt: skip
 register_method(
-    "gradcamelementwise", title="Grad-CAM element-wise", family="gradient-weighted",
-    needs={"activations", "layer_gradients"}, cost=_SHARED, paper="pytorch-grad-cam (Gildenblat)",
+    "gradcamelementwise", title="Grad-CAM element-wise", **_GRADIENT,
+    paper="pytorch-grad-cam (Gildenblat)",
     formula="Σ_k ReLU(∂y/∂A^k ⊙ A^k)", detection=True, function=f"{_C}:gradcamelementwise",
 )  # fmt: skip
 register_method(
-    "eigengradcam", title="EigenGrad-CAM", family="gradient-weighted",
-    needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="pytorch-grad-cam (Gildenblat), after Eigen-CAM",
+    "eigengradcam", title="EigenGrad-CAM", **_GRADIENT,
+    paper="pytorch-grad-cam (Gildenblat), after Eigen-CAM",
     formula="first principal component of ∂y/∂A ⊙ A", detection=True, function=f"{_C}:eigengradcam",
 )  # fmt: skip
 register_method(
-    "segeigencam", title="Seg-Eigen-CAM", family="gradient-weighted",
-    needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Chung & Ying, Appl. Sci. 2025 (for segmentation)",
+    "segeigencam", title="Seg-Eigen-CAM", **_GRADIENT,
+    paper="Chung & Ying, Appl. Sci. 2025 (for segmentation)",
     formula="first principal component of |∂y/∂A| ⊙ A, its sign set by the larger extreme",
     function=f"{_C}:segeigencam",
 )  # fmt: skip
 register_method(
-    "kpcacam", title="KPCA-CAM", family="activation-only", needs={"activations"}, class_specific=False,
-    cost="no backward pass", paper="Karmani et al., 2024",
+    "kpcacam", title="KPCA-CAM", **_ACTIVATIONS,
+    paper="Karmani et al., 2024",
     formula="first kernel-PCA component of A (sigmoid kernel tanh(x·y/K + 1))", detection=True,
     function=f"{_C}:kpcacam",
 )  # fmt: skip
 register_method(
-    "fem", title="FEM", family="activation-only", needs={"activations"}, class_specific=False,
-    cost="no backward pass", paper="Fuad et al., IPTA 2020",
+    "fem", title="FEM", **_ACTIVATIONS,
+    paper="Fuad et al., IPTA 2020",
     formula="Σ_k w_k A^k, w_k the share of A^k's positions above its mean + 2σ", detection=True,
     function=f"{_C}:fem",
 )  # fmt: skip
 register_method(
-    "cam", title="CAM", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    cost=_SHARED, paper="Zhou et al., CVPR 2016",
+    "cam", title="CAM", **_GRADIENT,
+    paper="Zhou et al., CVPR 2016",
     formula="Σ_k W_ck A^k, W the linear classifier after global average pooling (refused for any other head)",
     in_all=False, function=f"{_C}:cam",
 )  # fmt: skip
@@ -150,8 +158,8 @@ register_method(
     function=f"{_O}:smoothgradcampp",
 )  # fmt: skip
 register_method(
-    "refinecam", title="Refine-CAM", family="gradient-weighted", needs={"activations", "layer_gradients"},
-    uses=("gradcampp",), cost=_SHARED, paper="pytorch-grad-cam's RefineCAM (arXiv 2605.14641)",
+    "refinecam", title="Refine-CAM", **_GRADIENT, uses=("gradcampp",),
+    paper="pytorch-grad-cam's RefineCAM (arXiv 2605.14641)",
     formula="product over the requested layers of each one's min-max-normalised, upsampled Grad-CAM++",
     across_layers=True, resolution="input", function=f"{_C}:refinecam",
 )  # fmt: skip

@@ -196,7 +196,14 @@ def register_method(
         )  # fmt: skip
         return fn
 
-    if function is not None or detection_only:  # a detector's method has no layer-pass function
+    return _registration(add, function, now=function is not None or detection_only)
+
+
+def _registration(add: Callable[[Any], Any], function: Any, *, now: bool) -> Any:
+    """What ``register_*`` returns: with ``now`` (its function given by name, or none needed: a detector's
+    method has no layer-pass function) it registers at once and returns a decorator that changes nothing;
+    else the decorator that registers the function it decorates."""
+    if now:
         add(function)
         return lambda fn: fn
     return add
@@ -348,10 +355,7 @@ def register_token_method(
         TOKEN_METHODS[name] = TokenMethod(name, title, wanted, cost, fn, paper, default, reads_layer)
         return fn
 
-    if function is not None:
-        add(function)
-        return lambda fn: fn
-    return add
+    return _registration(add, function, now=function is not None)
 
 
 def unregister_token_method(name: str) -> None:
