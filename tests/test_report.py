@@ -276,8 +276,9 @@ def _features_json(folder: Path) -> dict[str, object]:
         "layer": "_blocks.10", "model": "efficientnet_lite0", "inputs": 5, "field": [35, 35], "skipped": [],
         "features": [
             {"feature": 0, "fired": 0.0, "top": [], "histogram": {"edges": edges, "counts": [980, 0, 0, 0]}},
-            {"feature": 1, "fired": 0.05, "top": [{"input": "/x/in/b.jpg", "score": 0.7, "box": [1, 2, 30, 31],
-             "cell": [0, 0]}], "histogram": {"edges": edges, "counts": [931, 10, 39, 0]}},
+            {"feature": 1, "fired": 0.05,
+             "top": [{"input": "/x/in/b.jpg", "score": 0.7, "box": [1, 2, 30, 31], "cell": [0, 0]}],
+             "histogram": {"edges": edges, "counts": [931, 10, 39, 0]}},
             {"feature": 2, "fired": 0.25, "sheet": "features/_blocks.10.f2.png",
              "top": [{"input": f"/x/in/{HOSTILE}", "score": 2.5, "box": [10, 20, 45, 55], "cell": [3, 2]},
                      {"input": "/x/in/a.jpg", "score": 1.25, "box": [0, 0, 35, 35], "cell": [0, 0]}],
@@ -310,10 +311,11 @@ def test_the_report_shows_an_sae_run_s_features(browser: object, tmp_path: Path)
     items = [li.text for li in first.find_elements(By.CSS_SELECTOR, ".patches li")]
     assert items == [f"{HOSTILE} [10, 20, 45, 55] 2.5", "a.jpg [0, 0, 35, 35] 1.25"]
     bars = [b.get_attribute("style") for b in first.find_elements(By.CSS_SELECTOR, ".hist i")]
-    assert bars == ["height: 4.2%;", "height: 100.0%;", "height: 100.0%;"]  # 5, 120, 120 of 120
+    assert bars == ["height: 4.2%;", "height: 100%;", "height: 100%;"]  # 5, 120, 120 of 120
     assert "tabby by 0.75" in first.find_element(By.CLASS_NAME, "classes").text
     assert browser.execute_script("return window.pwned") is None  # type: ignore[attr-defined]
-    assert not cards[2].find_elements(By.CSS_SELECTOR, ".hist i[style='height: 100.0%;']")
+    never = [b.get_attribute("style") for b in cards[2].find_elements(By.CSS_SELECTOR, ".hist i")]
+    assert never == ["height: 0%;"] * 3  # feature 0 never fired
     outer = tmp_path / "out"
     outer.mkdir()
     shutil.copytree(run, outer / "sae-run")

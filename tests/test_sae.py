@@ -495,3 +495,51 @@ def _vit_loaded() -> Any:
     model = make_vit()
     model.load_state_dict(load_file(str(Path(__file__).parent / "fixtures" / "shapes_vit.safetensors")))
     return tiny_loaded(model.eval(), 64)
+
+
+@pytest.mark.parametrize(("family", "prefix"), [("llava", 1), ("paligemma", 0)])
+def test_a_vision_language_model_s_vision_tower(family: str, prefix: int, tmp_path: Path) -> None:
+    """A tiny LLaVA (a CLIP tower: a class token, then 8 x 8 patch tokens) and PaliGemma (SigLIP: patch
+    tokens only), saved and loaded as hookviz loads them (--model hf:DIR): a block of the vision tower is the
+    layer; 64 vectors per photo; the model's output is an image embedding, not class scores, so the quality
+    gives its cosine with the reconstruction in place (below 1: the tower's output does change) and no top-1;
+    sae features' boxes lie within the part of each photo the model saw; explain maps the 8 x 8 grid onto
+    the photo and, for a scaled feature, gives the embedding's cosine and no classes."""
+    pytest.importorskip("transformers")
+    from tests.vlm_models import save
+
+    folder = save(family, tmp_path / family)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(4)
+    sizes = [(57, 95), (64, 64), (90, 70), (48, 80), (64, 64), (70, 56)]
+    for i, (h, w) in enumerate(sizes):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    model = ["--model", f"hf:{folder}", "--weights", "DEFAULT", "--device", "cpu"]
+    out, layer = tmp_path / "run", "vision_tower.encoder.layers.1"
+    quick = ["--width", "4x", "--k", "4", "--vectors", "1500", "--batch", "128", "--buffer", "384"]
+    res = invoke("sae", "train", str(photos), *model, "--layer", layer, *quick, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (metrics["inputs"], metrics["vectors"]) == (6, 6 * 64)
+    assert metrics["top1_agreement"] is None and metrics["delta_ce"] is None
+    assert 0 < metrics["output_cosine"] < 0.999
+    config = json.loads((out / store.CONFIG).read_text())
+    assert config["layout"] == {"kind": "tokens", "prefix": prefix, "grid": [8, 8]} and config["width"] == 128
+    res = invoke("sae", "features", str(out), str(photos), "--detail", "2", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "features" / "features.json").read_text())
+    assert data["inputs"] == 6 and data["field"] == [8, 8]
+    shapes = {f"p{i}.png": s for i, s in enumerate(sizes)}
+    for f in data["features"]:
+        for p in f["top"]:
+            h, w = shapes[Path(p["input"]).name]
+            x0, y0, x1, y1 = p["box"]
+            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h, (p, h, w)
+        assert "classes" not in f
+    res = invoke("sae", "explain", str(photos / "p0.png"), "--sae", str(out), "--feature", "0", "--save-raw",
+                 "--json", "--device", "cpu", "--out", str(tmp_path / "ex"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    record = json.loads(res.stdout.strip().splitlines()[-1])
+    assert record["grid"] == [8, 8] and np.load(record["raw"]).shape == (len(record["features"]), 57, 95)
+    assert record["scaled"]["classes"] == [] and -1 <= record["scaled"]["output_cosine"] <= 1
