@@ -1,8 +1,8 @@
 """docs/sae.md's pictures of what a layer of the packaged EfficientNet-Lite0 has learned: a small TopK
-dictionary of ``_blocks.10`` (112 channels at 14 x 14 for a 224-pixel input) trained by
-``hookviz sae train`` over crops of the four photos in sample_images/ (the only photos the repository holds: random crops of 15 to
-100 % of each photo's area, half of them mirrored, seeded), then ``hookviz sae features`` over the same crops
-and ``hookviz sae explain`` on the cat. The sheets and the map are written into docs/img/ as small PNGs.
+dictionary of ``_blocks.10`` (112 channels at 14 x 14 for a 224-pixel input) trained by ``hookviz sae train``
+over crops of the four photos in sample_images/ (the only photos the repository holds: random crops of 15 to
+100 % of a photo's area, half of them mirrored, seeded), then ``hookviz sae features`` over the same crops and
+``hookviz sae explain`` on the cat. The sheets and the map go into docs/img/ as small PNGs.
 
     python scripts/sae_pictures.py [--crops 320] [--features 3] [--out docs/img] [--keep /tmp/sae-run]
 """

@@ -845,12 +845,13 @@ def test_the_features_panel_answers_with_the_token_and_refuses_without(tmp_path:
 
         picture = decode_png(png)
         assert picture.shape[:2] == (48, 48)
-        _, x, _ = session.read(0)
+        _, x, box = session.read(0)  # the centre crop the model saw, the map upsampled onto it
         code = features.code_maps(load_sae(run, loaded), loaded.model, torch.from_numpy(x)[None])[0, f]
         r, c = divmod(int(code.argmax()), code.shape[1])
-        cell = 48 // code.shape[0]  # alpha 1: viridis alone, its green rising from 1 (zero) to 231 (the peak)
-        green = picture[..., 1].astype(float)
-        assert green[r * cell + cell // 2, c * cell + cell // 2] >= 0.8 * green.max() > 150
+        y = box.y0 + int((r + 0.5) * box.height / code.shape[0])
+        x_ = box.x0 + int((c + 0.5) * box.width / code.shape[1])
+        green = picture[..., 1].astype(float)  # alpha 1: viridis alone, green from 1 (zero) to 231 (the peak)
+        assert green[y, x_] >= 0.8 * green.max() > 150
         for path in ("/api/features", f"/api/feature?feature={f}", f"/api/feature-sheet?feature={f}",
                      f"/api/feature-map?input=0&feature={f}"):  # fmt: skip
             assert get(explorer, path, token=False)[0] == 403, path
