@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hookviz.errors import InputError, UsageError
 from hookviz.explore.server import Explorer
 from hookviz.explore.session import Session
 from hookviz.tasks import load_model
@@ -792,3 +793,78 @@ def test_an_ipv6_address_listens_and_prints_a_usable_address(server: Explorer) -
     finally:
         v6.shutdown()
         v6.server_close()
+
+
+def test_the_features_panel_answers_with_the_token_and_refuses_without(tmp_path: Path) -> None:
+    """A ``hookviz sae`` run of the session's model (--sae): /api/features lists the features that fire, the
+    most firing first, as features.json says; /api/feature gives one's top patches; its sheet is the file the
+    command wrote; /api/feature-map draws its code over the photo (the feature's own code, recomputed here,
+    peaks inside the map's brightest cell); each refused without the token; an unknown feature is one 400;
+    a session without --sae says how to give one."""
+    import torch
+
+    from hookviz.explore.features import SaeRun
+    from hookviz.io.inputs import expand_inputs
+    from hookviz.sae import features
+    from hookviz.sae.api import load_sae, train_sae
+    from hookviz.sae.training import TrainSettings
+    from hookviz.sae.views import describe
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(8):
+        write_image(folder / f"p{i}.png", rng.integers(0, 256, (48, 48, 3), dtype=np.uint8))
+    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
+    items, run = expand_inputs([str(folder)]), tmp_path / "sae"
+    quick = TrainSettings(width="2x", k=4, vectors=3000, batch=256, lr=2e-3, buffer=1024)
+    train_sae(loaded, items, "features.10", run, quick)
+    data = describe(load_sae(run, loaded), loaded, items, run, detail=2)
+    session = Session(loaded, [str(folder)], sae_run=SaeRun(run))
+    explorer = Explorer(session)
+    threading.Thread(target=explorer.serve_forever, daemon=True).start()
+    try:
+        status, body = get(explorer, "/api/features")
+        assert status == 200
+        listed = json.loads(body)
+        firing = sorted((f for f in data["features"] if f["fired"] > 0), key=lambda f: -f["fired"])
+        assert [f["feature"] for f in listed["features"]] == [f["feature"] for f in firing]
+        assert listed["layer"] == "features.10" and listed["width"] == 128 and listed["inputs"] == 8
+        detailed = next(f for f in data["features"] if "sheet" in f)
+        f = detailed["feature"]
+        status, body = get(explorer, f"/api/feature?feature={f}")
+        assert status == 200 and json.loads(body)["top"] == detailed["top"]
+        assert json.loads(body)["sheet"] is True
+        assert get(explorer, f"/api/feature-sheet?feature={f}") == (
+            200,
+            (run / detailed["sheet"]).read_bytes(),
+        )
+        status, png = get(explorer, f"/api/feature-map?input=0&feature={f}&alpha=1")
+        assert status == 200
+        from hookviz.io.images import decode_png
+
+        picture = decode_png(png)
+        assert picture.shape[:2] == (48, 48)
+        _, x, box = session.read(0)  # the centre crop the model saw, the map upsampled onto it
+        code = features.code_maps(load_sae(run, loaded), loaded.model, torch.from_numpy(x)[None])[0, f]
+        r, c = divmod(int(code.argmax()), code.shape[1])
+        y = box.y0 + int((r + 0.5) * box.height / code.shape[0])
+        x_ = box.x0 + int((c + 0.5) * box.width / code.shape[1])
+        green = picture[..., 1].astype(float)  # alpha 1: viridis alone, green from 1 (zero) to 231 (the peak)
+        assert green[y, x_] >= 0.8 * green.max() > 150
+        for path in ("/api/features", f"/api/feature?feature={f}", f"/api/feature-sheet?feature={f}",
+                     f"/api/feature-map?input=0&feature={f}"):  # fmt: skip
+            assert get(explorer, path, token=False)[0] == 403, path
+        status, body = get(explorer, "/api/feature?feature=999")
+        assert status == 400 and "features 0 to 127" in json.loads(body)["error"]
+        assert json.loads(get(explorer, "/api/model")[1])["sae_run"] is True
+    finally:
+        explorer.shutdown()
+        explorer.server_close()
+        session.close()
+    bare = Session(loaded, [str(folder)])
+    with pytest.raises(InputError, match="--sae DIR"):
+        bare.panel_features.listed()
+    bare.close()
+    with pytest.raises(UsageError, match="hookviz sae features"):
+        SaeRun(folder)

@@ -264,3 +264,61 @@ def test_report_skips_wrong_typed_records_with_a_warning(tmp_path: Path) -> None
     assert cards["a.png"]["predicted"] is None and cards["a.png"]["pictures"] == []
     assert cards["b.png"]["pictures"][0]["metrics"] is None and cards["b.png"]["score"] is None
     assert cards["seg.png"]["share"] is True  # shown as a share of the pixels, not "p=1.000"
+
+
+def _features_json(folder: Path) -> dict[str, object]:
+    """A ``hookviz sae features`` folder as the command writes it: three features (one never fired), the
+    first with a sheet and the classes its ablation lowers, one top patch named by a hostile file name."""
+    (folder / "features").mkdir(parents=True)
+    write_image(folder / "features" / "_blocks.10.f2.png", np.full((20, 40, 3), 200, np.uint8))
+    edges = [0.0, 0.01, 0.1, 1.0]
+    data = {
+        "layer": "_blocks.10", "model": "efficientnet_lite0", "inputs": 5, "field": [35, 35], "skipped": [],
+        "features": [
+            {"feature": 0, "fired": 0.0, "top": [], "histogram": {"edges": edges, "counts": [980, 0, 0, 0]}},
+            {"feature": 1, "fired": 0.05,
+             "top": [{"input": "/x/in/b.jpg", "score": 0.7, "box": [1, 2, 30, 31], "cell": [0, 0]}],
+             "histogram": {"edges": edges, "counts": [931, 10, 39, 0]}},
+            {"feature": 2, "fired": 0.25, "sheet": "features/_blocks.10.f2.png",
+             "top": [{"input": f"/x/in/{HOSTILE}", "score": 2.5, "box": [10, 20, 45, 55], "cell": [3, 2]},
+                     {"input": "/x/in/a.jpg", "score": 1.25, "box": [0, 0, 35, 35], "cell": [0, 0]}],
+             "histogram": {"edges": edges, "counts": [735, 5, 120, 120]},
+             "classes": [{"class": 281, "name": "tabby", "logit_drop": 0.75}]},
+        ],
+    }  # fmt: skip
+    (folder / "features" / "features.json").write_text(json.dumps(data))
+    (folder / "config.json").write_text(json.dumps({"arch": "topk", "k": 16, "width": 3}))
+    return data
+
+
+def test_the_report_shows_an_sae_run_s_features(browser: object, tmp_path: Path) -> None:
+    """hookviz report over a ``hookviz sae`` run folder (no manifest) shows its features, those with a sheet
+    first then by how often they fire: the sheet, each top patch's input and box, the histogram's bars of
+    the bins above zero scaled to the tallest, the classes; a run folder inside a run's output shows too."""
+    from selenium.webdriver.common.by import By
+
+    run = tmp_path / "sae"
+    _features_json(run)
+    r = invoke("report", str(run))
+    assert r.exit_code == 0, r.output
+    page = (run / "index.html").read_text()
+    assert "2 of 3 fire over 5 input(s)" in page and "topk dictionary, k 16" in page
+    browser.get((run / "index.html").as_uri())  # type: ignore[attr-defined]
+    cards = browser.find_elements(By.CSS_SELECTOR, "#features .feature")  # type: ignore[attr-defined]
+    assert [c.get_attribute("data-feature") for c in cards] == ["2", "1", "0"]
+    first = cards[0]
+    assert first.find_element(By.TAG_NAME, "img").get_attribute("src").endswith("features/_blocks.10.f2.png")
+    items = [li.text for li in first.find_elements(By.CSS_SELECTOR, ".patches li")]
+    assert items == [f"{HOSTILE} [10, 20, 45, 55] 2.5", "a.jpg [0, 0, 35, 35] 1.25"]
+    bars = [b.get_attribute("style") for b in first.find_elements(By.CSS_SELECTOR, ".hist i")]
+    assert bars == ["height: 4.2%;", "height: 100%;", "height: 100%;"]  # 5, 120, 120 of 120
+    assert "tabby by 0.75" in first.find_element(By.CLASS_NAME, "classes").text
+    assert browser.execute_script("return window.pwned") is None  # type: ignore[attr-defined]
+    never = [b.get_attribute("style") for b in cards[2].find_elements(By.CSS_SELECTOR, ".hist i")]
+    assert never == ["height: 0%;"] * 3  # feature 0 never fired
+    outer = tmp_path / "out"
+    outer.mkdir()
+    shutil.copytree(run, outer / "sae-run")
+    (outer / "manifest.jsonl").write_text("")
+    page = build_report(outer).read_text()
+    assert "(sae-run)" in page and 'src="sae-run/features/_blocks.10.f2.png"' in page

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hookviz.errors import UsageError
-from hookviz.io.inputs import expand_inputs
+from hookviz.io.inputs import expand_inputs, read_input
 from hookviz.io.shapes import draw_shape
 from hookviz.sae import api, dictionary, store
 from hookviz.sae.api import load_sae, train_sae
@@ -414,3 +414,132 @@ def test_quality_is_measured_on_held_out_inputs(
     assert m["explained_variance"] == pytest.approx(float(want["explained_variance"]), abs=1e-4)
     with pytest.raises(UsageError, match="--eval"):
         train_sae(loaded, items[:1], LAYER, tmp_path / "none", dataclasses.replace(settings, eval=0.5))
+
+
+VIT = ["--model", f"{Path(__file__).parent.parent / 'examples' / 'shapes_vit.py'}:make_vit", "--weights",
+       str(Path(__file__).parent / "fixtures" / "shapes_vit.safetensors"), "--input-size", "64", "--resize",
+       "squash", "--mean", "0,0,0", "--std", "1,1,1", "--device", "cpu"]  # fmt: skip
+VIT_LAYER = "encoder.layers.encoder_layer_2"  # (B, 1 + 8 x 8, 64): the class token, then the patch tokens
+
+
+def test_a_vit_s_patch_tokens_are_the_vectors_and_their_patches_the_boxes(tmp_path: Path) -> None:
+    """The shapes ViT (a class token, then 8 x 8 patch tokens of 64): sae train takes 64 vectors per photo
+    (the class token left out, and passed through the reconstruction unchanged); sae features' boxes are
+    the 8-pixel patch of the token's cell; sae explain maps the 8 x 8 grid onto a 64 x 80 photo (--save-raw),
+    its peak in the peak token's patch."""
+    from hookviz.sae import features, quality
+
+    rng = np.random.default_rng(7)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(12):
+        img, _ = draw_shape(i % 3, 64, rng)
+        write_image(photos / f"s{i:02d}.png", (img * 255).round().astype(np.uint8))
+    out = tmp_path / "run"
+    quick = ["--width", "2x", "--k", "8", "--vectors", "3000", "--batch", "256", "--buffer", "1024"]
+    res = invoke("sae", "train", str(photos), *VIT, "--layer", VIT_LAYER, *quick, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (metrics["inputs"], metrics["vectors"]) == (12, 12 * 64) and metrics["top1_agreement"] is not None
+    config = json.loads((out / store.CONFIG).read_text())
+    assert config["layout"] == {"kind": "tokens", "prefix": 1, "grid": [8, 8]} and config["d"] == 64
+    res = invoke("sae", "features", str(out), str(photos), "--detail", "3", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "features" / "features.json").read_text())
+    assert data["field"] == [8, 8] and data["inputs"] == 12
+    for f in data["features"]:
+        for p in f["top"]:
+            r, c = p["cell"]
+            assert p["box"] == [8 * c, 8 * r, 8 * c + 8, 8 * r + 8], p
+        assert sum(f["histogram"]["counts"]) == 12 * 64
+    from hookviz.report import build_report
+
+    page = build_report(out).read_text()  # the report's feature view of this run
+    sheets = [f["sheet"] for f in data["features"] if "sheet" in f]
+    assert len(sheets) == 3 and all(f'src="{s}"' in page for s in sheets)
+    loaded = _vit_loaded()
+    found = load_sae(out, loaded)
+    x = torch.from_numpy(np.asarray(_rgb(photos / "s00.png"), np.float32) / 255).permute(2, 0, 1)[None]
+    from hookviz.sae.vectors import layer_output
+
+    tokens = layer_output(loaded.model, VIT_LAYER, x)
+    with torch.no_grad():
+        rebuilt = quality.reconstruct(found, tokens)
+    assert torch.equal(rebuilt[:, 0], tokens[:, 0]) and not torch.allclose(rebuilt[:, 1:], tokens[:, 1:])
+    wide = write_image(tmp_path / "wide.png", np.asarray(_rgb(photos / "s01.png").resize((80, 64))))
+    res = invoke("sae", "explain", str(wide), "--sae", str(out), "--save-raw", "--json", "--device", "cpu",
+                 "--out", str(tmp_path / "ex"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    record = json.loads(res.stdout.strip().splitlines()[-1])
+    raw = np.load(record["raw"])
+    assert record["grid"] == [8, 8] and record["size"] == [64, 80] and raw.shape == (3, 64, 80)
+    squash = dataclasses.replace(loaded.preprocess, resize="squash")  # as the command's --resize squash
+    _, wx, _ = read_input(expand_inputs([str(wide)])[0], squash, 10**8)
+    maps = features.code_maps(found, loaded.model, torch.as_tensor(wx)[None])[0]
+    for j, entry in enumerate(record["features"]):
+        code = maps[entry["feature"]]
+        assert entry["peak"] == pytest.approx(float(code.max()), rel=1e-4)
+        r, c = divmod(int(code.argmax()), 8)
+        y, x_ = np.unravel_index(raw[j].argmax(), raw[j].shape)
+        assert (y // 8, x_ // 10) == (r, c) and 0.7 * entry["peak"] <= raw[j].max() <= entry["peak"] + 1e-4
+
+
+def _vit_loaded() -> Any:
+    import sys
+
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from examples.shapes_vit import make_vit
+
+    model = make_vit()
+    model.load_state_dict(load_file(str(Path(__file__).parent / "fixtures" / "shapes_vit.safetensors")))
+    return tiny_loaded(model.eval(), 64)
+
+
+@pytest.mark.parametrize(("family", "prefix"), [("llava", 1), ("paligemma", 0)])
+def test_a_vision_language_model_s_vision_tower(family: str, prefix: int, tmp_path: Path) -> None:
+    """A tiny LLaVA (a CLIP tower: a class token, then 8 x 8 patch tokens) and PaliGemma (SigLIP: patch
+    tokens only), saved and loaded as hookviz loads them (--model hf:DIR): a block of the vision tower is the
+    layer; 64 vectors per photo; the model's output is an image embedding, not class scores, so the quality
+    gives its cosine with the reconstruction in place (below 1: the tower's output does change) and no top-1;
+    sae features' boxes lie within the part of each photo the model saw; explain maps the 8 x 8 grid onto
+    the photo and, for a scaled feature, gives the embedding's cosine and no classes."""
+    pytest.importorskip("transformers")
+    from tests.vlm_models import save
+
+    folder = save(family, tmp_path / family)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(4)
+    sizes = [(57, 95), (64, 64), (90, 70), (48, 80), (64, 64), (70, 56)]
+    for i, (h, w) in enumerate(sizes):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    model = ["--model", f"hf:{folder}", "--weights", "DEFAULT", "--device", "cpu"]
+    out, layer = tmp_path / "run", "vision_tower.encoder.layers.1"
+    quick = ["--width", "4x", "--k", "4", "--vectors", "1500", "--batch", "128", "--buffer", "384"]
+    res = invoke("sae", "train", str(photos), *model, "--layer", layer, *quick, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (metrics["inputs"], metrics["vectors"]) == (6, 6 * 64)
+    assert metrics["top1_agreement"] is None and metrics["delta_ce"] is None
+    assert 0 < metrics["output_cosine"] < 0.999
+    config = json.loads((out / store.CONFIG).read_text())
+    assert config["layout"] == {"kind": "tokens", "prefix": prefix, "grid": [8, 8]} and config["width"] == 128
+    res = invoke("sae", "features", str(out), str(photos), "--detail", "2", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "features" / "features.json").read_text())
+    assert data["inputs"] == 6 and data["field"] == [8, 8]
+    shapes = {f"p{i}.png": s for i, s in enumerate(sizes)}
+    for f in data["features"]:
+        for p in f["top"]:
+            h, w = shapes[Path(p["input"]).name]
+            x0, y0, x1, y1 = p["box"]
+            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h, (p, h, w)
+        assert "classes" not in f
+    res = invoke("sae", "explain", str(photos / "p0.png"), "--sae", str(out), "--feature", "0", "--save-raw",
+                 "--json", "--device", "cpu", "--out", str(tmp_path / "ex"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    record = json.loads(res.stdout.strip().splitlines()[-1])
+    assert record["grid"] == [8, 8] and np.load(record["raw"]).shape == (len(record["features"]), 57, 95)
+    assert record["scaled"]["classes"] == [] and -1 <= record["scaled"]["output_cosine"] <= 1

@@ -29,6 +29,9 @@ AllowHost = Annotated[list[str] | None, typer.Option("--allow-host", help="anoth
 ChannelsRunOpt = Annotated[Path | None, typer.Option("--channels-run", help="the --out folder of a "
     "`hookviz channels` run over these photos (same model): the channel view shows each channel's best "
     "photos.")]  # fmt: skip
+SaeRunOpt = Annotated[Path | None, typer.Option("--sae", help="the run folder of `hookviz sae train` of a "
+    "layer of this model, described by `hookviz sae features`: the features panel shows its features and "
+    "each one's code over the photo.")]  # fmt: skip
 VlmPrompt = Annotated[str | None, typer.Option("--prompt", help="a vision-language model's question "
     "(--model hf:DIR): the target picker lists its answer's words.")]  # fmt: skip
 TrustOpt = Annotated[Path | None, typer.Option("--trust", help="the --out folder of a hookviz trust run of "
@@ -53,6 +56,7 @@ def explore(
     prompt: VlmPrompt = None,
     run: ExploreRun = RunOptions(),
     trust: TrustOpt = None,
+    sae: SaeRunOpt = None,
 ) -> None:
     """Look around a model live in the browser: any photo, layer, method and class, each view the PNG
     `hookviz gradcam` writes for it. Serves on 127.0.0.1 with a token; Ctrl-C stops it."""
@@ -61,7 +65,7 @@ def explore(
 
     check_address(host, port)  # a port in use is said before the model loads
     _warn_host(host)
-    session = _session(inputs, model, run, channels_run, prompt, trust)
+    session = _session(inputs, model, run, channels_run, prompt, trust, sae)
     uploads.sweep()  # the photos a killed explorer left
     try:
         server = Explorer(session, host, port, allow_hosts=allow_host or ())
@@ -101,8 +105,10 @@ def _session(
     channels_run: Any,
     prompt: Any,
     trust: Path | None = None,
+    sae: Path | None = None,
 ) -> Any:
     """The explorer's session: a vision-language model's (``--prompt``) or a model's over its inputs."""
+    from hookviz.explore.features import SaeRun
     from hookviz.explore.looks import ChannelsRun
     from hookviz.explore.session import Session
     from hookviz.run.verdicts import trust_run_of
@@ -114,11 +120,12 @@ def _session(
         return VlmSession(load_vlm(model.model, run.device), inputs, prompt, max_pixels=run.max_pixels,
                           model_words=["--model", model.model])  # fmt: skip
     best = ChannelsRun(channels_run) if channels_run is not None else None
+    sae_run = SaeRun(sae) if sae is not None else None
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
     words = _model_words(model)
     verdicts = trust_run_of(loaded, trust) if trust is not None else None
     return Session(loaded, inputs, max_pixels=run.max_pixels, model_words=words, channels_run=best,
-                   trust=verdicts)  # fmt: skip
+                   trust=verdicts, sae_run=sae_run)  # fmt: skip
 
 
 @contextlib.contextmanager

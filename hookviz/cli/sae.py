@@ -157,6 +157,8 @@ Scale = Annotated[
 ]
 Strongest = Annotated[int, typer.Option("--strongest", min=1, help="features mapped over each photo.")]
 ExplainOut = Annotated[Path, typer.Option("--out", "-o", help="output folder: NAME.sae.png per photo.")]
+RawMaps = Annotated[bool, typer.Option("--save-raw", help="also NAME.sae.npy: the maps upsampled to the "
+    "photo, (features, height, width), zero outside the part the model saw.")]  # fmt: skip
 
 
 @grouped
@@ -195,12 +197,14 @@ def explain(
     scale: Scale = 0.0,
     strongest: Strongest = 3,
     out: ExplainOut = Path("out"),
+    save_raw: RawMaps = False,
     device: Device = "auto",
     quiet: Quiet = False,
     as_json: JsonOut = False,
 ) -> None:
-    """Per photo, where its strongest features fire (a map over the photo), and with --feature, the class
-    probabilities when that feature is scaled (--scale 0 ablates it) inside the forward pass."""
+    """Per photo, where its strongest features fire (their maps over the patch grid, upsampled onto the
+    photo), and with --feature, the class probabilities when that feature is scaled (--scale 0 ablates it)
+    inside the forward pass (an image-text model's embedding: its cosine to the unscaled one)."""
     from hookviz.io.inputs import expand_inputs
     from hookviz.sae.api import load_sae
     from hookviz.sae.views import explain_photo
@@ -214,14 +218,21 @@ def explain(
         if item.error is not None:
             typer.echo(f"hookviz: {item.error}", err=True)
             continue
-        record = explain_photo(found, loaded, item, out, strongest=strongest, feature=feature, scale=scale)
+        record = explain_photo(
+            found, loaded, item, out, strongest=strongest, feature=feature, scale=scale, save_raw=save_raw
+        )
         if as_json:
             typer.echo(json.dumps(record))
         if not quiet:
             fired = ", ".join(f"{f['feature']} ({f['peak']:.3g})" for f in record["features"]) or "none"
             typer.echo(f"{item.name}: strongest features {fired}", err=as_json)
-            for c in record.get("scaled", {}).get("classes", []):
+            scaled = record.get("scaled", {})
+            for c in scaled.get("classes", []):
                 typer.echo(f"  {c['name']}: {c['before']:.3f} -> {c['after']:.3f}", err=as_json)
+            if scaled and not scaled["classes"]:
+                typer.echo(
+                    f"  the model's output (no classes) at cosine {scaled['output_cosine']:.4f}", err=as_json
+                )
 
 
 Format = Annotated[str, typer.Option("--format", help="prisma (ViT-Prisma: a folder of config.json and "

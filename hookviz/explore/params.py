@@ -13,7 +13,7 @@ from hookviz.errors import UsageError
 #: Every parameter some endpoint reads (``token``: the secret; ``supersede``: the page's views; ``v``: a
 #: picture asked for again after its photo changed).
 KNOWN = ("input", "layer", "method", "target", "box", "frame", "axis", "alpha", "colormap", "relu", "format",
-         "k", "channel", "steps", "supersede", "token", "v")  # fmt: skip
+         "k", "channel", "steps", "feature", "supersede", "token", "v")  # fmt: skip
 
 _WHOLE = re.compile(r"-?[0-9]+")
 _NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")

@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hookviz.errors import HookvizError, UsageError, first_line
-from hookviz.explore import params
+from hookviz.explore import features, params
 from hookviz.explore.looks import Gone, NotFound
 from hookviz.explore.params import Query
 from hookviz.explore.session import MAX_UPLOAD, Session
@@ -291,6 +291,7 @@ class Handler(BaseHTTPRequestHandler):
             ),
             "/api/best": lambda q: self._json(s.best(q.text("layer"), q.whole("channel", 0, 0))),
             "/api/sheet": lambda q: self._send(200, s.sheet(q.text("layer"), q.whole("channel", 0, 0)), png),
+            **features.routes(s, self._json, self._send, self._input),
         }
         answer = answers.get(path)
         if answer is None:

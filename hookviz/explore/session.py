@@ -5,8 +5,9 @@ are read once.
 
 A session is its panels, each a module of its own: the inputs (:mod:`.inputs`: read once, watched, dropped
 onto the page), the maps (:mod:`.maps`: the views, predictions, the trust panel), the layers and channels
-(:mod:`.channels`) and the methods (:mod:`.methods`, from the registry's declared needs). The members below
-are what the page's API asks (:mod:`.server`), each one line to its panel.
+(:mod:`.channels`), a sparse dictionary's features (:mod:`.features`) and the methods (:mod:`.methods`,
+from the registry's declared needs). The members below are what the page's API asks (:mod:`.server`), each
+one line to its panel.
 
 Example:
     >>> session = Session(load_model("efficientnet_lite0"), ["photos/"])
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 from hookviz.core.layers import default_cam_layer
 from hookviz.errors import UsageError
 from hookviz.explore.channels import Channels
+from hookviz.explore.features import Features, SaeRun
 from hookviz.explore.inputs import MAX_UPLOAD, Inputs, under
 from hookviz.explore.looks import ChannelsRun
 from hookviz.explore.maps import VIEWS_KEPT, Maps
@@ -49,6 +51,7 @@ class Session:
         model_words: Sequence[str] | None = None,
         channels_run: ChannelsRun | None = None,
         trust: TrustRun | None = None,
+        sae_run: SaeRun | None = None,
     ):
         self.loaded, self.max_pixels = loaded, max_pixels
         self.kind, loaded = prepared(loaded, list(specs))
@@ -64,6 +67,7 @@ class Session:
         words = list(model_words or ["--model", loaded.name, "--weights", _weights_word(loaded)])
         self.maps = Maps(loaded, self.panel_inputs, self.calls, self._on_model, words)
         self.panel_channels = Channels(loaded, self.panel_inputs, self.calls, self._on_model, channels_run)
+        self.panel_features = Features(loaded, self.panel_inputs, self._on_model, sae_run)
         self._methods: list[dict[str, Any]] | None = None
         #: The ``hookviz trust`` run whose verdicts the method list shows (``--trust DIR``).
         self.verdicts = trust
@@ -84,7 +88,8 @@ class Session:
         """The model as ``/api/model`` says it."""
         lm = self.loaded
         return {"name": lm.name, "weights": lm.weights, "pretrained": lm.pretrained, "task": lm.task_name,
-                "kind": self.kind.name, "channels_run": self.channels_run is not None}  # fmt: skip
+                "kind": self.kind.name, "channels_run": self.channels_run is not None,
+                "sae_run": self.panel_features.run is not None}  # fmt: skip
 
     def methods(self) -> list[dict[str, Any]]:
         """Each registered method and whether it applies to this model (:func:`.methods.method_list`); with a

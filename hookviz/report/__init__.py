@@ -18,7 +18,7 @@ from typing import Any
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
 from hookviz.io.outputs import finite  # NaN is not JSON: JSON.parse would blank the page
-from hookviz.report import concepts
+from hookviz.report import concepts, features
 
 MANIFEST = "manifest.jsonl"
 REPORT = "index.html"
@@ -242,7 +242,8 @@ def build_report(
     out = Path(out)
     manifest = out / MANIFEST
     found = {"channels": concepts.channels(out, warn), "tcav": concepts.tcav(out, warn),
-             "visualisations": concepts.visualisations(out, warn)}  # fmt: skip
+             "visualisations": concepts.visualisations(out, warn),
+             "features": features.dictionaries(out, warn)}  # fmt: skip
     if not manifest.is_file() and not any(found.values()):
         raise UsageError(f"{str(out)!r} holds no {MANIFEST}; give the --out folder of a hookviz run")
     lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines() if manifest.is_file() else []

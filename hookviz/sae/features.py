@@ -82,6 +82,14 @@ def photo_box(cell: tuple[int, int], grid: tuple[int, int], size: tuple[int, int
     return box, (cy, cx)
 
 
+def cell_field(found: Trained, model: nn.Module, x: Tensor, grid: tuple[int, int]) -> tuple[int, int]:
+    """The box a map cell stands for, in input pixels: a convolution's receptive field; a token's patch (its
+    attention sees the whole photo: the patch is where it sits), the input over the patch grid."""
+    if found.layout.kind == "tokens":
+        return (round(x.shape[-2] / grid[0]), round(x.shape[-1] / grid[1]))
+    return receptive_field(model, x[:1], found.layer)
+
+
 def gather(
     found: Trained,
     model: nn.Module,
@@ -99,10 +107,10 @@ def gather(
         model.eval()
         for names, x, boxes in batches:
             x = x.to(device)
-            if out.inputs == 0:
-                out.rf = receptive_field(model, x[:1], found.layer)
             maps = code_maps(found, model, x)
             b, _, h, w = maps.shape
+            if out.inputs == 0:
+                out.rf = cell_field(found, model, x, (h, w))
             flat = to_numpy(maps.reshape(b, width, h * w).float())
             out.fired += (flat > 0).sum((0, 2))
             out.positions += b * h * w

@@ -13,12 +13,16 @@ import torch
 from torch import Tensor, nn
 
 from hookviz.core.hooks import HookGroup, first_tensor, logits_of, preserved
+from hookviz.models.facade import Facade
+from hookviz.models.scores import ImageTextSource
 from hookviz.sae import dictionary
 from hookviz.sae.store import Trained
 from hookviz.sae.vectors import from_vectors, module_of, to_vectors
 
 #: A feature firing on more than this share of the vectors is dense.
 DENSE = 0.1
+#: The model-level figures measured where the model's output is class scores (None otherwise).
+EFFECTS = ("top1_agreement", "ce_original", "ce_reconstructed", "delta_ce", "kl")
 
 
 def code_stats(x: Tensor, x_hat: Tensor, z: Tensor) -> dict[str, float]:
@@ -57,17 +61,35 @@ def replaced(model: nn.Module, found: Trained, edit: Any = None) -> Iterator[Non
         return new if isinstance(output, Tensor) else (new, *output[1:])
 
     with HookGroup() as hooks:
-        hooks.add(module_of(model, found.layer).register_forward_hook(hook))
+        hooks.add(module_of(model, found.layer).register_forward_hook(hook, prepend=True))
         yield
+
+
+def gives_classes(model: nn.Module) -> bool:
+    """Whether ``model``'s output is class scores: not an image-text model's (a CLIP, SigLIP or a
+    vision-language model loaded through ``hf:``) image embedding, whose vision tower's layers hookviz sae
+    takes, but which has no classes before prompts."""
+    while True:
+        if isinstance(model, ImageTextSource):
+            return False
+        if not isinstance(model, Facade):
+            return True
+        model = model.wrapped
+
+
+def _cosine(a: Tensor, b: Tensor) -> float:
+    return float(nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
 
 
 def evaluate(
     model: nn.Module, found: Trained, batches: Iterable[Tensor], device: torch.device
 ) -> dict[str, Any]:
     """The quality over the inputs of ``batches``: the code statistics over every vector, and the model-level
-    effect over every input."""
+    effect over every input: for class scores the top-1 agreement, cross-entropy and KL; for any other
+    output (an image embedding) its cosine to the original (``output_cosine``), the others None."""
     xs, hats, zs = [], [], []
     agree, ce_orig, ce_rec, kl, n = 0, 0.0, 0.0, 0.0, 0
+    classes, cosine = gives_classes(model), 0.0
     kept: list[Tensor] = []
 
     def store(module: nn.Module, args: object, output: Any) -> None:
@@ -90,30 +112,35 @@ def evaluate(
             hats.append(dictionary.decode(found.sae, z).cpu())
             with replaced(model, found):
                 rec = logits_of(model(x)).float()
-            label = logits.argmax(1)
-            agree += int((rec.argmax(1) == label).sum())
-            ce_orig += float(nn.functional.cross_entropy(logits, label, reduction="sum"))
-            ce_rec += float(nn.functional.cross_entropy(rec, label, reduction="sum"))
-            logp, logq = logits.log_softmax(1), rec.log_softmax(1)
-            kl += float((logp.exp() * (logp - logq)).sum())
+            classes = classes and logits.ndim == 2 and logits.shape[0] == x.shape[0]
+            cosine += _cosine(logits, rec) * x.shape[0]
+            if classes:
+                label = logits.argmax(1)
+                agree += int((rec.argmax(1) == label).sum())
+                ce_orig += float(nn.functional.cross_entropy(logits, label, reduction="sum"))
+                ce_rec += float(nn.functional.cross_entropy(rec, label, reduction="sum"))
+                logp, logq = logits.log_softmax(1), rec.log_softmax(1)
+                kl += float((logp.exp() * (logp - logq)).sum())
             n += x.shape[0]
     stats = code_stats(torch.cat(xs), torch.cat(hats), torch.cat(zs))
-    effect = {
-        "top1_agreement": agree / max(n, 1),
-        "ce_original": ce_orig / max(n, 1),
-        "ce_reconstructed": ce_rec / max(n, 1),
-        "delta_ce": (ce_rec - ce_orig) / max(n, 1),
-        "kl": kl / max(n, 1),
-    }
-    return {**stats, **effect, "vectors": int(sum(x.shape[0] for x in xs)), "inputs": n}
+    per = max(n, 1)
+    effect: dict[str, float | None] = dict.fromkeys(EFFECTS)
+    if classes:
+        figures = (agree, ce_orig, ce_rec, ce_rec - ce_orig, kl)
+        effect = {key: value / per for key, value in zip(EFFECTS, figures, strict=True)}
+    vectors = sum(x.shape[0] for x in xs)
+    return {**stats, **effect, "output_cosine": cosine / per, "vectors": vectors, "inputs": n}
 
 
 def console(metrics: dict[str, Any]) -> str:
     """One line of the figures for the console."""
+    if metrics.get("top1_agreement") is None:
+        effect = f"the model's output (not class scores) at cosine {metrics.get('output_cosine', 0.0):.4f}"
+    else:
+        effect = f"top-1 agreement {metrics['top1_agreement']:.1%}, cross-entropy {metrics['delta_ce']:+.4f}"
+    on = "held-out" if metrics.get("evaluated_on") == "held_out" else "training"
     return (
         f"explained variance {metrics['explained_variance']:.3f}, L0 {metrics['l0']:.1f}, dead "
-        f"{metrics['dead']:.1%}, dense {metrics['dense']:.1%}; layer replaced by its reconstruction: top-1 "
-        f"agreement {metrics['top1_agreement']:.1%}, cross-entropy {metrics['delta_ce']:+.4f} "
-        f"over {metrics['inputs']} {'held-out' if metrics.get('evaluated_on') == 'held_out' else 'training'} "
-        f"inputs ({metrics['vectors']} vectors)"
+        f"{metrics['dead']:.1%}, dense {metrics['dense']:.1%}; layer replaced by its reconstruction: "
+        f"{effect} over {metrics['inputs']} {on} inputs ({metrics['vectors']} vectors)"
     )

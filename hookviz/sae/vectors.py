@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from hookviz.core.hooks import HookGroup, first_tensor, preserved, trace_shapes
 from hookviz.core.layout import Layout, layout_of, to_spatial
 from hookviz.errors import LayerError, close_matches
+from hookviz.io.images import Box
 from hookviz.io.inputs import Item, read_input
 
 #: The layouts whose positions are vectors: a map, channels first or last, or tokens over a patch grid.
@@ -112,22 +113,29 @@ def order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def read_batch(
+def readable(
     items: Sequence[Item], preprocess: object, max_pixels: int, skipped: list[str]
-) -> Tensor | None:
-    """The inputs' model tensors stacked, or None where none could be read; each unreadable input is named in
-    ``skipped``."""
-    xs: list[Tensor] = []
+) -> Iterator[tuple[Item, Tensor, Box]]:
+    """Each readable input, its model tensor and the box of the photo the model saw; each unreadable input is
+    named in ``skipped`` and the others go on."""
     for item in items:
         if item.error is not None:
             skipped.append(item.error)
             continue
         try:
-            _, x, _ = read_input(item, preprocess, max_pixels)
+            _, x, box = read_input(item, preprocess, max_pixels)
         except Exception as e:  # an unreadable file: named, and the stream goes on
             skipped.append(f"{item.name}: {e}")
             continue
-        xs.append(torch.as_tensor(x))
+        yield item, torch.as_tensor(x), box
+
+
+def read_batch(
+    items: Sequence[Item], preprocess: object, max_pixels: int, skipped: list[str]
+) -> Tensor | None:
+    """The inputs' model tensors stacked, or None where none could be read; each unreadable input is named in
+    ``skipped``."""
+    xs = [x for _, x, _ in readable(items, preprocess, max_pixels, skipped)]
     return torch.stack(xs) if xs else None
 
 

@@ -4,6 +4,7 @@ it and the class probabilities moved by a feature scaled inside the forward pass
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from hookviz.io.outputs import safe_name
 from hookviz.models.loaded import LoadedModel
 from hookviz.sae import features, quality, store
 from hookviz.sae.store import Trained
+from hookviz.sae.vectors import readable
 
 FEATURES = "features"
 
@@ -34,17 +36,9 @@ def batches(
     names: list[str] = []
     xs: list[torch.Tensor] = []
     boxes: list[Box] = []
-    for item in items:
-        if item.error is not None:
-            skipped.append(item.error)
-            continue
-        try:
-            _, x, box = read_input(item, loaded.preprocess, DEFAULT_MAX_PIXELS)
-        except Exception as e:  # an unreadable file: named, the others go on
-            skipped.append(f"{item.name}: {e}")
-            continue
+    for item, x, box in readable(items, loaded.preprocess, DEFAULT_MAX_PIXELS, skipped):
         names.append(item.name)
-        xs.append(torch.as_tensor(x))
+        xs.append(x)
         boxes.append(box)
         if len(xs) == size:
             yield names, torch.stack(xs), boxes
@@ -78,8 +72,9 @@ def describe(
             ],
             "histogram": {"edges": features.EDGES.tolist(), "counts": found_.hist[f].tolist()},
         }  # fmt: skip
-        if f in detailed:
+        if f in detailed and quality.gives_classes(loaded.model):
             entry["classes"] = _classes(found, loaded, [by_name[p.input] for p in found_.top[f]], f)
+        if f in detailed:
             entry["sheet"] = _sheet(found_.top[f], f, loaded.name, found.layer, out_dir, photos)
         entries.append(entry)
     data = {"layer": found.layer, "model": loaded.name, "inputs": found_.inputs, "field": list(found_.rf),
@@ -113,29 +108,45 @@ def _sheet(
 
 def explain_photo(
     found: Trained, loaded: LoadedModel, item: Item, out: Path, *, strongest: int = 3,
-    feature: int | None = None, scale: float = 0.0,
+    feature: int | None = None, scale: float = 0.0, save_raw: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """One photo: a picture of where its ``strongest`` features fire over it, and, for ``feature``, the class
-    probabilities with the reconstruction in place and with that feature's code scaled by ``scale``."""
+    """One photo: a picture of where its ``strongest`` features fire over it (their code maps over the patch
+    grid, ``grid`` in the record, upsampled onto the part of the photo the model saw; ``save_raw``: those
+    maps as ``NAME.sae.npy``, ``(features, photo height, photo width)``, zero outside that part), and, for
+    ``feature``, the class probabilities with the reconstruction in place and with that feature's code scaled
+    by ``scale``."""
     rgb, x, box = read_input(item, loaded.preprocess, DEFAULT_MAX_PIXELS)
     xt = torch.as_tensor(x)[None].to(loaded.device)
     maps = features.code_maps(found, loaded.model, xt)[0]
     peaks = maps.flatten(1).max(1).values
     best = [int(f) for f in torch.argsort(peaks, descending=True, stable=True)[:strongest] if peaks[f] > 0]
     record: dict[str, Any] = {
-        "input": item.name,
+        "input": item.name, "grid": list(maps.shape[1:]), "size": list(rgb.shape[:2]),
         "features": [{"feature": f, "peak": float(peaks[f])} for f in best],
-    }
+    }  # fmt: skip
+    stem = out / safe_name(Path(item.name).stem)
     if best:
         picked = to_numpy(maps[best].float())
         title = f"{loaded.name} {found.layer}: the strongest features of {Path(item.name).name}"
         picture = render.overlay_row(rgb, box, picked, [f"feature {f}" for f in best], title, 0.5, "jet")
-        path = out / f"{safe_name(Path(item.name).stem)}.sae.png"
-        atomic_write(path, encode_png(picture))
-        record["picture"] = str(path)
+        atomic_write(stem.with_name(f"{stem.name}.sae.png"), encode_png(picture))
+        record["picture"] = str(stem.with_name(f"{stem.name}.sae.png"))
+        if save_raw:
+            record["raw"] = _save_raw(picked, box, rgb.shape[:2], stem.with_name(f"{stem.name}.sae.npy"))
     if feature is not None:
         record["scaled"] = _moved(found, loaded, xt, feature, scale)
     return record
+
+
+def _save_raw(maps: np.ndarray, box: Box, size: tuple[int, ...], path: Path) -> str:
+    """The maps upsampled onto ``box`` of a photo of ``size`` (zero outside it), saved as ``path``."""
+    full = np.zeros((len(maps), size[0], size[1]), np.float32)
+    for i, m in enumerate(maps):
+        full[i, box.y0 : box.y1, box.x0 : box.x1] = render.upsample(m, box)
+    buffer = io.BytesIO()
+    np.save(buffer, full)
+    atomic_write(path, buffer.getvalue())
+    return str(path)
 
 
 def _moved(
@@ -144,12 +155,16 @@ def _moved(
     with preserved(loaded.model), torch.no_grad():
         loaded.model.eval()
         with quality.replaced(loaded.model, found):
-            before = logits_of(loaded.model(x)).float().softmax(1)[0]
+            kept = logits_of(loaded.model(x)).float()
         with quality.replaced(loaded.model, found, features.scaled(f, scale)):
-            after = logits_of(loaded.model(x)).float().softmax(1)[0]
+            moved_out = logits_of(loaded.model(x)).float()
+    cosine = float(torch.nn.functional.cosine_similarity(kept.flatten(), moved_out.flatten(), dim=0))
+    if not quality.gives_classes(loaded.model) or kept.ndim != 2:  # an image embedding: no classes
+        return {"feature": f, "scale": scale, "output_cosine": cosine, "classes": []}
+    before, after = kept.softmax(1)[0], moved_out.softmax(1)[0]
     moved = torch.argsort((after - before).abs(), descending=True, stable=True)[:n]
     return {
-        "feature": f, "scale": scale,
+        "feature": f, "scale": scale, "output_cosine": cosine,
         "classes": [{"class": int(c), "name": loaded.class_name(int(c)), "before": float(before[c]),
                      "after": float(after[c])} for c in moved],
     }  # fmt: skip
