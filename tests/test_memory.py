@@ -155,8 +155,24 @@ def test_a_bad_max_memory_is_a_usage_error(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not a size" in r.stderr
 
 
-def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
-    photo = write_image(tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8))
+@pytest.mark.parametrize("size", ["999999999999999999999G", "1e99", "1e400", "2000P", "1.2e18"])
+def test_an_absurd_max_memory_is_refused_as_one_line(tmp_path: Path, size: str) -> None:
+    """``999999999999999999999G`` was taken (a budget of 2**99 bytes) while ``1e99`` was refused as not a
+    size: both now one line, exit 2; a size in exponent notation up to 1 EB is a size."""
+    photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
+    r = invoke("gradcam", str(photo), *TINY, "--max-memory", size, "--out", str(tmp_path / "o"))
+    lines = [line for line in r.stderr.splitlines() if size in line]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert ("over 1 EB" if size != "2000P" else "not a size") in lines[0]
+    assert parse_size("2e9") == 2 * 10**9 and parse_size("1e18") == 10**18 and parse_size("1024T") == 2**50
+
+
+def test_one_input_over_the_memory_budget_is_said_once_and_runs_alone(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (64, 64, 3), np.uint8))
     model = [
         "--model",
         "tests.conftest:TinyCNN",
@@ -167,9 +183,18 @@ def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
         "--device",
         "cpu",
     ]
-    r = invoke("gradcam", str(photo), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"))
+    r = invoke("gradcam", str(photos), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"), "-b", "3")
     assert r.exit_code == 0, r.output
-    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1.0 MB" in r.stderr
-    assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
-    fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
+    # One note line, once: each photo runs alone and may pass the limit (it had said "running 1 at a time"
+    # and then "it runs anyway", documented nowhere).
+    (line,) = [line for line in r.stderr.splitlines() if "--max-memory" in line]
+    assert line.startswith("hookviz: note: one input of 448x448 alone holds about "), line
+    assert line.endswith(
+        " MB, over --max-memory 1.0 MB: running one input at a time, which may exceed the "
+        "limit; a smaller --input-size or fewer methods and layers would fit"
+    ), line
+    assert [rec["status"] for rec in records(tmp_path / "o")] == ["ok"] * 3
+    fits = invoke(
+        "gradcam", str(photos / "p0.png"), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2")
+    )
     assert fits.exit_code == 0 and "alone holds" not in fits.stderr

@@ -4,6 +4,7 @@ and an estimate's arithmetic. What a pass holds is estimated beside the methods 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -25,17 +26,24 @@ _UNITS = {
 }
 
 
+#: The largest size taken (1 EB): more would be no machine's memory, only a typo.
+MOST = 2**60
+
+
 def parse_size(text: str) -> int:
-    """``"4G"``, ``"512MB"``, ``"1.5 GiB"``, ``"2000000"`` (bytes) as bytes.
+    """``"4G"``, ``"512MB"``, ``"1.5 GiB"``, ``"2000000"`` or ``"2e6"`` (bytes) as bytes: a finite number from
+    1 byte to 1 EB (:data:`MOST`).
 
     Raises:
-        ValueError: not a size.
+        ValueError: not a size, or an absurd one.
     """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([kmgt]?)(i?b)?\s*", text.lower())
     if not m:
         raise ValueError(f"{text!r}: not a size (4G, 512M, 1.5GB)")
     unit = m.group(2) + ("b" if m.group(3) else "")
     value = float(m.group(1)) * _UNITS.get(unit, _UNITS[m.group(2)])
+    if not math.isfinite(value) or value > MOST:
+        raise ValueError(f"{text!r}: over 1 EB, more than any machine holds; give a size such as 4G or 512M")
     if value < 1:
         raise ValueError(f"{text!r}: not a size (4G, 512M, 1.5GB)")
     return int(value)

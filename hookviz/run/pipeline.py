@@ -230,20 +230,15 @@ class _Run:
         alone = est.total(1) > self.budget  # nothing left to split: said, and run
         if self.note is not None and shape not in self.said_split and (alone or n < len(members)):
             self.said_split.add(shape)
-            said = []
-            if n < len(members):
-                said.append(
-                    f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
-                    f"--max-memory {human(self.budget)}: running {n} at a time"
-                )
-            if alone:
-                side = "x".join(str(v) for v in shape[1:])
-                said.append(
-                    f"one input of {side} alone holds about {human(est.total(1))}, over --max-memory "
-                    f"{human(self.budget)}: it runs anyway; a smaller --input-size or fewer methods and "
-                    "layers would fit"
-                )
-            self.note("; ".join(said))
+            side = "x".join(str(v) for v in shape[1:])
+            self.note(
+                f"one input of {side} alone holds about {human(est.total(1))}, over --max-memory "
+                f"{human(self.budget)}: running one input at a time, which may exceed the limit; a smaller "
+                "--input-size or fewer methods and layers would fit"
+                if alone
+                else f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
+                f"--max-memory {human(self.budget)}: running {n} at a time"
+            )
         return [members[i : i + n] for i in range(0, len(members), n)]
 
     def record(self, item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
