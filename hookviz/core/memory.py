@@ -4,6 +4,7 @@ and an estimate's arithmetic. What a pass holds is estimated beside the methods 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -91,10 +92,15 @@ def default_budget(device: Any = "cpu") -> int:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes a batch holds: ``per_image`` times its images, plus ``fixed`` (what does not grow with the
-    batch), plus the copies some methods run in passes of their own: ``rows`` an image, drawn across the
-    batch's images, at most ``cap`` a pass, ``row`` bytes each; and never under ``least`` (a convolution's
-    weights reordered for its pass: on a small batch, more than the images' tensors)."""
+    """Bytes a batch holds: its tensors (``per_image`` times its images, plus ``fixed``, what does not grow
+    with the batch, plus the copies some methods run in passes of their own: ``rows`` an image, drawn across
+    the batch's images, at most ``cap`` a pass, ``row`` bytes each; and never under ``least``, a
+    convolution's weights reordered for its pass: on a small batch, more than the images' tensors), and what
+    the process grows by beside them (measured: :mod:`hookviz.methods.footprint` says how). Two phases, one
+    after the other, the larger counted: the pass (its tensors, ``slack`` and ``churn`` an image beside them)
+    and the pictures (``beside`` once a batch, and an image ``drawn`` bytes and ``per_pixel`` bytes for each
+    pixel of the photo they are drawn on: ``pixels``, the batch's largest, the input's own until
+    :meth:`drawn_on` says)."""
 
     per_image: int
     fixed: int = 0
@@ -102,10 +108,26 @@ class Estimate:
     row: int = 0
     cap: int = 0
     least: int = 0
+    slack: int = 0
+    churn: int = 0
+    beside: int = 0
+    drawn: int = 0
+    per_pixel: float = 0.0
+    pixels: int = 0
 
-    def total(self, images: int) -> int:
+    def tensors(self, images: int) -> int:
+        """The tensors the batch's pass allocates at their peak."""
         copies = min(self.cap, self.rows * images) if self.cap else self.rows * images
         return self.fixed + max(self.least, self.per_image * images) + copies * self.row
+
+    def total(self, images: int) -> int:
+        """What the process grows by for a batch of ``images``: the larger of its two phases."""
+        pictures = self.beside + images * (self.drawn + int(self.pixels * self.per_pixel))
+        return max(self.tensors(images) + self.slack + images * self.churn, pictures)
+
+    def drawn_on(self, pixels: int) -> Estimate:
+        """The same estimate for pictures drawn on photos of ``pixels`` pixels (the batch's largest)."""
+        return dataclasses.replace(self, pixels=max(self.pixels, int(pixels)))
 
     def fitting(self, budget: int, wanted: int) -> int:
         """How many of ``wanted`` images a batch may take under ``budget`` (at least one)."""

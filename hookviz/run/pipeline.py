@@ -221,11 +221,13 @@ class _Run:
         for f in previous:
             yield f()
 
-    def split(self, members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
-        """``members`` in batches whose estimated memory stays under the budget."""
+    def split(self, members: list[int], shape: tuple[int, ...], pixels: int = 0) -> list[list[int]]:
+        """``members`` in batches whose estimated memory stays under the budget (their pictures drawn on
+        photos of ``pixels`` pixels at most)."""
         est = self.job.memory((len(members), *shape))
         if est is None:
             return [members]
+        est = est.drawn_on(pixels)
         n = est.fitting(self.budget, len(members))
         alone = est.total(1) > self.budget  # nothing left to split: said, and run
         if self.note is not None and shape not in self.said_split and (alone or n < len(members)):
@@ -437,7 +439,8 @@ class _Run:
         failed: dict[int, str] = {}
         for shape, group in groups.items():
             parts = []
-            for members in self.split(group, shape):
+            drawn = max(int(np.prod(np.shape(ready[i][2])[:2])) for i in group)  # the pictures' photos
+            for members in self.split(group, shape, drawn):
                 result = self._compute_part(ready, xs, members, failed)
                 if result is not None:
                     parts.append(result)
