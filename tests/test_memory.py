@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from hookviz.jobs.build import CamSettings
 from hookviz.methods import MethodOptions, parse
 from hookviz.methods.footprint import explain_estimate
 from hookviz.tasks import load_model, make_cam_job
-from tests.conftest import invoke, records, run_cli, write_image
+from tests.conftest import SAMPLES, invoke, records, run_cli, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
 
@@ -84,7 +85,7 @@ def test_the_estimate_is_within_a_fifth_of_the_batch_s_peak(model: str, methods:
     options = MethodOptions(masks=32)
     job = make_cam_job(loaded, CamSettings(methods=tuple(parse([methods])), options=options)).job
     x = torch.randn(4, 3, 112, 112, generator=torch.Generator().manual_seed(0))
-    estimate = job.memory(tuple(x.shape)).total(4)
+    estimate = job.memory(tuple(x.shape)).tensors(4)  # the tensors alone (beside them: the test below)
     job.compute(x[:1])  # the traced shapes and torch's one-time buffers, before the measurement
     peak = tensor_peak(lambda: job.compute(x))
     assert peak > 2**20 and 0.8 <= estimate / peak <= 1.2, (estimate / 2**20, peak / 2**20)
@@ -128,21 +129,21 @@ def test_the_estimate_is_near_what_the_process_grows_by(
     tmp_path: Path, model: str, methods: str, photos: int
 ) -> None:
     """Against the process's resident growth over a batch (its pass, pictures and files), not only its
-    tensors: the estimate of the tensors alone was 0.43x it for one photo (9 MB estimated, 22 MB grown) and
-    0.5x for the tester's 8 photos (185 MB, 360 MB). Seeded photos of the sample photos' size; the margins
-    are wide (the pool threads' timing moves the peak by a few MB), the old estimate far outside them."""
-    rng = np.random.default_rng(2)
+    tensors: the estimate of the tensors alone was 0.44x it for one photo (9 MB estimated, 21 MB grown) and
+    0.5x for the tester's 8 photos (185 MB, 360 MB). The sample photos (pictures of noise take more: their
+    PNGs do not compress; bench/RESULTS.md); the margins are wide (the pool threads' timing moves the peak by
+    a few MB), the old estimate far outside them."""
     folder = tmp_path / "in"
     folder.mkdir()
-    for i in range(photos):
-        write_image(folder / f"p{i}.png", rng.integers(0, 256, (400, 560, 3), dtype=np.uint8))
+    for i, photo in zip(range(photos), sorted(SAMPLES.glob("*.jpg")), strict=False):
+        shutil.copy(photo, folder / f"p{i}.jpg")
     args = ["gradcam", str(folder), "--model", model, "--weights", "none", "--input-size", "112", "--device",
             "cpu", "--method", methods, "--out", str(tmp_path / "out"), "-q", "-b", str(photos)]  # fmt: skip
     done = run_cli([sys.executable, "-c", _GROWTH, *args])
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout.splitlines()[-1])
     assert r["rss"] > 8 * 2**20 and r["estimate"] >= r["tensors"]
-    assert 0.75 <= r["estimate"] / r["rss"] <= 1.4, {k: round(v / 2**20, 1) for k, v in r.items()}
+    assert 0.7 <= r["estimate"] / r["rss"] <= 1.5, {k: round(v / 2**20, 1) for k, v in r.items()}
 
 
 def test_the_estimate_grows_with_what_the_pass_holds() -> None:
@@ -157,7 +158,7 @@ def test_the_estimate_grows_with_what_the_pass_holds() -> None:
     # Score-CAM's masked copies run in rows of their own: --batch at most a pass, however large the batch.
     masked = explain_estimate(model, (3, 224, 224), "cpu", ["layer4"], ["scorecam"], 1)
     assert masked.rows == 512 and masked.cap == 64 and masked.row > 0 and one.rows == 0
-    assert masked.total(16) - masked.total(8) == 8 * masked.per_image
+    assert masked.tensors(16) - masked.tensors(8) == 8 * masked.per_image
 
 
 def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_path: Path) -> None:

@@ -97,10 +97,10 @@ class Estimate:
     the batch's images, at most ``cap`` a pass, ``row`` bytes each; and never under ``least``, a
     convolution's weights reordered for its pass: on a small batch, more than the images' tensors), and what
     the process grows by beside them (measured: :mod:`hookviz.methods.footprint` says how). Two phases, one
-    after the other, the larger counted: the pass (its tensors, ``slack`` and ``churn`` an image beside them)
-    and the pictures (``beside`` once a batch, and an image ``drawn`` bytes and ``per_pixel`` bytes for each
-    pixel of the photo they are drawn on: ``pixels``, the batch's largest, the input's own until
-    :meth:`drawn_on` says)."""
+    after the other: the pass (its tensors, ``slack`` and ``churn`` an image beside them) and the pictures
+    (``beside`` once a batch, and an image ``drawn`` bytes and ``per_pixel`` bytes for each pixel of the
+    photo they are drawn on: ``pixels``, the batch's largest, the input's own until :meth:`drawn_on` says);
+    the pictures reuse at most ``reused`` bytes of what the pass freed."""
 
     per_image: int
     fixed: int = 0
@@ -114,6 +114,7 @@ class Estimate:
     drawn: int = 0
     per_pixel: float = 0.0
     pixels: int = 0
+    reused: int = 0
 
     def tensors(self, images: int) -> int:
         """The tensors the batch's pass allocates at their peak."""
@@ -121,9 +122,10 @@ class Estimate:
         return self.fixed + max(self.least, self.per_image * images) + copies * self.row
 
     def total(self, images: int) -> int:
-        """What the process grows by for a batch of ``images``: the larger of its two phases."""
+        """What the process grows by for a batch of ``images``: its two phases, less what they share."""
         pictures = self.beside + images * (self.drawn + int(self.pixels * self.per_pixel))
-        return max(self.tensors(images) + self.slack + images * self.churn, pictures)
+        passing = self.tensors(images) + self.slack + images * self.churn
+        return passing + pictures - min(passing, pictures, self.reused)
 
     def drawn_on(self, pixels: int) -> Estimate:
         """The same estimate for pictures drawn on photos of ``pixels`` pixels (the batch's largest)."""
