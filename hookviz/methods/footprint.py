@@ -39,10 +39,11 @@ _FLOAT = 4
 # What the process grows by beside the tensors, measured (bench/memory_bench.py --only estimate; the figures
 # in bench/RESULTS.md): the resident memory's growth over a whole `hookviz gradcam` batch, from the photos
 # decoded to its files written, on resnet18, mobilenet_v3_small and efficientnet_b0 at 112-448 px, 1-8
-# photos; the constants fitted to those runs (the largest error the least). Two phases, one after the other:
+# photos; the constants fitted to those runs (the largest error made least) and rounded. Two phases, one
+# after the other:
 # * the pass: its tensors, and _SLACK beside them (the allocator's arenas and the workspace the first pass
-#   sets up); RISE's passes, 64 masked copies of an image at a time, leave the heap fragmented by about
-#   _CHURN times an image's masks, per image;
+#   sets up); RISE's passes, its masked copies --batch at a time, leave the heap fragmented by about _CHURN
+#   bytes per mask, per image;
 # * the pictures, drawn once the pass's tensors are freed: _SET_UP once a batch (colour maps, the caption's
 #   font, PNG encoding), each method's workspace (a method at the input's resolution, its lazily imported
 #   pieces and its map brought to the input: _INPUT_WORKSPACE; a layer's: _LAYER_WORKSPACE); for each
@@ -50,17 +51,17 @@ _FLOAT = 4
 #   its numpy copies) and _PHOTO bytes per pixel of its photo (the pictures are drawn on the photo: its
 #   copies, the overlay, its PNG; the pool threads' allocator arenas keep what they freed).
 # The pictures reuse what the pass freed, up to _REUSED (the arenas' share; the pass's larger blocks go back
-# to the system): a pass far larger than its pictures, or the reverse, counts as the larger plus the other
-# less that. Over the 30 runs measured: 0.9x to 1.1x the growth (bench/RESULTS.md); more for pictures that
-# do not compress (noise: each PNG as large as the photo).
-_SLACK = 9 * 2**20
-_CHURN = 1.3
-_SET_UP = 15 * 2**20
-_INPUT_WORKSPACE = int(8.5 * 2**20)
-_LAYER_WORKSPACE = int(0.35 * 2**20)
-_PER_MAP = 14
-_PHOTO = 11.0
-_REUSED = 30 * 2**20
+# to the system): the two phases added, less the smaller of them and _REUSED. Over the 28 runs measured:
+# 0.80x to 1.25x the growth (the allocator's reuse moves it by 10-20 MB either way), never under the
+# tensors' peak; pictures that do not compress (noise: each PNG as large as the photo) take more.
+_SLACK = int(13.5 * 2**20)
+_CHURN = 28 * 2**10
+_SET_UP = 14 * 2**20
+_INPUT_WORKSPACE = 9 * 2**20
+_LAYER_WORKSPACE = int(0.33 * 2**20)
+_PER_MAP = 4.2
+_PHOTO = 8.5
+_REUSED = 24 * 2**20
 _RECTIFIERS = ("ReLU", "ReLU6", "LeakyReLU", "Hardtanh", "ELU")
 
 
@@ -185,9 +186,9 @@ def _beside(
     return dataclasses.replace(
         tensors,
         slack=_SLACK,
-        churn=int(_CHURN * masks * pixels * _FLOAT),
+        churn=_CHURN * masks,
         beside=_SET_UP + at_input * _INPUT_WORKSPACE + (ran - at_input) * _LAYER_WORKSPACE,
-        drawn=_PER_MAP * maps * len(methods) * pixels,
+        drawn=int(_PER_MAP * maps * len(methods) * pixels),
         per_pixel=_PHOTO,
         pixels=pixels,
         reused=_REUSED,
