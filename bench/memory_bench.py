@@ -6,10 +6,11 @@
    of each (``RUSAGE_CHILDREN``), with the default ``--max-memory`` and with ``--max-memory 1G``.
 2. FullGrad and Grad-CAM on one 448 px photo, in process, medians of interleaved rounds.
 3. The estimate against the peak: resnet18, mobilenet_v3_small, efficientnet_b0 (weights=None) at 112, 224
-   and 448 px, gradcam, saliency, rise (64 masks) and all, 8 photos, each a ``hookviz gradcam`` run in a
-   process of its own, in process (the CLI's own code): for each batch the planner runs, the estimate it
-   planned with, the peak of torch's allocated tensors over the batch's compute (the profiler's memory
-   events) and the growth of the process's resident memory (``VmHWM`` reset before the batch).
+   and 448 px, gradcam, saliency, rise (64 masks) and all, 1 and 8 photos (4 at 448 px), each a ``hookviz
+   gradcam`` run of one batch in a process of its own (the CLI's own code): the estimate the planner sized
+   it with (old: its tensors alone), the growth of the process's resident memory from just before the batch
+   (model loaded, photos decoded; ``VmHWM`` reset there) to the end of the run (its pass, pictures and
+   files), and then the batch's tensor peak (computed again under the profiler: its memory events).
 
 Run with ``make bench`` (or ``python bench/memory_bench.py``, ``--only estimate`` for 3); paste the tables
 into bench/RESULTS.md.
@@ -137,27 +138,24 @@ def tensor_peak(fn: Any) -> int:
 
 
 def case(model: str, size: str, methods: str, images: int, extra: list[str]) -> None:
-    """One ``hookviz gradcam`` run in this process; for each batch the planner runs (``_Run._run_model``,
-    patched): the images, how many a part holds, the estimate of a part, the batch's tensor peak and RSS
-    growth. Printed as JSON."""
+    """One ``hookviz gradcam`` run of ``images`` photos as one batch, in this process: the estimate the
+    planner sizes the batch with (its tensors alone, and with what a pass costs beside them), the growth of
+    the process's resident memory from just before the batch (model loaded, photos decoded) to the run's end
+    (``VmHWM`` reset there: the pass, its maps, their pictures and files), and then the batch's tensor peak
+    (the same batch computed again under the profiler). Printed as JSON."""
     from hookviz.cli import app
     from hookviz.run import pipeline
 
-    rows: list[dict[str, int]] = []
+    seen: list[Any] = []
     run_model = pipeline._Run._run_model
 
     def measured(self: Any, ready: Any, xs: Any) -> Any:
-        est = self.job.memory((len(xs), *xs[0].shape))
-        n = est.fitting(self.budget, len(xs))
-        gc.collect()
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")  # VmHWM from here
-        rss = _status("VmRSS")
-        out = run_model(self, ready, xs)  # RSS first: the tensors' run would leave its memory in the heap
-        grown = _status("VmHWM") - rss
-        peak = tensor_peak(lambda: run_model(self, ready, xs))
-        rows.append({"images": len(xs), "part": n, "estimate": est.total(n), "tensors": peak, "rss": grown})
-        return out
+        if not seen:
+            gc.collect()
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")  # VmHWM from here
+            seen.append((self, ready, xs, _status("VmRSS")))
+        return run_model(self, ready, xs)
 
     pipeline._Run._run_model = measured  # type: ignore[method-assign]
     photos = sorted((ROOT / "sample_images").glob("*.jpg"))
@@ -167,27 +165,37 @@ def case(model: str, size: str, methods: str, images: int, extra: list[str]) -> 
         app(["gradcam", d, "--model", model, "--weights", "none", "--input-size", size, "--device", "cpu",
              "--method", methods, "--out", str(Path(d) / "out"), "-q", "-b", str(images), *extra],
             standalone_mode=False)  # fmt: skip
-    print(json.dumps(rows))
+        grown = _status("VmHWM") - seen[0][3]
+        run, ready, xs, _ = seen[0]
+        est = run.job.memory((len(xs), *xs[0].shape)).drawn_on(
+            max(r[2].shape[0] * r[2].shape[1] for r in ready)
+        )
+        peak = tensor_peak(lambda: run_model(run, ready, xs))
+    print(json.dumps({"images": len(xs), "estimate": est.total(len(xs)), "old": est.tensors(len(xs)),
+                      "tensors": peak, "rss": grown}))  # fmt: skip
 
 
-GRID = [(model, size, methods) for size in ("112", "224", "448")
-        for model in ("resnet18", "mobilenet_v3_small", "efficientnet_b0")
+#: The estimate against the process's growth: each model, method set and input size, 1 to 8 photos.
+GRID = [(model, size, methods, images) for size, counts in (("112", (1, 8)), ("224", (1, 8)), ("448", (1, 4)))
+        for images in counts for model in ("resnet18", "mobilenet_v3_small", "efficientnet_b0")
         for methods in ("gradcam", "saliency", "rise", "all")]  # fmt: skip
 
 
-def estimate_rows(images: int = 8) -> list[tuple[str, float, float, float]]:
-    """The grid's cases, each in a process of its own: (case, estimate MiB, / tensor peak, / RSS growth)."""
-    rows = []
-    for model, size, methods in GRID:
+def estimate_rows(cases: list[tuple[str, str, str, int]]) -> list[tuple[float, float]]:
+    """Each case in a process of its own, a table row printed as it comes: (new / tensor peak, new / RSS)."""
+    ratios = []
+    for model, size, methods, images in cases:
         extra = ["--masks", "64"] if methods == "rise" else []
         cmd = [sys.executable, __file__, "--case", model, size, methods, str(images), *extra]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-        for r in json.loads(out):
-            name = f"{model}, {size} px, {methods}, {r['part']} of {r['images']}"
-            rows.append((name, r["estimate"] / 2**20, r["estimate"] / r["tensors"], r["estimate"] / r["rss"]))
-            print(f"| {name:<52} | {rows[-1][1]:>9.1f} | {r['tensors'] / 2**20:>9.1f} | {rows[-1][2]:>5.2f}x "
-                  f"| {r['rss'] / 2**20:>9.1f} | {rows[-1][3]:>5.2f}x |", flush=True)  # fmt: skip
-    return rows
+        r = json.loads(
+            subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        )
+        mb = {k: r[k] / 2**20 for k in ("old", "estimate", "tensors", "rss")}
+        ratios.append((r["estimate"] / r["tensors"], r["estimate"] / r["rss"]))
+        cells = [f"{mb[k]:,.0f} MB" for k in ("old", "estimate", "tensors", "rss")]
+        cells += [f"{r['old'] / r['rss']:.2f}x", f"{ratios[-1][1]:.2f}x", f"{ratios[-1][0]:.2f}x"]
+        print(f"| {model} {size} px {methods} ({images}) | {' | '.join(cells)} |", flush=True)
+    return ratios
 
 
 def main() -> None:
@@ -200,17 +208,17 @@ def main() -> None:
         return case(model, size, methods, int(images), [*args.case[4:], *extra])
     print(f"# hookviz memory bench  {time.strftime('%Y-%m-%d')}\n")
     if args.only != "request":
+        print("The estimate behind --max-memory (old: the tensors alone; new: with what the process grows by")
+        print("beside them) against the process's resident growth over the batch, and its tensor peak\n")
         print(
-            "The estimate behind --max-memory against the batch's peak: tensors (torch's allocator), "
-            "RSS growth\n"
+            "| case (photos) | old | new | tensor peak | RSS growth | old / RSS | new / RSS | new / tensors |"
         )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        ratios = estimate_rows(GRID)
         print(
-            f"| {'case':<52} | {'estimate':>9} | {'tensors':>9} | {'ratio':>6} | {'RSS':>9} | {'ratio':>6} |"
+            f"\nnew / RSS growth: {min(r[1] for r in ratios):.2f}x to {max(r[1] for r in ratios):.2f}x; "
+            f"new / tensor peak: {min(r[0] for r in ratios):.2f}x to {max(r[0] for r in ratios):.2f}x\n"
         )
-        print(f"|{'-' * 54}|{'-' * 11}|{'-' * 11}|{'-' * 8}|{'-' * 11}|{'-' * 8}|")
-        ratios = estimate_rows()
-        low, high = min(r[2] for r in ratios), max(r[2] for r in ratios)
-        print(f"\nestimate / tensor peak: {low:.2f}x to {high:.2f}x (goal: within 20 %)\n")
         if args.only == "estimate":
             return None
     with tempfile.TemporaryDirectory() as d:

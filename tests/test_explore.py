@@ -368,25 +368,25 @@ def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser
 
 
 BAD = [  # (query, the parameter, the value as the answer quotes it, what it must say is allowed)
-    ("/api/map?input=0&box=-3", "box", "'-3'", "from 0"),
-    ("/api/map?input=0&axis=9", "axis", "'9'", "from 0 to 2"),
+    ("/api/map?input=0&box=-3", "box", "'-3'", "a detector's"),
+    ("/api/map?input=0&axis=9", "axis", "'9'", "a volume's"),
     ("/api/map?input=0&relu=banana", "relu", "'banana'", "1 or 0"),
     ("/api/map?input=0&alpha=nan", "alpha", "'nan'", "from 0 to 1"),
     ("/api/map?input=0&alpha=1.5", "alpha", "'1.5'", "from 0 to 1"),
-    ("/api/map?input=0&frame=x", "frame", "'x'", "whole number"),
+    ("/api/map?input=0&frame=x", "frame", "'x'", "these inputs are photos"),
     ("/api/map?input=0&method=gradcam%2Clayercam", "method", "'gradcam,layercam'", "one method"),
     ("/api/map?input=0&method=nope", "method", "'nope'", "layercam"),
     ("/api/map?input=0&colormap=nope", "colormap", "'nope'", "viridis"),
     ("/api/map?input=0&format=gif", "format", "'gif'", "png, npy or json"),
     ("/api/map?input=0&target=%D9%A3", "target", "'\u0663'", "ASCII digits"),  # an Arabic-Indic 3
     ("/api/map?input=%D9%A0", "input", "'\u0660'", "ASCII digits"),  # an Arabic-Indic 0
-    ("/api/map?input=0&box=%D9%A1", "box", "'\u0661'", "ASCII digits"),
-    ("/api/map?input=0&boxx=1", "'boxx'", "unknown parameter", "box"),
+    ("/api/map?input=0&box=%D9%A1", "box", "'\u0661'", "a detector's"),
+    ("/api/map?input=0&boxx=1", "boxx", "'1'", "/api/map does not take it; /api/map takes input, layer"),
     ("/api/map?input=0&box=1&box=2", "box", "'1', '2'", "once"),
     # A detector's box and a volume's axis mean nothing on a classifier's photo: refused, never ignored.
-    ("/api/map?input=0&box=2", "box", "'2'", "leave box out"),
+    ("/api/map?input=0&box=2", "box", "'2'", "TinyCNN is a classification model; /api/map takes input"),
     ("/api/map?input=0&box=0", "box", "'0'", "a detector's"),
-    ("/api/trust?input=0&axis=0", "axis", "'0'", "leave axis out"),
+    ("/api/trust?input=0&axis=0", "axis", "'0'", "these inputs are photos"),
     # The explorer names its own field, not the command line's option.
     ("/api/map?input=0&target=1000", "target=1000", "1000", "out of range"),
     # A view shows one map: topK (K > 1) and lists are the command line's, refused, never cut to the first.
@@ -422,9 +422,63 @@ def test_a_token_given_twice_is_refused_and_never_repeated(server: Explorer) -> 
     assert get(server, f"/api/inputs?token={server.token}", token=False)[0] == 200
 
 
-def test_the_default_box_and_axis_the_page_sends_stand_for_leaving_them_out(server: Explorer) -> None:
-    plain, sent = get(server, "/api/map?input=0"), get(server, "/api/map?input=0&box=1&frame=-1&axis=2")
-    assert plain[0] == sent[0] == 200 and plain[1] == sent[1]
+def test_box_frame_and_axis_are_refused_on_photos_even_at_their_defaults(server: Explorer) -> None:
+    """A classifier's photos have no box, frame or axis: ``box=1&frame=-1&axis=2`` (the defaults, which the
+    page sent on every view) were taken silently, as though they chose something. The page now sends them
+    only to a detector's, or a video's or volume's, session."""
+    for given, name in (("box=1", "box"), ("frame=-1", "frame"), ("axis=2", "axis")):
+        status, body = get(server, f"/api/map?input=0&{given}")
+        error = json.loads(body)["error"]
+        assert status == 400 and error.startswith(f"{name}='") and "\n" not in error, error
+        assert error.endswith("; /api/map takes input, layer, method, target, alpha, colormap, relu, format, "
+                              "supersede and token"), error  # fmt: skip
+    view = "input=0&layer=features.4&method=gradcam&target=top1&alpha=0.5&colormap=jet&relu=1"
+    assert get(server, f"/api/map?{view}&format=png&supersede=1")[0] == 200  # all the page sends a photo
+    assert get(server, f"/api/trust?{view}")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        (
+            "/api/photo?input=0&box=1",
+            "box='1': /api/photo does not take it; /api/photo takes input and token",
+        ),
+        (
+            "/api/thumb?input=0&axis=2",
+            "axis='2': /api/thumb does not take it; /api/thumb takes input, v and token",
+        ),
+        ("/api/model?input=0", "input='0': /api/model does not take it; /api/model takes only token"),
+        ("/api/inputs?k=5", "k='5': /api/inputs does not take it; /api/inputs takes only token"),
+        (
+            "/api/predict?input=0&target=1",
+            "target='1': /api/predict does not take it; /api/predict takes input, k and token",
+        ),
+        (
+            "/api/best?layer=features.4&channel=0&alpha=1",
+            "alpha='1': /api/best does not take it; /api/best takes layer, channel and token",
+        ),
+    ],
+)
+def test_a_parameter_an_endpoint_does_not_take_is_one_400_naming_what_it_takes(
+    server: Explorer, path: str, error: str
+) -> None:
+    status, body = get(server, path)
+    assert (status, json.loads(body)) == (400, {"error": error})
+
+
+def test_best_and_sheet_answer_the_same_request_alike(server: Explorer) -> None:
+    """``/api/best`` and ``/api/sheet`` without a channels run: 400 and 404 for the same request. Now both 400
+    for a bad parameter (a layer the model does not have, a channel that is no number) and both 404 for a
+    missing resource (no ``--channels-run``)."""
+    for query, status, said in (
+        ("layer=features.4&channel=0", 404, "no channels run given: start explore with --channels-run DIR"),
+        ("layer=nope&channel=0", 400, "layer='nope': tests.conftest:TinyCNN has no such layer"),
+        ("layer=features.4&channel=-1", 400, "channel='-1': a whole number from 0"),
+    ):
+        answers = [get(server, f"/api/{path}?{query}") for path in ("best", "sheet")]
+        for got, body in answers:
+            assert got == status and json.loads(body)["error"].startswith(said), (query, got, body)
 
 
 def test_the_page_s_own_address_is_not_checked_as_api_parameters(server: Explorer) -> None:
@@ -579,7 +633,11 @@ def test_a_dropped_photo_is_checked_kept_privately_and_explained(server: Explore
     photo = encode_png(np.random.default_rng(3).integers(0, 256, (40, 40, 3), dtype=np.uint8))
     ours = {"X-Hookviz": "1", "X-Filename": "..%2F..%2Fevil%20name.png"}
     assert post(server, photo, ours, token=False)[0] == 403
-    assert post(server, photo, {"X-Filename": "a.png"})[0] == 404  # a plain form from another page
+    status, body = post(server, photo, {"X-Filename": "a.png"})  # a plain form from another page
+    assert status == 403 and json.loads(body) == {
+        "error": "an upload needs the header X-Hookviz: 1 (the "
+        "explorer's page sends it; a form from another site cannot, which guards against cross-site requests)"
+    }
     status, body = post(server, b"not a picture", ours)
     assert status == 400 and b"evil name.png" in body and b"hookviz-explore-" not in body
     status, body = post(server, photo, ours)

@@ -228,6 +228,18 @@ def test_the_channel_view_visualises_a_channel_and_shows_its_best_photos(tmp_pat
     best = session.best("features.4", c["channel"])
     assert best["examples"] == c["examples"] and len(best["examples"]) == 3
     assert session.sheet("features.4", c["channel"]) == (run / c["sheet"]).read_bytes()
+    # /api/best and /api/sheet answer alike: nothing in the run for a layer or a channel is a missing
+    # resource (404; best said 400 where sheet said 404), a layer the model does not have a bad parameter.
+    from hookviz.explore.widget import _Host, answer
+
+    kept = {e["channel"] for e in data["layers"]["features.4"]["channels"]}
+    other = next(n for n in range(64) if n not in kept)
+    asked = [(f"layer=features.2&channel={c['channel']}", 404), (f"layer=features.4&channel={other}", 404),
+             ("layer=nope&channel=0", 400)]  # fmt: skip
+    for query, status in asked:
+        for path in ("best", "sheet"):
+            said, _ = answer(_Host(session), f"/api/{path}?{query}")
+            assert said["status"] == status, (path, query, said)
     # A sheet named outside the run's folder is not served.
     c["sheet"] = "../photos/p0.png"
     written.write_text(json.dumps(data))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ from hookviz.jobs.build import CamSettings
 from hookviz.methods import MethodOptions, parse
 from hookviz.methods.footprint import explain_estimate
 from hookviz.tasks import load_model, make_cam_job
-from tests.conftest import invoke, records, write_image
+from tests.conftest import SAMPLES, invoke, records, run_cli, write_image
 
 TINY = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "32", "--device", "cpu"]
 
@@ -82,10 +85,65 @@ def test_the_estimate_is_within_a_fifth_of_the_batch_s_peak(model: str, methods:
     options = MethodOptions(masks=32)
     job = make_cam_job(loaded, CamSettings(methods=tuple(parse([methods])), options=options)).job
     x = torch.randn(4, 3, 112, 112, generator=torch.Generator().manual_seed(0))
-    estimate = job.memory(tuple(x.shape)).total(4)
+    estimate = job.memory(tuple(x.shape)).tensors(4)  # the tensors alone (beside them: the test below)
     job.compute(x[:1])  # the traced shapes and torch's one-time buffers, before the measurement
     peak = tensor_peak(lambda: job.compute(x))
     assert peak > 2**20 and 0.8 <= estimate / peak <= 1.2, (estimate / 2**20, peak / 2**20)
+
+
+# One `hookviz gradcam` batch in a fresh process: the estimate the planner sized it with, its tensors alone,
+# and the growth of the process's resident memory from just before the batch (the model loaded, the photos
+# decoded: VmHWM reset there) to the end of the run (its pass, its pictures and files).
+_GROWTH = """
+import json, sys
+from hookviz.cli import app
+from hookviz.run import pipeline
+
+def status(key):
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+seen = []
+run_model = pipeline._Run._run_model
+
+def measured(self, ready, xs):
+    if not seen:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        photo = max(r[2].shape[0] * r[2].shape[1] for r in ready)
+        seen.append((self.job.memory((len(xs), *xs[0].shape)).drawn_on(photo), len(xs), status("VmRSS")))
+    return run_model(self, ready, xs)
+
+pipeline._Run._run_model = measured
+app(sys.argv[1:], standalone_mode=False)
+est, n, before = seen[0]
+print(json.dumps({"estimate": est.total(n), "tensors": est.tensors(n), "rss": status("VmHWM") - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="measures Linux's VmHWM")
+@pytest.mark.parametrize(
+    ("model", "methods", "photos"), [("resnet18", "gradcam", 1), ("mobilenet_v3_small", "all", 4)]
+)
+def test_the_estimate_is_near_what_the_process_grows_by(
+    tmp_path: Path, model: str, methods: str, photos: int
+) -> None:
+    """Against the process's resident growth over a batch (its pass, pictures and files), not only its
+    tensors: the estimate of the tensors alone was 0.44x it for one photo (9 MB estimated, 21 MB grown) and
+    0.5x for the tester's 8 photos (185 MB, 360 MB). The sample photos (pictures of noise take more: their
+    PNGs do not compress; bench/RESULTS.md); the margins are wide (the pool threads' timing moves the peak by
+    a few MB), the old estimate far outside them."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, photo in zip(range(photos), sorted(SAMPLES.glob("*.jpg")), strict=False):
+        shutil.copy(photo, folder / f"p{i}.jpg")
+    args = ["gradcam", str(folder), "--model", model, "--weights", "none", "--input-size", "112", "--device",
+            "cpu", "--method", methods, "--out", str(tmp_path / "out"), "-q", "-b", str(photos)]  # fmt: skip
+    done = run_cli([sys.executable, "-c", _GROWTH, *args])
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.splitlines()[-1])
+    assert r["rss"] > 8 * 2**20 and r["estimate"] >= r["tensors"]
+    assert 0.7 <= r["estimate"] / r["rss"] <= 1.5, {k: round(v / 2**20, 1) for k, v in r.items()}
 
 
 def test_the_estimate_grows_with_what_the_pass_holds() -> None:
@@ -100,7 +158,16 @@ def test_the_estimate_grows_with_what_the_pass_holds() -> None:
     # Score-CAM's masked copies run in rows of their own: --batch at most a pass, however large the batch.
     masked = explain_estimate(model, (3, 224, 224), "cpu", ["layer4"], ["scorecam"], 1)
     assert masked.rows == 512 and masked.cap == 64 and masked.row > 0 and one.rows == 0
-    assert masked.total(16) - masked.total(8) == 8 * masked.per_image
+    assert masked.tensors(16) - masked.tensors(8) == 8 * masked.per_image
+
+
+def _fitting(n: int, settings: CamSettings, batch: int) -> str:
+    """A --max-memory that ``n`` of TINY's 40 px photos fit and ``n + 1`` do not: the estimate the planner
+    makes for the batch (everything but its tensors is the same for any number of photos this small)."""
+    job = make_cam_job(load_model("tests.conftest:TinyCNN", "none", input_size=32), settings).job
+    est = job.memory((batch, 3, 32, 32)).drawn_on(40 * 40)
+    assert est.total(n) < est.total(n + 1)
+    return str(est.total(n))
 
 
 def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_path: Path) -> None:
@@ -111,11 +178,11 @@ def test_a_batch_over_the_budget_is_split_with_one_note_and_the_same_maps(tmp_pa
         write_image(d / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
     args = ["gradcam", str(d), *TINY, "--method", "gradcam,saliency", "--target", "top2", "--save-raw"]
     whole = invoke(*args, "--out", str(tmp_path / "a"), "-b", "5")
-    split = invoke(*args, "--out", str(tmp_path / "b"), "-b", "5", "--max-memory", "1M")
+    budget = _fitting(2, CamSettings(methods=("gradcam", "saliency"), target="top2"), 5)
+    split = invoke(*args, "--out", str(tmp_path / "b"), "-b", "5", "--max-memory", budget)
     assert whole.exit_code == split.exit_code == 0, split.stderr
-    assert "note: a batch of 5 would hold about" in split.stderr and "running " in split.stderr
+    assert "note: a batch of 5 would hold about" in split.stderr and "running 2 at a time" in split.stderr
     assert split.stderr.count("would hold") == 1 and "would hold" not in whole.stderr
-    assert "over --max-memory 1.0 MB" in split.stderr  # a readable size, never "0 MB"
     a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".npy")}
     b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".npy")}
     assert a.keys() == b.keys() and len(a) == 5 * 2 * 2 * 2
@@ -136,9 +203,9 @@ def test_normalize_batch_takes_one_scale_over_a_batch_split_under_the_budget(tmp
         write_image(d / f"p{i}.png", photo.astype(np.uint8))
     args = ["gradcam", str(d), *TINY, "--normalize", "batch", "--alpha", "1", "-b", "8"]
     whole = invoke(*args, "--out", str(tmp_path / "a"))
-    split = invoke(*args, "--out", str(tmp_path / "b"), "--max-memory", "1M")
+    split = invoke(*args, "--out", str(tmp_path / "b"), "--max-memory", _fitting(4, CamSettings(), 8))
     assert whole.exit_code == split.exit_code == 0, split.stderr
-    assert "running " in split.stderr and "would hold" not in whole.stderr  # it was split
+    assert "running 4 at a time" in split.stderr and "would hold" not in whole.stderr  # it was split
     a = {Path(p).name: p for r in records(tmp_path / "a") for p in r["outputs"] if p.endswith(".png")}
     b = {Path(p).name: p for r in records(tmp_path / "b") for p in r["outputs"] if p.endswith(".png")}
     assert a.keys() == b.keys() and len(a) == 8
@@ -155,8 +222,24 @@ def test_a_bad_max_memory_is_a_usage_error(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not a size" in r.stderr
 
 
-def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
-    photo = write_image(tmp_path / "p.png", np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8))
+@pytest.mark.parametrize("size", ["999999999999999999999G", "1e99", "1e400", "2000P", "1.2e18"])
+def test_an_absurd_max_memory_is_refused_as_one_line(tmp_path: Path, size: str) -> None:
+    """``999999999999999999999G`` was taken (a budget of 2**99 bytes) while ``1e99`` was refused as not a
+    size: both now one line, exit 2; a size in exponent notation up to 1 EB is a size."""
+    photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
+    r = invoke("gradcam", str(photo), *TINY, "--max-memory", size, "--out", str(tmp_path / "o"))
+    lines = [line for line in r.stderr.splitlines() if size in line]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert ("over 1 EB" if size != "2000P" else "not a size") in lines[0]
+    assert parse_size("2e9") == 2 * 10**9 and parse_size("1e18") == 10**18 and parse_size("1024T") == 2**50
+
+
+def test_one_input_over_the_memory_budget_is_said_once_and_runs_alone(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (64, 64, 3), np.uint8))
     model = [
         "--model",
         "tests.conftest:TinyCNN",
@@ -167,9 +250,18 @@ def test_one_input_over_the_memory_budget_is_said(tmp_path: Path) -> None:
         "--device",
         "cpu",
     ]
-    r = invoke("gradcam", str(photo), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"))
+    r = invoke("gradcam", str(photos), *model, "--max-memory", "1M", "--out", str(tmp_path / "o"), "-b", "3")
     assert r.exit_code == 0, r.output
-    assert "one input of 448x448 alone holds about" in r.stderr and "over --max-memory 1.0 MB" in r.stderr
-    assert "it runs anyway" in r.stderr and r.stderr.count("alone holds") == 1
-    fits = invoke("gradcam", str(photo), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2"))
+    # One note line, once: each photo runs alone and may pass the limit (it had said "running 1 at a time"
+    # and then "it runs anyway", documented nowhere).
+    (line,) = [line for line in r.stderr.splitlines() if "--max-memory" in line]
+    assert line.startswith("hookviz: note: one input of 448x448 alone holds about "), line
+    assert line.endswith(
+        " MB, over --max-memory 1.0 MB: running one input at a time, which may exceed the "
+        "limit; a smaller --input-size or fewer methods and layers would fit"
+    ), line
+    assert [rec["status"] for rec in records(tmp_path / "o")] == ["ok"] * 3
+    fits = invoke(
+        "gradcam", str(photos / "p0.png"), *model, "--max-memory", "4G", "--out", str(tmp_path / "o2")
+    )
     assert fits.exit_code == 0 and "alone holds" not in fits.stderr

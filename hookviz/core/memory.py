@@ -4,6 +4,8 @@ and an estimate's arithmetic. What a pass holds is estimated beside the methods 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -25,17 +27,24 @@ _UNITS = {
 }
 
 
+#: The largest size taken (1 EB): more would be no machine's memory, only a typo.
+MOST = 2**60
+
+
 def parse_size(text: str) -> int:
-    """``"4G"``, ``"512MB"``, ``"1.5 GiB"``, ``"2000000"`` (bytes) as bytes.
+    """``"4G"``, ``"512MB"``, ``"1.5 GiB"``, ``"2000000"`` or ``"2e6"`` (bytes) as bytes: a finite number from
+    1 byte to 1 EB (:data:`MOST`).
 
     Raises:
-        ValueError: not a size.
+        ValueError: not a size, or an absurd one.
     """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([kmgt]?)(i?b)?\s*", text.lower())
     if not m:
         raise ValueError(f"{text!r}: not a size (4G, 512M, 1.5GB)")
     unit = m.group(2) + ("b" if m.group(3) else "")
     value = float(m.group(1)) * _UNITS.get(unit, _UNITS[m.group(2)])
+    if not math.isfinite(value) or value > MOST:
+        raise ValueError(f"{text!r}: over 1 EB, more than any machine holds; give a size such as 4G or 512M")
     if value < 1:
         raise ValueError(f"{text!r}: not a size (4G, 512M, 1.5GB)")
     return int(value)
@@ -83,10 +92,15 @@ def default_budget(device: Any = "cpu") -> int:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes a batch holds: ``per_image`` times its images, plus ``fixed`` (what does not grow with the
-    batch), plus the copies some methods run in passes of their own: ``rows`` an image, drawn across the
-    batch's images, at most ``cap`` a pass, ``row`` bytes each; and never under ``least`` (a convolution's
-    weights reordered for its pass: on a small batch, more than the images' tensors)."""
+    """Bytes a batch holds: its tensors (``per_image`` times its images, plus ``fixed``, what does not grow
+    with the batch, plus the copies some methods run in passes of their own: ``rows`` an image, drawn across
+    the batch's images, at most ``cap`` a pass, ``row`` bytes each; and never under ``least``, a
+    convolution's weights reordered for its pass: on a small batch, more than the images' tensors), and what
+    the process grows by beside them (measured: :mod:`hookviz.methods.footprint` says how). Two phases, one
+    after the other: the pass (its tensors, ``slack`` and ``churn`` an image beside them) and the pictures
+    (``beside`` once a batch, and an image ``drawn`` bytes and ``per_pixel`` bytes for each pixel of the
+    photo they are drawn on: ``pixels``, the batch's largest, the input's own until :meth:`drawn_on` says);
+    the pictures reuse at most ``reused`` bytes of what the pass freed."""
 
     per_image: int
     fixed: int = 0
@@ -94,10 +108,28 @@ class Estimate:
     row: int = 0
     cap: int = 0
     least: int = 0
+    slack: int = 0
+    churn: int = 0
+    beside: int = 0
+    drawn: int = 0
+    per_pixel: float = 0.0
+    pixels: int = 0
+    reused: int = 0
 
-    def total(self, images: int) -> int:
+    def tensors(self, images: int) -> int:
+        """The tensors the batch's pass allocates at their peak."""
         copies = min(self.cap, self.rows * images) if self.cap else self.rows * images
         return self.fixed + max(self.least, self.per_image * images) + copies * self.row
+
+    def total(self, images: int) -> int:
+        """What the process grows by for a batch of ``images``: its two phases, less what they share."""
+        pictures = self.beside + images * (self.drawn + int(self.pixels * self.per_pixel))
+        passing = self.tensors(images) + self.slack + images * self.churn
+        return passing + pictures - min(passing, pictures, self.reused)
+
+    def drawn_on(self, pixels: int) -> Estimate:
+        """The same estimate for pictures drawn on photos of ``pixels`` pixels (the batch's largest)."""
+        return dataclasses.replace(self, pixels=max(self.pixels, int(pixels)))
 
     def fitting(self, budget: int, wanted: int) -> int:
         """How many of ``wanted`` images a batch may take under ``budget`` (at least one)."""

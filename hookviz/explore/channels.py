@@ -13,7 +13,7 @@ import torch
 from hookviz import render
 from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import ModuleCall, traced
-from hookviz.core.layers import default_cam_layer
+from hookviz.core.layers import default_cam_layer, module_names
 from hookviz.engine.features import feature_maps
 from hookviz.errors import InputError
 from hookviz.explore.inputs import Inputs
@@ -102,14 +102,27 @@ class Channels:
 
     def best(self, layer: str, channel: int) -> dict[str, Any]:
         """``channel``'s best inputs in the ``--channels-run`` folder (see :class:`ChannelsRun`)."""
-        if self.channels_run is None:
-            raise InputError(
-                "no channels run given: start explore with --channels-run DIR (a hookviz channels --out)"
-            )
-        return self.channels_run.best(self.layer_name(layer), channel)
+        name = self._layer(layer)  # a bad parameter first, whether or not there is a run
+        return self._run().best(name, channel)
 
     def sheet(self, layer: str, channel: int) -> bytes:
         """``channel``'s sheet of best photos in the ``--channels-run`` folder."""
+        name = self._layer(layer)
+        return self._run().sheet(name, channel)
+
+    # /api/best and /api/sheet answer alike: a layer the model does not have is a bad parameter (400); no
+    # channels run, or nothing in it for a layer and channel, is a missing resource (404).
+    def _run(self) -> ChannelsRun:
         if self.channels_run is None:
-            raise NotFound("no channels run given (--channels-run DIR)")
-        return self.channels_run.sheet(self.layer_name(layer), channel)
+            raise NotFound(
+                "no channels run given: start explore with --channels-run DIR (a hookviz channels --out)"
+            )
+        return self.channels_run
+
+    def _layer(self, layer: str) -> str:
+        name = self.layer_name(layer)
+        if name.partition(":")[0] not in module_names(self.loaded.model):
+            raise InputError(
+                f"layer={layer!r}: {self.loaded.name} has no such layer (/api/layers lists them)"
+            )
+        return name

@@ -61,10 +61,10 @@ class ChannelsRun:
     def _channel(self, layer: str, channel: int) -> dict[str, Any]:
         entry = self.layers.get(layer)
         if entry is None:
-            raise InputError(f"the channels run has no layer {layer!r}; it has {', '.join(self.layers)}")
+            raise NotFound(f"the channels run has no layer {layer!r}; it has {', '.join(self.layers)}")
         item = next((c for c in entry["channels"] if c["channel"] == channel), None)
         if item is None:
-            raise InputError(f"the channels run kept no examples of {layer} channel {channel}")
+            raise NotFound(f"the channels run kept no examples of {layer} channel {channel}")
         return dict(item)
 
     def best(self, layer: str, channel: int) -> dict[str, Any]:

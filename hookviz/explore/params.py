@@ -10,10 +10,20 @@ from collections.abc import Iterable, Sequence
 
 from hookviz.errors import UsageError
 
-#: Every parameter some endpoint reads (``token``: the secret; ``supersede``: the page's views; ``v``: a
-#: picture asked for again after its photo changed).
-KNOWN = ("input", "layer", "method", "target", "box", "frame", "axis", "alpha", "colormap", "relu", "format",
-         "k", "channel", "steps", "feature", "supersede", "token", "v")  # fmt: skip
+#: A map's view: what ``/api/map`` and ``/api/trust`` take (``box`` only from a detector's session, ``frame``
+#: from a video's or a volume's, ``axis`` from a volume's: :func:`meaningful`).
+VIEW = ("input", "layer", "method", "target", "box", "frame", "axis", "alpha", "colormap", "relu")
+#: What each endpoint takes, beside ``token`` (the secret, taken everywhere): ``supersede``, the page's views;
+#: ``v``, a thumbnail asked for again after its photo changed.
+TAKES: dict[str, tuple[str, ...]] = {
+    "/api/inputs": (), "/api/methods": (), "/api/model": (), "/api/layers": ("input",),
+    "/api/predict": ("input", "k"), "/api/thumb": ("input", "v"), "/api/photo": ("input",),
+    "/api/map": (*VIEW, "format", "supersede"), "/api/trust": VIEW,
+    "/api/channels": ("input", "layer"), "/api/channel": ("input", "layer", "channel", "alpha"),
+    "/api/visualize": ("layer", "channel", "steps"), "/api/best": ("layer", "channel"),
+    "/api/sheet": ("layer", "channel"), "/api/features": (), "/api/feature": ("feature",),
+    "/api/feature-sheet": ("feature",), "/api/feature-map": ("input", "feature", "alpha"),
+}  # fmt: skip
 
 _WHOLE = re.compile(r"-?[0-9]+")
 _NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -25,19 +35,27 @@ class BadParameter(UsageError):
 
 
 class Query:
-    """A request's parameters: each given once, each known to the API.
+    """A request's parameters: each given once, each one its endpoint takes (``takes``; ``None``: any).
 
     Raises:
-        BadParameter: a parameter given twice, or one the API does not know.
+        BadParameter: a parameter given twice, or one the endpoint does not take.
     """
 
-    def __init__(self, query: dict[str, list[str]]) -> None:
+    def __init__(
+        self,
+        query: dict[str, list[str]],
+        takes: Sequence[str] | None = None,
+        path: str = "the API",
+        why: dict[str, str] | None = None,
+    ) -> None:
         for name, values in query.items():
-            if name not in KNOWN:
-                raise BadParameter(f"unknown parameter {name!r}; the API takes {', '.join(KNOWN[:-3])}")
             if len(values) > 1:
                 shown = "its values not shown" if name == "token" else ", ".join(repr(v) for v in values)
                 raise BadParameter(f"{name} given {len(values)} times ({shown}); give it once")
+            if takes is not None and name != "token" and name not in takes:
+                said = (why or {}).get(name) or f"{path} does not take it"
+                listed = f"{path} takes {', '.join(takes)} and token" if takes else f"{path} takes only token"
+                raise BadParameter(f"{name}={values[0]!r}: {said}; {listed}")
         self.one = {name: values[0] for name, values in query.items()}
 
     def text(self, name: str, default: str = "") -> str:
@@ -106,3 +124,18 @@ def target(query: Query) -> str:
 
 def _listed(names: Sequence[str]) -> str:
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def meaningful(path: str, task: str, kind: str, model: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """What ``path`` takes from a session of a ``task`` model over ``kind`` inputs, and why each view
+    parameter that means nothing there is left out (a default given is refused too: it would read as
+    though it chose something)."""
+    takes = TAKES[path]
+    why = {}
+    if task != "detection":
+        why["box"] = f"boxes are a detector's; {model} is a {task} model"
+    if kind not in ("video", "volume"):
+        why["frame"] = f"a frame picks a video's frame or a volume's slice; these inputs are {kind}s"
+    if kind != "volume":
+        why["axis"] = f"an axis picks a volume's slices; these inputs are {kind}s"
+    return tuple(n for n in takes if n not in why), {n: w for n, w in why.items() if n in takes}

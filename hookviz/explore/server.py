@@ -14,7 +14,8 @@ API (every answer JSON unless said; ``input`` is an index or a name as ``/api/in
 visualisation, PNG), ``/api/best?layer=&channel=`` and ``/api/sheet?...`` (its best photos in the
 ``--channels-run`` folder, and their sheet), ``/api/photo?input=`` (the photo a detector's boxes are measured
 on, PNG). A map's view also takes ``box`` (a detector's, from 1), ``frame`` and ``axis`` (a video's frame,
-a volume's slice).
+a volume's slice), only from a session where they mean something. Each endpoint takes its own parameters
+(:data:`hookviz.explore.params.TAKES`): any other is a 400 naming it and them; a missing resource is a 404.
 """
 
 from __future__ import annotations
@@ -215,8 +216,17 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = self.close_connection or size > MAX_UPLOAD
         if not self._allowed(query):
             return
-        if parts.path != "/api/upload" or self.headers.get("X-Hookviz") != "1":  # no form from elsewhere
-            self._error(HTTPStatus.NOT_FOUND, f"{parts.path}: nothing to post here")
+        if parts.path != "/api/upload":
+            self._error(
+                HTTPStatus.NOT_FOUND, f"{parts.path}: nothing to post here (photos go to /api/upload)"
+            )
+            return
+        if self.headers.get("X-Hookviz") != "1":  # a form posted by a page elsewhere cannot set a header
+            self._error(
+                HTTPStatus.FORBIDDEN,
+                "an upload needs the header X-Hookviz: 1 (the explorer's page "
+                "sends it; a form from another site cannot, which guards against cross-site requests)",
+            )
             return
         if size > MAX_UPLOAD:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{size:,} bytes: {MAX_UPLOAD:,} at most")
@@ -296,7 +306,13 @@ class Handler(BaseHTTPRequestHandler):
         answer = answers.get(path)
         if answer is None:
             raise NotFound(f"{path}: nothing here")
-        answer(Query(query if path.startswith("/api/") else {}))  # the page reads its own address's
+        if path == "/":  # the page reads its own address's parameters
+            return answer(Query({}))
+        model, task, kind = "the model", "vision-language", "photo"
+        if isinstance(s, Session):
+            model, task, kind = s.loaded.name, s.loaded.task_name, s.kind.name
+        takes, why = params.meaningful(path, task, kind, model)
+        answer(Query(query, takes, path, why))
 
     def _page(self) -> None:
         page = resources.files("hookviz.explore").joinpath("page.html").read_bytes()
@@ -328,23 +344,7 @@ class Handler(BaseHTTPRequestHandler):
             frame=q.whole("frame", -1, -1, what=" (-1: all frames or slices)"), axis=q.whole("axis", 2, 0, 2),
             alpha=self._alpha(q), colormap=q.choice("colormap", "jet", COLORMAPS), relu=q.flag("relu", True),
         )  # fmt: skip
-        self._applies(q, view)
         return view
-
-    def _applies(self, q: Query, view: View) -> None:
-        """Refuse a ``box`` or ``axis`` that means nothing for this session's inputs (the view would be the
-        same without it); their defaults (box=1, axis=2: what the page always sends) stand for leaving them
-        out."""
-        s = self.server.session
-        model, task, kind = "the model", "vision-language", "photo"
-        if isinstance(s, Session):
-            model, task, kind = s.loaded.name, s.loaded.task_name, s.kind.name
-        if "box" in q.one and view.box != 1 and task != "detection":
-            raise params.BadParameter(f"box={q.one['box']!r}: boxes are a detector's; {model} is a {task} "
-                                      "model (leave box out)")  # fmt: skip
-        if "axis" in q.one and view.axis != 2 and kind != "volume":
-            raise params.BadParameter(f"axis={q.one['axis']!r}: an axis picks a volume's slices; these "
-                                      f"inputs are {kind}s (leave axis out)")  # fmt: skip
 
     def _map(self, q: Query) -> None:
         fmt = q.choice("format", "png", ("png", "npy", "json"))

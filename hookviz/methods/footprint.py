@@ -22,11 +22,13 @@ RISE's masks. Measured against torch's allocator on resnet18, mobilenet_v3_small
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.nn.modules.conv import _ConvNd
 
 from hookviz.core.hooks import ModuleCall, traced
@@ -34,6 +36,32 @@ from hookviz.core.memory import Estimate
 from hookviz.methods import registry
 
 _FLOAT = 4
+# What the process grows by beside the tensors, measured (bench/memory_bench.py --only estimate; the figures
+# in bench/RESULTS.md): the resident memory's growth over a whole `hookviz gradcam` batch, from the photos
+# decoded to its files written, on resnet18, mobilenet_v3_small and efficientnet_b0 at 112-448 px, 1-8
+# photos; the constants fitted to those runs (the largest error made least) and rounded. Two phases, one
+# after the other:
+# * the pass: its tensors, and _SLACK beside them (the allocator's arenas and the workspace the first pass
+#   sets up); RISE's passes, its masked copies --batch at a time, leave the heap fragmented by about _CHURN
+#   bytes per mask, per image;
+# * the pictures, drawn once the pass's tensors are freed: _SET_UP once a batch (colour maps, the caption's
+#   font, PNG encoding), each method's workspace (a method at the input's resolution, its lazily imported
+#   pieces and its map brought to the input: _INPUT_WORKSPACE; a layer's: _LAYER_WORKSPACE); for each
+#   image, _PER_MAP bytes per input pixel for each picture (the map at the input's resolution, scaled, and
+#   its numpy copies) and _PHOTO bytes per pixel of its photo (the pictures are drawn on the photo: its
+#   copies, the overlay, its PNG; the pool threads' allocator arenas keep what they freed).
+# The pictures reuse what the pass freed, up to _REUSED (the arenas' share; the pass's larger blocks go back
+# to the system): the two phases added, less the smaller of them and _REUSED. Over the 28 runs measured:
+# 0.80x to 1.25x the growth (the allocator's reuse moves it by 10-20 MB either way), never under the
+# tensors' peak; pictures that do not compress (noise: each PNG as large as the photo) take more.
+_SLACK = int(13.5 * 2**20)
+_CHURN = 28 * 2**10
+_SET_UP = 14 * 2**20
+_INPUT_WORKSPACE = 9 * 2**20
+_LAYER_WORKSPACE = int(0.33 * 2**20)
+_PER_MAP = 4.2
+_PHOTO = 8.5
+_REUSED = 24 * 2**20
 _RECTIFIERS = ("ReLU", "ReLU6", "LeakyReLU", "Hardtanh", "ELU")
 
 
@@ -140,4 +168,28 @@ def explain_estimate(
     weights = max([_numel((0, *m.weight.shape)) for m in model.modules() if isinstance(m, _ConvNd)] or [0])
     if whole:  # its backward reorders them while the whole pass is kept
         fixed += weights * _FLOAT
-    return Estimate(int(max(passes) + kept), int(fixed), rows, int(row), options.batch, weights * _FLOAT)
+    tensors = Estimate(int(max(passes) + kept), int(fixed), rows, int(row), options.batch, weights * _FLOAT)
+    if (
+        torch.device(device).type == "cuda"
+    ):  # the budget is the GPU's: what is beside the tensors is the host's
+        return tensors
+    return _beside(tensors, list(dict.fromkeys(methods)), len(specs), n_layers * targets, pixels, options)
+
+
+def _beside(
+    tensors: Estimate, methods: list[str], ran: int, maps: int, pixels: int, options: registry.MethodOptions
+) -> Estimate:
+    """``tensors`` with what the process grows by beside them (the constants above): ``ran`` methods run
+    (those used by others too), ``maps`` maps a method and image, inputs of ``pixels`` pixels."""
+    at_input = sum(registry.get(m).resolution == "input" for m in methods)
+    masks = sum(options.masks for m in methods if m in ("rise", "drise"))
+    return dataclasses.replace(
+        tensors,
+        slack=_SLACK,
+        churn=_CHURN * masks,
+        beside=_SET_UP + at_input * _INPUT_WORKSPACE + (ran - at_input) * _LAYER_WORKSPACE,
+        drawn=int(_PER_MAP * maps * len(methods) * pixels),
+        per_pixel=_PHOTO,
+        pixels=pixels,
+        reused=_REUSED,
+    )

@@ -221,29 +221,26 @@ class _Run:
         for f in previous:
             yield f()
 
-    def split(self, members: list[int], shape: tuple[int, ...]) -> list[list[int]]:
-        """``members`` in batches whose estimated memory stays under the budget."""
+    def split(self, members: list[int], shape: tuple[int, ...], pixels: int = 0) -> list[list[int]]:
+        """``members`` in batches whose estimated memory stays under the budget (their pictures drawn on
+        photos of ``pixels`` pixels at most)."""
         est = self.job.memory((len(members), *shape))
         if est is None:
             return [members]
+        est = est.drawn_on(pixels)
         n = est.fitting(self.budget, len(members))
         alone = est.total(1) > self.budget  # nothing left to split: said, and run
         if self.note is not None and shape not in self.said_split and (alone or n < len(members)):
             self.said_split.add(shape)
-            said = []
-            if n < len(members):
-                said.append(
-                    f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
-                    f"--max-memory {human(self.budget)}: running {n} at a time"
-                )
-            if alone:
-                side = "x".join(str(v) for v in shape[1:])
-                said.append(
-                    f"one input of {side} alone holds about {human(est.total(1))}, over --max-memory "
-                    f"{human(self.budget)}: it runs anyway; a smaller --input-size or fewer methods and "
-                    "layers would fit"
-                )
-            self.note("; ".join(said))
+            side = "x".join(str(v) for v in shape[1:])
+            self.note(
+                f"one input of {side} alone holds about {human(est.total(1))}, over --max-memory "
+                f"{human(self.budget)}: running one input at a time, which may exceed the limit; a smaller "
+                "--input-size or fewer methods and layers would fit"
+                if alone
+                else f"a batch of {len(members)} would hold about {human(est.total(len(members)))}, over "
+                f"--max-memory {human(self.budget)}: running {n} at a time"
+            )
         return [members[i : i + n] for i in range(0, len(members), n)]
 
     def record(self, item: Item, status: str, error: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -442,7 +439,8 @@ class _Run:
         failed: dict[int, str] = {}
         for shape, group in groups.items():
             parts = []
-            for members in self.split(group, shape):
+            drawn = max(int(np.prod(np.shape(ready[i][2])[:2])) for i in group)  # the pictures' photos
+            for members in self.split(group, shape, drawn):
                 result = self._compute_part(ready, xs, members, failed)
                 if result is not None:
                     parts.append(result)
