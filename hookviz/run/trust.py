@@ -238,8 +238,9 @@ def trust_photos(
 def _done(report: TrustReport, loaded: LoadedModel, photos: Photos) -> TrustReport:
     """The report with its key, and the photos the annotations do not name said in its notes."""
     left = photos.unannotated
-    said = [f"{len(left)} photo(s) not in the annotations left out (nothing to localise), such as {left[0]}"]
-    return dataclasses.replace(report, key=_key(loaded), notes=[*report.notes, *(said if left else [])])
+    said = [f"{len(left)} photo(s) not in the annotations left out (nothing to localise), such as {n}"
+            for n in left[:1]]  # fmt: skip
+    return dataclasses.replace(report, key=_key(loaded), notes=[*report.notes, *said])
 
 
 def _key(loaded: LoadedModel) -> dict[str, str]:
