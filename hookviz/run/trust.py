@@ -146,8 +146,10 @@ def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | Non
         names = sorted(annotations.by_name)
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
         photo = found.unannotated[0]
-        raise UsageError(f"{annotations.source} names none of the photos (it names {names[0]!r}{more}; the "
-                         f"photos are {photo!r} and the like): give these photos' annotations")  # fmt: skip
+        source = annotations.where or annotations.source
+        raise UsageError(f"the annotations ({source}) name none of the photos "
+                         f"(they name {names[0]!r}{more}; the photos are {photo!r} and the like): give these "
+                         "photos' annotations")  # fmt: skip
     said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
     error = InputError if found.failed else UsageError  # inputs that failed: exit 1, as any input failure
     bad = f"; {len(found.failed)} could not be read" if found.failed else ""
