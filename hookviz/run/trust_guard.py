@@ -109,6 +109,7 @@ def claimed(out: Path, files: tuple[str, ...], overwrite: bool) -> Iterator[None
         raise OutputError(
             f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
         )
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     lock = out / LOCK
     _lock(lock, out)
@@ -116,3 +117,5 @@ def claimed(out: Path, files: tuple[str, ...], overwrite: bool) -> Iterator[None
         yield
     finally:
         lock.unlink(missing_ok=True)
+        if made and not any(out.iterdir()):  # refused before it wrote anything: leave no trace
+            out.rmdir()
