@@ -481,7 +481,8 @@ def test_an_empty_folder_exits_1_as_the_documented_exit_codes_say(tmp_path: Path
     (tmp_path / "empty").mkdir()
     r = invoke("trust", str(tmp_path / "empty"), "--model", "tests.conftest:TinyCNN", "--weights", "none",
                "--input-size", "48", "--out", str(tmp_path / "o"))  # fmt: skip
-    assert r.exit_code == 1 and "no photos found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "0 readable photos" in r.stderr or "no photos found" in r.stderr
     assert not (tmp_path / "o").exists()
     docs = (ROOT / "docs" / "scripting.md").read_text()
     assert "| 1 | one or more inputs failed" in docs and "an empty folder" in docs

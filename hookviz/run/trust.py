@@ -152,7 +152,8 @@ def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | Non
                          "photos' annotations")  # fmt: skip
     said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
     error = InputError if found.failed else UsageError  # inputs that failed: exit 1, as any input failure
-    bad = f"; {len(found.failed)} could not be read" if found.failed else ""
+    first = next(iter(found.failed.items()), None)
+    bad = f"; {len(found.failed)} could not be read ({first[0]}: {first[1]})" if first else ""
     raise error(
         f"hookviz trust needs 2 photos or more for an interval ({said} among {', '.join(inputs)}"
         f"{bad}); 16 give answers worth reading"
