@@ -19,12 +19,16 @@ import torch
 import hookviz
 from hookviz import methods
 from hookviz.engine.explain import explain
+from hookviz.errors import UsageError
 from hookviz.evaluation.faithfulness import upsample
 from hookviz.evaluation.localisation import pointing_game
 from hookviz.evaluation.stats import mean_ci
 from hookviz.evaluation.trust import VERDICTS, edge_maps, trust
+from hookviz.io.annotation import load as load_annotations
+from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
+from hookviz.run.trust import read_photos
 from hookviz.tasks import load_model
 from tests.conftest import ROOT, TinyCNN, invoke, write_image
 from tests.shapes_net import make_segmenter
@@ -162,6 +166,7 @@ def test_the_command_writes_its_files_and_refuses_in_one_line(tmp_path: Path) ->
     before = (out / "trust.json").read_bytes()
     r = invoke("trust", str(photos), *model, "--method", "gradcam", "--out", str(out))
     assert r.exit_code == 3 and "--overwrite" in r.stderr and (out / "trust.json").read_bytes() == before
+    assert "hookviz: trust: photos" not in r.stderr  # refused before computing anything
     # Not a classifier of photos: one line, exit 2.
     r = invoke("trust", str(photos), *model, "--method", "nosuchmethod", "--out", str(tmp_path / "o2"))
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
@@ -438,3 +443,59 @@ def test_the_python_report_holds_the_key_trust_json_holds(tmp_path: Path) -> Non
     report = hookviz.trust(loaded, str(ROOT / "sample_images"), methods=["gradcam"], max_photos=2, budget=1)
     assert report.as_dict()["key"] == {"model": "efficientnet_lite0", "weights": "none"}
     assert report_from_dict(json.loads(json.dumps(report.as_dict(), default=str))).key == report.key
+
+
+# -- what is refused or left out before the battery runs -------------------------------------------------
+
+
+def _boxes(path: Path, names: list[str]) -> Path:
+    path.write_text("file,class,x0,y0,x1,y1\n" + "".join(f"{n},0,4,4,20,20\n" for n in names))
+    return path
+
+
+def test_photos_the_annotations_do_not_name_are_left_out_not_failed(tmp_path: Path) -> None:
+    x, _, _ = shapes_batch(3, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
+    found = load_annotations(_boxes(tmp_path / "boxes.csv", ["s00.png", "s01.png"]), None)
+    got = read_photos(loaded, [str(photos)], 16, DEFAULT_MAX_PIXELS, found)
+    assert got.failed == {} and [Path(n).name for n in got.unannotated] == ["s02.png"]
+    assert [Path(n).name for n in got.names] == ["s00.png", "s01.png"] and got.masks is not None
+    assert len(got.batch) == 2 and all(m.shape == (48, 48) and m[8:16, 8:16].all() for m in got.masks)
+
+
+def test_boxes_that_name_none_of_the_photos_say_so_with_an_example_of_each(tmp_path: Path) -> None:
+    x, _, _ = shapes_batch(3, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    boxes = _boxes(tmp_path / "boxes.csv", ["elsewhere/cat.png", "dog.png"])
+    r = invoke("trust", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size",
+               "48", "--boxes", str(boxes), "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "readable" not in r.stderr
+    assert r.stderr.startswith(f"hookviz: error: the annotations (--boxes {boxes}) name none of the photos")
+    assert "'dog.png' and 1 more" in r.stderr and "s00.png" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_folder_exits_1_as_the_documented_exit_codes_say(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    r = invoke("trust", str(tmp_path / "empty"), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "48", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "0 readable photos" in r.stderr or "no photos found" in r.stderr
+    assert not (tmp_path / "o").exists()
+    docs = (ROOT / "docs" / "scripting.md").read_text()
+    assert "| 1 | one or more inputs failed" in docs and "an empty folder" in docs
+
+
+def test_a_photo_too_small_for_the_tests_is_refused_in_one_line(tmp_path: Path) -> None:
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    write_image(photos / "tiny.png", np.full((1, 1, 3), 200, np.uint8))
+    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
+    with pytest.raises(UsageError, match="needs 2 photos"):  # one photo given: a usage error
+        read_photos(loaded, [str(photos / "s00.png")], 16, DEFAULT_MAX_PIXELS)
+    got = read_photos(loaded, [str(photos)], 16, DEFAULT_MAX_PIXELS)
+    assert [Path(n).name for n in got.names] == ["s00.png", "s01.png"]
+    (said,) = [why for name, why in got.failed.items() if Path(name).name == "tiny.png"]
+    assert said == "1x1 pixels: too small for the tests (at least 8 on a side)"

@@ -41,6 +41,7 @@ from hookviz.cli.tables import announce, write_evaluation
 from hookviz.io.files import atomic_write
 from hookviz.io.outputs import MANIFEST, finite, settings_key
 from hookviz.report import latest_records
+from hookviz.run.trust_guard import claimed, parse_budget, process_started
 
 METRICS = "Metrics"
 
@@ -238,7 +239,8 @@ TrustSeed = Annotated[int, typer.Option("--seed", rich_help_panel=METRICS,
 MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=METRICS,
     help="photos tested, the first by name (16 give intervals worth reading).")]  # fmt: skip
 Budget = Annotated[str | None, typer.Option("--budget", rich_help_panel=METRICS, help="stop after this "
-    "long (600, 90s, 10m, 1h): the answer says what it left out.")]  # fmt: skip
+    "long (600, 90s, 10m, 1m30s, 1h; at most a week), counted from the command's start, the model's load "
+    "included: the answer says what it left out.")]  # fmt: skip
 TrustRun = Annotated[RunOptions, omit(
     "skip_existing", "batch_size", "workers", "max_memory", "report", "null", "as_json", *DATA,
 )]  # fmt: skip
@@ -265,18 +267,13 @@ def trust(
     import shlex
 
     from hookviz.io.annotation import load
-    from hookviz.run.trust import parse_budget, table, trust_photos, write_trust
+    from hookviz.run.trust import FILES, table, trust_photos, write_trust
     from hookviz.run.verdicts import trust_key
 
     seconds = parse_budget(budget)
     found = None
     if boxes is not None or masks is not None:
         found = load(boxes, None if masks is None else Path(masks), mask_kind)
-    loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
-    say = None if run.quiet else lambda line: typer.echo(f"hookviz: trust: {line}", err=True)
-    report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
-                                   max_photos=max_photos, max_pixels=run.max_pixels, annotations=found,
-                                   budget=seconds, progress=say)  # fmt: skip
     words = ["hookviz", "trust", *inputs, *_model_words(model)]
     words += [w for m in methods or [] for w in ("--method", m)] + [
         w for la in layers or [] for w in ("-l", la)
@@ -285,10 +282,16 @@ def trust(
     words += ["--boxes", str(boxes)] if boxes is not None else []
     words += ["--masks", str(masks), "--mask-kind", mask_kind] if masks is not None else []
     words += ["--budget", str(budget)] if budget is not None else []
-    for name, why in failed.items():
-        typer.echo(f"hookviz: error: {name}: {why}", err=True)
-    paths = write_trust(report, run.out, command=shlex.join(words), refused=refused, overwrite=run.overwrite,
-                        failed=failed, key=trust_key(loaded))  # fmt: skip
+    with claimed(run.out, FILES, run.overwrite):  # an earlier result, or a run going there: refused now
+        loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
+        say = None if run.quiet else lambda line: typer.echo(f"hookviz: trust: {line}", err=True)
+        report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
+                                       max_photos=max_photos, max_pixels=run.max_pixels, annotations=found,
+                                       budget=seconds, progress=say, started=process_started())  # fmt: skip
+        for name, why in failed.items():
+            typer.echo(f"hookviz: error: {name}: {why}", err=True)
+        paths = write_trust(report, run.out, command=shlex.join(words), refused=refused,
+                            overwrite=run.overwrite, failed=failed, key=trust_key(loaded))  # fmt: skip
     if not run.quiet:
         typer.echo("\n".join(table(report)), err=True)
     typer.echo(f"hookviz: wrote {', '.join(str(p) for p in paths)}", err=True)

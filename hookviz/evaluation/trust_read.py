@@ -84,6 +84,9 @@ def read_trust(path: Path) -> TrustRun:
     except FileNotFoundError:
         raise UsageError(f"{str(path)!r} holds no {TRUST_JSON}; give the --out folder of hookviz trust"
                          ) from None  # fmt: skip
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # a write cut short (a full disk, a kill)
+        raise UsageError(f"{file} is unreadable, truncated or not JSON ({exc}); run hookviz trust again "
+                         f"with --out {file.parent} --overwrite") from None  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise UsageError(f"{file}: not a trust.json hookviz trust wrote ({type(exc).__name__}: {exc}); "
                          "run hookviz trust again") from None  # fmt: skip

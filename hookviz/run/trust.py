@@ -33,6 +33,7 @@ from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.trust_detection import trust_detections
+from hookviz.run.trust_guard import parse_budget
 from hookviz.tasks import load_model, make_cam_job
 
 __all__ = [
@@ -77,12 +78,18 @@ def candidate_methods(
 @dataclass(frozen=True)
 class Photos:
     """The photos read for a trust run: the batch, their names, where their objects lie (with
-    annotations), and the inputs that could not be read, with why."""
+    annotations), the inputs that could not be read, with why, and the photos the annotations do not name
+    (left out of a run with annotations: nothing to localise; not a failure)."""
 
     batch: list[torch.Tensor]
     names: list[str]
     masks: list[np.ndarray] | None
     failed: dict[str, str]
+    unannotated: list[str] = dataclasses.field(default_factory=list)
+
+
+#: A photo smaller than this on a side is refused: upscaled to the model's input, its maps say nothing.
+MIN_SIDE = 8
 
 
 def read_photos(
@@ -96,20 +103,31 @@ def read_photos(
     union of its objects in the model's input frame).
 
     Raises:
-        UsageError: not photos; fewer than two readable photos.
+        UsageError: not photos; one photo given; annotations that name none of the photos.
+        InputError: no photo found (an empty folder), or fewer than two readable ones (exit 1, as any input
+            failure).
     """
     kind = input_kind_of(loaded, list(inputs))
     if kind.name != "photo":
         raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
     items = sorted(kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels), key=lambda i: str(i.path))
+    if not items:
+        raise InputError(f"no photos found in {', '.join(inputs)} (an empty folder?); hookviz trust needs 2 "
+                         "or more, 16 give answers worth reading")  # fmt: skip
     failed = {i.name: str(i.error) for i in items if i.error}
     read = kind.read(loaded)
     found = Photos([], [], [] if annotations is not None else None, failed)
     for item in [i for i in items if not i.error]:
         if len(found.batch) == max_photos:
             break
+        if annotations is not None and annotations.regions(item.path or item.name) is None:
+            found.unannotated.append(item.name)
+            continue
         try:
             rgb, x, box = read(item, kind.preprocess(loaded), max_pixels)
+            if min(rgb.shape[:2]) < MIN_SIDE:
+                raise InputError(f"{rgb.shape[1]}x{rgb.shape[0]} pixels: too small for the tests (at least "
+                                 f"{MIN_SIDE} on a side)")  # fmt: skip
             if annotations is not None and found.masks is not None:
                 found.masks.append(_object_mask(annotations, item, rgb, box, tuple(np.asarray(x).shape[-2:])))
         except HookvizError as exc:
@@ -117,20 +135,36 @@ def read_photos(
             continue
         found.batch.append(torch.from_numpy(np.asarray(x)))
         found.names.append(item.name)
-    if len(found.batch) < 2:
-        said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
-        raise UsageError(f"hookviz trust needs 2 photos or more for an interval ({said} among "
-                         f"{', '.join(inputs)}); 16 give answers worth reading")  # fmt: skip
+    _enough(found, inputs, annotations)
     return found
+
+
+def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | None) -> None:
+    if len(found.batch) >= 2:
+        return
+    if annotations is not None and found.unannotated and not found.names:
+        names = sorted(annotations.by_name)
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        photo = found.unannotated[0]
+        source = annotations.where or annotations.source
+        raise UsageError(f"the annotations ({source}) name none of the photos "
+                         f"(they name {names[0]!r}{more}; the photos are {photo!r} and the like): give these "
+                         "photos' annotations")  # fmt: skip
+    said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
+    error = InputError if found.failed else UsageError  # inputs that failed: exit 1, as any input failure
+    first = next(iter(found.failed.items()), None)
+    bad = f"; {len(found.failed)} could not be read ({first[0]}: {first[1]})" if first else ""
+    raise error(
+        f"hookviz trust needs 2 photos or more for an interval ({said} among {', '.join(inputs)}"
+        f"{bad}); 16 give answers worth reading"
+    )
 
 
 def _object_mask(
     annotations: Annotations, item: Any, rgb: np.ndarray, box: Any, size: tuple[int, ...]
 ) -> np.ndarray:
     """Every annotated object of the photo (any class) as one mask in the model's input frame."""
-    regions = annotations.regions(item.path or item.name)
-    if regions is None:
-        raise InputError(f"not in the annotations ({annotations.source}): nothing to localise")
+    regions = annotations.regions(item.path or item.name) or []
     h, w = rgb.shape[:2]
     drawn = np.zeros((h, w), bool)
     for r in regions:
@@ -166,14 +200,15 @@ def trust_photos(
     annotations: Annotations | None = None,
     budget: float | None = None,
     progress: Progress | None = None,
+    started: float | None = None,
 ) -> tuple[TrustReport, dict[str, str], dict[str, str]]:
     """Which map to believe for ``loaded`` on its photos ``inputs`` (files, folders, globs): the report,
     the methods refused on this model with the registry's reason, and the inputs that could not be read
-    with theirs.
+    with theirs. ``budget``: seconds from ``started`` (a :func:`time.monotonic` reading; default now).
 
     Raises:
-        UsageError: not a classifier, segmenter or detector of photos; fewer than two readable photos; no
-            method that applies.
+        UsageError: not a classifier, segmenter or detector of photos; one photo; no method that applies.
+        InputError: fewer than two readable photos.
     """
     if loaded.task_name not in ("classification", "segmentation", "detection"):
         raise UsageError(f"hookviz trust tests the maps of a classifier, a segmenter or a detector; "
@@ -193,14 +228,22 @@ def trust_photos(
         report = trust_detections(
             loaded, photos.batch, photos.names, tried, chosen, seed=seed, progress=progress
         )
-        return dataclasses.replace(report, key=_key(loaded)), refused, photos.failed
+        return _done(report, loaded, photos), refused, photos.failed
     stacked = torch.stack(photos.batch).to(loaded.device)
     masks = None if photos.masks is None else torch.from_numpy(np.stack(photos.masks))
     tried = trust_layers(loaded, calls, layers)
     report = battery(loaded.model, stacked, tried, chosen, names=photos.names, model_name=loaded.name,
                    default=("gradcam", tried[0]), seed=seed, masks=masks, budget=budget, progress=progress,
-                   task=loaded.task_name)  # fmt: skip
-    return dataclasses.replace(report, key=_key(loaded)), refused, photos.failed
+                   task=loaded.task_name, started=started)  # fmt: skip
+    return _done(report, loaded, photos), refused, photos.failed
+
+
+def _done(report: TrustReport, loaded: LoadedModel, photos: Photos) -> TrustReport:
+    """The report with its key, and the photos the annotations do not name said in its notes."""
+    left = photos.unannotated
+    said = [f"{len(left)} photo(s) not in the annotations left out (nothing to localise), such as {n}"
+            for n in left[:1]]  # fmt: skip
+    return dataclasses.replace(report, key=_key(loaded), notes=[*report.notes, *said])
 
 
 def _key(loaded: LoadedModel) -> dict[str, str]:
@@ -362,26 +405,6 @@ def _version() -> str:
         return importlib.metadata.version("hookviz")
     except importlib.metadata.PackageNotFoundError:  # a source tree not installed
         return "unknown"
-
-
-def parse_budget(text: str | float | None) -> float | None:
-    """``--budget``: seconds, or a number with ``s``, ``m`` or ``h`` (``10m``); None for no budget.
-
-    Raises:
-        UsageError: anything else, or not above zero.
-    """
-    if text is None or isinstance(text, int | float):
-        seconds = None if text is None else float(text)
-    else:
-        word = text.strip().lower()
-        unit = {"s": 1, "m": 60, "h": 3600}.get(word[-1:], 0) if word[-1:].isalpha() else 1
-        try:
-            seconds = float(word[:-1] if word[-1:].isalpha() else word) * unit if unit else -1.0
-        except ValueError:
-            seconds = -1.0
-    if seconds is not None and not seconds > 0:
-        raise UsageError(f"--budget {text}: a time above zero, such as 600, 90s, 10m or 1h")
-    return seconds
 
 
 def trust(

@@ -24,8 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hookviz.engine.detection import explain_detections
-from hookviz.evaluation.faithfulness import center_maps
-from hookviz.evaluation.localisation import energy_pointing_game, pointing_game
 from hookviz.evaluation.trust import (
     EDGES,
     Candidate,
@@ -36,6 +34,7 @@ from hookviz.evaluation.trust import (
     answered,
     edge_maps,
     judge,
+    localised,
     not_applicable,
     verdict_of,
 )
@@ -62,18 +61,6 @@ def _box_mask(box: Tensor, image: tuple[int, int], resized: tuple[int, int]) -> 
     c1, r1 = max(c0 + 1, round(x1 * rw / w)), max(r0 + 1, round(y1 * rh / h))
     mask[r0:r1, c0:c1] = True
     return mask
-
-
-def _figures(maps: Tensor, masks: Tensor) -> dict[str, list[float]]:
-    centre = center_maps(*masks.shape)
-    hit, centre_hit = pointing_game(maps, masks, tolerance=0), pointing_game(centre, masks, tolerance=0)
-    return {
-        "localisation": (hit - centre_hit).tolist(),
-        "pointing": hit.tolist(),
-        "energy": energy_pointing_game(maps, masks).tolist(),
-        "centre_pointing": centre_hit.tolist(),
-        "centre_energy": energy_pointing_game(centre, masks).tolist(),
-    }
 
 
 def _tests(figures: dict[str, list[float]]) -> dict[str, Test]:
@@ -111,10 +98,10 @@ def trust_detections(
             for m in methods:
                 stack = ex.maps[(m, layer)].float()
                 stack = stack.expand(len(ex.boxes), *stack.shape[1:]) if stack.shape[0] == 1 else stack
-                for k, v in _figures(stack, masks).items():
+                for k, v in localised(stack, masks).items():
                     raw.setdefault((m, layer), {}).setdefault(k, []).extend(v)
         edges = F.interpolate(edge_maps(photo[None])[None], size=ex.resized, mode="bilinear")[0]
-        for k, v in _figures(edges.expand(len(ex.boxes), *ex.resized), masks).items():
+        for k, v in localised(edges.expand(len(ex.boxes), *ex.resized), masks).items():
             edges_raw.setdefault(k, []).extend(v)
     seen = sum(1 for ex in found if len(ex.boxes))
     said = f"it keeps no box with score >= {THRESHOLD} on {len(photos) - seen} of {len(photos)} photos"

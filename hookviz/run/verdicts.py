@@ -150,7 +150,7 @@ def auto_choice(
     key = trust_key(loaded)
     if trust is not None:
         return choose(trust_run_of(loaded, trust))
-    run = find_trust(key, [out]) if out is not None else None
+    run = find_trust(key, [out], note) if out is not None else None
     if run is not None:
         return choose(run)
     if out is None:
@@ -165,10 +165,14 @@ def trust_run_of(loaded: LoadedModel, folder: Path) -> TrustRun:
     """The trust run in ``folder`` (or its subfolders) of ``loaded``'s model and weights, the newest.
 
     Raises:
-        UsageError: none there is of this model and weights (the runs there are named).
+        UsageError: none there is of this model and weights (the runs there are named), or one there cannot
+            be read (a ``trust.json`` cut short: run trust again with ``--overwrite``).
     """
     key = trust_key(loaded)
-    run = find_trust(key, [folder])
+    unreadable: list[str] = []
+    run = find_trust(key, [folder], unreadable.append)
+    if run is None and unreadable:  # the run asked for may be the one cut short: say so, not "none"
+        raise UsageError(f"--trust {folder}: {unreadable[0].removeprefix('left out: ')}")
     if run is None:
         there = [f"{r.key.get('model')} (weights {r.key.get('weights')})" for r in trust_runs([folder])]
         found = f"holds trust runs of {', '.join(there)}" if there else f"holds no {TRUST_JSON}"

@@ -1,0 +1,62 @@
+"""``trust.json`` read back: one cut short is said to be unreadable, with the fix, never taken for absent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hookviz.errors import UsageError
+from hookviz.evaluation.trust_read import read_trust, trust_runs
+from hookviz.io.shapes import shapes_batch
+from tests.conftest import invoke, write_image
+
+
+def _written(folder: Path) -> Path:
+    """A whole trust.json as ``hookviz trust`` writes it (one candidate), then cut in half."""
+    test = {"name": "class", "value": 0.2, "ci": 0.05, "outcome": "pass", "rule": "r", "per_photo": [0.2]}
+    data = {
+        "model": "tests.conftest:TinyCNN", "photos": ["a", "b"], "seed": 0, "default": None,
+        "candidates": [{"method": "gradcam", "layer": "features", "verdict": "recommended", "reason": "r",
+                        "control": False, "tests": {"class": test}}],
+        "answer": "recommended: gradcam at features", "notes": [],
+        "key": {"model": "tests.conftest:TinyCNN", "weights": "none"},
+        "model_check": {"entropy": 0.1, "flips": 0.0, "same_class": False, "at_chance": False,
+                        "reason": "ok"},
+    }  # fmt: skip
+    folder.mkdir(parents=True)
+    whole = json.dumps(data, indent=1)
+    assert read_trust(_put(folder, whole)).report.answer == data["answer"]  # whole, it reads
+    return _put(folder, whole[: len(whole) // 2])
+
+
+def _put(folder: Path, text: str) -> Path:
+    (folder / "trust.json").write_text(text)
+    return folder
+
+
+def test_a_truncated_trust_json_is_said_to_be_unreadable_with_the_fix(tmp_path: Path) -> None:
+    folder = _written(tmp_path / "trust")
+    with pytest.raises(UsageError) as caught:
+        read_trust(folder)
+    said = str(caught.value)
+    assert "is unreadable, truncated or not JSON" in said and f"--out {folder} --overwrite" in said
+    assert "holds no" not in said and "\n" not in said
+    warned: list[str] = []
+    assert trust_runs([tmp_path], warned.append) == [] and "truncated" in warned[0]
+
+
+def test_gradcam_auto_given_a_truncated_run_says_so_rather_than_none(tmp_path: Path) -> None:
+    folder = _written(tmp_path / "trust")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    for i, image in enumerate(x):
+        write_image(photos / f"s{i}.png", (image.numpy().transpose(1, 2, 0) * 255).astype(np.uint8))
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48"]
+    r = invoke("gradcam", str(photos), *model, "--method", "auto", "--trust", str(folder), "--out",
+               str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "truncated" in r.stderr and "--overwrite" in r.stderr and "holds no trust.json" not in r.stderr
