@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from hookviz.io.images import encode_png  # noqa: E402
 from hookviz.vlm.families import family_of  # noqa: E402
-from hookviz.vlm.run import VlmSettings, run_vlm  # noqa: E402
+from hookviz.vlm.run import VlmSettings, vlm_run  # noqa: E402
 from hookviz.vlm.words import Vlm, encode, explain_words  # noqa: E402
 from tests.vlm_models import PROMPTS, WORDS, build  # noqa: E402
 
@@ -69,8 +69,8 @@ def photos_per_second(vlm: Vlm, rounds: int, n: int = 16) -> None:
         for r in range(rounds + 1):  # the first round warms up
             for size in times:
                 start = time.perf_counter()
-                failed = run_vlm(vlm, [str(folder)], settings, Path(tmp) / f"out{r}-{size}", batch_size=size)
-                assert failed == 0
+                run = vlm_run(vlm, folder, settings, out=Path(tmp) / f"out{r}-{size}", batch_size=size)
+                assert [rec["status"] for rec in run.records()] == ["ok"] * n
                 if r:
                     times[size].append(time.perf_counter() - start)
     one, batched = (n / statistics.median(times[s]) for s in (1, 8))

@@ -230,7 +230,16 @@ def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> 
             ["--prompt", PROMPTS["llava"], "--layer", "model.language_model.layers.1"],
             "reaches no answer token",
         ),
-        (["--prompt", PROMPTS["llava"], "--layer", "vision_tower.x"], "give a decoder layer's index"),
+        (
+            ["--prompt", PROMPTS["llava"], "--layer", "vision_tower.x"],
+            "--layer vision_tower.x: no decoder layer is named so (they are model.language_model.layers.0 to "
+            "model.language_model.layers.1); give a decoder layer's name or its index (0 to 1)",
+        ),
+        (
+            ["--prompt", PROMPTS["llava"], "--layer", "model.language_model.layer.0"],
+            "no decoder layer is named so; did you mean 'model.language_model.layers.0' or "
+            "'model.language_model.layers.1'?",
+        ),
     ]
     for extra, said in cases:
         r = invoke("vlm", str(photo), *model, *extra)
@@ -588,8 +597,8 @@ def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_ans
     r = invoke("vlm", str(photo), *model, *answer, "--tokens", "disc,zebra", "--out", str(tmp_path / "some"))
     assert r.exit_code == 0, r.stderr
     assert r.stderr.strip() == (
-        f"hookviz: {photo}: the answer 'a disc' has no word 'zebra' (its words: 'a', 'disc'); the others are "
-        "drawn"
+        f"hookviz: note: {photo}: the answer 'a disc' has no word 'zebra' (its words: 'a', 'disc'); the "
+        "others are drawn"
     )
     (rec,) = records(tmp_path / "some")
     assert rec["status"] == "ok" and [m["text"] for m in rec["maps"]] == ["disc"]
@@ -597,7 +606,8 @@ def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_ans
     assert r.exit_code == 1
     assert r.stderr.strip() == (  # the photo's name quoted, as the pipeline quotes it for every command
         f"hookviz: {str(photo)!r}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
-        "(its words: 'a', 'disc')"
+        "(its words: 'a', 'disc')\n"
+        f"hookviz: 1 of 1 input(s) failed; see {tmp_path / 'none' / 'manifest.jsonl'}"
     )
     (rec,) = records(tmp_path / "none")
     assert rec["status"] == "error" and rec["answer"] == "a disc" and rec["maps"] == []
@@ -662,6 +672,44 @@ def test_vlm_writes_the_table_and_the_store_and_a_rerun_with_skip_existing_compu
     assert [rec["outputs"] for rec in again] == [rec["outputs"] for rec in recs]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert len(pq.read_table(out / "records.parquet").to_pylist()) == 3 * 2 * 2  # skipped rows not repeated
+
+
+def test_overwrite_redoes_every_photo_and_a_rerun_without_it_keeps_them(
+    tmp_path: Path, forwards: list[str]
+) -> None:
+    """As for every job: a rerun keeps what exists (nothing computed); ``--overwrite`` computes every photo
+    again and replaces each file (a new file in its place, a spoiled map made right); with
+    ``--skip-existing`` it is refused in one line."""
+    folder = save("llava", tmp_path / "llava")
+    photos = _photos(tmp_path / "in", 2)
+    out = tmp_path / "out"
+    args = ["vlm", str(photos), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc",
+            "--method", "llavacam", "--save-raw", "--out", str(out)]  # fmt: skip
+    assert invoke(*args).exit_code == 0
+    first = records(out)
+    files = [Path(p) for rec in first for p in rec["outputs"]]
+    raw = {p: np.load(p) for p in files if p.suffix == ".npy"}
+    assert len(files) == 2 * (2 * 2 + 1) and len(raw) == 4
+    forwards.clear()
+    r = invoke(*args)
+    assert r.exit_code == 0 and forwards == [], r.stderr
+    assert [rec["status"] for rec in records(out)[2:]] == ["skipped"] * 2
+    spoiled = next(iter(raw))
+    np.save(spoiled, np.zeros_like(raw[spoiled]))
+    inodes = {p: p.stat().st_ino for p in files}
+    forwards.clear()
+    r = invoke(*args, "--overwrite")
+    assert r.exit_code == 0, r.stderr
+    assert any(name.startswith("LlavaForConditionalGeneration") for name in forwards)
+    again = records(out)[4:]
+    assert [rec["status"] for rec in again] == ["ok"] * 2
+    assert [rec["outputs"] for rec in again] == [rec["outputs"] for rec in first]
+    assert all(p.stat().st_ino != inodes[p] for p in files)  # each file written anew (a rename over it)
+    for p, before in raw.items():
+        np.testing.assert_allclose(np.load(p), before, rtol=1e-5, atol=1e-7)
+    assert np.abs(raw[spoiled]).max() > 0
+    r = invoke(*args, "--overwrite", "--skip-existing")
+    assert r.exit_code == 2 and "contradict each other" in r.stderr, r.stderr
 
 
 def test_photos_batched_give_the_answers_and_maps_of_one_photo_at_a_time(tmp_path: Path) -> None:
