@@ -712,6 +712,35 @@ def test_overwrite_redoes_every_photo_and_a_rerun_without_it_keeps_them(
     assert r.exit_code == 2 and "contradict each other" in r.stderr, r.stderr
 
 
+def test_vlm_run_from_python_writes_what_the_command_writes(tmp_path: Path) -> None:
+    """``vlm_run`` is the command's :class:`hookviz.run.Run`: the same records (key, answer, maps) and the
+    same raw maps, from Python with no code of its own for the output, the sinks or the manifest."""
+    from hookviz.vlm.run import VlmSettings, vlm_run
+
+    folder = save("llava", tmp_path / "llava")
+    photos = _photos(tmp_path / "in", 2)
+    args = ["--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc", "--method",
+            "llavacam,logitlens", "--save-raw", "--out", str(tmp_path / "cli")]  # fmt: skip
+    r = invoke("vlm", str(photos), *args)
+    assert r.exit_code == 0, r.stderr
+    settings = VlmSettings(prompt=PROMPTS["llava"], answer="a disc", methods=("llavacam", "logitlens"))
+    run = vlm_run(f"hf:{folder}", photos, settings, out=tmp_path / "py", maps="zarr", records="parquet")
+    got, mine = run.records(), records(tmp_path / "py")
+    assert [rec["prefix"] for rec in got] == [rec["prefix"] for rec in mine] and len(mine) == 2
+    rows = pytest.importorskip("pyarrow.parquet").read_table(tmp_path / "py" / "records.parquet").num_rows
+    assert (
+        rows == sum(len(rec["maps"]) for rec in mine) == 2 * 2 * 2
+        and (tmp_path / "py" / "maps.zarr").is_dir()
+    )
+    for ours, theirs in zip(mine, records(tmp_path / "cli"), strict=True):
+        # One key (--maps keeps the raw maps, as --save-raw): the same names, answer, probabilities and maps.
+        assert {k: v for k, v in ours.items() if k not in ("time", "outputs", "maps")} == {
+            k: v for k, v in theirs.items() if k not in ("time", "outputs", "maps")
+        }
+        for a, b in zip(ours["maps"], theirs["maps"], strict=True):
+            assert {**a, "max": 0} == {**b, "max": 0} and a["max"] == pytest.approx(b["max"], rel=1e-5)
+
+
 def test_photos_batched_give_the_answers_and_maps_of_one_photo_at_a_time(tmp_path: Path) -> None:
     """LLaVA's prompts have one length whatever the photo: a batch's answers come from one ``generate``;
     they, and every map, equal those made one photo at a time."""
