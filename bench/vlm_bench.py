@@ -9,8 +9,8 @@ tokens. Medians over interleaved rounds. Run with ``make bench`` or ``python ben
 
 The second table (issue #60): photos per second through the ``vlm`` job on the pipeline, the answers
 generated (8 tokens) and their logit-lens maps drawn, with ``--batch-size 8`` (one ``generate`` for the
-batch: LLaVA's prompts have one length) against ``--batch-size 1`` (one photo at a time), and the CPU seconds each
-takes (the work done, which a loaded machine's wall clock hides)."""
+batch: LLaVA's prompts have one length) against ``--batch-size 1`` (one photo at a time), and the CPU
+seconds each takes (the work done, which a loaded machine's wall clock hides)."""
 
 from __future__ import annotations
 
