@@ -458,6 +458,34 @@ def test_relevancy_equals_chefer_s_rule_by_hand_through_the_decoder_and_the_towe
             h.remove()
 
 
+def test_the_logit_lens_and_tam_read_the_final_states_of_the_one_pass_the_probabilities_came_from(
+    forwards: list[str],
+) -> None:
+    """One teacher-forced pass of the model a photo, whether the methods asked take gradients or not: the
+    logit lens and TAM read the final states it kept, and equal what a pass of their own reads."""
+    from hookviz.vlm.model import forced
+    from hookviz.vlm.tam import final_states
+
+    torch.manual_seed(0)
+    vlm = _vlm("llava")
+    photo = np.random.default_rng(5).integers(0, 256, (40, 52, 3), dtype=np.uint8)
+    made = {}
+    for methods in (("logitlens", "tam"), ("llavacam", "logitlens", "tam")):
+        forwards.clear()
+        made[methods] = explain_words(vlm, photo, PROMPTS["llava"], answer="a disc", methods=methods)
+        assert forwards.count("LlavaForConditionalGeneration") == 1, methods
+    plain, graded = made.values()
+    for m in ("logitlens", "tam"):
+        np.testing.assert_allclose(plain.maps[m], graded.maps[m], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(plain.answer.probs, graded.answer.probs, rtol=1e-5)
+    inputs = forced(encode(vlm, photo, PROMPTS["llava"]), plain.answer)
+    final = final_states(vlm.model, vlm.model.model.language_model, inputs)
+    with torch.no_grad():
+        lens = vlm.model.lm_head(final[0, plain.image]).float()[:, plain.answer.token_ids].T
+    np.testing.assert_allclose(plain.maps["logitlens"], lens.numpy(), rtol=1e-4, atol=1e-5)
+    assert np.ptp(plain.maps["logitlens"]) > 0
+
+
 def test_tam_s_rank_gaussian_filter_keeps_a_flat_map_and_quiets_a_lone_spike() -> None:
     from hookviz.vlm.tam import rank_gaussian
 
