@@ -595,7 +595,8 @@ def test_a_photo_the_model_cannot_take_is_its_own_error_record_and_the_others_go
     assert r.exit_code == 1, r.stderr
     assert r.stderr.strip().splitlines() == [
         f"hookviz: {photos[2]}: a photo of 1000x2 pixels: the processor cannot take it (absolute aspect "
-        "ratio must be smaller than 200, got 500.0)"
+        "ratio must be smaller than 200, got 500.0)",
+        f"hookviz: 1 of 4 input(s) failed; see {out / 'manifest.jsonl'}",  # as every command says it
     ]
     got = {Path(rec["input"]).name: rec for rec in records(out)}
     assert {k: v["status"] for k, v in got.items()} == {
