@@ -230,7 +230,16 @@ def test_bad_input_is_one_line_and_a_bad_photo_stops_nothing(tmp_path: Path) -> 
             ["--prompt", PROMPTS["llava"], "--layer", "model.language_model.layers.1"],
             "reaches no answer token",
         ),
-        (["--prompt", PROMPTS["llava"], "--layer", "vision_tower.x"], "give a decoder layer's index"),
+        (
+            ["--prompt", PROMPTS["llava"], "--layer", "vision_tower.x"],
+            "--layer vision_tower.x: no decoder layer is named so (they are model.language_model.layers.0 to "
+            "model.language_model.layers.1); give a decoder layer's name or its index (0 to 1)",
+        ),
+        (
+            ["--prompt", PROMPTS["llava"], "--layer", "model.language_model.layer.0"],
+            "no decoder layer is named so; did you mean 'model.language_model.layers.0' or "
+            "'model.language_model.layers.1'?",
+        ),
     ]
     for extra, said in cases:
         r = invoke("vlm", str(photo), *model, *extra)
@@ -449,6 +458,34 @@ def test_relevancy_equals_chefer_s_rule_by_hand_through_the_decoder_and_the_towe
             h.remove()
 
 
+def test_the_logit_lens_and_tam_read_the_final_states_of_the_one_pass_the_probabilities_came_from(
+    forwards: list[str],
+) -> None:
+    """One teacher-forced pass of the model a photo, whether the methods asked take gradients or not: the
+    logit lens and TAM read the final states it kept, and equal what a pass of their own reads."""
+    from hookviz.vlm.model import forced
+    from hookviz.vlm.tam import final_states
+
+    torch.manual_seed(0)
+    vlm = _vlm("llava")
+    photo = np.random.default_rng(5).integers(0, 256, (40, 52, 3), dtype=np.uint8)
+    made = {}
+    for methods in (("logitlens", "tam"), ("llavacam", "logitlens", "tam")):
+        forwards.clear()
+        made[methods] = explain_words(vlm, photo, PROMPTS["llava"], answer="a disc", methods=methods)
+        assert forwards.count("LlavaForConditionalGeneration") == 1, methods
+    plain, graded = made.values()
+    for m in ("logitlens", "tam"):
+        np.testing.assert_allclose(plain.maps[m], graded.maps[m], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(plain.answer.probs, graded.answer.probs, rtol=1e-5)
+    inputs = forced(encode(vlm, photo, PROMPTS["llava"]), plain.answer)
+    final = final_states(vlm.model, vlm.model.model.language_model, inputs)
+    with torch.no_grad():
+        lens = vlm.model.lm_head(final[0, plain.image]).float()[:, plain.answer.token_ids].T
+    np.testing.assert_allclose(plain.maps["logitlens"], lens.numpy(), rtol=1e-4, atol=1e-5)
+    assert np.ptp(plain.maps["logitlens"]) > 0
+
+
 def test_tam_s_rank_gaussian_filter_keeps_a_flat_map_and_quiets_a_lone_spike() -> None:
     from hookviz.vlm.tam import rank_gaussian
 
@@ -558,7 +595,8 @@ def test_a_photo_the_model_cannot_take_is_its_own_error_record_and_the_others_go
     assert r.exit_code == 1, r.stderr
     assert r.stderr.strip().splitlines() == [
         f"hookviz: {photos[2]}: a photo of 1000x2 pixels: the processor cannot take it (absolute aspect "
-        "ratio must be smaller than 200, got 500.0)"
+        "ratio must be smaller than 200, got 500.0)",
+        f"hookviz: 1 of 4 input(s) failed; see {out / 'manifest.jsonl'}",  # as every command says it
     ]
     got = {Path(rec["input"]).name: rec for rec in records(out)}
     assert {k: v["status"] for k, v in got.items()} == {
@@ -588,8 +626,8 @@ def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_ans
     r = invoke("vlm", str(photo), *model, *answer, "--tokens", "disc,zebra", "--out", str(tmp_path / "some"))
     assert r.exit_code == 0, r.stderr
     assert r.stderr.strip() == (
-        f"hookviz: {photo}: the answer 'a disc' has no word 'zebra' (its words: 'a', 'disc'); the others are "
-        "drawn"
+        f"hookviz: note: {photo}: the answer 'a disc' has no word 'zebra' (its words: 'a', 'disc'); the "
+        "others are drawn"
     )
     (rec,) = records(tmp_path / "some")
     assert rec["status"] == "ok" and [m["text"] for m in rec["maps"]] == ["disc"]
@@ -597,7 +635,8 @@ def test_a_prompt_with_two_image_tokens_an_empty_answer_and_words_not_in_the_ans
     assert r.exit_code == 1
     assert r.stderr.strip() == (  # the photo's name quoted, as the pipeline quotes it for every command
         f"hookviz: {str(photo)!r}: the answer 'a disc' has none of the words 'zebra', 'cat'; nothing drawn "
-        "(its words: 'a', 'disc')"
+        "(its words: 'a', 'disc')\n"
+        f"hookviz: 1 of 1 input(s) failed; see {tmp_path / 'none' / 'manifest.jsonl'}"
     )
     (rec,) = records(tmp_path / "none")
     assert rec["status"] == "error" and rec["answer"] == "a disc" and rec["maps"] == []
@@ -662,6 +701,73 @@ def test_vlm_writes_the_table_and_the_store_and_a_rerun_with_skip_existing_compu
     assert [rec["outputs"] for rec in again] == [rec["outputs"] for rec in recs]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert len(pq.read_table(out / "records.parquet").to_pylist()) == 3 * 2 * 2  # skipped rows not repeated
+
+
+def test_overwrite_redoes_every_photo_and_a_rerun_without_it_keeps_them(
+    tmp_path: Path, forwards: list[str]
+) -> None:
+    """As for every job: a rerun keeps what exists (nothing computed); ``--overwrite`` computes every photo
+    again and replaces each file (a new file in its place, a spoiled map made right); with
+    ``--skip-existing`` it is refused in one line."""
+    folder = save("llava", tmp_path / "llava")
+    photos = _photos(tmp_path / "in", 2)
+    out = tmp_path / "out"
+    args = ["vlm", str(photos), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc",
+            "--method", "llavacam", "--save-raw", "--out", str(out)]  # fmt: skip
+    assert invoke(*args).exit_code == 0
+    first = records(out)
+    files = [Path(p) for rec in first for p in rec["outputs"]]
+    raw = {p: np.load(p) for p in files if p.suffix == ".npy"}
+    assert len(files) == 2 * (2 * 2 + 1) and len(raw) == 4
+    forwards.clear()
+    r = invoke(*args)
+    assert r.exit_code == 0 and forwards == [], r.stderr
+    assert [rec["status"] for rec in records(out)[2:]] == ["skipped"] * 2
+    spoiled = next(iter(raw))
+    np.save(spoiled, np.zeros_like(raw[spoiled]))
+    inodes = {p: p.stat().st_ino for p in files}
+    forwards.clear()
+    r = invoke(*args, "--overwrite")
+    assert r.exit_code == 0, r.stderr
+    assert any(name.startswith("LlavaForConditionalGeneration") for name in forwards)
+    again = records(out)[4:]
+    assert [rec["status"] for rec in again] == ["ok"] * 2
+    assert [rec["outputs"] for rec in again] == [rec["outputs"] for rec in first]
+    assert all(p.stat().st_ino != inodes[p] for p in files)  # each file written anew (a rename over it)
+    for p, before in raw.items():
+        np.testing.assert_allclose(np.load(p), before, rtol=1e-5, atol=1e-7)
+    assert np.abs(raw[spoiled]).max() > 0
+    r = invoke(*args, "--overwrite", "--skip-existing")
+    assert r.exit_code == 2 and "contradict each other" in r.stderr, r.stderr
+
+
+def test_vlm_run_from_python_writes_what_the_command_writes(tmp_path: Path) -> None:
+    """``vlm_run`` is the command's :class:`hookviz.run.Run`: the same records (key, answer, maps) and the
+    same raw maps, from Python with no code of its own for the output, the sinks or the manifest."""
+    from hookviz.vlm.run import VlmSettings, vlm_run
+
+    folder = save("llava", tmp_path / "llava")
+    photos = _photos(tmp_path / "in", 2)
+    args = ["--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc", "--method",
+            "llavacam,logitlens", "--save-raw", "--out", str(tmp_path / "cli")]  # fmt: skip
+    r = invoke("vlm", str(photos), *args)
+    assert r.exit_code == 0, r.stderr
+    settings = VlmSettings(prompt=PROMPTS["llava"], answer="a disc", methods=("llavacam", "logitlens"))
+    run = vlm_run(f"hf:{folder}", photos, settings, out=tmp_path / "py", maps="zarr", records="parquet")
+    got, mine = run.records(), records(tmp_path / "py")
+    assert [rec["prefix"] for rec in got] == [rec["prefix"] for rec in mine] and len(mine) == 2
+    rows = pytest.importorskip("pyarrow.parquet").read_table(tmp_path / "py" / "records.parquet").num_rows
+    assert (
+        rows == sum(len(rec["maps"]) for rec in mine) == 2 * 2 * 2
+        and (tmp_path / "py" / "maps.zarr").is_dir()
+    )
+    for ours, theirs in zip(mine, records(tmp_path / "cli"), strict=True):
+        # One key (--maps keeps the raw maps, as --save-raw): the same names, answer, probabilities and maps.
+        assert {k: v for k, v in ours.items() if k not in ("time", "outputs", "maps")} == {
+            k: v for k, v in theirs.items() if k not in ("time", "outputs", "maps")
+        }
+        for a, b in zip(ours["maps"], theirs["maps"], strict=True):
+            assert {**a, "max": 0} == {**b, "max": 0} and a["max"] == pytest.approx(b["max"], rel=1e-5)
 
 
 def test_photos_batched_give_the_answers_and_maps_of_one_photo_at_a_time(tmp_path: Path) -> None:

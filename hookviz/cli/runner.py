@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # names for annotations only: importing them here would load 
     from hookviz.run.events import Event
     from hookviz.run.runner import Run
 
+#: How a command says one record on a line (default: :meth:`hookviz.run.events.Record.line`).
+Line = Callable[[dict[str, Any]], str]
+
 #: The run options :class:`hookviz.run.Run` takes as they are.
 RUN_SETTINGS = ("out", "records", "maps", "overwrite", "skip_existing", "report", "batch_size", "workers",
                 "max_pixels", "max_memory", "null", "inputs_table", "inputs_column")  # fmt: skip
@@ -99,8 +102,9 @@ def warn(text: str) -> None:
     typer.echo(f"hookviz: warning: {text}", err=True)
 
 
-def _said(event: Event, reporter: Reporter, r: RunOptions, announce: Any) -> int | None:
-    """``event`` printed (``announce(job)`` once the job is built); the exit code, at the end."""
+def _said(event: Event, reporter: Reporter, r: RunOptions, announce: Any, line: Line | None) -> int | None:
+    """``event`` printed (``announce(job)`` once the job is built; a record as ``line`` says it, default its
+    :meth:`~hookviz.run.events.Record.line`); the exit code, at the end."""
     from hookviz.run import events  # loads torch: only once a command runs
 
     if isinstance(event, events.Note) and (event.loud or not reporter.quiet):
@@ -111,7 +115,8 @@ def _said(event: Event, reporter: Reporter, r: RunOptions, announce: Any) -> int
         reporter.count_from = event.done
         reporter.start(event.total)
     elif isinstance(event, events.Record):
-        reporter.add(event.record, event.line() if not (reporter.quiet or reporter.as_json) else "")
+        said = "" if reporter.quiet or reporter.as_json else line(event.record) if line else event.line()
+        reporter.add(event.record, said)
     elif isinstance(event, events.Written):
         reporter.close()
         if event.merged is not None and r.as_json:  # under torchrun: the merged records, once
@@ -121,10 +126,11 @@ def _said(event: Event, reporter: Reporter, r: RunOptions, announce: Any) -> int
     return event.code if isinstance(event, events.Finished) else None
 
 
-def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, announce: Any) -> tuple[Run, int]:
-    """The run of ``factory``'s job over ``r.inputs`` (or a torchrun rank's shard), said; its exit code."""
-    from hookviz.run.runner import Run
-
+def run_said(
+    make: Callable[[bool, Reporter], Run], r: RunOptions, announce: Any = None, line: Line | None = None
+) -> tuple[Run, int]:
+    """The run ``make(quiet, reporter)`` builds over ``r.inputs`` (or a torchrun rank's shard), said; its exit
+    code."""
     dist = distributed.from_env()
     if dist is not None and "-" in r.inputs:  # said once, by rank 0; every rank stops with the same code
         if dist.rank != 0:
@@ -135,16 +141,26 @@ def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, announce: Any) -> 
     quiet = r.quiet or (dist is not None and (dist.rank != 0 or r.as_json))
     with stdout_reserved() as stdout:
         reporter = Reporter(stdout, quiet, r.as_json and dist is None, r.lines)
-        run = Run(lambda device: load_warm(dataclasses.replace(m, device=device), quiet), r.inputs, factory,
-                  pictures=not r.no_pictures, command=RUNNING.get(), device=m.device, progress=reporter.inner,
-                  **{name: getattr(r, name) for name in RUN_SETTINGS})  # fmt: skip
+        run = make(quiet, reporter)
         code = 0
         try:
             for event in run:
-                code = _said(event, reporter, r, announce) or code
+                code = _said(event, reporter, r, announce, line) or code
         finally:
             reporter.close()
     return run, code
+
+
+def _run(factory: JobFactory, m: ModelOptions, r: RunOptions, announce: Any) -> tuple[Run, int]:
+    """The run of ``factory``'s job over ``r.inputs`` (or a torchrun rank's shard), said; its exit code."""
+    from hookviz.run.runner import Run
+
+    def make(quiet: bool, reporter: Reporter) -> Run:
+        return Run(lambda device: load_warm(dataclasses.replace(m, device=device), quiet), r.inputs, factory,
+                   pictures=not r.no_pictures, command=RUNNING.get(), device=m.device,
+                   progress=reporter.inner, **{name: getattr(r, name) for name in RUN_SETTINGS})  # fmt: skip
+
+    return run_said(make, r, announce)
 
 
 def run_command(

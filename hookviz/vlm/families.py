@@ -110,15 +110,21 @@ class Family:
         return model.model.language_model
 
 
-class Llava(Family):
-    """LLaVA 1.5 (a CLIP tower, a shortest-side resize and centre crop, one token per patch)."""
+class PatchTower(Family):
+    """A family whose vision tower makes one image token per patch (relevancy is carried on through it) and
+    whose prompts have one length whatever the photo (a batch's answers come from one ``generate``)."""
 
-    name = "llava"
-    model_types = ("llava",)
     batches = True
 
     def tower(self, model: HF) -> HF | None:
         return model.model.vision_tower
+
+
+class Llava(PatchTower):
+    """LLaVA 1.5 (a CLIP tower, a shortest-side resize and centre crop, one token per patch)."""
+
+    name = "llava"
+    model_types = ("llava",)
 
     def grid(self, model: HF, encoded: dict[str, Any]) -> tuple[int, int]:
         if getattr(model.config, "vision_feature_select_strategy", "default") == "full":
@@ -126,15 +132,11 @@ class Llava(Family):
         return super().grid(model, encoded)
 
 
-class PaliGemma(Family):
+class PaliGemma(PatchTower):
     """PaliGemma (a SigLIP tower, a squash to a square, one token per patch)."""
 
     name = "paligemma"
     model_types = ("paligemma",)
-    batches = True
-
-    def tower(self, model: HF) -> HF | None:
-        return model.model.vision_tower
 
 
 class Qwen2VL(Family):

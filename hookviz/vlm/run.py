@@ -1,31 +1,29 @@
-"""``hookviz vlm`` on the pipeline's rails: :class:`VlmJob` is a job like ``gradcam``'s (photos read and
-processed while the model works, answers generated together where the family allows, maps drawn and written
-while the next batch computes, the manifest, ``--skip-existing``/``--overwrite``, the Parquet table and the
-Zarr store), and :func:`run_vlm` runs it from Python."""
+"""``hookviz vlm`` on the rails every job runs on: :class:`VlmJob` is a job of the pipeline like ``gradcam``'s
+(photos read and processed while the model works, answers generated together where the family allows, maps
+drawn and written while the next batch computes), and :func:`vlm_run` is its :class:`hookviz.run.Run` (the
+manifest, ``--skip-existing``/``--overwrite``, the Parquet table and the Zarr store, torchrun's shards and
+merge, the report), for the command line and Python alike."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hookviz.errors import InputError, UsageError
-from hookviz.io import timing
-from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, load_rgb
-from hookviz.io.inputs import Item, expand_inputs
-from hookviz.io.outputs import MANIFEST, Output
-from hookviz.io.sinks import data_sinks
+from hookviz.io.images import Box
+from hookviz.io.outputs import MANIFEST, MapStore, Output, read_results
+from hookviz.jobs.build import RunContext
 from hookviz.jobs.common import BaseJob
 from hookviz.methods.registry import token_method
-from hookviz.run import distributed, pipeline
-from hookviz.run.distributed import Dist
+from hookviz.models.loaded import LoadedModel
+from hookviz.run.runner import Inputs, Run
 from hookviz.vlm.faithful import word_faithfulness
-from hookviz.vlm.families import Placement
-from hookviz.vlm.model import empty_answer, encode, generate, given_ids, prompt_text
+from hookviz.vlm.inputs import Photo, PromptInputs, prompted
+from hookviz.vlm.model import empty_answer, generate, given_ids, prompt_text
 from hookviz.vlm.pictures import chosen_tokens, render_words
 from hookviz.vlm.words import (
     DEFAULT_METHODS,
@@ -64,16 +62,6 @@ class VlmSettings:
             raise UsageError(empty_answer(self.answer))
 
 
-@dataclass
-class Photo:
-    """One photo as the reader leaves it for the model: its pixels, the processor's inputs, and where its
-    image tokens lie on it."""
-
-    rgb: np.ndarray
-    encoded: dict[str, Any]
-    placement: Placement
-
-
 #: What the model made of one photo of a batch: its maps, the answer tokens to draw and (``--metrics``) each
 #: map's faithfulness by method and token, measured with the model (not in the drawing threads); or why it
 #: failed (that photo's own error).
@@ -81,26 +69,34 @@ Made = tuple[WordMaps, list[int], dict[tuple[str, int], dict[str, Any]]] | Input
 
 
 class VlmJob(BaseJob):
-    """The ``vlm`` job (the pipeline's :class:`~hookviz.jobs.common.Job`): ``read`` processes a photo in the
-    reading threads, ``compute`` explains the photos of a batch (their answers generated in one ``generate``
-    where the family's prompts have one length), ``render`` draws one photo's maps.
+    """The ``vlm`` job (the pipeline's :class:`~hookviz.jobs.common.Job`) of a model :func:`prompted` loaded
+    (its input kind processes each photo in the reading threads): ``compute`` explains the photos of a batch
+    (their answers generated in one ``generate`` where the family's prompts have one length), ``render``
+    draws one photo's maps.
 
     Raises:
         UsageError: a prompt, answer, layer or method that no photo could take (before any work).
     """
 
     kind = "vlm"
-    loaded: Any = None
 
-    def __init__(self, vlm: Vlm, settings: VlmSettings, output: Output) -> None:
+    def __init__(self, loaded: LoadedModel, settings: VlmSettings, earlier: Output | Path) -> None:
         super().__init__()
+        inputs = loaded.inputs
+        if not isinstance(inputs, PromptInputs) or inputs.prompt != settings.prompt:
+            raise UsageError(f"{loaded.name}: load it with hookviz.vlm.inputs.prompted(vlm, prompt) and the "
+                             "settings' prompt")  # fmt: skip
+        vlm = inputs.vlm
         layer = decoder_index(vlm, settings.layer)
         chosen_layer(vlm, layer, settings.methods)
         prompt_text(vlm, settings.prompt)
         if settings.answer is not None:
             given_ids(vlm, settings.answer)
-        self.vlm, self.asked, self.output = vlm, dataclasses.replace(settings, layer=layer), output
+        self.loaded, self.vlm, self.asked = loaded, vlm, dataclasses.replace(settings, layer=layer)
         self.layer = layer
+        #: Where the records of earlier runs are: the output, or its folder (read when first asked).
+        self._earlier = earlier
+        self._previous: Mapping[str, dict[str, Any]] | None = None
         self._batch: list[Photo] = []
         #: Batches this job computed (a rerun that finds every photo done computes none).
         self.batches = 0
@@ -111,25 +107,19 @@ class VlmJob(BaseJob):
     def planned(self, stem: str) -> list[str]:
         """The files of this input an earlier run recorded (their names hold its answer's words: each map's
         picture and raw map, then the sheet), else the words sheet every answer gets."""
-        earlier = self.output.previous.get(stem) or {}
+        earlier = self._earlier_records().get(stem) or {}
         files = [str(m["file"]) for m in earlier.get("maps") or [] if m.get("file")]
         raw = self.asked.save_raw
         named = [n for f in files for n in ([f, f"{f[: -len('.png')]}.npy"] if raw else [f])]
         return [*named, f"{stem}.vlm.words.png"]
 
-    def read(self, item: Item, preprocess: Any, max_pixels: int) -> tuple[Photo, np.ndarray, Box]:
-        """One photo read and processed (in a reading thread); every photo is one batch's."""
-        with timing.stage("decode"):
-            rgb = load_rgb(item.source(), max_pixels=max_pixels)
-        try:
-            with timing.stage("preprocess"):
-                encoded = encode(self.vlm, rgb, self.asked.prompt)
-                placement = self.vlm.family.placement(
-                    self.vlm.model, self.vlm.processor, encoded, rgb.shape[:2]
-                )
-        except InputError as exc:
-            raise InputError(f"{item.name}: {exc}") from None
-        return Photo(rgb, encoded, placement), np.zeros(1, np.uint8), placement.box()
+    def _earlier_records(self) -> Mapping[str, dict[str, Any]]:
+        """The latest result per output prefix in the folder's manifest, as the output read it."""
+        if isinstance(self._earlier, Output):
+            return self._earlier.previous
+        if self._previous is None:
+            self._previous = read_results(self._earlier / MANIFEST)
+        return self._previous
 
     def annotate(self, batch: Sequence[tuple[Any, Any, Box]], size: tuple[int, int]) -> None:
         self._batch = [photo for _, photo, _ in batch]
@@ -193,73 +183,39 @@ class VlmJob(BaseJob):
         return files, record
 
 
-def vlm_records(
-    vlm: Vlm,
-    items: Iterable[Item],
+def vlm_job(settings: VlmSettings, out: Output | Path, loaded: LoadedModel, context: RunContext) -> VlmJob:
+    """The job factory :class:`hookviz.run.Run` takes: ``partial(vlm_job, settings, out)``."""
+    return VlmJob(loaded, settings, out)
+
+
+def vlm_run(
+    model: str | Vlm,
+    inputs: Inputs,
     settings: VlmSettings,
-    output: Output,
     *,
-    batch_size: int = 8,
-    workers: int = 2,
-    skip_existing: bool = False,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    job: VlmJob | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Each photo of ``items`` explained into ``output`` by the pipeline; one record each, as it comes.
-
-    Raises:
-        UsageError: a prompt, answer, layer or method no photo could take. SetupError: ``output``.
-    """
-    job = job or VlmJob(vlm, settings, output)
-    base = {"command": job.kind, "model": vlm.name}
-    return pipeline.run(items, job, preprocess=None, output=output, device=vlm.device, base=base,  # type: ignore[arg-type]
-                        batch_size=batch_size, workers=workers, skip_existing=skip_existing,
-                        max_pixels=max_pixels, read=job.read)  # fmt: skip
-
-
-def run_vlm(
-    spec: str | Vlm,
-    inputs: Sequence[str],
-    settings: VlmSettings,
-    out: Path,
-    *,
+    out: str | Path = "out",
+    maps: str | MapStore | None = None,
     device: str = "auto",
-    overwrite: bool = False,
-    skip_existing: bool = False,
-    batch_size: int = 8,
-    workers: int = 2,
-    records: str | None = None,
-    maps: str | None = None,
-    dist: Dist | None = None,
-    say: Callable[[dict[str, Any]], None] = lambda record: None,
-) -> int:
-    """Every photo of ``inputs`` explained into ``out``; the number that failed. ``records``: the records also
-    into a Parquet table (``parquet``: under ``out``); ``maps``: the raw maps into a Zarr store (``zarr``).
-    ``dist``: this torchrun rank's share (its shard of the photos, its manifest part; the caller merges).
+    **given: Any,
+) -> Run:
+    """The :class:`hookviz.run.Run` of ``hookviz vlm`` over ``inputs`` (iterate it for its events, or call
+    ``records()``): ``model`` a :class:`Vlm` or what ``--model`` takes (``hf:DIR``, a hub id; loaded on the
+    run's device, under torchrun each rank's); ``maps`` as ``--maps`` (the raw maps are then kept);
+    ``given``: :class:`~hookviz.run.Run`'s other settings (``records="parquet"``, ``skip_existing``,
+    ``overwrite``, ``batch_size``, ``report``, ...).
 
     Raises:
-        UsageError: a bad model, prompt, answer or setting (nothing was written). SetupError: ``out``.
+        UsageError: a bad model, prompt, answer or setting, once iterated (nothing was written).
+
+    Examples:
+        >>> vlm_run("hf:llava", "photos/", VlmSettings(prompt="What is this?"), records="parquet").records()
     """
-    vlm = spec if isinstance(spec, Vlm) else load_vlm(spec, device)
     if maps is not None:
         settings = dataclasses.replace(settings, save_raw=True)
-    output = Output(Path(out), overwrite=overwrite, manifest=dist.part_name if dist is not None else MANIFEST)
-    job = VlmJob(vlm, settings, output)
-    photos = distributed.shard(expand_inputs(list(inputs), exclude=Path(out)), dist)
-    if (dist is None or dist.rank == 0) and Path(out).is_dir():  # parts a killed torchrun job left
-        distributed.merge_parts(Path(out), MANIFEST, only_dead=True)
-    output.maps, table = data_sinks(Path(out), maps, records, dist.rank if dist is not None else 0)
-    output.prepare()
-    failed = 0
-    try:
-        for record in vlm_records(vlm, photos, settings, output, batch_size=batch_size, workers=workers,
-                                  skip_existing=skip_existing, job=job):  # fmt: skip
-            failed += record["status"] == "error"
-            if table is not None:
-                table.add(record)
-            say(record)
-    finally:
-        output.close()
-        if table is not None:
-            table.close()
-    return failed
+
+    def load(on: str) -> LoadedModel:
+        vlm = model if isinstance(model, Vlm) else load_vlm(model, on)
+        return prompted(vlm, settings.prompt, weights=model if isinstance(model, str) else None)
+
+    factory = partial(vlm_job, settings, Path(out))
+    return Run(load, inputs, factory, out=out, maps=maps, device=device, **given)

@@ -15,6 +15,7 @@ The map and the text activations are scaled together to [0, 1] before the filter
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,35 +48,41 @@ def rank_gaussian(grid: np.ndarray, size: int = 3) -> np.ndarray:
     return out
 
 
+def keep_final(kept: dict[str, Tensor]) -> Callable[[nn.Module, Any, Any], None]:
+    """A forward hook for the language model that keeps its final (normalised) states, detached, in
+    ``kept["final"]`` (any pass over the teacher-forced sequence may keep them for the logit lens and TAM)."""
+
+    def final(module: nn.Module, args: Any, output: Any) -> None:
+        states = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+        kept["final"] = states.detach()
+
+    return final
+
+
 def final_states(model: HF, lm: HF, forced: dict[str, Any]) -> Tensor:
     """The decoder's final (normalised) states ``(1, L, D)`` over the teacher-forced sequence, from one pass
     without gradients (what the output head reads: the logit lens, TAM)."""
     kept: dict[str, Tensor] = {}
-
-    def final(module: nn.Module, args: Any, output: Any) -> None:
-        kept["h"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-
     with HookGroup() as hooks, torch.no_grad():
-        hooks.add(lm.register_forward_hook(final))
+        hooks.add(lm.register_forward_hook(keep_final(kept)))
         model(**forced)
-    return kept["h"]
+    return kept["final"]
 
 
 def token_activation_maps(
     model: HF,
-    lm: HF,
-    forced: dict[str, Any],
+    final: Tensor,
     found: Any,
     image: Tensor,
     per_view: Any,
     special: set[int],
     texts: list[str],
 ) -> np.ndarray:
-    """Each answer token's TAM at the image tokens ``(T, N)`` (see the module's docstring); ``per_view``: a
+    """Each answer token's TAM at the image tokens ``(T, N)`` (see the module's docstring) from the decoder's
+    final states over the teacher-forced sequence (``final``: :func:`final_states`); ``per_view``: a
     flat map with a change made to each view's grid (:meth:`hookviz.vlm.families.Placement.per_view`);
     ``special``: token ids that are not words (left out of the context); ``texts``: each position's token
     text (a word is not its own interference)."""
-    final = final_states(model, lm, forced)
     ids = found.ids[0]
     is_image = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
     is_image[image] = True

@@ -46,11 +46,11 @@ from torch import Tensor, nn
 
 from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import HookGroup
-from hookviz.errors import UsageError
+from hookviz.errors import UsageError, close_matches
 from hookviz.methods.registry import TOKEN_METHODS, register_token_method, token_method
 from hookviz.vlm.families import HF, Placement
 from hookviz.vlm.model import Answer, Vlm, answer_of, eager, empty_answer, encode, forced, load_vlm
-from hookviz.vlm.tam import final_states, token_activation_maps
+from hookviz.vlm.tam import final_states, keep_final, token_activation_maps
 
 __all__ = [
     "DEFAULT_METHODS", "METHODS", "TITLES", "Answer", "TokenPass", "Vlm", "WordMaps", "decoder_index",
@@ -89,6 +89,7 @@ class TokenPass:
     placement: Placement
     methods: tuple[str, ...]
     _kept: dict[str, tuple[Tensor, Tensor]] | None = field(default=None, repr=False)
+    _final: Tensor | None = field(default=None, repr=False)
 
     @property
     def model(self) -> HF:
@@ -107,6 +108,14 @@ class TokenPass:
             sources = [s for s, need in _SOURCES.items() if need in wanted]
             self._kept = _gradients(self, sources)
         return self._kept[source]
+
+    def final(self) -> Tensor:
+        """The decoder's final (normalised) states ``(1, L, D)`` over the teacher-forced sequence: kept from
+        the pass that gave the answer's probabilities (the shared gradient pass, or a pass without
+        gradients), so the logit lens and TAM run no pass of their own."""
+        if self._final is None:
+            self._final = final_states(self.model, self.lm, self.forced)
+        return self._final
 
 
 #: Where the shared gradient pass reads, by the need that asks for it (in the order its gradients are taken).
@@ -129,11 +138,11 @@ def decoder_index(vlm: Vlm, given: str | int | None) -> int | None:
     found = sorted({names[n] for n in names if fnmatch.fnmatchcase(n, text)})
     if len(found) == 1:
         return found[0]
-    example = next(iter(names), "model.language_model.layers.0")
     if not found:
+        listed = sorted(names, key=names.__getitem__)
         raise UsageError(
-            f"--layer {given}: no decoder layer is named so; give a decoder layer's index (10) or name "
-            f"({example})"
+            f"--layer {given}: no decoder layer is named so{close_matches(text, listed)} (they are "
+            f"{listed[0]} to {listed[-1]}); give a decoder layer's name or its index (0 to {len(listed) - 1})"
         )
     raise UsageError(
         f"--layer {given} names {len(found)} decoder layers ({found[0]} to {found[-1]}); give one"
@@ -192,9 +201,12 @@ def explain_words(
     p = TokenPass(vlm, inputs, found, image[:count], chosen, layer, placement, methods)  # the first photo's
     if any(token_method(m).needs & set(_SOURCES.values()) for m in methods):
         p.gradients("layer" if "layer" in _needed(methods) else "embeddings")  # fills the probabilities
-    else:
-        with torch.no_grad():
+    else:  # one pass without gradients: the probabilities, and the final states the logit lens reads
+        kept: dict[str, Tensor] = {}
+        with HookGroup() as hooks, torch.no_grad():
+            hooks.add(p.lm.register_forward_hook(keep_final(kept)))
             _scores(found, vlm.model(**inputs).logits)
+        p._final = kept["final"]
     maps = {m: np.asarray(token_method(m).compute(p)) for m in TOKEN_METHODS if m in methods}
     ordered = {m: maps[m].reshape(len(found.tokens), count) for m in methods}
     return WordMaps(found, placement, ordered, chosen, prompt, inputs, p.image)
@@ -219,6 +231,7 @@ def _gradients(p: TokenPass, sources: list[str]) -> dict[str, tuple[Tensor, Tens
     """The activations at ``sources`` and every answer token's gradient there: one forward, the backward
     passes batched (see :meth:`TokenPass.gradients`)."""
     kept: dict[str, Tensor] = {}
+    final: dict[str, Tensor] = {}
 
     def embeds(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         x = kwargs.get("inputs_embeds")
@@ -234,8 +247,10 @@ def _gradients(p: TokenPass, sources: list[str]) -> dict[str, tuple[Tensor, Tens
     with HookGroup() as hooks:
         hooks.add(p.lm.register_forward_pre_hook(embeds, with_kwargs=True))
         hooks.add(p.lm.layers[p.chosen].register_forward_hook(hidden))
+        hooks.add(p.lm.register_forward_hook(keep_final(final)))
         with torch.enable_grad():
             logits = p.model(**p.forced).logits
+    p._final = final.get("final")
     if "embeddings" not in kept:
         raise UsageError(
             "the language model was not handed the image tokens as embeddings; hookviz cannot hook it"
@@ -286,7 +301,7 @@ def tower_cam(p: TokenPass) -> np.ndarray:
 @register_token_method("logitlens", title="the word read at the image tokens", needs={"final_states"},
                        cost="a forward pass without gradients")  # fmt: skip
 def logit_lens(p: TokenPass) -> np.ndarray:
-    return _logit_lens(p.model, p.lm, p.forced, p.found, p.image)
+    return _logit_lens(p.model, p.final(), p.found, p.image)
 
 
 @register_token_method("tam", title="TAM (token activation map)", needs={"final_states", "layout"},
@@ -296,9 +311,7 @@ def tam(p: TokenPass) -> np.ndarray:
     tokenizer = p.vlm.processor.tokenizer
     texts = [tokenizer.decode([int(i)]) for i in p.found.ids[0]]
     special = set(tokenizer.all_special_ids) | {p.vlm.family.image_token(p.model)}
-    return token_activation_maps(
-        p.model, p.lm, p.forced, p.found, p.image, p.placement.per_view, special, texts
-    )
+    return token_activation_maps(p.model, p.final(), p.found, p.image, p.placement.per_view, special, texts)
 
 
 @register_token_method("relevancy", title="relevancy (gradient-weighted attention, rolled out)",
@@ -384,10 +397,9 @@ def _relevancy(vlm: Vlm, inputs: dict[str, Any], found: Answer, image: Tensor) -
     return np.stack(out)
 
 
-def _logit_lens(model: HF, lm: HF, forced: dict[str, Any], found: Answer, image: Tensor) -> np.ndarray:
+def _logit_lens(model: HF, final: Tensor, found: Answer, image: Tensor) -> np.ndarray:
     """Each answer token's logit read at every image token ``(T, N)``: the decoder's final (normalised) state
-    there through the output head."""
-    final = final_states(model, lm, forced)
+    there (``final``: over the teacher-forced sequence) through the output head."""
     with torch.no_grad():
         logits = model.get_output_embeddings()(final[0, image]).float()  # (N, vocabulary)
     return to_numpy(logits[:, torch.tensor(found.token_ids, device=logits.device)].T)
