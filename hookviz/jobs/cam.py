@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -18,7 +18,8 @@ from hookviz.core.memory import Estimate
 from hookviz.core.readout import scorer
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
 from hookviz.core.targets import Labelled, Positive, Target, Top, said
-from hookviz.engine.explain import Targets, explain
+from hookviz.engine.explain import explain
+from hookviz.engine.forward import Targets
 from hookviz.errors import UsageError
 from hookviz.evaluation import faithfulness
 from hookviz.io.images import Box, encode_png
@@ -26,6 +27,7 @@ from hookviz.jobs.cam_records import CamRecords
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
+    CamParams,
     check_finite,
     full_map,
     npy_bytes,
@@ -33,7 +35,7 @@ from hookviz.jobs.common import (
     weights_note,
 )
 from hookviz.jobs.settings import CamSettings
-from hookviz.methods import REGISTRY, MethodOptions, cams, get
+from hookviz.methods import REGISTRY, cams, get
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
@@ -67,7 +69,7 @@ class CamBatch:
 
 
 @dataclass(kw_only=True)
-class CamJob(CamRecords, BaseJob):
+class CamJob(CamRecords, CamParams, BaseJob):
     """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
 
     ``params`` are ``gradcam``'s settings, held whole, with the builder's decisions in them (the layers
@@ -85,21 +87,6 @@ class CamJob(CamRecords, BaseJob):
     auto_layer: dict[str, Any] | None = None
     #: A segmenter's job: a class's score sums its pixels (``params.region``), and the settings say which.
     dense: bool = False
-
-    @property
-    def layers(self) -> tuple[str, ...]:
-        """The layers explained (module names, or taps such as ``avgpool:input``)."""
-        return self.params.layers
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        """The methods, parsed (``all`` and families expanded)."""
-        return self.params.methods
-
-    @property
-    def options(self) -> MethodOptions:
-        """The settings of the methods that take any (``--seed``, ``--samples``, ``--steps``, ...)."""
-        return self.params.options
 
     def _check_assumptions(self, ex: Any) -> None:
 
@@ -197,24 +184,29 @@ class CamJob(CamRecords, BaseJob):
     def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
         return f"{stem}.{method}.{slug(layer)}{suffix}"
 
-    #: What each map is written as (a video's: an overlay video).
-    picture = ".png"
+    #: What each map is written as (a video's: an overlay video; a volume's: four pictures).
+    pictures: ClassVar[tuple[str, ...]] = (".png",)
 
     def _sheet_name(self, stem: str) -> str | None:
         return f"{stem}.sheet.png" if self._want_sheet() else None
 
     def planned(self, stem: str) -> list[str]:
+        names = self._planned_maps(stem)
+        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.params.channel_terms]
+        sheet = self._sheet_name(stem)
+        return [*names, sheet] if sheet else names
+
+    def _planned_maps(self, stem: str) -> list[str]:
+        """Every map's files: its ``pictures``, and with ``--save-raw`` its arrays."""
         names = []
         for m in self.methods:
             for layer in self._layer_names():
                 for suffix in self._target_suffixes():
                     base = self._name(stem, m, layer, suffix)
-                    names.append(f"{base}{self.picture}")
+                    names += [f"{base}{kind}" for kind in self.pictures]
                     if self.params.save_raw:
                         names += [f"{base}.npy", f"{base}.full.npy"]
-        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.params.channel_terms]
-        sheet = self._sheet_name(stem)
-        return [*names, sheet] if sheet else names
+        return names
 
     # -- compute --------------------------------------------------------------------------
     def memory(self, shape: tuple[int, ...]) -> Estimate:
@@ -365,14 +357,7 @@ class CamJob(CamRecords, BaseJob):
         record."""
         lm, ex = self.loaded, result.explanation
         scale = result.scales[(method, layer)]
-        picture = render.overlay(
-            rgb,
-            self._unit(cam, scale, method),
-            box,
-            alpha=self.params.alpha,
-            colormap=self.params.colormap,
-            scaled=True,
-        )
+        picture = self._overlay(rgb, self._unit(cam, scale, method), box)
         tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         region = None

@@ -22,13 +22,15 @@ from hookviz.jobs.build import BuiltJob, chosen_layers, default_layer, expensive
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
+    CamParams,
     finite_stat,
     full_map,
     npy_bytes,
+    scored_class,
     weights_note,
 )
 from hookviz.jobs.settings import CamSettings
-from hookviz.methods import REGISTRY, MethodOptions, cams
+from hookviz.methods import REGISTRY, cams
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
@@ -43,7 +45,7 @@ def _per_photo(method: str) -> bool:
 
 
 @dataclass(kw_only=True)
-class DetectionJob(BaseJob):
+class DetectionJob(CamParams, BaseJob):
     """For each photo: one overlay per detected box (gradient methods) or per photo (Eigen-CAM), the box
     drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written
     last, so its presence means the photo is complete).
@@ -61,21 +63,6 @@ class DetectionJob(BaseJob):
     kind: str = "gradcam"
     #: The fused map (``params.fuse``) only: a YOLO's neck by default.
     fused_only: bool = False
-
-    @property
-    def layers(self) -> tuple[str, ...]:
-        """The layers explained."""
-        return self.params.layers
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        """The methods, parsed."""
-        return self.params.methods
-
-    @property
-    def options(self) -> MethodOptions:
-        """The methods' settings (D-RISE's ``masks``, ``cells``, ``seed``, ``batch``)."""
-        return self.params.options
 
     @property
     def classes(self) -> list[int] | None:
@@ -177,14 +164,7 @@ class DetectionJob(BaseJob):
         """One map (box ``i``'s, or the whole photo's for a class-agnostic method): its name, its captioned
         overlay with the boxes drawn (and raw arrays), its record."""
         lm, n = self.loaded, len(ex.scores)
-        picture = render.overlay(
-            rgb,
-            render.normalize(cam),
-            box,
-            alpha=self.params.alpha,
-            colormap=self.params.colormap,
-            scaled=True,
-        )
+        picture = self._overlay(rgb, render.normalize(cam), box)
         if _per_photo(method):
             for k in range(n):
                 render.draw_box(
@@ -209,11 +189,7 @@ class DetectionJob(BaseJob):
             files.append((name[: -len(".png")] + ".npy", npy_bytes(cam.astype(np.float32))))
             files.append((name[: -len(".png")] + ".full.npy", npy_bytes(full_map(cam, rgb, box))))
         per_photo = _per_photo(method)  # a class-agnostic map stands with no detection too
-        target = None if per_photo else {
-            "index": int(ex.labels[i]),
-            "name": lm.class_name(int(ex.labels[i])),
-            "score": round(float(ex.scores[i]), 6),
-        }  # fmt: skip
+        target = None if per_photo else scored_class(lm, int(ex.labels[i]), float(ex.scores[i]))
         record = {
             "file": name,
             "method": method,
@@ -235,14 +211,7 @@ class DetectionJob(BaseJob):
         for (method, layer), stack in ex.region_maps.items():
             for r, cam in enumerate(to_numpy(stack)):
                 k = int(ex.region_labels[r])
-                picture = render.overlay(
-                    rgb,
-                    render.normalize(cam),
-                    box,
-                    alpha=self.params.alpha,
-                    colormap=self.params.colormap,
-                    scaled=True,
-                )
+                picture = self._overlay(rgb, render.normalize(cam), box)
                 render.outline(picture, to_numpy(ex.region_masks[r]), box)
                 name = f"{stem}.{method}.{slug(layer)}.class{k}.png"
                 count = int((ex.labels == k).sum())

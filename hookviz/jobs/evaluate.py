@@ -18,7 +18,7 @@ from hookviz.io.annotation import input_mask, resolve
 from hookviz.io.annotation import load as load_annotations
 from hookviz.io.images import Box
 from hookviz.jobs.build import chosen_layers, method_options
-from hookviz.jobs.common import BaseJob, check_finite
+from hookviz.jobs.common import BaseJob, check_finite, scored_class
 from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
@@ -187,16 +187,8 @@ class EvaluateJob(BaseJob):
             for name, figures in rows.items()
         }
         fields: dict[str, Any] = {
-            "predicted": {
-                "index": pred,
-                "name": lm.class_name(pred),
-                "score": round(float(ex.predicted_score[index]), 6),
-            },
-            "target": {
-                "index": tgt,
-                "name": lm.class_name(tgt),
-                "score": round(float(ex.target_scores[index, 0]), 6),
-            },
+            "predicted": scored_class(lm, pred, float(ex.predicted_score[index])),
+            "target": scored_class(lm, tgt, float(ex.target_scores[index, 0])),
             "metrics": metrics,
             "forward_passes": passes // max(1, int(ex.targets.shape[0])),
         }
