@@ -30,6 +30,7 @@ from hookviz.jobs.common import (
     CamParams,
     check_finite,
     full_map,
+    job_settings,
     npy_bytes,
     region_note,
     weights_note,
@@ -40,7 +41,6 @@ from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel, num_classes
-from hookviz.models.settings import model_settings
 from hookviz.options import Normalize
 
 
@@ -128,26 +128,25 @@ class CamJob(CamRecords, CamParams, BaseJob):
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layers": list(self.layers),
-            "methods": list(self.methods),
-            "targets": said(self.targets),
-            "alpha": self.params.alpha,
-            "colormap": self.params.colormap,
-            "relu": self.params.relu,
-            "normalize": self.params.normalize,
-            "vmax": self.params.vmax,
-            "fuse": self.params.fuse,
-            "sheet": self._want_sheet(),
-            "metrics": self.params.metrics,
-            "eigen_smooth": self.params.eigen_smooth,
-            "aug_smooth": self.params.aug_smooth,
+        return job_settings(
+            self,
+            layers=list(self.layers),
+            methods=list(self.methods),
+            targets=said(self.targets),
+            alpha=self.params.alpha,
+            colormap=self.params.colormap,
+            relu=self.params.relu,
+            normalize=self.params.normalize,
+            vmax=self.params.vmax,
+            fuse=self.params.fuse,
+            sheet=self._want_sheet(),
+            metrics=self.params.metrics,
+            eigen_smooth=self.params.eigen_smooth,
+            aug_smooth=self.params.aug_smooth,
             **({"region": self.params.region} if self.dense else {}),
             **({"channel_terms": self.params.channel_terms} if self.params.channel_terms else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-        }
+        )
 
     # -- naming ---------------------------------------------------------------------------
     def _layer_names(self) -> list[str]:

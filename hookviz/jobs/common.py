@@ -21,6 +21,7 @@ from hookviz.io.images import Box
 from hookviz.jobs.settings import CamSettings
 from hookviz.methods import MethodOptions
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)
@@ -84,6 +85,19 @@ class CamParams:
         return render.overlay(
             rgb, unit, box, alpha=self.params.alpha, colormap=self.params.colormap, scaled=True
         )
+
+
+class Keyed(Protocol):
+    """A job as its settings key sees it: the model it runs and its command."""
+
+    loaded: LoadedModel
+    kind: str
+
+
+def job_settings(job: Keyed, **own: Any) -> dict[str, Any]:
+    """A job's settings (what its outputs' key hashes): the model's (:func:`model_settings`), the command,
+    then the job's ``own``, in their order."""
+    return {**model_settings(job.loaded), "command": job.kind, **own}
 
 
 def weights_note(loaded: LoadedModel) -> str:

@@ -25,6 +25,7 @@ from hookviz.jobs.common import (
     CamParams,
     finite_stat,
     full_map,
+    job_settings,
     npy_bytes,
     scored_class,
     weights_note,
@@ -34,7 +35,6 @@ from hookviz.methods import REGISTRY, cams
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
-from hookviz.models.settings import model_settings
 
 
 def _per_photo(method: str) -> bool:
@@ -86,22 +86,21 @@ class DetectionJob(CamParams, BaseJob):
             raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "task": "detection",
-            "layers": list(self.layers),
-            "methods": list(self.methods),
-            "classes": self.classes,
-            "score_threshold": self.params.score_threshold,
-            "max_boxes": self.params.max_boxes,
-            "alpha": self.params.alpha,
-            "colormap": self.params.colormap,
-            "relu": self.params.relu,
-            "eigen_smooth": self.params.eigen_smooth,
+        return job_settings(
+            self,
+            task="detection",
+            layers=list(self.layers),
+            methods=list(self.methods),
+            classes=self.classes,
+            score_threshold=self.params.score_threshold,
+            max_boxes=self.params.max_boxes,
+            alpha=self.params.alpha,
+            colormap=self.params.colormap,
+            relu=self.params.relu,
+            eigen_smooth=self.params.eigen_smooth,
             **({"fuse": self.params.fuse, "fused_only": self.fused_only} if self.params.fuse else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-        }
+        )
 
     def planned(self, stem: str) -> list[str]:
         """The outputs known before the model runs (the per-box ones depend on what it finds)."""

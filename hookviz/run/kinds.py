@@ -140,16 +140,27 @@ class Photos(InputKind):
         return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
 
 
-class Videos(InputKind):
+class LoadedKind(InputKind):
+    """A kind the model is loaded for (a video, volume or several-input model's ``loaded.inputs``): its
+    inputs are preprocessed as loaded, and ``--layer auto`` ranks layers on photos only."""
+
+    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
+        return loaded.inputs.kind == self.name
+
+    def preprocess(self, loaded: LoadedModel) -> Any:
+        return loaded.inputs
+
+    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
+        return None
+
+
+class Videos(LoadedKind):
     """Video files and folders of frames, cut into clips; each video's whole prediction after its clips."""
 
     name = "video"
     cuts = True
     batch_size = 4
     refusal = "{name} takes photos, not videos; explain photos with hookviz.explain"
-
-    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         stdin = where.pop("stdin", None)
@@ -159,45 +170,27 @@ class Videos(InputKind):
         assert isinstance(loaded.inputs, VideoPreprocess)
         return list(clip_items(found, loaded.inputs, max_pixels))
 
-    def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.inputs
-
-    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
-        return None
-
     def after(self, records: Iterator[dict[str, Any]], job: Any, output: Output, loaded: LoadedModel) -> Any:
         return with_video_summaries(records, job, output, loaded)
 
 
-class Volumes(InputKind):
+class Volumes(LoadedKind):
     """NIfTI, ``.npy`` and DICOM volumes, each at its own grid."""
 
     name = "volume"
     batch_size = 2
     refusal = "{name} does not take volumes; load it with volumes=True or task='volume'"
 
-    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.inputs.kind == self.name
-
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         stdin = where.pop("stdin", None)
         return expand_inputs(specs, stdin, volume=True, **where)
 
-    def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.inputs
 
-    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
-        return None
-
-
-class Samples(InputKind):
+class Samples(LoadedKind):
     """Samples of a model of several inputs: ``NAME=PATH`` specs, their files paired by path or stem."""
 
     name = "sample"
     refusal = "{name} takes one input; load it with load_model(..., inputs=(names...))"
-
-    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         several = loaded.inputs
@@ -208,14 +201,8 @@ class Samples(InputKind):
                              f"{', '.join(several.names)}")  # fmt: skip
         return pair_inputs(pairs, where.get("exclude"))
 
-    def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.inputs
-
     def read(self, loaded: LoadedModel) -> Reader:
         return read_sample
-
-    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
-        return None
 
 
 PHOTOS, VIDEOS, VOLUMES, SAMPLES = Photos(), Videos(), Volumes(), Samples()
