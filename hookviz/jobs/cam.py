@@ -294,11 +294,12 @@ class CamJob(CamRecords, CamParams, BaseJob):
         for (method, layer), maps in result.maps.items():
             for j, suffix in self._shown(ex, index):
                 base = self._name(stem, method, layer, suffix)
+                drawn, where, said = self._canvas(rgb, box, method, layer)
                 mine, cells[(method, layer, j)], record = self._one_map(
-                    result, index, rgb, box, base, method, layer, j, maps[index, j]
+                    result, index, drawn, where, base, method, layer, j, maps[index, j]
                 )
                 files += mine
-                records.append(record)
+                records.append({**record, **said})
         if self._want_sheet():
             files.append((f"{stem}.sheet.png", encode_png(self._sheet(ex, index, cells))))
         more: dict[str, Any] = {}
@@ -339,6 +340,11 @@ class CamJob(CamRecords, CamParams, BaseJob):
         if ex.score_kind == "raw":  # a regression's value (negated when --negate: the explained quantity)
             return f"value={score * sign(self.loaded.model):.4g}"
         return f"{score:.1%} of pixels" if ex.labels is not None else f"p={score:.3f}"
+
+    def _canvas(self, rgb: Any, box: Box, method: str, layer: str) -> tuple[np.ndarray, Box, dict[str, Any]]:
+        """What a map of ``method`` at ``layer`` is drawn over: the photo and where the model saw it, and what
+        the map's record adds about it (nothing: a sample of several inputs names the one drawn on)."""
+        return rgb, box, {}
 
     def _one_map(
         self,

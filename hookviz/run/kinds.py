@@ -39,6 +39,27 @@ from hookviz.tasks import task_of
 Reader = Callable[[Item, Any, int], tuple[Any, np.ndarray, Any]]
 
 
+def first_batch(
+    items: list[Item], loaded: LoadedModel, n: int, prepared: Callable[[Item], np.ndarray]
+) -> torch.Tensor | None:
+    """The first ``n`` readable ``items``, each ``prepared`` (one that cannot be read is passed over), as one
+    batch on the model's device: those of the first one's shape only (one batch), or None."""
+    xs: list[np.ndarray] = []
+    for item in items:
+        if not item.readable:
+            continue
+        try:
+            x = prepared(item)
+        except InputError:
+            continue
+        if xs and x.shape != xs[0].shape:
+            continue
+        xs.append(x)
+        if len(xs) == n:
+            break
+    return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+
+
 class InputKind:
     """A kind of input; the defaults are photos' (files found by their suffix, read and preprocessed as the
     model's task reads a photo)."""
@@ -102,20 +123,7 @@ class InputKind:
         """The first ``n`` readable inputs, preprocessed, as one batch on the model's device (those of the
         first one's shape only; ``--layer auto`` ranks layers on them), or None."""
         read, preprocess = self.read(loaded), self.preprocess(loaded)
-        xs: list[np.ndarray] = []
-        for item in items:
-            if not item.readable:
-                continue
-            try:
-                _, x, _ = read(item, preprocess, max_pixels)
-            except InputError:
-                continue
-            if xs and x.shape != xs[0].shape:
-                continue
-            xs.append(x)
-            if len(xs) == n:
-                break
-        return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+        return first_batch(items, loaded, n, lambda item: read(item, preprocess, max_pixels)[1])
 
 
 class Photos(InputKind):
@@ -124,20 +132,11 @@ class Photos(InputKind):
     def first_images(
         self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int
     ) -> torch.Tensor | None:
-        xs: list[Any] = []
-        for item in items:
-            if not item.readable:
-                continue
-            try:
-                x, _ = loaded.preprocess(load_rgb(item.source(), max_pixels=max_pixels))
-            except InputError:
-                continue
-            if xs and x.shape != xs[0].shape:  # one batch: photos of the first one's input size
-                continue
-            xs.append(x)
-            if len(xs) == n:
-                break
-        return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+        def prepared(item: Item) -> np.ndarray:
+            x, _ = loaded.preprocess(load_rgb(item.source(), max_pixels=max_pixels))
+            return x
+
+        return first_batch(items, loaded, n, prepared)
 
 
 class LoadedKind(InputKind):
