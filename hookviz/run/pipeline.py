@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import cv2
 import numpy as np
@@ -58,6 +58,18 @@ _Finisher = Callable[[], dict[str, Any]]
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class Pacing(TypedDict, total=False):
+    """The keywords of :func:`run` that a caller passes on as given (:func:`hookviz.run.runner.run_job`):
+    batching, threads, resuming, limits, notes; their defaults are :func:`run`'s."""
+
+    batch_size: int
+    workers: int
+    skip_existing: bool
+    max_pixels: int
+    max_memory: int | None
+    note: Callable[[str], None] | None
 
 
 def run(
