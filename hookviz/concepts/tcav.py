@@ -366,7 +366,7 @@ def tcav_settings(
     loaded: LoadedModel, asked: TcavAsked, target: int, layers: Sequence[str]
 ) -> dict[str, Any]:
     """What changes a TCAV result: the model as it reads inputs, the folders (real paths), the class
-    (``target``, its index), the layers (``names``) and test (its key names ``tcav.KEY.json``)."""
+    (``target``, its index), the layers (resolved) and test (its key names ``tcav.KEY.json``)."""
 
     def real(specs: Sequence[str]) -> list[str]:
         return [os.path.realpath(os.path.expanduser(x)) for x in specs]

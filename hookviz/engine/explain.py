@@ -32,7 +32,7 @@ from hookviz.methods.compute import LayerPass
 from hookviz.methods.guided import guided_backprop_counted
 from hookviz.render.notebook import CamDisplay, ExplanationDisplay
 
-__all__ = ["CamResult", "Explanation", "explain", "grad_cam", "ranking", "traced"]
+__all__ = ["CamResult", "Explanation", "Targets", "explain", "grad_cam", "ranking", "traced"]
 
 
 @dataclass(frozen=True)
