@@ -256,7 +256,7 @@ def test_conventions_are_declared_not_probed() -> None:
 
 def test_the_job_protocol_is_not_probed() -> None:
     """The pipeline and the runner use the job's members, never ``getattr(job, ...)``."""
-    for module in ("hookviz.run.pipeline", "hookviz.run.runner", "hookviz.cli.runner"):
+    for module in ("hookviz.run.pipeline", "hookviz.run.files", "hookviz.run.runner", "hookviz.cli.runner"):
         text = MODULES[module].read_text()
         assert "getattr(job" not in text and "getattr(self.job" not in text, module
 

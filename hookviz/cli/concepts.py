@@ -123,21 +123,20 @@ def tcav(
     """TCAV: how much each concept (a folder of examples) matters to a class at a layer, against random
     folders, with a t-test; a table and OUT/tcav.KEY.json (KEY: the settings'; a rerun is skipped)."""
     from hookviz.concepts.dataset import write_json
-    from hookviz.concepts.tcav import tcav_plan, tcav_report
+    from hookviz.concepts.tcav import TcavAsked, tcav_plan, tcav_report
 
     out, quiet, as_json = run.out, run.quiet, run.as_json
     named = _concepts(concept, random_folders)
     loaded = load_options(dataclasses.replace(model, device=run.device), quiet)
-    spec = dict(layers=layers, method=cav, seed=seed, alpha=alpha)
-    _, _, settings = tcav_plan(loaded, inputs, target, named, random_folders, **spec)
+    asked = TcavAsked(
+        inputs, target, named, random_folders, layers=layers, method=cav, seed=seed, alpha=alpha
+    )
+    _, _, settings = tcav_plan(loaded, asked)
     path = out / f"tcav.{settings_key(settings)}.json"
     if path.is_file() and not run.overwrite:
         data, status = json.loads(path.read_text(encoding="utf-8")), "skipped"
     else:
-        data, said = tcav_report(
-            loaded, inputs, target, named, random_folders, **spec, batch=run.batch_size,
-            max_pixels=run.max_pixels,
-        )  # fmt: skip
+        data, said = tcav_report(loaded, asked, batch=run.batch_size, max_pixels=run.max_pixels)
         for text in said:
             typer.echo(f"hookviz: note: {text}", err=True)
         out.mkdir(parents=True, exist_ok=True)

@@ -197,7 +197,7 @@ def summary(
     typer.echo(text.rstrip("\n"))
     if plot is not None:
         from hookviz.io.images import encode_png
-        from hookviz.render import summary_plot
+        from hookviz.render.plots import summary_plot
 
         atomic_write(plot, encode_png(summary_plot(result)))  # never half a PNG
         typer.echo(f"hookviz: wrote {plot}", err=True)

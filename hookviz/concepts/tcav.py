@@ -342,77 +342,64 @@ def distinct_folders(concepts: Mapping[str, str], randoms: Sequence[str]) -> Non
         seen.append((role, spec, real))
 
 
+@dataclass(frozen=True)
+class TcavAsked:
+    """What a TCAV run over folders of photos is asked (``hookviz tcav``'s options).
+
+    Attributes:
+        inputs: the photos of the class (files, folders, globs); ``target``: the class (an index or a name).
+        concepts: each concept's folder of examples, by name; ``randoms``: the folders of random examples.
+        layers: the layers (default: the CAM layer); ``method``, ``seed``, ``alpha``: as :func:`tcav`'s.
+    """
+
+    inputs: Sequence[str]
+    target: str
+    concepts: Mapping[str, str]
+    randoms: Sequence[str]
+    layers: Sequence[str] | None = None
+    method: str = "linear"
+    seed: int = 0
+    alpha: float = 0.05
+
+
 def tcav_settings(
-    loaded: LoadedModel,
-    inputs: Sequence[str],
-    target: int,
-    concepts: Mapping[str, str],
-    randoms: Sequence[str],
-    layers: Sequence[str],
-    *,
-    method: str,
-    seed: int,
-    alpha: float,
+    loaded: LoadedModel, asked: TcavAsked, target: int, layers: Sequence[str]
 ) -> dict[str, Any]:
-    """What changes a TCAV result: the model as it reads inputs, the folders (real paths), the class, layers
-    and test (its key names ``tcav.KEY.json``)."""
+    """What changes a TCAV result: the model as it reads inputs, the folders (real paths), the class
+    (``target``, its index), the layers (resolved) and test (its key names ``tcav.KEY.json``)."""
 
     def real(specs: Sequence[str]) -> list[str]:
         return [os.path.realpath(os.path.expanduser(x)) for x in specs]
 
     return {
         **model_settings(loaded),
-        "inputs": real(inputs),
+        "inputs": real(asked.inputs),
         "target": target,
         "layers": list(layers),
-        "cav": method,
-        "seed": seed,
-        "alpha": alpha,
-        "concepts": dict(zip(concepts, real(list(concepts.values())), strict=True)),
-        "random": real(randoms),
+        "cav": asked.method,
+        "seed": asked.seed,
+        "alpha": asked.alpha,
+        "concepts": dict(zip(asked.concepts, real(list(asked.concepts.values())), strict=True)),
+        "random": real(asked.randoms),
     }
 
 
-def tcav_plan(
-    loaded: LoadedModel,
-    inputs: Sequence[str],
-    target: str,
-    concepts: Mapping[str, str],
-    randoms: Sequence[str],
-    *,
-    layers: Sequence[str] | None = None,
-    method: str = "linear",
-    seed: int = 0,
-    alpha: float = 0.05,
-) -> tuple[list[str], int, dict[str, Any]]:
+def tcav_plan(loaded: LoadedModel, asked: TcavAsked) -> tuple[list[str], int, dict[str, Any]]:
     """The layers, the class index and the settings of a TCAV run, checked before any work.
 
     Raises:
         TargetError, LayerError, UsageError: a bad class, layer or folder.
     """
-    distinct_folders(concepts, randoms)
-    names, _ = feature_layers(loaded, layers)
-    index = parse_target(target, loaded, num_classes(loaded))
+    distinct_folders(asked.concepts, asked.randoms)
+    names, _ = feature_layers(loaded, asked.layers)
+    index = parse_target(asked.target, loaded, num_classes(loaded))
     if index is None:
-        raise UsageError(f"--target {target}: name one class (an index or a name)")
-    settings = tcav_settings(loaded, inputs, index, concepts, randoms, names, method=method, seed=seed,
-                             alpha=alpha)  # fmt: skip
-    return names, index, settings
+        raise UsageError(f"--target {asked.target}: name one class (an index or a name)")
+    return names, index, tcav_settings(loaded, asked, index, names)
 
 
 def tcav_report(
-    loaded: LoadedModel,
-    inputs: Sequence[str],
-    target: str,
-    concepts: Mapping[str, str],
-    randoms: Sequence[str],
-    *,
-    layers: Sequence[str] | None = None,
-    method: str = "linear",
-    seed: int = 0,
-    alpha: float = 0.05,
-    batch: int = 8,
-    max_pixels: int = 80_000_000,
+    loaded: LoadedModel, asked: TcavAsked, *, batch: int = 8, max_pixels: int = 80_000_000
 ) -> tuple[dict[str, Any], list[str]]:
     """:func:`tcav` at every layer (default: the CAM layer) over folders of photos, as ``tcav.KEY.json`` holds
     it, and what was left out (unreadable photos), each said once.
@@ -420,18 +407,17 @@ def tcav_report(
     Raises:
         TargetError, LayerError, UsageError: a bad class, layer or folder.
     """
-    names, index, settings = tcav_plan(
-        loaded, inputs, target, concepts, randoms, layers=layers, method=method, seed=seed, alpha=alpha
-    )
+    names, index, settings = tcav_plan(loaded, asked)
     said: list[str] = []
 
     def read(specs: Sequence[str]) -> Callable[[], Iterable[Tensor]]:
         return lambda: photo_batches(specs, loaded, batch, max_pixels, said)
 
-    made = {name: read([folder]) for name, folder in concepts.items()}
-    against = [read([folder]) for folder in randoms]
+    made = {name: read([folder]) for name, folder in asked.concepts.items()}
+    against = [read([folder]) for folder in asked.randoms]
+    photos, m = read(asked.inputs), asked
     results = [
-        tcav(loaded.model, read(inputs), layer, index, made, against, method=method, seed=seed, alpha=alpha)
+        tcav(loaded.model, photos, layer, index, made, against, method=m.method, seed=m.seed, alpha=m.alpha)
         for layer in names
     ]
     for r in results:

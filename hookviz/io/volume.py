@@ -14,6 +14,7 @@ NIfTI lies on the series in 3D Slicer or ITK-SNAP.
 from __future__ import annotations
 
 import gzip
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,13 +170,18 @@ def _channels_first(data: np.ndarray, path: Path, layout: str) -> np.ndarray:
     )
 
 
-def _read_nifti(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
+def _reader(package: str, what: str) -> Any:
+    """``package`` (nibabel, pydicom), imported when a volume is read, or a SetupError naming the extra."""
     try:
-        import nibabel as nib
+        return importlib.import_module(package)
     except ImportError:
         raise SetupError(
-            "reading NIfTI needs nibabel, which is not installed: pip install 'hookviz[volume]'"
+            f"reading {what} needs {package}, which is not installed: pip install 'hookviz[volume]'"
         ) from None
+
+
+def _read_nifti(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
+    nib = _reader("nibabel", "NIfTI")
     img: Any = nib.load(str(path))  # the header only: the voxels are read below
     _check_size(path, img.shape, max_voxels)
     data = np.asarray(img.dataobj, dtype=np.float32)  # scl_slope/scl_inter applied
@@ -200,12 +206,7 @@ def _read_npy(path: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
 
 
 def _read_dicom(folder: Path, max_voxels: int = DEFAULT_MAX_VOXELS) -> Volume:
-    try:
-        import pydicom
-    except ImportError:
-        raise SetupError(
-            "reading DICOM needs pydicom, which is not installed: pip install 'hookviz[volume]'"
-        ) from None
+    pydicom = _reader("pydicom", "DICOM")
     slices = []
     for f in sorted(folder.iterdir()):
         if f.is_file() and _is_dicom(f):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from hookviz.core.readout import scorer
 from hookviz.core.sites import Site
 from hookviz.core.taps import MATERIAL_NEGATIVE, slug
 from hookviz.core.targets import Labelled, Positive, Target, Top, said
-from hookviz.engine.explain import Targets, explain
+from hookviz.engine.explain import explain
+from hookviz.engine.forward import Targets
 from hookviz.errors import UsageError
 from hookviz.evaluation import faithfulness
 from hookviz.io.images import Box, encode_png
@@ -27,19 +28,20 @@ from hookviz.jobs.cam_records import CamRecords
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
+    CamParams,
     check_finite,
     full_map,
+    job_settings,
     npy_bytes,
     region_note,
     weights_note,
 )
 from hookviz.jobs.settings import CamSettings
-from hookviz.methods import REGISTRY, MethodOptions, cams, get
+from hookviz.methods import REGISTRY, cams, get
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.loaded import LoadedModel, num_classes
-from hookviz.models.settings import model_settings
 from hookviz.options import Normalize
 
 
@@ -68,7 +70,7 @@ class CamBatch:
 
 
 @dataclass(kw_only=True)
-class CamJob(CamRecords, BaseJob):
+class CamJob(CamRecords, CamParams, BaseJob):
     """CAM overlays for each image: every method x layer (x fused) x target, a comparison sheet, raw maps.
 
     ``params`` are ``gradcam``'s settings, held whole, with the builder's decisions in them (the layers
@@ -88,21 +90,6 @@ class CamJob(CamRecords, BaseJob):
     dense: bool = False
     #: ``params.layers`` as the builder resolved them (:mod:`hookviz.core.sites`), taken by the hooks as is.
     sites: list[Site] = field(default_factory=list)
-
-    @property
-    def layers(self) -> tuple[str, ...]:
-        """The layers explained (module names, or taps such as ``avgpool:input``)."""
-        return self.params.layers
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        """The methods, parsed (``all`` and families expanded)."""
-        return self.params.methods
-
-    @property
-    def options(self) -> MethodOptions:
-        """The settings of the methods that take any (``--seed``, ``--samples``, ``--steps``, ...)."""
-        return self.params.options
 
     def _check_assumptions(self, ex: Any) -> None:
 
@@ -144,26 +131,25 @@ class CamJob(CamRecords, BaseJob):
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the pictures (with :func:`model_settings`): the output key's input."""
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layers": list(self.layers),
-            "methods": list(self.methods),
-            "targets": said(self.targets),
-            "alpha": self.params.alpha,
-            "colormap": self.params.colormap,
-            "relu": self.params.relu,
-            "normalize": self.params.normalize,
-            "vmax": self.params.vmax,
-            "fuse": self.params.fuse,
-            "sheet": self._want_sheet(),
-            "metrics": self.params.metrics,
-            "eigen_smooth": self.params.eigen_smooth,
-            "aug_smooth": self.params.aug_smooth,
+        return job_settings(
+            self,
+            layers=list(self.layers),
+            methods=list(self.methods),
+            targets=said(self.targets),
+            alpha=self.params.alpha,
+            colormap=self.params.colormap,
+            relu=self.params.relu,
+            normalize=self.params.normalize,
+            vmax=self.params.vmax,
+            fuse=self.params.fuse,
+            sheet=self._want_sheet(),
+            metrics=self.params.metrics,
+            eigen_smooth=self.params.eigen_smooth,
+            aug_smooth=self.params.aug_smooth,
             **({"region": self.params.region} if self.dense else {}),
             **({"channel_terms": self.params.channel_terms} if self.params.channel_terms else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-        }
+        )
 
     # -- naming ---------------------------------------------------------------------------
     def _layer_names(self) -> list[str]:
@@ -200,24 +186,29 @@ class CamJob(CamRecords, BaseJob):
     def _name(self, stem: str, method: str, layer: str, suffix: str) -> str:
         return f"{stem}.{method}.{slug(layer)}{suffix}"
 
-    #: What each map is written as (a video's: an overlay video).
-    picture = ".png"
+    #: What each map is written as (a video's: an overlay video; a volume's: four pictures).
+    pictures: ClassVar[tuple[str, ...]] = (".png",)
 
     def _sheet_name(self, stem: str) -> str | None:
         return f"{stem}.sheet.png" if self._want_sheet() else None
 
     def planned(self, stem: str) -> list[str]:
+        names = self._planned_maps(stem)
+        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.params.channel_terms]
+        sheet = self._sheet_name(stem)
+        return [*names, sheet] if sheet else names
+
+    def _planned_maps(self, stem: str) -> list[str]:
+        """Every map's files: its ``pictures``, and with ``--save-raw`` its arrays."""
         names = []
         for m in self.methods:
             for layer in self._layer_names():
                 for suffix in self._target_suffixes():
                     base = self._name(stem, m, layer, suffix)
-                    names.append(f"{base}{self.picture}")
+                    names += [f"{base}{kind}" for kind in self.pictures]
                     if self.params.save_raw:
                         names += [f"{base}.npy", f"{base}.full.npy"]
-        names += [f"{stem}.gradcam-channels.{slug(n)}.png" for n in self.layers if self.params.channel_terms]
-        sheet = self._sheet_name(stem)
-        return [*names, sheet] if sheet else names
+        return names
 
     # -- compute --------------------------------------------------------------------------
     def memory(self, shape: tuple[int, ...]) -> Estimate:
@@ -308,11 +299,12 @@ class CamJob(CamRecords, BaseJob):
         for (method, layer), maps in result.maps.items():
             for j, suffix in self._shown(ex, index):
                 base = self._name(stem, method, layer, suffix)
+                drawn, where, said = self._canvas(rgb, box, method, layer)
                 mine, cells[(method, layer, j)], record = self._one_map(
-                    result, index, rgb, box, base, method, layer, j, maps[index, j]
+                    result, index, drawn, where, base, method, layer, j, maps[index, j]
                 )
                 files += mine
-                records.append(record)
+                records.append({**record, **said})
         if self._want_sheet():
             files.append((f"{stem}.sheet.png", encode_png(self._sheet(ex, index, cells))))
         more: dict[str, Any] = {}
@@ -354,6 +346,11 @@ class CamJob(CamRecords, BaseJob):
             return f"value={score * sign(self.loaded.model):.4g}"
         return f"{score:.1%} of pixels" if ex.labels is not None else f"p={score:.3f}"
 
+    def _canvas(self, rgb: Any, box: Box, method: str, layer: str) -> tuple[np.ndarray, Box, dict[str, Any]]:
+        """What a map of ``method`` at ``layer`` is drawn over: the photo and where the model saw it, and what
+        the map's record adds about it (nothing: a sample of several inputs names the one drawn on)."""
+        return rgb, box, {}
+
     def _one_map(
         self,
         result: CamBatch,
@@ -370,14 +367,7 @@ class CamJob(CamRecords, BaseJob):
         record."""
         lm, ex = self.loaded, result.explanation
         scale = result.scales[(method, layer)]
-        picture = render.overlay(
-            rgb,
-            self._unit(cam, scale, method),
-            box,
-            alpha=self.params.alpha,
-            colormap=self.params.colormap,
-            scaled=True,
-        )
+        picture = self._overlay(rgb, self._unit(cam, scale, method), box)
         tgt, t_score = int(ex.targets[index, j]), float(ex.target_scores[index, j])
         pred, p_score = int(ex.predicted[index]), float(ex.predicted_score[index])
         region = None

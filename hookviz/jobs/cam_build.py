@@ -10,8 +10,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hookviz.core.conventions import declared_kind
 from hookviz.core.hooks import ModuleCall
@@ -22,6 +22,7 @@ from hookviz.errors import UsageError
 from hookviz.evaluation import choose_layer
 from hookviz.jobs.build import (
     BuiltJob,
+    RunContext,
     chosen_sites,
     cost_notes,
     default_layer,
@@ -39,7 +40,7 @@ from hookviz.methods.attention import APPLY
 from hookviz.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    pass
 
 
 def classifier_job(
@@ -47,9 +48,8 @@ def classifier_job(
     settings: CamSettings,
     calls: list[ModuleCall],
     targets: Target,
+    context: RunContext | None = None,
     *,
-    first_images: Callable[[int], Tensor | None] | None = None,
-    agree: Callable[[Any], Any] | None = None,
     job_class: type[CamJob] = CamJob,
     dense: bool = False,
 ) -> BuiltJob:
@@ -59,8 +59,8 @@ def classifier_job(
     Args:
         calls: the model's traced shapes (:func:`hookviz.models.loaded.probe`).
         targets: ``settings.target`` parsed (:func:`hookviz.models.classes.parse_targets`).
-        first_images: ``first_images(n)``: the first ``n`` readable inputs as one batch (``--layer auto``).
-        agree: under torchrun, rank 0's value on every rank (one ``--layer auto`` choice per job).
+        context: what the run gives ``--layer auto``: its first readable inputs, and rank 0's choice under
+            torchrun (None: no input, one process).
         job_class: :class:`CamJob`, or a subclass (a video model's).
 
     Raises:
@@ -72,11 +72,11 @@ def classifier_job(
     auto = None
     chosen: Sequence[str | Site]
     if settings.layers == ("auto",):
-        if first_images is None or (x := first_images(settings.probe_images)) is None:
+        context = context or RunContext()
+        if (x := context.first_images(settings.probe_images)) is None:
             raise UsageError("--layer auto needs at least one readable image among the inputs")
         auto = choose_layer(loaded.model, x, candidate_layers(loaded.model, calls), list(settings.methods))
-        if agree is not None:
-            auto = agree(auto)
+        auto = context.agree(auto)
         chosen = [auto["chosen"]]
     elif not settings.layers:
         chosen, reason = default_layer(loaded, calls)

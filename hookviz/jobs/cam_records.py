@@ -11,7 +11,7 @@ import numpy as np
 from hookviz.core.conventions import sign
 from hookviz.core.taps import MATERIAL_NEGATIVE
 from hookviz.core.targets import Positive, Target
-from hookviz.jobs.common import FUSED, finite_stat
+from hookviz.jobs.common import FUSED, finite_stat, scored_class
 from hookviz.jobs.settings import CamSettings
 from hookviz.methods import REGISTRY, passes
 from hookviz.models.loaded import LoadedModel
@@ -40,23 +40,17 @@ class CamRecords:
             "method": self.params.methods[0],
             **more,
             "predicted": {
-                "index": pred,
-                "name": lm.class_name(pred),
-                "score": round(float(ex.predicted_score[index]), 6),
+                **scored_class(lm, pred, float(ex.predicted_score[index])),
                 **self._value(ex, float(ex.predicted_score[index])),
             },
             "target": {
-                "index": first_t,
-                "name": lm.class_name(first_t),
-                "score": round(float(ex.target_scores[index, 0]), 6),
+                **scored_class(lm, first_t, float(ex.target_scores[index, 0])),
                 **self._value(ex, float(ex.target_scores[index, 0])),
             },
             # Every class explained (--target top3: three), in the order of their maps' suffixes.
             "targets": [
                 {
-                    "index": t,
-                    "name": lm.class_name(t),
-                    "score": round(float(ex.target_scores[index, j]), 6),
+                    **scored_class(lm, t, float(ex.target_scores[index, j])),
                     **self._value(ex, float(ex.target_scores[index, j])),
                     **self._positive(float(ex.target_scores[index, j])),
                 }
@@ -89,7 +83,7 @@ class CamRecords:
             "file": file,
             "method": method,
             "layer": layer,
-            "target": {"index": target, "name": self.loaded.class_name(target), "score": round(score, 6)},
+            "target": scored_class(self.loaded, target, score),
             # NaN/Inf (a diverged model) are reported, and drawn as "no evidence".
             "finite": bool(np.isfinite(cam).all()),
             "min": finite_stat(np.min, cam),

@@ -17,10 +17,9 @@ from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import probe_input
 from hookviz.errors import UsageError
 from hookviz.io.images import Box
-from hookviz.jobs.common import BaseJob, predicted
+from hookviz.jobs.common import BaseJob, job_settings, predicted
 from hookviz.models.classes import parse_target
 from hookviz.models.loaded import LoadedModel, feature_layers, num_classes
-from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)
@@ -44,13 +43,7 @@ class ChannelsJob(BaseJob):
             raise UsageError(f"--reduce {self.reduce!r}: choose one of {', '.join(REDUCE)}")
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layers": list(self.layers),
-            "reduce": self.reduce,
-            "target": self.target,
-        }
+        return job_settings(self, layers=list(self.layers), reduce=self.reduce, target=self.target)
 
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.channels.npz"]

@@ -18,7 +18,10 @@ from hookviz.core.readout import scorer
 from hookviz.engine.explain import ranking
 from hookviz.errors import InputError
 from hookviz.io.images import Box
+from hookviz.jobs.settings import CamSettings
+from hookviz.methods import MethodOptions
 from hookviz.models.loaded import LoadedModel
+from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)
@@ -54,6 +57,49 @@ class BaseJob:
         return None
 
 
+class CamParams:
+    """What a job holding ``gradcam``'s settings whole (``params``: a classifier's, a detector's) reads from
+    them: its layers, its methods, their settings, and how a map is laid over a photo."""
+
+    params: CamSettings
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The layers explained (module names, or taps such as ``avgpool:input``)."""
+        return self.params.layers
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods, parsed (``all`` and families expanded)."""
+        return self.params.methods
+
+    @property
+    def options(self) -> MethodOptions:
+        """The settings of the methods that take any (``--seed``, ``--samples``, ``--steps``, D-RISE's
+        ``--masks``, ...)."""
+        return self.params.options
+
+    def _overlay(self, rgb: np.ndarray, unit: np.ndarray, box: Box) -> np.ndarray:
+        """``unit`` (a map scaled to [0, 1]) over the photo ``rgb`` in ``box``, as ``--alpha`` and
+        ``--colormap`` say."""
+        return render.overlay(
+            rgb, unit, box, alpha=self.params.alpha, colormap=self.params.colormap, scaled=True
+        )
+
+
+class Keyed(Protocol):
+    """A job as its settings key sees it: the model it runs and its command."""
+
+    loaded: LoadedModel
+    kind: str
+
+
+def job_settings(job: Keyed, **own: Any) -> dict[str, Any]:
+    """A job's settings (what its outputs' key hashes): the model's (:func:`model_settings`), the command,
+    then the job's ``own``, in their order."""
+    return {**model_settings(job.loaded), "command": job.kind, **own}
+
+
 def weights_note(loaded: LoadedModel) -> str:
     return "RANDOM WEIGHTS (--weights none)" if not loaded.pretrained else f"weights {loaded.weights}"
 
@@ -68,7 +114,12 @@ def predicted(loaded: LoadedModel, logits: Any, index: int) -> dict[str, Any] | 
     top = int(ranking(row)[0, 0])
     kind = score_kind(loaded.model)
     score = float(scorer(kind=kind)(row, torch.zeros(1, dtype=torch.long))[0, top])  # as the records read it
-    return {"index": top, "name": loaded.class_name(top), "score": round(score, 6)}
+    return scored_class(loaded, top, score)
+
+
+def scored_class(loaded: LoadedModel, index: int, score: float) -> dict[str, Any]:
+    """A class as a record names it: its index, its name and its score (to 6 decimals)."""
+    return {"index": index, "name": loaded.class_name(index), "score": round(float(score), 6)}
 
 
 FUSED = "fused"

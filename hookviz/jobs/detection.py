@@ -22,17 +22,19 @@ from hookviz.jobs.build import BuiltJob, chosen_layers, default_layer, expensive
 from hookviz.jobs.common import (
     FUSED,
     BaseJob,
+    CamParams,
     finite_stat,
     full_map,
+    job_settings,
     npy_bytes,
+    scored_class,
     weights_note,
 )
 from hookviz.jobs.settings import CamSettings
-from hookviz.methods import REGISTRY, MethodOptions, cams
+from hookviz.methods import REGISTRY, cams
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel
-from hookviz.models.settings import model_settings
 
 
 def _per_photo(method: str) -> bool:
@@ -43,7 +45,7 @@ def _per_photo(method: str) -> bool:
 
 
 @dataclass(kw_only=True)
-class DetectionJob(BaseJob):
+class DetectionJob(CamParams, BaseJob):
     """For each photo: one overlay per detected box (gradient methods) or per photo (Eigen-CAM), the box
     drawn with its class and score, and a picture of every detection (``<stem>.detections.png``, written
     last, so its presence means the photo is complete).
@@ -61,21 +63,6 @@ class DetectionJob(BaseJob):
     kind: str = "gradcam"
     #: The fused map (``params.fuse``) only: a YOLO's neck by default.
     fused_only: bool = False
-
-    @property
-    def layers(self) -> tuple[str, ...]:
-        """The layers explained."""
-        return self.params.layers
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        """The methods, parsed."""
-        return self.params.methods
-
-    @property
-    def options(self) -> MethodOptions:
-        """The methods' settings (D-RISE's ``masks``, ``cells``, ``seed``, ``batch``)."""
-        return self.params.options
 
     @property
     def classes(self) -> list[int] | None:
@@ -99,22 +86,21 @@ class DetectionJob(BaseJob):
             raise UsageError("--fuse combines the maps of several layers: give two or more --layer")
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "task": "detection",
-            "layers": list(self.layers),
-            "methods": list(self.methods),
-            "classes": self.classes,
-            "score_threshold": self.params.score_threshold,
-            "max_boxes": self.params.max_boxes,
-            "alpha": self.params.alpha,
-            "colormap": self.params.colormap,
-            "relu": self.params.relu,
-            "eigen_smooth": self.params.eigen_smooth,
+        return job_settings(
+            self,
+            task="detection",
+            layers=list(self.layers),
+            methods=list(self.methods),
+            classes=self.classes,
+            score_threshold=self.params.score_threshold,
+            max_boxes=self.params.max_boxes,
+            alpha=self.params.alpha,
+            colormap=self.params.colormap,
+            relu=self.params.relu,
+            eigen_smooth=self.params.eigen_smooth,
             **({"fuse": self.params.fuse, "fused_only": self.fused_only} if self.params.fuse else {}),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-        }
+        )
 
     def planned(self, stem: str) -> list[str]:
         """The outputs known before the model runs (the per-box ones depend on what it finds)."""
@@ -177,14 +163,7 @@ class DetectionJob(BaseJob):
         """One map (box ``i``'s, or the whole photo's for a class-agnostic method): its name, its captioned
         overlay with the boxes drawn (and raw arrays), its record."""
         lm, n = self.loaded, len(ex.scores)
-        picture = render.overlay(
-            rgb,
-            render.normalize(cam),
-            box,
-            alpha=self.params.alpha,
-            colormap=self.params.colormap,
-            scaled=True,
-        )
+        picture = self._overlay(rgb, render.normalize(cam), box)
         if _per_photo(method):
             for k in range(n):
                 render.draw_box(
@@ -209,11 +188,7 @@ class DetectionJob(BaseJob):
             files.append((name[: -len(".png")] + ".npy", npy_bytes(cam.astype(np.float32))))
             files.append((name[: -len(".png")] + ".full.npy", npy_bytes(full_map(cam, rgb, box))))
         per_photo = _per_photo(method)  # a class-agnostic map stands with no detection too
-        target = None if per_photo else {
-            "index": int(ex.labels[i]),
-            "name": lm.class_name(int(ex.labels[i])),
-            "score": round(float(ex.scores[i]), 6),
-        }  # fmt: skip
+        target = None if per_photo else scored_class(lm, int(ex.labels[i]), float(ex.scores[i]))
         record = {
             "file": name,
             "method": method,
@@ -235,14 +210,7 @@ class DetectionJob(BaseJob):
         for (method, layer), stack in ex.region_maps.items():
             for r, cam in enumerate(to_numpy(stack)):
                 k = int(ex.region_labels[r])
-                picture = render.overlay(
-                    rgb,
-                    render.normalize(cam),
-                    box,
-                    alpha=self.params.alpha,
-                    colormap=self.params.colormap,
-                    scaled=True,
-                )
+                picture = self._overlay(rgb, render.normalize(cam), box)
                 render.outline(picture, to_numpy(ex.region_masks[r]), box)
                 name = f"{stem}.{method}.{slug(layer)}.class{k}.png"
                 count = int((ex.labels == k).sum())

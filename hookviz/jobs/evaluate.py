@@ -18,14 +18,13 @@ from hookviz.io.annotation import input_mask, resolve
 from hookviz.io.annotation import load as load_annotations
 from hookviz.io.images import Box
 from hookviz.jobs.build import chosen_layers, method_options
-from hookviz.jobs.common import BaseJob, check_finite
+from hookviz.jobs.common import BaseJob, check_finite, job_settings, scored_class
 from hookviz.jobs.evaluate_compute import compute
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
 from hookviz.methods.footprint import explain_estimate
 from hookviz.models.classes import label_class, parse_targets
 from hookviz.models.loaded import LoadedModel, num_classes, probe
-from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)
@@ -65,20 +64,19 @@ class EvaluateJob(BaseJob):
             )
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layers": list(self.layers),
-            "methods": list(self.methods),
+        return job_settings(
+            self,
+            layers=list(self.layers),
+            methods=list(self.methods),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-            "targets": "annotated" if self.annotations is not None else _targets_said(self.targets),
-            "steps": self.steps,
-            "baseline": "zeros (the data set's mean colour after normalisation)",
-            "metrics": list(self.metrics),
+            targets="annotated" if self.annotations is not None else _targets_said(self.targets),
+            steps=self.steps,
+            baseline="zeros (the data set's mean colour after normalisation)",
+            metrics=list(self.metrics),
             **({"metric_settings": s} if (s := self.metric_settings.record(self.metrics)) else {}),
             **({"annotations": self.annotations.source} if self.annotations is not None else {}),
             **({"seed": self.seed} if {"robustness", "randomisation"} & set(self.metrics) else {}),
-        }
+        )
 
     def planned(self, stem: str) -> list[str]:
         return []
@@ -187,16 +185,8 @@ class EvaluateJob(BaseJob):
             for name, figures in rows.items()
         }
         fields: dict[str, Any] = {
-            "predicted": {
-                "index": pred,
-                "name": lm.class_name(pred),
-                "score": round(float(ex.predicted_score[index]), 6),
-            },
-            "target": {
-                "index": tgt,
-                "name": lm.class_name(tgt),
-                "score": round(float(ex.target_scores[index, 0]), 6),
-            },
+            "predicted": scored_class(lm, pred, float(ex.predicted_score[index])),
+            "target": scored_class(lm, tgt, float(ex.target_scores[index, 0])),
             "metrics": metrics,
             "forward_passes": passes // max(1, int(ex.targets.shape[0])),
         }

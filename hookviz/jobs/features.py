@@ -13,9 +13,8 @@ from hookviz.core.arrays import to_numpy
 from hookviz.core.layers import map_layers
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, predicted, weights_note
+from hookviz.jobs.common import BaseJob, job_settings, predicted, weights_note
 from hookviz.models.loaded import LoadedModel, probe
-from hookviz.models.settings import model_settings
 from hookviz.options import Colormap, Stage
 
 
@@ -35,14 +34,13 @@ class FeatureMapJob(BaseJob):
         self.colormap = Colormap.parse(self.colormap, "--colormap").value
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layers": list(self.layers),
-            "stage": self.stage,
-            "max_channels": self.max_channels,
-            "colormap": self.colormap,
-        }
+        return job_settings(
+            self,
+            layers=list(self.layers),
+            stage=self.stage,
+            max_channels=self.max_channels,
+            colormap=self.colormap,
+        )
 
     def _stages(self) -> list[str]:
         return ["input", "output"] if self.stage == "both" else [self.stage]

@@ -17,12 +17,11 @@ from hookviz.evaluation import spearman, ssim
 from hookviz.io.images import Box, encode_png
 from hookviz.io.samples import Sample
 from hookviz.jobs.build import method_options, one_layer
-from hookviz.jobs.common import BaseJob, weights_note
+from hookviz.jobs.common import BaseJob, job_settings, weights_note
 from hookviz.methods import MethodOptions
 from hookviz.methods import parse as parse_methods
 from hookviz.methods import title as method_title
 from hookviz.models.loaded import LoadedModel, probe
-from hookviz.models.settings import model_settings
 
 
 @dataclass(kw_only=True)
@@ -50,17 +49,16 @@ class SanityJob(BaseJob):
         self.methods = parse_methods(self.methods)
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layer": self.layer,
-            "methods": list(self.methods),
+        return job_settings(
+            self,
+            layer=self.layer,
+            methods=list(self.methods),
             **({"options": used} if (used := self.options.record(self.methods)) else {}),
-            "seed": self.seed,
-            "order": self.order,
-            "granularity": self.granularity,
+            seed=self.seed,
+            order=self.order,
+            granularity=self.granularity,
             **({"smooth": self.smooth, "smooth_noise": self.noise} if self.smooth > 1 else {}),
-        }
+        )
 
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.sanity.{slug(self.layer)}.png"]

@@ -42,21 +42,8 @@ class SeveralCamJob(CamJob):
             return model.names[0]
         return self.seen.get(layer, (model.names[0],))[0]
 
-    def _one_map(
-        self,
-        result: CamBatch,
-        index: int,
-        rgb: Any,
-        box: Box,
-        base: str,
-        method: str,
-        layer: str,
-        j: int,
-        cam: np.ndarray,
-    ) -> tuple[list[tuple[str, bytes]], np.ndarray, dict[str, Any]]:
+    def _canvas(self, rgb: Any, box: Box, method: str, layer: str) -> tuple[np.ndarray, Box, dict[str, Any]]:
         sample: Sample = rgb
         name = self._drawn_on(method, layer)
-        files, cell, record = super()._one_map(
-            result, index, sample.pictures[name], sample.boxes[name], base, method, layer, j, cam
-        )
-        return files, cell, {**record, "drawn_on": name, "sees": list(self.seen.get(layer, (name,)))}
+        said = {"drawn_on": name, "sees": list(self.seen.get(layer, (name,)))}
+        return sample.pictures[name], sample.boxes[name], said

@@ -17,10 +17,9 @@ from hookviz.engine.explain import ranking
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, predicted, weights_note
+from hookviz.jobs.common import BaseJob, job_settings, predicted, weights_note
 from hookviz.models.classes import parse_target
 from hookviz.models.loaded import LoadedModel, num_classes, probe
-from hookviz.models.settings import model_settings
 from hookviz.training.gradients import gradient_flow
 from hookviz.training.regularize import drop_block
 
@@ -36,13 +35,12 @@ class GradFlowJob(BaseJob):
     kind: str = "gradflow"
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "target": "top1" if self.target is None else self.target,
-            "label": self.label,
-            "layers": list(self.layers) if self.layers else None,
-        }
+        return job_settings(
+            self,
+            target="top1" if self.target is None else self.target,
+            label=self.label,
+            layers=list(self.layers) if self.layers else None,
+        )
 
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.gradflow.png", f"{stem}.gradflow.json"]
@@ -114,16 +112,15 @@ class DropBlockJob(BaseJob):
     kind: str = "dropblock"
 
     def settings(self) -> dict[str, Any]:
-        return {
-            **model_settings(self.loaded),
-            "command": self.kind,
-            "layer": self.layer,
-            "drop_prob": self.drop_prob,
-            "block_size": self.block_size,
-            "shared": self.shared,
-            "seed": self.seed,
-            "max_channels": self.max_channels,
-        }
+        return job_settings(
+            self,
+            layer=self.layer,
+            drop_prob=self.drop_prob,
+            block_size=self.block_size,
+            shared=self.shared,
+            seed=self.seed,
+            max_channels=self.max_channels,
+        )
 
     def planned(self, stem: str) -> list[str]:
         return [f"{stem}.dropblock.{self.layer}.png"]

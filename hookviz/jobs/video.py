@@ -22,7 +22,7 @@ from hookviz.errors import UsageError
 from hookviz.io.images import Box, encode_png
 from hookviz.io.video import encode_webm
 from hookviz.jobs.cam import CamBatch, CamJob
-from hookviz.jobs.common import check_finite, full_map, npy_bytes, weights_note
+from hookviz.jobs.common import check_finite, full_map, npy_bytes, scored_class, weights_note
 from hookviz.methods import REGISTRY
 from hookviz.methods import title as method_title
 
@@ -39,6 +39,21 @@ def video_methods() -> list[str]:
         for name, spec in REGISTRY.items()
         if spec.resolution == "layer" and spec.needs <= {"activations", "layer_gradients"}
     ]
+
+
+def refuse_methods(methods: tuple[str, ...], allowed: list[str], model: str, cells: str) -> None:
+    """Refuse the first of ``methods`` not ``allowed`` for ``model`` (``"a video model"``), as one that masks
+    or differentiates the input's ``cells`` (pixels, voxels).
+
+    Raises:
+        UsageError: naming the method and the ones that apply.
+    """
+    refused = [m for m in methods if m not in allowed]
+    if refused:
+        raise UsageError(
+            f"--method {refused[0]} does not apply to {model} (it masks or differentiates the "
+            f"input's {cells}); use one of {', '.join(allowed)}"
+        )
 
 
 def in_time(cam: np.ndarray, frames: int) -> np.ndarray:
@@ -66,13 +81,7 @@ class VideoCamJob(CamJob):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        allowed = video_methods()
-        refused = [m for m in self.methods if m not in allowed]
-        if refused:
-            raise UsageError(
-                f"--method {refused[0]} does not apply to a video model (it masks or differentiates the "
-                f"input's pixels); use one of {', '.join(allowed)}"
-            )
+        refuse_methods(self.methods, video_methods(), "a video model", "pixels")
         if self.params.fuse is not None:
             raise UsageError(
                 "--fuse is for photos; a video model's layers differ in time steps: leave it out"
@@ -80,7 +89,7 @@ class VideoCamJob(CamJob):
         if self.params.metrics:
             raise UsageError("--metrics is for photos; `hookviz evaluate` measures a video model's maps")
 
-    picture = ".webm"
+    pictures = (".webm",)
 
     def _sheet_name(self, stem: str) -> str | None:
         return f"{stem}.frames.png"  # the contact sheet, always
@@ -226,13 +235,11 @@ def video_summary(
     top = int(mean.argmax())
     votes = sum(1 for r in records if (r.get("predicted") or {}).get("index") == top)
     summary: dict[str, Any] = {
-        "index": top,
-        "name": loaded.class_name(top),
-        "score": round(float(mean[top]), 6),
+        **scored_class(loaded, top, float(mean[top])),
         "clips": len(records),
         "clips_agreeing": votes,
     }
     explained = {(r.get("target") or {}).get("index") for r in records}
     if len(explained) == 1 and (t := explained.pop()) is not None:  # one class explained in every clip
-        summary["target"] = {"index": t, "name": loaded.class_name(t), "score": round(float(mean[t]), 6)}
+        summary["target"] = scored_class(loaded, t, float(mean[t]))
     return summary

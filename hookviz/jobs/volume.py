@@ -21,7 +21,7 @@ from hookviz.io.video import encode_webm
 from hookviz.io.volume import Volume, nifti_bytes, resample
 from hookviz.jobs.cam import CamBatch, CamJob
 from hookviz.jobs.common import check_finite, npy_bytes, weights_note
-from hookviz.jobs.video import video_methods
+from hookviz.jobs.video import refuse_methods, video_methods
 from hookviz.methods import title as method_title
 from hookviz.render import sheet as render_sheet
 from hookviz.render import volume as draw
@@ -42,33 +42,19 @@ class VolumeCamJob(CamJob):
     """:class:`CamJob` for a volume model: its ``render`` takes a :class:`hookviz.io.volume.Volume`."""
 
     kind: str = "gradcam"
-    picture = ".png"
+    pictures = (".png", ".slices.png", ".webm", ".nii.gz")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        allowed = volume_methods()
-        refused = [m for m in self.methods if m not in allowed]
-        if refused:
-            raise UsageError(
-                f"--method {refused[0]} does not apply to a volume model (it masks or differentiates the "
-                f"input's voxels); use one of {', '.join(allowed)}"
-            )
+        refuse_methods(self.methods, volume_methods(), "a volume model", "voxels")
         if self.params.fuse is not None:
             raise UsageError("--fuse is for photos; leave it out for a volume model")
         if self.params.metrics:
             raise UsageError("--metrics is for photos; `hookviz evaluate` measures a volume model's maps")
 
     def planned(self, stem: str) -> list[str]:
-        names = []
-        for m in self.methods:
-            for layer in self._layer_names():
-                for suffix in self._target_suffixes():
-                    base = self._name(stem, m, layer, suffix)
-                    names += [f"{base}.png", f"{base}.slices.png", f"{base}.webm", f"{base}.nii.gz"]
-                    if self.params.save_raw:
-                        names += [f"{base}.npy", f"{base}.full.npy"]
-        sheet = self._sheet_name(stem)
-        return [*names, sheet] if sheet else names
+        sheet = self._sheet_name(stem)  # its render draws no channel terms
+        return [*self._planned_maps(stem), *([sheet] if sheet else [])]
 
     def stills(self, rgb: Volume, axis: int = 2) -> int:
         """How many slices :meth:`still` draws along ``axis``."""

@@ -11,16 +11,14 @@ of 2 a classifier of photos of ``in_channels`` bands.
 
 from __future__ import annotations
 
-import ast
 import warnings
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, SetupError, UsageError, WeightsError, close_matches
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
-from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, query, seeded
 from hookviz.models.weights import apply_state_dict, load_state_dict_file
 
 
@@ -37,22 +35,10 @@ def _nets() -> Any:
     return nets
 
 
-def parse(spec: str) -> tuple[str, dict[str, Any]]:
-    """``monai:NAME?key=value&...`` → the class name and its arguments (Python literals where they parse)."""
-    name, _, query = spec.split(":", 1)[1].partition("?")
-    kwargs: dict[str, Any] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        try:
-            kwargs[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            kwargs[key] = value
-    return name, kwargs
-
-
 def build(spec: str, weights: str, options: Options) -> Built:
     """A MONAI network, built as the query says, with the weights of a file or seeded random ones."""
     nets = _nets()
-    name, kwargs = parse(spec)
+    name, kwargs = query(spec)  # the class name and its arguments
     known = sorted(n for n in dir(nets) if n[:1].isupper() and isinstance(getattr(nets, n), type))
     if name not in known:
         raise ModelNotFoundError(

@@ -19,10 +19,12 @@ server. A new family is one :func:`register_source` call (``register_source(Sour
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import torch
 from torch import nn
@@ -78,6 +80,19 @@ def seeded(make: Callable[[], nn.Module]) -> nn.Module:
 
 #: How a source builds a model: ``build(spec, weights, options)``.
 Builder = Callable[[str, str, Options], Built]
+
+
+def query(spec: str) -> tuple[str, dict[str, Any]]:
+    """``scheme:NAME?key=value&...`` → the name and its arguments (values as Python literals where they
+    parse: ``img_size=384``, ``spatial_dims=3``, ``global_pool='avg'``; else the text as given)."""
+    name, _, rest = spec.split(":", 1)[1].partition("?")
+    kwargs: dict[str, Any] = {}
+    for key, value in parse_qsl(rest, keep_blank_values=True):
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return name, kwargs
 
 
 def named_files(spec: str) -> tuple[Path, ...]:

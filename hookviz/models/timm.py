@@ -6,16 +6,14 @@ a 1000-class head gets the ImageNet class names.
 
 from __future__ import annotations
 
-import ast
 import math
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
 from hookviz.errors import ModelNotFoundError, UsageError, WeightsError, close_matches
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
-from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
+from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, query, seeded
 from hookviz.models.torchvision import imagenet_categories
 from hookviz.models.weights import apply_state_dict, classifier_out, load_state_dict_file
 
@@ -26,19 +24,6 @@ def _timm() -> Any:
     except ImportError:
         raise missing_extra("timm", "timm") from None
     return timm
-
-
-def parse(spec: str) -> tuple[str, dict[str, Any]]:
-    """``timm:NAME?key=value&...`` → the name and ``create_model`` arguments (values as Python literals
-    where they parse: ``img_size=384``, ``output_stride=8``, ``global_pool='avg'``)."""
-    name, _, query = spec.split(":", 1)[1].partition("?")
-    kwargs: dict[str, Any] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        try:
-            kwargs[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            kwargs[key] = value
-    return name, kwargs
 
 
 def _data_config(timm: Any, model: Any, name: str, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -75,7 +60,7 @@ def build(spec: str, weights: str, options: Options) -> Built:
     """A timm model; ``timm:NAME?img_size=384`` passes arguments to ``create_model`` (a fine-tuned model
     must be built as it was trained, or its checkpoint will not fit)."""
     timm = _timm()
-    name, kwargs = parse(spec)
+    name, kwargs = query(spec)  # the name and create_model's arguments
     if not name or not timm.is_model(name):
         known = timm.list_models()
         raise ModelNotFoundError(

@@ -39,6 +39,27 @@ from hookviz.tasks import task_of
 Reader = Callable[[Item, Any, int], tuple[Any, np.ndarray, Any]]
 
 
+def first_batch(
+    items: list[Item], loaded: LoadedModel, n: int, prepared: Callable[[Item], np.ndarray]
+) -> torch.Tensor | None:
+    """The first ``n`` readable ``items``, each ``prepared`` (one that cannot be read is passed over), as one
+    batch on the model's device: those of the first one's shape only (one batch), or None."""
+    xs: list[np.ndarray] = []
+    for item in items:
+        if not item.readable:
+            continue
+        try:
+            x = prepared(item)
+        except InputError:
+            continue
+        if xs and x.shape != xs[0].shape:
+            continue
+        xs.append(x)
+        if len(xs) == n:
+            break
+    return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+
+
 class InputKind:
     """A kind of input; the defaults are photos' (files found by their suffix, read and preprocessed as the
     model's task reads a photo)."""
@@ -102,20 +123,7 @@ class InputKind:
         """The first ``n`` readable inputs, preprocessed, as one batch on the model's device (those of the
         first one's shape only; ``--layer auto`` ranks layers on them), or None."""
         read, preprocess = self.read(loaded), self.preprocess(loaded)
-        xs: list[np.ndarray] = []
-        for item in items:
-            if not item.readable:
-                continue
-            try:
-                _, x, _ = read(item, preprocess, max_pixels)
-            except InputError:
-                continue
-            if xs and x.shape != xs[0].shape:
-                continue
-            xs.append(x)
-            if len(xs) == n:
-                break
-        return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+        return first_batch(items, loaded, n, lambda item: read(item, preprocess, max_pixels)[1])
 
 
 class Photos(InputKind):
@@ -124,32 +132,34 @@ class Photos(InputKind):
     def first_images(
         self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int
     ) -> torch.Tensor | None:
-        xs: list[Any] = []
-        for item in items:
-            if not item.readable:
-                continue
-            try:
-                x, _ = loaded.preprocess(load_rgb(item.source(), max_pixels=max_pixels))
-            except InputError:
-                continue
-            if xs and x.shape != xs[0].shape:  # one batch: photos of the first one's input size
-                continue
-            xs.append(x)
-            if len(xs) == n:
-                break
-        return torch.from_numpy(np.stack(xs)).to(loaded.device) if xs else None
+        def prepared(item: Item) -> np.ndarray:
+            x, _ = loaded.preprocess(load_rgb(item.source(), max_pixels=max_pixels))
+            return x
+
+        return first_batch(items, loaded, n, prepared)
 
 
-class Videos(InputKind):
+class LoadedKind(InputKind):
+    """A kind the model is loaded for (a video, volume or several-input model's ``loaded.inputs``): its
+    inputs are preprocessed as loaded, and ``--layer auto`` ranks layers on photos only."""
+
+    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
+        return loaded.inputs.kind == self.name
+
+    def preprocess(self, loaded: LoadedModel) -> Any:
+        return loaded.inputs
+
+    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
+        return None
+
+
+class Videos(LoadedKind):
     """Video files and folders of frames, cut into clips; each video's whole prediction after its clips."""
 
     name = "video"
     cuts = True
     batch_size = 4
     refusal = "{name} takes photos, not videos; explain photos with hookviz.explain"
-
-    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         stdin = where.pop("stdin", None)
@@ -159,45 +169,27 @@ class Videos(InputKind):
         assert isinstance(loaded.inputs, VideoPreprocess)
         return list(clip_items(found, loaded.inputs, max_pixels))
 
-    def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.inputs
-
-    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
-        return None
-
     def after(self, records: Iterator[dict[str, Any]], job: Any, output: Output, loaded: LoadedModel) -> Any:
         return with_video_summaries(records, job, output, loaded)
 
 
-class Volumes(InputKind):
+class Volumes(LoadedKind):
     """NIfTI, ``.npy`` and DICOM volumes, each at its own grid."""
 
     name = "volume"
     batch_size = 2
     refusal = "{name} does not take volumes; load it with volumes=True or task='volume'"
 
-    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.inputs.kind == self.name
-
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         stdin = where.pop("stdin", None)
         return expand_inputs(specs, stdin, volume=True, **where)
 
-    def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.inputs
 
-    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
-        return None
-
-
-class Samples(InputKind):
+class Samples(LoadedKind):
     """Samples of a model of several inputs: ``NAME=PATH`` specs, their files paired by path or stem."""
 
     name = "sample"
     refusal = "{name} takes one input; load it with load_model(..., inputs=(names...))"
-
-    def claims(self, loaded: LoadedModel, specs: Sequence[str]) -> bool:
-        return loaded.inputs.kind == self.name
 
     def find(self, loaded: LoadedModel, specs: Sequence[str], **where: Any) -> list[Item]:
         several = loaded.inputs
@@ -208,14 +200,8 @@ class Samples(InputKind):
                              f"{', '.join(several.names)}")  # fmt: skip
         return pair_inputs(pairs, where.get("exclude"))
 
-    def preprocess(self, loaded: LoadedModel) -> Any:
-        return loaded.inputs
-
     def read(self, loaded: LoadedModel) -> Reader:
         return read_sample
-
-    def first_images(self, items: list[Item], loaded: LoadedModel, n: int, max_pixels: int) -> None:
-        return None
 
 
 PHOTOS, VIDEOS, VOLUMES, SAMPLES = Photos(), Videos(), Volumes(), Samples()

@@ -6,13 +6,11 @@ The pipeline touches the file system but never the console: it yields one record
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import cv2
 import numpy as np
@@ -22,9 +20,10 @@ from hookviz.core.memory import default_budget, human
 from hookviz.errors import HookvizError, UsageError
 from hookviz.io import timing
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
-from hookviz.io.inputs import Item, expand_inputs, read_input, real_path
-from hookviz.io.outputs import MANIFEST, UNSAFE, Output, finite, safe_name, settings_key, to_json
-from hookviz.io.video import clip_suffix
+from hookviz.io.inputs import Item, expand_inputs, read_input
+from hookviz.io.outputs import MANIFEST, Output, finite, settings_key, to_json
+from hookviz.run.files import Files
+from hookviz.run.names import item_prefix, output_prefix, output_stem
 
 if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline imports no job
     from hookviz.io.samples import SeveralPreprocess
@@ -32,43 +31,17 @@ if TYPE_CHECKING:  # the protocol every job follows (hookviz.jobs); the pipeline
     from hookviz.io.volume import VolumePreprocess
     from hookviz.jobs.common import Job
 
-__all__ = ["MANIFEST", "Item", "Output", "expand_inputs", "finite", "output_stem", "run", "to_json"]
-
-
-def output_stem(path: Path) -> str:
-    """A deterministic, collision-free, safe name for one input: ``<clean stem>-<8 hex of its real path>``.
-
-    Two ``cat.jpg`` in different folders get different names; the name holds only ``[A-Za-z0-9_.-]``,
-    never starts with ``-`` or ``.``, and cannot contain a path separator.
-    """
-    digest = hashlib.sha1(str(real_path(path)).encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    name = path.name[: -len(".nii.gz")] if path.name.lower().endswith(".nii.gz") else path.stem
-    stem = UNSAFE.sub("_", name).lstrip("-._")[:60] or "image"
-    return f"{stem}-{digest}"
-
-
-def output_prefix(path: Path, model: str, key: str) -> str:
-    """``<stem>-<path hash>.<model>.<settings key>``: the start of every output name of one input."""
-    return f"{output_stem(path)}.{safe_name(model)}.{key}"
-
-
-def url_stem(url: str) -> str:
-    """:func:`output_stem` of an input that is not a local file (an object's URL, ``shard.tar#key.jpg``): its
-    last name's stem, and 8 hex of the whole URL."""
-    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    last = url.rsplit("#", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
-    stem = UNSAFE.sub("_", last.partition(".")[0]).lstrip("-._")[:60] or "image"
-    return f"{stem}-{digest}"
-
-
-def item_prefix(item: Item, model: str, key: str) -> str:
-    """The output prefix of a readable item: its file's, or its blob's URL's; a clip's suffix after it."""
-    if item.blob is not None:
-        prefix = f"{url_stem(item.blob.name)}.{safe_name(model)}.{key}"
-    else:
-        assert item.path is not None
-        prefix = output_prefix(item.path, model, key)
-    return prefix + (clip_suffix(item.clip) if item.clip is not None else "")
+__all__ = [
+    "MANIFEST",
+    "Item",
+    "Output",
+    "expand_inputs",
+    "finite",
+    "output_prefix",
+    "output_stem",
+    "run",
+    "to_json",
+]
 
 
 #: Record fields that describe one run of an input rather than its result.
@@ -85,6 +58,18 @@ _Finisher = Callable[[], dict[str, Any]]
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class Pacing(TypedDict, total=False):
+    """The keywords of :func:`run` that a caller passes on as given (:func:`hookviz.run.runner.run_job`):
+    batching, threads, resuming, limits, notes; their defaults are :func:`run`'s."""
+
+    batch_size: int
+    workers: int
+    skip_existing: bool
+    max_pixels: int
+    max_memory: int | None
+    note: Callable[[str], None] | None
 
 
 def run(
@@ -183,8 +168,9 @@ class _Run:
         reading: tuple[Reader, Any, int],
         workers: int,
     ) -> None:
-        self.job, self.output, self.device, self.skip_existing = job, output, device, skip_existing
+        self.job, self.output, self.device = job, output, device
         self.budget, self.note, self.reading = budget, note, reading
+        self.files = Files(job, output, skip_existing)
         settings = job.settings()
         self.key = settings_key(settings)
         self.base = {**base, "key": self.key, "settings": settings}
@@ -266,7 +252,7 @@ class _Run:
                 started.append((item, prefix, None, "again"))
                 continue
             self.seen.add(prefix)
-            note = item.error if item.error is not None else self._existing(item, prefix)
+            note = item.error if item.error is not None else self.files.state(item, prefix)
             if item.error is not None or note not in (None, "fill", "add"):
                 started.append((item, prefix, None, note))
             else:
@@ -274,30 +260,10 @@ class _Run:
                 started.append((item, prefix, self.pool.submit(read, item, preprocess, max_pixels), note))
         return started
 
-    def _existing(self, item: Item, prefix: str) -> str | None:
-        """What the outputs already there make of an input: None (none there, or --overwrite), "skipped",
-        "fill", "add", or an error."""
-        planned = self.planned(prefix)
-        existing = [n for n in planned if self.output.exists(n)]
-        if not existing or self.output.overwrite:
-            return None
-        missing = [n for n in planned if n not in existing]
-        if len(existing) == len(planned):
-            return "skipped" if prefix in self.output.previous else "fill"
-        if all(n.endswith(".npy") for n in missing) and not self.skip_existing:
-            return "add"  # --save-raw added to a finished run: write the arrays, keep the pictures
-        if self.skip_existing:
-            return None
-        return (
-            f"{quote(item.name)}: {len(existing)} of {len(planned)} outputs exist from an "
-            f"earlier run with these settings ({existing[0]}); pass --skip-existing "
-            "to complete them, or --overwrite to redo them"
-        )
-
     def skipped(self, item: Item, prefix: str, fields: dict[str, Any], why: str) -> dict[str, Any]:
         kept = {k: v for k, v in fields.items() if k not in _RUN_FIELDS and k not in self.base}
         kept["prefix"] = prefix
-        kept["outputs"] = [self.output.where(n) for n in self.planned(prefix)]
+        kept["outputs"] = [self.output.where(n) for n in self.files.planned(prefix)]
         return self.record(item, "skipped", note=why, **kept)
 
     def again(self, item: Item, prefix: str) -> dict[str, Any]:
@@ -323,7 +289,7 @@ class _Run:
         except HookvizError as exc:  # what it found before failing (``exc.fields``) is kept in its record
             return self.record(item, "error", f"{quote(item.name)}: {exc}", **getattr(exc, "fields", {}))
         except FileExistsError as exc:
-            if all(self.output.exists(n) for n in self.planned(prefix)):
+            if all(self.output.exists(n) for n in self.files.planned(prefix)):
                 # Another run with these settings finished this input meanwhile (two runs into one --out):
                 # the set is complete, so it is skipped here, not failed.
                 return self.skipped(item, prefix, fields, "outputs written by another run meanwhile")
@@ -346,46 +312,15 @@ class _Run:
         stopped the writing; the record's fields)``; nothing is written for "fill"."""
         with timing.stage("render"):
             files, fields = self.job.render(result, index, rgb, box, prefix)
-        fields = self._written_only(fields, prefix)
+        fields = self.files.named(fields, prefix)
         if note == "fill":
             return None, fields
         try:
             with timing.stage("write"):
                 attrs = {"input": item.name, "box": [box.x0, box.y0, box.x1, box.y1], "prefix": prefix}
-                return self._write(files, note, attrs), fields
+                return self.files.write(files, note, attrs), fields
         except OSError as exc:  # raised by finish, with the fields kept for its record
             return exc, fields
-
-    def _written_only(self, fields: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """``fields`` naming only what is written: with ``--no-pictures`` a map's ``file`` (its PNG) is None,
-        and ``raw`` says where its raw map went (a ``.npy`` file, its Zarr array), if anywhere."""
-        maps = fields.get("maps")
-        if self.output.pictures or not isinstance(maps, list):
-            return fields
-        planned = set(self.planned(prefix))
-        named = []
-        for entry in maps:
-            file = entry.get("file") if isinstance(entry, dict) else None
-            if isinstance(file, str) and not self.output.keeps(file):
-                raw = f"{file[: -len('.png')]}.npy"
-                entry = {**entry, "file": None, **({"raw": self.output.where(raw)} if raw in planned else {})}
-            named.append(entry)
-        return {**fields, "maps": named}
-
-    def planned(self, prefix: str) -> list[str]:
-        """The outputs an input gets: the job's, less those the output does not keep (``--no-pictures``)."""
-        return [n for n in self.job.planned(prefix) if self.output.keeps(n)]
-
-    def _write(self, files: list[tuple[str, bytes]], note: str | None, attrs: dict[str, Any]) -> list[str]:
-        """Write an input's files; "add" writes only those missing. Resuming, an input is redone only when
-        its outputs are incomplete (a killed run): replacing the partial set is the point."""
-        out = self.output
-        files = [(n, data) for n, data in files if out.keeps(n)]
-        if note == "add":
-            return [
-                out.where(n) if out.exists(n) else str(out.write(n, data, attrs=attrs)) for n, data in files
-            ]
-        return [str(out.write(name, data, replace=self.skip_existing, attrs=attrs)) for name, data in files]
 
     def compute(self, current: list[_Started]) -> list[_Finisher]:
         """Run the model on one decoded batch now and start rendering it; return, in input order, what

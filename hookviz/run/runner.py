@@ -33,6 +33,8 @@ from hookviz.run.kinds import InputKind, input_kind, input_kind_of, prepared
 from hookviz.tasks import cam_job, task_of
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from hookviz.jobs.common import Job
     from hookviz.run.distributed import Dist
 
@@ -51,15 +53,11 @@ def run_job(
     output: Output,
     *,
     kind: InputKind | None = None,
-    batch_size: int = 8,
-    workers: int = 2,
-    skip_existing: bool = False,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    max_memory: int | None = None,
-    note: Callable[[str], None] | None = None,
+    **pacing: Unpack[pipeline.Pacing],
 ) -> Iterator[dict[str, Any]]:
     """``job`` over ``items`` (found and cut by ``kind``, default the one ``loaded`` takes), writing into
-    ``output``: one record per item, and what the kind adds after them (a video's whole prediction)."""
+    ``output``: one record per item, and what the kind adds after them (a video's whole prediction);
+    ``pacing``: :func:`hookviz.run.pipeline.run`'s (``batch_size``, ``workers``, ``skip_existing``, ...)."""
     kind = kind or input_kind_of(loaded)
     base = {
         "command": job.kind,
@@ -69,20 +67,9 @@ def run_job(
         **task_of(loaded).fields(loaded),
         **kind.fields(loaded),
     }
+    preprocess, read = kind.preprocess(loaded), kind.read(loaded)
     records = pipeline.run(
-        items,
-        job,
-        preprocess=kind.preprocess(loaded),
-        output=output,
-        device=loaded.device,
-        base=base,
-        batch_size=batch_size,
-        workers=workers,
-        skip_existing=skip_existing,
-        max_pixels=max_pixels,
-        max_memory=max_memory,
-        note=note,
-        read=kind.read(loaded),
+        items, job, preprocess=preprocess, output=output, device=loaded.device, base=base, read=read, **pacing
     )
     return kind.after(records, job, output, loaded)
 

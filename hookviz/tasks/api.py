@@ -139,8 +139,8 @@ def make_cam_job(
         LayerError, TargetError: a bad layer or target.
     """
     settings = settings_of(CamSettings, settings)
-    if context is not None:
-        first_images, agree = first_images or context.first_images, agree or context.agree
+    given = context or RunContext()
+    context = RunContext(first_images or given.first_images, agree or given.agree)
     boxes = task_of(loaded).name == "detection"  # a detector's methods are those that work per box
     families = {
         n: m.family
@@ -150,7 +150,7 @@ def make_cam_job(
     refuse_unavailable(loaded.model, list(settings.methods) or ["gradcam"], families)
     calls = calls if calls is not None else probe(loaded)
     targets = parse_targets(settings.target, loaded, num_classes(loaded), settings.threshold, target_option)
-    return task_of(loaded).cam_job(loaded, settings, calls, targets, first_images=first_images, agree=agree)
+    return task_of(loaded).cam_job(loaded, settings, calls, targets, context)
 
 
 def cam_job(settings: CamSettings, loaded: LoadedModel, context: RunContext) -> BuiltJob:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
@@ -13,7 +12,7 @@ from hookviz.core.hooks import ModuleCall
 from hookviz.core.targets import Target
 from hookviz.errors import UsageError
 from hookviz.io.images import Preprocess
-from hookviz.jobs.build import BuiltJob
+from hookviz.jobs.build import BuiltJob, RunContext
 from hookviz.jobs.detection import detection_job
 from hookviz.jobs.settings import CamSettings
 from hookviz.models.loaded import LoadedModel
@@ -21,7 +20,7 @@ from hookviz.models.torchvision import dense_classes, task_preprocess
 from hookviz.tasks.registry import Task, register_task
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    pass
 
 #: torchvision's detector classes (and the user's models built from them).
 DETECTORS = (
@@ -73,9 +72,7 @@ class Detection(Task):
         settings: CamSettings,
         calls: list[ModuleCall],
         targets: Target,
-        *,
-        first_images: Callable[[int], Tensor | None] | None = None,
-        agree: Callable[[Any], Any] | None = None,
+        context: RunContext,
     ) -> BuiltJob:
         return detection_job(loaded, settings, calls, targets)
 

@@ -14,7 +14,6 @@ Example (a task of the user's own, from outside the package):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -26,7 +25,7 @@ from hookviz.io.images import Box, Preprocess
 from hookviz.io.inputs import Item, read_input
 from hookviz.io.video import VideoPreprocess
 from hookviz.io.volume import VolumePreprocess
-from hookviz.jobs.build import BuiltJob
+from hookviz.jobs.build import BuiltJob, RunContext
 from hookviz.jobs.cam import CamJob
 from hookviz.jobs.cam_build import classifier_job
 from hookviz.jobs.settings import CamSettings
@@ -36,7 +35,7 @@ from hookviz.models.sources import Built
 from hookviz.models.weights import classifier_out
 
 if TYPE_CHECKING:
-    from torch import Tensor, nn
+    from torch import nn
 
 #: The per-image commands hookviz has, in the order a refusal lists the ones a task takes. A task takes every
 #: command but those it refuses, so a new command runs on every task that does not name it.
@@ -113,15 +112,13 @@ class Task:
         settings: CamSettings,
         calls: list[ModuleCall],
         targets: Target,
-        *,
-        first_images: Callable[[int], Tensor | None] | None = None,
-        agree: Callable[[Any], Any] | None = None,
+        context: RunContext,
     ) -> BuiltJob:
-        """The ``gradcam`` job for ``loaded``: layers chosen, the notes to print."""
+        """The ``gradcam`` job for ``loaded``: layers chosen, the notes to print (``context``: what the run
+        gives the choice of ``--layer auto``)."""
         return classifier_job(
-            loaded, settings, calls, targets, first_images=first_images, agree=agree,
-            job_class=self.job_class, dense=self.dense,
-        )  # fmt: skip
+            loaded, settings, calls, targets, context, job_class=self.job_class, dense=self.dense
+        )
 
     def fields(self, loaded: LoadedModel) -> dict[str, Any]:
         """What every record of a run of this task holds besides the job's own fields."""
