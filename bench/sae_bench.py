@@ -47,7 +47,7 @@ def _photos(folder: Path, n: int) -> None:
         Image.fromarray(rng.integers(0, 256, (256, 320, 3), dtype=np.uint8)).save(folder / f"p{i:04d}.jpg")
 
 
-def _library_loop(x: torch.Tensor, shape: Shape, settings: training.TrainSettings) -> float:
+def _library_loop(x: torch.Tensor, shape: Shape, settings: training.TrainSettings) -> tuple[float, float]:
     """overcomplete's own training loop over vectors in memory: seconds for ``settings.steps()`` steps."""
     lib = dictionary.library()
     from torch.utils.data import DataLoader, TensorDataset
@@ -61,20 +61,31 @@ def _library_loop(x: torch.Tensor, shape: Shape, settings: training.TrainSetting
     def criterion(x: torch.Tensor, x_hat: torch.Tensor, *rest: object) -> torch.Tensor:
         return (x - x_hat).square().mean()
 
-    start = time.perf_counter()
+    start = _clocks()
     train_sae(sae, loader, criterion, opt, nb_epochs=1, monitoring=0)
-    return time.perf_counter() - start
+    return _since(start)
 
 
-def _ticker(ticks: list[float]) -> Any:
-    return lambda progress: ticks.append(time.perf_counter())
+def _clocks() -> tuple[float, float]:
+    """Wall-clock seconds and this process's CPU seconds (every thread's): on a loaded machine the second
+    is the work done, the first also the waiting for a core."""
+    return time.perf_counter(), time.process_time()
 
 
-def _own_loop(x: torch.Tensor, shape: Shape, settings: training.TrainSettings) -> float:
+def _since(start: tuple[float, float]) -> tuple[float, float]:
+    now = _clocks()
+    return now[0] - start[0], now[1] - start[1]
+
+
+def _ticker(ticks: list[tuple[float, float]]) -> Any:
+    return lambda progress: ticks.append(_clocks())
+
+
+def _own_loop(x: torch.Tensor, shape: Shape, settings: training.TrainSettings) -> tuple[float, float]:
     """hookviz's steps (its loss, TopK's auxiliary loss for dead features included) over vectors in memory."""
-    start = time.perf_counter()
+    start = _clocks()
     training.train_vectors(x, shape, settings)
-    return time.perf_counter() - start
+    return _since(start)
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -104,32 +115,31 @@ def speed(args: argparse.Namespace) -> None:
         shape = Shape("topk", 256, dictionary.parse_width(args.width, 256), 32)
         hooks, own, library, seen = [], [], [], []
         for r in range(args.rounds):
-            ticks: list[float] = []
-            start = time.perf_counter()
+            ticks: list[tuple[float, float]] = []
+            start = _clocks()
             done = train_sae(loaded, items, "layer3", Path(d) / f"run{r}", settings, tick=_ticker(ticks))
-            hooks.append(ticks[-1] - start)
+            hooks.append((ticks[-1][0] - start[0], ticks[-1][1] - start[1]))
             seen.append(done.metrics["training_vectors"])
             own.append(_own_loop(held, shape, settings))
             library.append(_library_loop(held, shape, settings))
             load.append(os.getloadavg()[0])
     vectors = settings.steps() * settings.batch
-    rates = {
-        "from hooks (hookviz sae train: decode, forward to layer3, buffer, steps; not the quality after)": [
-            n / t for n, t in zip(seen, hooks, strict=True)
-        ],
-        "hookviz's own steps over the vectors in memory (train_vectors)": [vectors / t for t in own],
-        "overcomplete's train_sae over the vectors in memory": [vectors / t for t in library],
-    }
     print(f"{args.photos} photos, 196 vectors each; {settings.steps()} steps of 1024; width {shape.width}; "
           f"load average (1 min) {min(load):.1f}-{max(load):.1f}; rounds {args.rounds}")  # fmt: skip
-    for name, values in rates.items():
-        each = ", ".join(f"{v:,.0f}" for v in values)
-        print(f"{name}: median {statistics.median(values):,.0f} vectors/s ({each})")
-    hooks_rate = statistics.median(rates[next(iter(rates))])
-    print(
-        f"from hooks / overcomplete: {hooks_rate / statistics.median(list(rates.values())[2]):.2f}x; "
-        f"from hooks / hookviz in memory: {hooks_rate / statistics.median(list(rates.values())[1]):.2f}x"
-    )
+    for clock, c in (("wall-clock", 0), ("CPU time", 1)):
+        rates = {
+            "from hooks (hookviz sae train: decode, forward to layer3, buffer, steps)": [
+                n / t[c] for n, t in zip(seen, hooks, strict=True)
+            ],
+            "hookviz's own steps over the vectors in memory (train_vectors)": [vectors / t[c] for t in own],
+            "overcomplete's train_sae over the vectors in memory": [vectors / t[c] for t in library],
+        }
+        medians = [statistics.median(v) for v in rates.values()]
+        for (name, values), median in zip(rates.items(), medians, strict=True):
+            each = ", ".join(f"{v:,.0f}" for v in values)
+            print(f"{clock}: {name}: median {median:,.0f} vectors/s ({each})")
+        print(f"{clock}: from hooks / overcomplete {medians[0] / medians[2]:.2f}x; from hooks / hookviz in "
+              f"memory {medians[0] / medians[1]:.2f}x")  # fmt: skip
 
 
 def memory(args: argparse.Namespace) -> None:

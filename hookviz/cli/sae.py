@@ -149,8 +149,18 @@ def train(
     code = 0
     try:
         device = distributed.device_and_threads(dist, device)
+        lead = dist.rank == 0  # the one that says the outcome
         _train(
-            model, inputs, layer, settings, out, folder, overwrite, device, quiet or dist.rank > 0, as_json
+            model,
+            inputs,
+            layer,
+            settings,
+            out,
+            folder,
+            overwrite,
+            device,
+            quiet or not lead,
+            as_json and lead,
         )
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
