@@ -165,7 +165,7 @@ def peak_rss(root: Path, photos: Path, out: Path, report: Path) -> tuple[int, fl
     """``hookviz sae train`` in a process of its own, the peak resident memory it reports at its exit."""
     args = ["sae", "train", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none",
             "--input-size", "32", "--resize", "squash", "--layer", "features.10", "--width", "2x", "--k", "8",
-            "--vectors", "640000", "--batch", "4096", "--buffer", "2048", "--device", "cpu", "--quiet",
+            "--vectors", "640000", "--batch", "4096", "--buffer", "8192", "--device", "cpu", "--quiet",
             "--out", str(out)]  # fmt: skip
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", PEAK, str(report), *args], cwd=root, check=True)
