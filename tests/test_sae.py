@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +25,9 @@ from hookviz.sae import api, dictionary, store
 from hookviz.sae.api import load_sae, train_sae
 from hookviz.sae.dictionary import Shape
 from hookviz.sae.training import TrainSettings, train_vectors
-from tests.conftest import Trained, invoke, tiny_loaded, write_image
+from tests.conftest import PATIENCE, Trained, invoke, run_cli, started, tiny_loaded, write_image
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LAYER = "features.10"  # the last ReLU of TinyCNN: (B, 64, 12, 12) for a 48-pixel input
 #: Small, fast settings for the shapes model (every figure below is seeded).
@@ -198,13 +205,14 @@ def test_the_command_trains_and_refuses_bad_input(
         "k": [*model, "--layer", LAYER, "--width", "16", "--k", "16", "--out", str(tmp_path / "b")],
         "width": [*model, "--layer", LAYER, "--width", "wide", "--out", str(tmp_path / "c")],
         "model": [*_cli(other_weights, tmp_path), "--layer", LAYER, *quick, "--out", str(out)],
+        "buffer": [*model, "--layer", LAYER, *quick, "--buffer", "100", "--out", str(tmp_path / "d")],
     }
     for what, args in bad.items():
         res = invoke("sae", "train", str(shapes_folder), *args)
         assert res.exit_code == 2, (what, res.output)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1, (what, lines)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not any((tmp_path / name).exists() for name in "abd")
 
 
 def _kinds(folder: Path) -> dict[str, int]:
@@ -382,15 +390,20 @@ def test_quality_is_measured_on_held_out_inputs(
     says so."""
     loaded, items = tiny_loaded(trained.model), expand_inputs([str(shapes_folder)])
     read: list[str] = []
-    real = api.read_batch
+    real, real_each = api.read_batch, api.read_each
 
     def spy(chunk: Any, *args: Any) -> Any:
         read.extend(item.name for item in chunk)
         return real(chunk, *args)
 
+    def spy_each(chunk: Any, *args: Any) -> Any:
+        read.extend(item.name for item in chunk)
+        return real_each(chunk, *args)
+
     settings = dataclasses.replace(QUICK, vectors=3000, eval=0.25)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(api, "read_batch", spy)
+        mp.setattr(api, "read_each", spy_each)
         done = train_sae(loaded, items, LAYER, tmp_path / "run", settings)
     held = {item.name for item in items[27:]}
     m = done.metrics
@@ -543,3 +556,173 @@ def test_a_vision_language_model_s_vision_tower(family: str, prefix: int, tmp_pa
     record = json.loads(res.stdout.strip().splitlines()[-1])
     assert record["grid"] == [8, 8] and np.load(record["raw"]).shape == (len(record["features"]), 57, 95)
     assert record["scaled"]["classes"] == [] and -1 <= record["scaled"]["output_cosine"] <= 1
+
+
+def _weights_of(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / store.WEIGHTS))
+
+
+def test_a_second_run_with_the_cache_runs_no_forward_pass(
+    trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cache: the first run writes every input's vectors once (36 photos x 144 rows, in shards); a second
+    run over the same inputs reads them: it reads no photo and runs the model once (the probe of the layer's
+    width), and ends with the dictionary of the first."""
+    loaded, items = tiny_loaded(trained.model), expand_inputs([str(shapes_folder)])
+    first = train_sae(loaded, items, LAYER, tmp_path / "one", QUICK, cache=tmp_path / "cache")
+    (key,) = list((tmp_path / "cache").iterdir())
+    rows = sum(np.load(p, mmap_mode="r").shape[0] for p in key.glob("shard-*.npy"))
+    assert rows == 36 * 144 and len(list(key.glob("shard-*.json"))) == len(list(key.glob("shard-*.npy")))
+    calls = {"read": 0, "forward": 0}
+    real_read, real_forward = api.read_each, api.layer_output
+
+    def reading(*args: Any) -> Any:
+        calls["read"] += 1
+        return real_read(*args)
+
+    def forward(*args: Any) -> Any:
+        calls["forward"] += 1
+        return real_forward(*args)
+
+    monkeypatch.setattr(api, "read_each", reading)
+    monkeypatch.setattr(api, "layer_output", forward)
+    second = train_sae(loaded, items, LAYER, tmp_path / "two", QUICK, cache=tmp_path / "cache")
+    assert calls == {"read": 0, "forward": 1}, calls
+    a, b = _weights_of(tmp_path / "one"), _weights_of(tmp_path / "two")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5)
+    assert first.metrics["steps"] == second.metrics["steps"] == QUICK.steps()
+
+
+def test_vectors_kept_in_memory_spare_the_later_passes(
+    trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 36 photos' vectors (5,184) fit in the kept blocks: over about 2.3 passes each photo is read and
+    run once; with --keep 0 every pass reads them again; the dictionary is the same either way."""
+    loaded, items = tiny_loaded(trained.model), expand_inputs([str(shapes_folder)])
+    read: list[str] = []
+    real = api.read_each
+
+    def spy(chunk: Any, *args: Any) -> Any:
+        read.extend(item.name for item in chunk)
+        return real(chunk, *args)
+
+    monkeypatch.setattr(api, "read_each", spy)
+    train_sae(loaded, items, LAYER, tmp_path / "kept", QUICK)
+    assert sorted(read) == sorted(item.name for item in items)
+    read.clear()
+    train_sae(loaded, items, LAYER, tmp_path / "again", dataclasses.replace(QUICK, keep=0))
+    assert len(read) > 2 * 36
+    a, b = _weights_of(tmp_path / "kept"), _weights_of(tmp_path / "again")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint(
+    weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """hookviz sae train killed with SIGKILL once its first checkpoint is on disk (step 25 of 600): started
+    again, it resumes there (says so, the steps before not taken again) and ends with the dictionary of a run
+    never interrupted; run once more it is not trained again, and --overwrite trains it again."""
+    args = ["sae", "train", str(shapes_folder), *_cli(weights, tmp_path), "--layer", LAYER, "--width", "2x",
+            "--k", "8", "--vectors", str(256 * 600), "--batch", "256", "--buffer", "2048", "--lr", "2e-3",
+            "--checkpoint-every", "25"]  # fmt: skip
+    cut = tmp_path / "cut"
+    command = [sys.executable, "-m", "hookviz", *args, "--out", str(cut), "--quiet"]
+    with started(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + PATIENCE
+        while not (cut / store.CHECKPOINT).is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr and proc.stderr.read()
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    step = int(torch.load(cut / store.CHECKPOINT, weights_only=True)["step"])
+    assert 25 <= step < 600 and step % 25 == 0 and not (cut / store.WEIGHTS).exists()
+    assert json.loads((cut / store.CONFIG).read_text())["status"] == "training"
+    res = run_cli([sys.executable, "-m", "hookviz", *args, "--out", str(cut), "--json"], cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    resumed = json.loads(res.stdout.strip().splitlines()[-1])
+    assert resumed["status"] == "resumed" and resumed["resumed_from_step"] == step
+    assert resumed["steps"] == 600 and not (cut / store.CHECKPOINT).exists()
+    whole = invoke(*args, "--out", str(tmp_path / "whole"), "--json")
+    assert whole.exit_code == 0, whole.output
+    a, b = _weights_of(tmp_path / "whole"), _weights_of(cut)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+    before = (cut / store.WEIGHTS).read_bytes()
+    again = invoke(*args, "--out", str(cut), "--json")
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "skipped"
+    assert (cut / store.WEIGHTS).read_bytes() == before
+    over = invoke(*args, "--out", str(cut), "--json", "--overwrite", "--vectors", str(256 * 30))
+    assert over.exit_code == 0 and json.loads(over.stdout.strip().splitlines()[-1])["steps"] == 30
+
+
+#: ``python -c PEAK REPORT ARGS...``: ``hookviz ARGS`` whose peak resident memory (bytes) goes to REPORT.
+PEAK = """import resource, runpy, sys
+report, sys.argv = sys.argv[1], ["hookviz", *sys.argv[2:]]
+try:
+    runpy.run_module("hookviz", run_name="__main__", alter_sys=True)
+finally:
+    open(report, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+"""
+
+
+@pytest.mark.slow
+def test_peak_memory_is_flat_from_1k_to_10k_photos(weights: Path, tmp_path: Path) -> None:
+    """hookviz sae train over 1,000 and over 10,000 photos of 32 pixels (64 vectors of 64 a photo), the same
+    640,000 training vectors (a pass over the 10,000; ten over the 1,000), each in its own process: the peak
+    resident memory of the second is within 24 MiB of the first's (holding the vectors of every photo would
+    add 148 MiB)."""
+    rng = np.random.default_rng(0)
+    peaks, seen = {}, {}
+    for n in (1000, 10_000):
+        folder = tmp_path / f"photos{n}"
+        folder.mkdir()
+        for i in range(n):
+            write_image(folder / f"p{i:05d}.png", rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+        model = ["--model", "tests.conftest:TinyCNN", "--weights", str(weights), "--input-size", "32",
+                 "--resize", "squash", "--mean", "0,0,0", "--std", "1,1,1", "--device", "cpu"]  # fmt: skip
+        args = ["sae", "train", str(folder), *model, "--layer", LAYER, "--width", "2x", "--k", "8",
+                "--vectors", "640000", "--batch", "4096", "--buffer", "8192", "--json",
+                "--out", str(tmp_path / f"run{n}")]  # fmt: skip
+        report = tmp_path / f"rss{n}"
+        res = run_cli([sys.executable, "-c", PEAK, str(report), *args], cwd=ROOT)
+        assert res.returncode == 0, res.stderr
+        peaks[n] = int(report.read_text())
+        seen[n] = json.loads(res.stdout.strip().splitlines()[-1])["training_vectors"]
+    assert seen[10_000] == 640_000 and seen[1000] > 600_000  # one pass over the 10,000 (ten over the 1,000)
+    assert peaks[10_000] - peaks[1000] < 24 * 2**20, {n: p / 2**20 for n, p in peaks.items()}
+
+
+@pytest.mark.slow
+def test_torchrun_trains_one_dictionary_as_good_as_one_process(
+    weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """torchrun --nproc-per-node 2 (gloo, CPU): each rank trains on its half of the photos, the gradients
+    averaged (the ranks end with the same weights, checked at the end), the same steps and vectors as one
+    process; rank 0 writes one dictionary, measured as well as the one process's (explained variance within
+    0.03, the same top-1 agreement within 0.1)."""
+    args = ["sae", "train", str(shapes_folder), *_cli(weights, tmp_path), "--layer", LAYER, "--width", "2x",
+            "--k", "8", "--vectors", "12000", "--batch", "256", "--buffer", "2048", "--lr", "2e-3",
+            "--checkpoint-every", "10", "--json"]  # fmt: skip
+    res = invoke(*args, "--out", str(tmp_path / "one"))
+    assert res.exit_code == 0, res.output
+    one = json.loads(res.stdout.strip().splitlines()[-1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    ran = run_cli([*torchrun, "-m", "hookviz", *args, "--out", str(tmp_path / "two")], env=env, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    lines = [json.loads(line) for line in ran.stdout.strip().splitlines() if line.startswith("{")]
+    assert len(lines) == 1, ran.stdout  # rank 0 alone says it
+    two = lines[0]
+    assert two["status"] == "trained" and two["steps"] == one["steps"] == 47
+    assert two["training_vectors"] == one["training_vectors"]
+    assert two["explained_variance"] >= one["explained_variance"] - 0.03, (one, two)
+    assert abs(two["top1_agreement"] - one["top1_agreement"]) <= 0.1
+    folder = tmp_path / "two"
+    assert json.loads((folder / store.CONFIG).read_text())["status"] == "finished"
+    assert not (folder / store.CHECKPOINT).exists() and (folder / store.WEIGHTS).is_file()

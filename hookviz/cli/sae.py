@@ -11,11 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
+from hookviz.cli.app import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from hookviz.cli.flags import Device, Inputs, Quiet
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import ModelOptions, PlainModel, grouped
-from hookviz.errors import UsageError
+from hookviz.errors import HookvizError, UsageError
 from hookviz.options import Resize
+from hookviz.run import distributed
 
 DICT = "Dictionary"
 
@@ -43,6 +45,13 @@ Buffer = Annotated[int, typer.Option("--buffer", min=1, rich_help_panel=DICT,
     help="vectors per shuffle block (the buffer's bound).")]  # fmt: skip
 Every = Annotated[int, typer.Option("--checkpoint-every", min=1, rich_help_panel=DICT,
     help="steps between checkpoints (a killed run resumes from the last).")]  # fmt: skip
+Keep = Annotated[int, typer.Option("--keep", min=0, rich_help_panel=DICT,
+    help="blocks of --buffer vectors held in memory over passes while every input's vectors fit in them: the "
+    "passes after the first then run no forward pass (0: every pass runs the model).")]  # fmt: skip
+Cache = Annotated[str | None, typer.Option("--cache", metavar="DIR|auto", help="write each input's vectors "
+    "once to shards in DIR (auto: the run folder's cache/), read by later passes and later runs instead of "
+    "running the model; keyed by the model's weights, the layer, the preprocessing and the inputs' "
+    "names.")]  # fmt: skip
 Eval = Annotated[float, typer.Option("--eval", min=0.0, max=0.99, rich_help_panel=DICT,
     help="share of the inputs held out of training (the last ones given) that the quality is measured on; "
     "0: measured on the first 64 training inputs (metrics.json's evaluated_on says which).")]  # fmt: skip
@@ -111,9 +120,11 @@ def train(
     lr: Lr = 4e-4,
     seed: Seed = 0,
     buffer: Buffer = 16_384,
+    keep: Keep = 8,
     checkpoint_every: Every = 200,
     eval_share: Eval = 0.0,
     batch_size: InputsBatch = 16,
+    cache: Cache = None,
     out: RunDir = Path("sae"),
     overwrite: Again = False,
     device: Device = "auto",
@@ -121,19 +132,70 @@ def train(
     as_json: JsonOut = False,
 ) -> None:
     """Train a sparse dictionary of a layer's activations over DATA (photos, folders, globs, shards), streamed
-    from forward hooks; resumable; metrics.json and the console give its quality."""
-    from hookviz.io.inputs import expand_inputs
-    from hookviz.sae.api import train_sae
-    from hookviz.sae.quality import console
+    from forward hooks; resumable; metrics.json and the console give its quality. Under torchrun every
+    process trains on its share of DATA, the gradients averaged at every step; rank 0 writes the run."""
     from hookviz.sae.training import TrainSettings
 
     settings = TrainSettings(
-        arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer,
+        arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer, keep=keep,
         checkpoint_every=checkpoint_every, inputs_batch=batch_size, eval=eval_share,
     )  # fmt: skip
+    folder = None if cache is None else out / "cache" if cache == "auto" else Path(cache)
+    dist = distributed.from_env()
+    if dist is None:
+        _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet, as_json)
+        return
+    distributed.init(dist)
+    code = 0
+    try:
+        device = distributed.device_and_threads(dist, device)
+        lead = dist.rank == 0  # the one that says the outcome
+        _train(
+            model,
+            inputs,
+            layer,
+            settings,
+            out,
+            folder,
+            overwrite,
+            device,
+            quiet or not lead,
+            as_json and lead,
+        )
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except HookvizError as exc:
+        if dist.rank == 0 or exc.exit_code != EXIT_USAGE:  # a usage error is the same on every rank
+            typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
+        code = exc.exit_code
+    except Exception as exc:
+        typer.echo(f"hookviz[rank {dist.rank}]: internal error: {type(exc).__name__}: {exc}", err=True)
+        code = EXIT_INTERNAL
+    worst = distributed.finish(dist, code)
+    if worst and dist.rank == 0:  # torchrun exits with rank 0's code
+        raise typer.Exit(worst)
+
+
+def _train(
+    model: ModelOptions,
+    inputs: list[str],
+    layer: str,
+    settings: Any,
+    out: Path,
+    cache: Path | None,
+    overwrite: bool,
+    device: str,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """One process's training (the whole of it, or a torchrun rank's share); rank 0 (or the one process)
+    says the outcome."""
+    lib = _library()
     loaded = load_options(dataclasses.replace(model, device=device), quiet)
-    items = expand_inputs(inputs)
-    done = train_sae(loaded, items, layer, out, settings, overwrite=overwrite, options=options_json(model))
+    done = lib.train_sae(loaded, lib.expand_inputs(inputs), layer, out, settings, overwrite=overwrite,
+                         options=options_json(model), cache=cache)  # fmt: skip
+    if not done.metrics:  # a torchrun rank other than 0
+        return
     if done.skipped_inputs and not quiet:
         typer.echo(f"hookviz: note: {len(done.skipped_inputs)} input(s) unreadable, e.g. "
                    f"{done.skipped_inputs[0]}", err=True)  # fmt: skip
@@ -143,7 +205,28 @@ def train(
         if done.status == "skipped":
             typer.echo(f"skipped: {out} holds a finished dictionary (--overwrite trains again)", err=as_json)
         else:
-            typer.echo(f"{done.status}: {out}; {console(done.metrics)}", err=as_json)
+            typer.echo(f"{done.status}: {out}; {lib.console(done.metrics)}", err=as_json)
+
+
+def _library() -> Any:
+    """The library calls the commands use (imported on first use: torch stays out of ``--help``)."""
+    from types import SimpleNamespace
+
+    from hookviz.io.inputs import expand_inputs
+    from hookviz.sae import api, views
+    from hookviz.sae.quality import console
+
+    return SimpleNamespace(
+        expand_inputs=expand_inputs, train_sae=api.train_sae, load_sae=api.load_sae,
+        import_sae=api.import_sae, describe=views.describe, explain_photo=views.explain_photo,
+        console=console,
+    )  # fmt: skip
+
+
+def _opened(model: ModelOptions, folder: Path, device: str, quiet: bool) -> tuple[Any, Any]:
+    """The run folder's model (its options, those given again replacing them) and its dictionary."""
+    loaded = load_options(dataclasses.replace(from_run(model, folder), device=device), quiet)
+    return loaded, _library().load_sae(folder, loaded)
 
 
 Top = Annotated[int, typer.Option("--top", "-k", min=1, help="top patches kept per feature.")]
@@ -174,13 +257,10 @@ def features(
 ) -> None:
     """Each feature of a dictionary over DATA: its top patches (input and box in the photo's pixels), its
     histogram and the classes it pushes (by ablation); DIR/features/features.json and a sheet per feature."""
-    from hookviz.io.inputs import expand_inputs
-    from hookviz.sae.api import load_sae
-    from hookviz.sae.views import describe
-
-    loaded = load_options(dataclasses.replace(from_run(model, folder), device=device), quiet)
-    found = load_sae(folder, loaded)
-    data = describe(found, loaded, expand_inputs(inputs), folder, top=top, detail=detail, batch=batch_size)
+    lib = _library()
+    loaded, found = _opened(model, folder, device, quiet)
+    data = lib.describe(found, loaded, lib.expand_inputs(inputs), folder, top=top, detail=detail,
+                        batch=batch_size)  # fmt: skip
     if not quiet:
         live = sum(1 for f in data["features"] if f["fired"] > 0)
         sheets = sum(1 for f in data["features"] if "sheet" in f)
@@ -205,20 +285,16 @@ def explain(
     """Per photo, where its strongest features fire (their maps over the patch grid, upsampled onto the
     photo), and with --feature, the class probabilities when that feature is scaled (--scale 0 ablates it)
     inside the forward pass (an image-text model's embedding: its cosine to the unscaled one)."""
-    from hookviz.io.inputs import expand_inputs
-    from hookviz.sae.api import load_sae
-    from hookviz.sae.views import explain_photo
-
-    loaded = load_options(dataclasses.replace(from_run(model, sae), device=device), quiet)
-    found = load_sae(sae, loaded)
+    lib = _library()
+    loaded, found = _opened(model, sae, device, quiet)
     if feature is not None and not 0 <= feature < found.shape.width:
         raise UsageError(f"--feature {feature}: the dictionary has features 0 to {found.shape.width - 1}")
     out.mkdir(parents=True, exist_ok=True)
-    for item in expand_inputs(inputs):
+    for item in lib.expand_inputs(inputs):
         if item.error is not None:
             typer.echo(f"hookviz: {item.error}", err=True)
             continue
-        record = explain_photo(
+        record = lib.explain_photo(
             found, loaded, item, out, strongest=strongest, feature=feature, scale=scale, save_raw=save_raw
         )
         if as_json:
@@ -252,10 +328,8 @@ def import_(
 ) -> None:
     """A published ViT-Prisma or saev SAE of a layer, read from a local file into a run folder that features
     and explain take."""
-    from hookviz.sae.api import import_sae
-
     loaded = load_options(dataclasses.replace(model, device=device), quiet)
-    found = import_sae(path, fmt, loaded, layer, out, overwrite=overwrite)
+    found = _library().import_sae(path, fmt, loaded, layer, out, overwrite=overwrite)
     if not quiet:
         typer.echo(f"imported {path} ({found.shape.width} features of {found.shape.d}-wide vectors, k "
                    f"{found.shape.k}) into {out}", err=True)  # fmt: skip

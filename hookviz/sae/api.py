@@ -10,17 +10,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as td
 
+from hookviz.core.layout import Layout
 from hookviz.errors import UsageError
 from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item
 from hookviz.models.loaded import LoadedModel
 from hookviz.sae import dictionary, interchange, quality, store, training
+from hookviz.sae.cache import Kept, Prefetched, Shards, cache_key, cached
 from hookviz.sae.dictionary import Norm, Shape
 from hookviz.sae.store import CHECKPOINT, CONFIG, METRICS, WEIGHTS, Trained
 from hookviz.sae.training import Progress, TrainSettings
-from hookviz.sae.vectors import Position, layer_output, read_batch, site_layout, stream, to_vectors
+from hookviz.sae.vectors import (
+    Position,
+    Source,
+    from_model,
+    layer_output,
+    read_batch,
+    read_each,
+    site_layout,
+    stream,
+    to_vectors,
+)
 
 #: Inputs the quality is measured over (the first of the inputs' seeded order).
 EVAL_INPUTS = 64
@@ -51,6 +64,13 @@ def _probe(loaded: LoadedModel, items: Sequence[Item]) -> torch.Tensor:
         if x is not None:
             return x.to(loaded.device)
     raise UsageError("no input could be read: give a folder, files or a table of photos")
+
+
+def _site(loaded: LoadedModel, layer: str, items: Sequence[Item]) -> tuple[Layout, int]:
+    """The layer's layout and the vectors' size, from the first readable input."""
+    x = _probe(loaded, items)
+    layout = site_layout(loaded.model, layer, x)
+    return layout, int(to_vectors(layer_output(loaded.model, layer, x), layout).shape[1])
 
 
 def held_out(items: Sequence[Item], share: float) -> tuple[Sequence[Item], Sequence[Item]]:
@@ -93,14 +113,30 @@ def train_sae(
     overwrite: bool = False,
     tick: Callable[[Progress], None] | None = None,
     options: dict[str, Any] | None = None,
+    cache: Path | None = None,
 ) -> Outcome:
-    """Train a dictionary of ``layer`` over ``items`` into ``folder`` (resuming a checkpoint there);
-    ``options``, the model options it was given (``hookviz sae features`` and ``explain`` reuse them), go into
-    its config.json."""
+    """Train a dictionary of ``layer`` over ``items`` into ``folder`` (resuming a checkpoint there).
+
+    Args:
+        loaded: the model.
+        items: the inputs (the last ``settings.eval`` share held out and measured on).
+        layer: the layer whose output is the vectors.
+        folder: the run folder.
+        settings: how to train.
+        overwrite: train again over a finished run.
+        tick: called after every step.
+        options: the model options it was given (``hookviz sae features`` and ``explain`` reuse them), kept
+            in its config.json.
+        cache: a folder where each input's vectors are written once and read by later passes and runs.
+
+    Under torchrun (``torch.distributed`` initialised with several ranks) every rank calls it: each trains
+    on its share of the inputs, the gradients averaged at every step; rank 0 writes the run folder."""
     model, device = loaded.model.eval(), loaded.device
+    if settings.buffer < settings.batch:
+        raise UsageError(f"--buffer {settings.buffer} is below --batch {settings.batch}: a block must hold a "
+                         f"step's vectors; give --buffer {settings.batch} or more")  # fmt: skip
     items, held = held_out(items, settings.eval)
-    layout = site_layout(model, layer, _probe(loaded, items))
-    d = int(to_vectors(layer_output(model, layer, _probe(loaded, items)), layout).shape[1])
+    layout, d = _site(loaded, layer, items)
     shape = Shape(settings.arch, d, dictionary.parse_width(settings.width, d), settings.k)
     shape.check()
     config = {
@@ -109,7 +145,7 @@ def train_sae(
         **dictionary.summary(shape), "settings": settings.key(), "versions": _versions(),
         "status": "training", "options": options,
     }  # fmt: skip
-    state = _prepare(folder, config, overwrite)
+    state = _agreed(lambda: _prepare(folder, config, overwrite))
     if state == "finished":
         return Outcome("skipped", folder, store.read_json(folder / METRICS), [])
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,32 +153,12 @@ def train_sae(
     sae = training.new_sae(shape, settings.seed, device)
     opt = training.optimiser(sae, settings)
     checkpoint = store.load_checkpoint(folder) if state == "resume" else None
-    start, norm, progress = Position(), None, Progress()
-    if checkpoint is not None:
-        norm, progress = training.restore(checkpoint, sae, opt)
-        start = progress.position
-
-    def vectors_of(x: torch.Tensor) -> torch.Tensor:
-        return to_vectors(layer_output(model, layer, x.to(device)), layout)
-
-    def read(chunk: Sequence[Item]) -> torch.Tensor | None:
-        return read_batch(chunk, loaded.preprocess, DEFAULT_MAX_PIXELS, skipped)
-
-    blocks = stream(vectors_of, items, read, seed=settings.seed, buffer=settings.buffer,
-                    batch=settings.inputs_batch, start=start)  # fmt: skip
-    if norm is None:
-        first = next(blocks)
-        norm = Norm.fit(first.vectors.float())
-        blocks = _chain(first, blocks)
-    config["norm"] = {"scale": norm.scale}
-    store.write_json(folder / CONFIG, config)
-    fitted = norm
-
-    def save(p: Progress) -> None:
-        store.save_checkpoint(folder, training.checkpoint_state(sae, opt, fitted, p))
-
-    progress = training.run_blocks(sae, shape, norm, opt, blocks, settings, progress, save, tick)
-    store.save_weights(folder, sae, norm)
+    sources = _source(loaded, layer, layout, items, skipped, settings, cache, config["fingerprint"])
+    progress, norm = _trained(
+        sae, shape, opt, sources, len(items), settings, checkpoint, folder, config, tick
+    )
+    if _rank() != 0:
+        return Outcome("trained", folder, {}, skipped)
     found = Trained(sae, shape, norm, layer, layout, config)
     ordered = (held or items)[:EVAL_INPUTS]
     metrics = quality.evaluate(
@@ -150,10 +166,133 @@ def train_sae(
     )
     on = {"evaluated_on": "held_out" if held else "training", "held_out_inputs": len(held)}
     metrics = {**metrics, **on, "steps": progress.step, "training_vectors": progress.seen}
+    if checkpoint is not None:
+        metrics["resumed_from_step"] = int(checkpoint["step"])
     store.write_json(folder / METRICS, metrics)
     store.write_json(folder / CONFIG, {**config, "status": "finished", "steps": progress.step})
     (folder / CHECKPOINT).unlink(missing_ok=True)
     return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, skipped)
+
+
+def _rank() -> int:
+    return td.get_rank() if training.world() > 1 else 0
+
+
+def _agreed(decide: Callable[[], str]) -> str:
+    """``decide()`` on rank 0 only (it may clear the folder), its answer or its usage error on every rank."""
+    if training.world() == 1:
+        return decide()
+    box: list[Any] = [None]
+    if _rank() == 0:
+        try:
+            box = [("ok", decide())]
+        except UsageError as e:
+            box = [("error", str(e))]
+    td.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise UsageError(value)
+    return str(value)
+
+
+def _source(
+    loaded: LoadedModel,
+    layer: str,
+    layout: Layout,
+    items: Sequence[Item],
+    skipped: list[str],
+    settings: TrainSettings,
+    cache: Path | None,
+    fingerprint: str,
+) -> tuple[Source, Shards | None]:
+    """The vectors of ``items`` by place: kept in memory while they all fit, read from ``cache`` where it
+    holds them, else the inputs read and run through the model up to ``layer`` (together)."""
+    model, device = loaded.model, loaded.device
+
+    def vectors_of(x: torch.Tensor) -> torch.Tensor:
+        return to_vectors(layer_output(model, layer, x.to(device, non_blocking=True)), layout)
+
+    def read(places: Sequence[int]) -> list[torch.Tensor | None]:
+        return read_each([items[i] for i in places], loaded.preprocess, DEFAULT_MAX_PIXELS, skipped)
+
+    shards = None
+    if cache is not None:
+        names = [item.name for item in items]
+        shards = Shards(cache, cache_key(fingerprint, layer, loaded.preprocess, names), _rank())
+    return cached(from_model(vectors_of, read), Kept(settings.keep * settings.buffer), shards), shards
+
+
+def _mine(source: Source, n: int) -> tuple[Source, int]:
+    """This rank's share of the inputs (every ``world``-th, from its rank on) as a source of its own."""
+    world, rank = training.world(), _rank()
+    if world == 1:
+        return source, n
+    places = list(range(rank, n, world))
+    return (lambda chosen: source([places[i] for i in chosen])), len(places)
+
+
+def _trained(
+    sae: torch.nn.Module,
+    shape: Shape,
+    opt: torch.optim.Optimizer,
+    sources: tuple[Source, Shards | None],
+    n: int,
+    settings: TrainSettings,
+    checkpoint: dict[str, Any] | None,
+    folder: Path,
+    config: dict[str, Any],
+    tick: Callable[[Progress], None] | None,
+) -> tuple[Progress, Norm]:
+    """The steps over the stream of vectors (read ahead by a thread), checkpointed; rank 0 writes the
+    config (with the normalisation) and, at the end, the weights."""
+    norm, progress = None, Progress()
+    if checkpoint is not None:
+        norm, progress = training.restore(checkpoint, sae, opt)
+        progress = _ranks_place(checkpoint, progress)
+    source, n = _mine(sources[0], n)
+    seed = settings.seed + 1_000_003 * _rank()
+    blocks = stream(source, n, seed=seed, buffer=settings.buffer, batch=settings.inputs_batch,
+                    start=progress.position)  # fmt: skip
+    ahead = Prefetched(blocks)
+    try:
+        it = iter(ahead)
+        if norm is None:
+            first = next(it)
+            norm = training.fit_norm(first.vectors.float())
+            it = _chain(first, it)
+        if _rank() == 0:
+            store.write_json(folder / CONFIG, {**config, "norm": {"scale": norm.scale}})
+        fitted = norm
+
+        def save(p: Progress) -> None:
+            state = training.checkpoint_state(sae, opt, fitted, p)
+            state["ranks"] = training.gathered([p.position.epoch, p.position.index, p.offset])
+            if _rank() == 0:
+                store.save_checkpoint(folder, state)
+
+        progress = training.run_blocks(sae, shape, norm, opt, it, settings, progress, save, tick)
+    finally:
+        ahead.close()
+        if sources[1] is not None:
+            sources[1].flush()
+    training.check_same(sae)
+    if _rank() == 0:
+        store.save_weights(folder, sae, norm)
+    config["norm"] = {"scale": norm.scale}
+    return progress, norm
+
+
+def _ranks_place(checkpoint: dict[str, Any], progress: Progress) -> Progress:
+    """This rank's place in the stream from a checkpoint (written by as many ranks; one line else)."""
+    ranks = checkpoint.get("ranks") or [[progress.position.epoch, progress.position.index, progress.offset]]
+    if len(ranks) != training.world():
+        raise UsageError(
+            f"the checkpoint was written by {len(ranks)} process(es), this run has {training.world()}: "
+            "resume with as many (torchrun --nproc-per-node), or --overwrite"
+        )
+    epoch, index, offset = (int(v) for v in ranks[_rank()])
+    progress.position, progress.offset = Position(epoch, index), offset
+    return progress
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

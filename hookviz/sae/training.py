@@ -1,14 +1,18 @@
 """Training a dictionary: the library's SAE fed blocks of vectors (from hooks, :mod:`hookviz.sae.vectors`, or
-held in memory), seeded, checkpointed at block ends so that a killed run resumes where it left off and ends
-with the dictionary an uninterrupted run gives."""
+held in memory), seeded, checkpointed every so many steps (where in which block it stood) so that a killed run
+resumes where it left off and ends with the dictionary an uninterrupted run gives. Under torchrun (a
+``torch.distributed`` group of several ranks) every rank trains the same SAE on its own vectors, the gradients
+averaged over the ranks at every step."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as td
 from torch import Tensor, nn
 
 from hookviz.sae import dictionary
@@ -30,7 +34,10 @@ class TrainSettings:
     seed: int = 0
     #: Vectors per shuffle block (the buffer's bound; all of an input's vectors go into one block).
     buffer: int = 16_384
-    #: Steps between checkpoints (taken at the end of the block where they are due).
+    #: Blocks (``buffer`` vectors each) kept in memory over passes while all the inputs' vectors fit in them
+    #: (no forward pass after the first); the same vectors either way, so not part of :meth:`key`.
+    keep: int = 8
+    #: Steps between checkpoints.
     checkpoint_every: int = 200
     #: A feature that fired on none of this many training vectors counts as dead (auxiliary loss).
     #: Default: a fifth of ``vectors``.
@@ -49,19 +56,22 @@ class TrainSettings:
 
     def key(self) -> dict[str, object]:
         """The settings that decide the dictionary (a run resumes only with the same)."""
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "keep"}
 
 
 @dataclass
 class Progress:
-    """Where a training stands: steps taken, vectors seen, the stream's position, and per feature how many
+    """Where a training stands: steps taken, vectors seen (over every rank), the stream's position (where
+    the block being trained on starts, and how many of its vectors were trained on), and per feature how many
     vectors went by since it last fired."""
 
     step: int = 0
     seen: int = 0
     position: Position = field(default_factory=Position)
     since_fired: Tensor | None = None
-    losses: list[float] = field(default_factory=list)
+    offset: int = 0
+    #: The last step's loss (a tensor: reading it would wait for the device at every step).
+    loss: Tensor | None = None
 
 
 def new_sae(shape: Shape, seed: int, device: torch.device | str) -> nn.Module:
@@ -89,14 +99,35 @@ def step(
     loss, z = dictionary.loss(sae, shape, x, progress.since_fired, dead_after)
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    fired, n = averaged(sae, (z.detach() > 0).any(0), x.shape[0])
     torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
     opt.step()
-    fired = (z.detach() > 0).any(0)
-    progress.since_fired += x.shape[0]
+    progress.since_fired += n
     progress.since_fired[fired] = 0
     progress.step += 1
-    progress.seen += x.shape[0]
-    progress.losses.append(float(loss.detach()))
+    progress.seen += n
+    progress.loss = loss.detach()
+
+
+def world() -> int:
+    """The number of ranks training together (1 outside torchrun)."""
+    return td.get_world_size() if td.is_available() and td.is_initialized() else 1
+
+
+def averaged(sae: nn.Module, fired: Tensor, n: int) -> tuple[Tensor, int]:
+    """Under torchrun, in one all-reduce: the gradients averaged over the ranks (every rank then takes the
+    same step), the features that fired on any rank, the vectors of the step on all of them; else as given."""
+    if world() == 1:
+        return fired, n
+    params = list(sae.parameters())
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [fired.to(grads[0].dtype), grads[0].new_tensor([n])])
+    td.all_reduce(flat)
+    at = 0
+    for p, g in zip(params, grads, strict=True):
+        p.grad = (flat[at : at + g.numel()].reshape(g.shape) / world()).to(g.dtype)
+        at += g.numel()
+    return flat[at : at + fired.numel()] > 0, int(flat[-1].item())
 
 
 def run_blocks(
@@ -110,28 +141,31 @@ def run_blocks(
     save: Callable[[Progress], None] | None = None,
     tick: Callable[[Progress], None] | None = None,
 ) -> Progress:
-    """Train on ``blocks`` until ``settings.steps()`` steps were taken; ``save`` is called at the end of a
-    block where a checkpoint is due."""
+    """Train on ``blocks`` until ``settings.steps()`` steps were taken (each rank ``batch / world`` vectors a
+    step); ``save`` is called every ``checkpoint_every`` steps. The first block, where ``progress`` stands
+    inside one (a resumed run's), is trained on from its ``offset``."""
     total, dead_after = settings.steps(), settings.dead_window()
     device = next(sae.parameters()).device
     if progress.since_fired is None:
         progress.since_fired = torch.zeros(shape.width, dtype=torch.long, device=device)
-    saved_at = progress.step
+    batch = max(1, settings.batch // world())
     sae.train()
     for block in blocks:
-        x = norm.apply(block.vectors.to(device, torch.float32))
-        for i in range(0, x.shape[0], settings.batch):
+        skip = progress.offset if block.start == progress.position else 0
+        progress.position, progress.offset = block.start, skip
+        x = norm.apply(block.vectors[skip:].to(device, torch.float32, non_blocking=True))
+        for i in range(0, x.shape[0], batch):
             if progress.step >= total:
                 break
-            step(sae, shape, opt, x[i : i + settings.batch], progress, dead_after)
+            step(sae, shape, opt, x[i : i + batch], progress, dead_after)
+            progress.offset = skip + min(i + batch, x.shape[0])
             if tick is not None:
                 tick(progress)
-        progress.position = block.after
+            if save is not None and progress.step % settings.checkpoint_every == 0 and progress.step < total:
+                save(progress)
         if progress.step >= total:
             break
-        if save is not None and progress.step - saved_at >= settings.checkpoint_every:
-            save(progress)
-            saved_at = progress.step
+        progress.position, progress.offset = block.after, 0
     sae.eval()
     return progress
 
@@ -141,7 +175,7 @@ def in_memory(x: Tensor, batch: int, seed: int) -> Iterator[Block]:
     epoch = 0
     while True:
         g = torch.Generator().manual_seed(seed * 1000 + epoch)
-        yield Block(x[torch.randperm(x.shape[0], generator=g)], Position(epoch + 1, 0), 0)
+        yield Block(x[torch.randperm(x.shape[0], generator=g)], Position(epoch + 1, 0), 0, Position(epoch, 0))
         epoch += 1
 
 
@@ -170,6 +204,7 @@ def checkpoint_state(
         "seen": progress.seen,
         "epoch": progress.position.epoch,
         "index": progress.position.index,
+        "offset": progress.offset,
         "since_fired": progress.since_fired.cpu(),
     }
 
@@ -183,4 +218,43 @@ def restore(state: dict[str, object], sae: nn.Module, opt: torch.optim.Optimizer
     norm = Norm(state["norm_mean"], float(state["norm_scale"]))  # type: ignore[arg-type]
     since = state["since_fired"].to(device)  # type: ignore[attr-defined]
     position = Position(int(state["epoch"]), int(state["index"]))  # type: ignore[call-overload]
-    return norm, Progress(int(state["step"]), int(state["seen"]), position, since)  # type: ignore[call-overload]
+    offset = int(state.get("offset", 0))  # type: ignore[call-overload]
+    return norm, Progress(int(state["step"]), int(state["seen"]), position, since, offset)  # type: ignore[call-overload]
+
+
+def fit_norm(x: Tensor) -> Norm:
+    """The normalisation of the first block's vectors; under torchrun, of every rank's first block (their
+    sums all-reduced), the same on each."""
+    if world() == 1:
+        return Norm.fit(x)
+    stats = torch.cat([x.sum(0), x.new_tensor([x.shape[0]])])
+    td.all_reduce(stats)
+    mean = stats[:-1] / stats[-1]
+    sq = torch.cat([(x - mean).square().sum().reshape(1), x.new_tensor([x.shape[0]])])
+    td.all_reduce(sq)
+    return Norm(mean.detach().clone(), float((x.shape[1] / (sq[0] / sq[1]).clamp_min(1e-12)).sqrt()))
+
+
+def gathered(value: list[int]) -> list[list[int]]:
+    """``value`` of every rank, in rank order (``[value]`` outside torchrun)."""
+    if world() == 1:
+        return [value]
+    out: list[Any] = [None] * world()
+    td.all_gather_object(out, value)
+    return [list(v) for v in out]
+
+
+def check_same(sae: nn.Module) -> None:
+    """Under torchrun: that every rank ends with the same weights (its gradients were averaged with the
+    others' at every step); a RuntimeError naming the gap where they differ."""
+    if world() == 1:
+        return
+    flat = torch.cat([p.detach().reshape(-1) for p in sae.parameters()])
+    hi, lo = flat.clone(), flat.clone()
+    td.all_reduce(hi, op=td.ReduceOp.MAX)
+    td.all_reduce(lo, op=td.ReduceOp.MIN)
+    gap = float((hi - lo).abs().max())
+    if gap > 1e-5:
+        raise RuntimeError(
+            f"the ranks' dictionaries differ by up to {gap:.3g}: their steps were not the same"
+        )

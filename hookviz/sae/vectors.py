@@ -1,6 +1,7 @@
 """A layer's activations as vectors, from live forward hooks: every spatial position of a convolution's map,
 or every patch token of a transformer block, is one vector of the layer's width. They stream from the inputs
-through a bounded, seeded block-shuffle buffer; nothing is written to disk."""
+through a bounded, seeded block-shuffle buffer; nothing is written to disk (unless a cache asks:
+:mod:`hookviz.sae.cache`)."""
 
 from __future__ import annotations
 
@@ -101,11 +102,18 @@ class Position:
 
 @dataclass
 class Block:
-    """One buffer of shuffled vectors and the stream's position after it."""
+    """One buffer of shuffled vectors, the stream's position before it (a stream restarted there gives it
+    again) and after it, and how many inputs it drew on."""
 
     vectors: Tensor
     after: Position
     inputs: int
+    start: Position = Position()
+
+
+#: Vectors of inputs by their places in the list (``None`` for one that could not be read): the model run
+#: through hooks, or a cache of what it gave (:mod:`hookviz.sae.cache`).
+Source = Callable[[Sequence[int]], list[Tensor | None]]
 
 
 def order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -130,6 +138,14 @@ def readable(
         yield item, torch.as_tensor(x), box
 
 
+def read_each(
+    items: Sequence[Item], preprocess: object, max_pixels: int, skipped: list[str]
+) -> list[Tensor | None]:
+    """Each input's model tensor, or None for one that could not be read (named in ``skipped``)."""
+    got = [list(readable([item], preprocess, max_pixels, skipped)) for item in items]
+    return [one[0][1] if one else None for one in got]
+
+
 def read_batch(
     items: Sequence[Item], preprocess: object, max_pixels: int, skipped: list[str]
 ) -> Tensor | None:
@@ -139,41 +155,54 @@ def read_batch(
     return torch.stack(xs) if xs else None
 
 
+def from_model(
+    vectors_of: Callable[[Tensor], Tensor], read: Callable[[Sequence[int]], list[Tensor | None]]
+) -> Source:
+    """The :data:`Source` that reads the inputs (``read``: their model tensors by place) and runs them
+    through the model together, one forward pass; every input gives the same number of vectors."""
+
+    def source(places: Sequence[int]) -> list[Tensor | None]:
+        xs = read(places)
+        kept = [i for i, x in enumerate(xs) if x is not None]
+        out: list[Tensor | None] = [None] * len(xs)
+        if kept:
+            v = vectors_of(torch.stack([xs[i] for i in kept]))  # type: ignore[misc]
+            for i, part in zip(kept, v.chunk(len(kept)), strict=True):
+                out[i] = part
+        return out
+
+    return source
+
+
 def stream(
-    vectors_of: Callable[[Tensor], Tensor],
-    items: Sequence[Item],
-    read: Callable[[Sequence[Item]], Tensor | None],
-    *,
-    seed: int,
-    buffer: int,
-    batch: int,
-    start: Position = Position(),
+    source: Source, n: int, *, seed: int, buffer: int, batch: int, start: Position = Position()
 ) -> Iterator[Block]:
-    """Blocks of at least ``buffer`` vectors (all of an input's vectors in one block; inputs read ``batch`` at
-    a time), each shuffled by a generator seeded from the run's seed and its position, so a stream restarted
-    at a block's ``after`` gives the same blocks as one that went on; passes over the inputs repeat, each in a
-    new seeded order."""
+    """Blocks of at least ``buffer`` vectors of ``n`` inputs (all of an input's vectors in one block; asked of
+    ``source`` ``batch`` inputs at a time), each shuffled by a generator seeded from the run's seed and its
+    position, so a stream restarted at a block's ``start`` gives the same blocks as one that went on;
+    passes over the inputs repeat, each in a new seeded order."""
     epoch, index = start.epoch, start.index
     empty_passes = 0
     while True:
-        if index >= len(items):
+        if index >= n:
             epoch, index = epoch + 1, 0
-        perm = order(len(items), seed, epoch)
+        perm = order(n, seed, epoch)
         kept: list[Tensor] = []
         count, first = 0, index
-        while index < len(items) and count < buffer:
-            x = read([items[i] for i in perm[index : index + batch]])
-            index = min(index + batch, len(items))
-            if x is not None:
-                kept.append(vectors_of(x))
-                count += kept[-1].shape[0]
+        while index < n and count < buffer:
+            for v in source([int(i) for i in perm[index : index + batch]]):
+                if v is not None:
+                    kept.append(v)
+                    count += v.shape[0]
+            index = min(index + batch, n)
         if not kept:
             empty_passes += 1
             if empty_passes > 1 or first == 0:
                 raise LayerError("no input could be read: nothing to train on")
             continue
         empty_passes = 0
-        block = torch.cat(kept)
+        block = torch.cat([v.to(kept[-1].device) for v in kept])  # the cache's on the CPU
         state = int(np.random.SeedSequence([seed, epoch, first]).generate_state(1)[0])
         g = torch.Generator().manual_seed(state)
-        yield Block(block[torch.randperm(block.shape[0], generator=g)], Position(epoch, index), index - first)
+        shuffled = block[torch.randperm(block.shape[0], generator=g)]
+        yield Block(shuffled, Position(epoch, index), index - first, Position(epoch, first))

@@ -1,0 +1,175 @@
+"""What spares the model a second forward pass over an input, and what keeps it busy while the dictionary
+trains: the vectors of every input kept in memory while they all fit (passes after the first then run no
+forward pass), ``--cache`` (each input's vectors written once to shards on disk, read back by later passes
+and later runs), and a thread that reads, preprocesses and runs the next block while the steps train on
+this one."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hookviz.core.arrays import to_numpy
+from hookviz.io.files import atomic_write
+from hookviz.sae.vectors import Block, Source
+
+#: Vectors per shard file of ``--cache`` (a shard is written once this many are waiting, and at the end).
+SHARD_ROWS = 65_536
+
+
+class Kept:
+    """Every input's vectors held in memory while they come to at most ``limit`` vectors in all; past that,
+    none (the memory stays bounded whatever the number of inputs, and each pass runs the model again)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.rows, self.full = limit, 0, False
+        self.vectors: dict[int, Tensor] = {}
+
+    def get(self, place: int) -> Tensor | None:
+        return self.vectors.get(place)
+
+    def put(self, place: int, v: Tensor) -> None:
+        if self.full or place in self.vectors:
+            return
+        self.rows += v.shape[0]
+        if self.rows > self.limit:
+            self.full = True
+            self.vectors.clear()
+            return
+        self.vectors[place] = v
+
+
+class Shards:
+    """``--cache``: each input's vectors written once to ``.npy`` shards in ``folder`` (a subfolder per
+    model, layer, preprocessing and inputs, :func:`cache_key`), each with a ``.json`` of the inputs it holds
+    written after it (a shard without one is not read); read back through a memory map."""
+
+    def __init__(self, folder: Path, key: dict[str, Any], writer: int = 0) -> None:
+        text = json.dumps(key, sort_keys=True)
+        self.folder = folder / hashlib.sha256(text.encode()).hexdigest()[:16]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.folder / "key.json", text + "\n")
+        self.where: dict[int, tuple[str, int, int]] = {}  # place -> (shard, first row, rows)
+        self.maps: dict[str, np.ndarray] = {}
+        self.pending: list[tuple[int, Tensor]] = []
+        self.writer, self.written = writer, 0  # a torchrun rank's shards are named after it
+        for meta in sorted(self.folder.glob("shard-*.json")):
+            if meta.stem.startswith(f"shard-{writer}-"):
+                self.written = max(self.written, int(meta.stem.split("-")[2]) + 1)
+            for place, first, rows in json.loads(meta.read_text(encoding="utf-8"))["inputs"]:
+                self.where[int(place)] = (meta.stem, int(first), int(rows))
+
+    def get(self, place: int) -> Tensor | None:
+        if place not in self.where:
+            return None
+        shard, first, rows = self.where[place]
+        if shard not in self.maps:
+            self.maps[shard] = np.load(self.folder / f"{shard}.npy", mmap_mode="r")
+        return torch.from_numpy(np.array(self.maps[shard][first : first + rows]))
+
+    def put(self, place: int, v: Tensor) -> None:
+        self.pending.append((place, v))
+        if sum(t.shape[0] for _, t in self.pending) >= SHARD_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """The waiting vectors as one shard (the array, then its list of inputs: the shard's commit)."""
+        if not self.pending:
+            return
+        buf, listed, first = io.BytesIO(), [], 0
+        np.save(buf, np.concatenate([to_numpy(t) for _, t in self.pending]))
+        name = f"shard-{self.writer}-{self.written:05d}"
+        for place, t in self.pending:
+            listed.append([place, first, t.shape[0]])
+            self.where[place] = (name, first, t.shape[0])
+            first += t.shape[0]
+        atomic_write(self.folder / f"{name}.npy", buf.getvalue())
+        atomic_write(self.folder / f"{name}.json", json.dumps({"inputs": listed}) + "\n")
+        self.pending, self.written = [], self.written + 1
+
+
+def cache_key(fingerprint: str, layer: str, preprocess: object, names: Sequence[str]) -> dict[str, Any]:
+    """What decides an input's vectors: the model's weights, the layer, the preprocessing, and the inputs
+    (by name, in the order given: their places are the cache's index)."""
+    listed = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return {"fingerprint": fingerprint, "layer": layer, "preprocess": repr(preprocess), "inputs": listed}
+
+
+def cached(model: Source, kept: Kept, shards: Shards | None = None) -> Source:
+    """``model``'s vectors, taken from memory, then from the shards, before the model is run (on the inputs
+    found in neither, together); what the model gives is kept and written."""
+
+    def source(places: Sequence[int]) -> list[Tensor | None]:
+        out: list[Tensor | None] = []
+        for place in places:
+            v = kept.get(place)
+            if v is None and shards is not None:
+                v = shards.get(place)
+                if v is not None:
+                    kept.put(place, v)
+            out.append(v)
+        missing = [i for i, v in enumerate(out) if v is None]
+        if missing:
+            for i, v in zip(missing, model([places[i] for i in missing]), strict=True):
+                out[i] = v
+                if v is not None:
+                    kept.put(places[i], v)
+                    if shards is not None:
+                        shards.put(places[i], v)
+        return out
+
+    return source
+
+
+class Prefetched:
+    """``blocks`` drawn by a thread of its own, ``depth`` ahead of the consumer: reading, preprocessing and
+    the forward pass of the next block run while the steps train on this one (torch releases the GIL in its
+    operations). :meth:`close` stops the thread before the model is used for anything else."""
+
+    def __init__(self, blocks: Iterator[Block], depth: int = 1) -> None:
+        self.blocks, self.done = blocks, threading.Event()
+        self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._fill, name="hookviz-sae-prefetch", daemon=True)
+        self.thread.start()
+
+    def _fill(self) -> None:
+        try:
+            for block in self.blocks:
+                if not self._give(("block", block)):
+                    return
+        except BaseException as e:  # handed to the consumer, which raises it
+            self._give(("error", e))
+            return
+        self._give(("end", None))
+
+    def _give(self, item: tuple[str, Any]) -> bool:
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Block]:
+        while True:
+            kind, value = self.queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
