@@ -317,7 +317,7 @@ def built_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import torchvision
 
-    from hookviz.core.hooks import _TRACES
+    from hookviz.core.trace import _TRACES
 
     build = torchvision.models.get_model
     last: dict[str, Any] = {}

@@ -4,7 +4,6 @@ from the process's start) and the ``--out`` folder (a run going there, or its re
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.shapes import shapes_batch
 from hookviz.run.trust_guard import LOCK, claimed, parse_budget, process_started
-from tests.conftest import invoke, write_image
+from tests.conftest import invoke, run_cli, write_image
 
 
 @pytest.mark.parametrize(
@@ -42,8 +41,7 @@ def test_the_budget_counts_from_the_process_start() -> None:
         "print(time.monotonic() - process_started())"
     )
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=300)  # fmt: skip
+    done = run_cli([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(root)})
     assert float(done.stdout) >= 1.4
     assert 0 <= time.monotonic() - process_started() < 24 * 3600
 
@@ -59,8 +57,7 @@ def test_a_folder_held_by_a_live_run_is_refused_and_a_stale_lock_taken_over(tmp_
     with pytest.raises(OutputError, match=busy), claimed(out, ("trust.json",), overwrite=False):
         pytest.fail("entered a folder another run holds")
     assert (out / LOCK).read_text() == str(os.getpid())  # not ours to remove
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True, timeout=300)  # fmt: skip
+    gone = run_cli([sys.executable, "-c", "import os; print(os.getpid())"], check=True)
     (out / LOCK).write_text(gone.stdout.strip())  # its process has ended: stale
     with claimed(out, ("trust.json",), overwrite=False):
         assert (out / LOCK).read_text() == str(os.getpid())

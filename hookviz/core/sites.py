@@ -243,7 +243,7 @@ class _Resolver:
 
         Raises:
             LayerError: a pattern, an unknown name, a layer that does not run or runs twice, or one with no
-            spatial map (a pooled vector, a classifier head).
+                spatial map (a pooled vector, a classifier head).
         """
         if is_pattern(name):
             raise LayerError(f"--layer takes module names, not patterns ({name!r})")
@@ -318,7 +318,7 @@ def cam_sites(
 
     Raises:
         LayerError: a bad name (a pattern where one name is due, an unknown one, one that does not run or
-        runs twice, one without a spatial map), a glob matching no layer that can be one.
+            runs twice, one without a spatial map), a glob matching no layer that can be one.
     """
     resolver = _Resolver(model, calls, model_name)
     chosen: dict[str, Site] = {}
