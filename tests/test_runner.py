@@ -248,3 +248,17 @@ def test_a_python_run_under_torchrun_merges_one_manifest(shapes: dict[str, Path]
     assert not list((tmp_path / "out").glob(".manifest.*")) and not list(
         (tmp_path / "out").glob(".hookviz-*")
     )
+
+
+def test_a_records_line_is_the_one_line_the_command_prints() -> None:
+    """An error record's line is the command line's error line, its message included; a name holding a
+    newline stays on one line in an ok line too, escaped as error lines quote it."""
+    err = events.Record({"input": "bad/corrupt.jpg", "status": "error", "outputs": [],
+                         "error": "'bad/corrupt.jpg': cannot decode image (truncated)"})  # fmt: skip
+    assert err.line() == "hookviz: 'bad/corrupt.jpg': cannot decode image (truncated)"
+    ok = events.Record({"input": "two\nlines.png", "status": "ok", "outputs": ["out/two\nlines.gradcam.png"],
+                        "predicted": {"index": 1, "name": "disc", "score": 0.75}})  # fmt: skip
+    assert ok.line() == "'two\\nlines.png': predicted disc (1) p=0.750; wrote 'out/two\\nlines.gradcam.png'"
+    assert len(ok.line().splitlines()) == 1
+    plain = events.Record({**ok.record, "input": "one.png", "outputs": ["out/one.png"]})
+    assert plain.line() == "one.png: predicted disc (1) p=0.750; wrote out/one.png"
