@@ -10,12 +10,13 @@ import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 
+import hookviz
 from hookviz import Run, load_model, register_sink
 from hookviz.io.shapes import draw_shape
 from hookviz.io.sinks import record_rows, unregister_sink
@@ -262,3 +263,63 @@ def test_a_records_line_is_the_one_line_the_command_prints() -> None:
     assert len(ok.line().splitlines()) == 1
     plain = events.Record({**ok.record, "input": "one.png", "outputs": ["out/one.png"]})
     assert plain.line() == "one.png: predicted disc (1) p=0.750; wrote out/one.png"
+
+
+class FailingRecords:
+    """A records sink that keeps what it is given and raises on its ``FAIL_ON``-th add, or on close."""
+
+    FAIL_ON: int | None = 2
+    FAIL_CLOSE = False
+    kept: ClassVar[list[str]] = []
+
+    def __init__(self, where: str, rank: int) -> None:
+        type(self).kept = []
+
+    def add(self, record: dict[str, Any]) -> None:
+        if len(self.kept) + 1 == self.FAIL_ON:
+            raise RuntimeError("table locked\nsecond line")
+        self.kept.append(record["input"])
+
+    def close(self) -> None:
+        if self.FAIL_CLOSE:
+            raise RuntimeError("cannot flush")
+
+
+def test_a_sink_that_raises_stops_the_run_in_one_line_and_the_manifest_matches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """add() raising: one line naming the sink, and the manifest holds exactly the records the sink took (the
+    failed one in neither); a rerun with the sink mended completes the set. close() raising: one line naming
+    the sink, every record in the manifest."""
+    photos = tmp_path / "in"
+    photos.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(4):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), np.uint8))
+    register_sink("failing", FailingRecords)
+    try:
+        out = tmp_path / "out"
+        cli = ["gradcam", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "32", "--layer", "features.6", "--batch-size", "2", "--records", "failing",
+               "--out", str(out)]  # fmt: skip
+        r = invoke(*cli)
+        assert r.exit_code != 0
+        said = [line for line in r.stderr.splitlines() if "FailingRecords" in line]
+        assert (
+            len(said) == 1
+            and f"add() failed on '{photos / 'p1.png'}' (RuntimeError: table locked)" in said[0]
+        )
+        assert [rec["input"] for rec in records(out)] == FailingRecords.kept == [str(photos / "p0.png")]
+        monkeypatch.setattr(FailingRecords, "FAIL_ON", None)
+        r = invoke(*cli)
+        assert r.exit_code == 0, r.stderr
+        assert sorted({Path(rec["input"]).name for rec in records(out)}) == [f"p{i}.png" for i in range(4)]
+        assert [Path(name).name for name in FailingRecords.kept] == [f"p{i}.png" for i in range(4)]
+        monkeypatch.setattr(FailingRecords, "FAIL_CLOSE", True)
+        loaded = load_model("tests.conftest:TinyCNN", "none", device="cpu", input_size=32)
+        with pytest.raises(hookviz.HookvizError, match=r"FailingRecords's close\(\) failed \(RuntimeError"):
+            list(Run(loaded, [str(photos)], CamSettings(layers=("features.6",)), out=tmp_path / "o2",
+                     records="failing"))  # fmt: skip
+        assert len(records(tmp_path / "o2")) == len(FailingRecords.kept) == 4
+    finally:
+        unregister_sink("failing")

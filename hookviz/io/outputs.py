@@ -137,15 +137,27 @@ class Output:
         whole, on a full disk, is taken back and the run stops with an :class:`OutputError`)."""
         self._open_manifest()
         assert self._manifest_fd is not None
+        line = (to_json(entry) + "\n").encode("utf-8")
+        start = os.fstat(self._manifest_fd).st_size
         try:
-            append_line(self._manifest_fd, (to_json(entry) + "\n").encode("utf-8"))
+            append_line(self._manifest_fd, line)
         except OSError as exc:
             raise OutputError(
                 f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}); the run "
                 "stopped: free some space and rerun (finished inputs are skipped)"
             ) from None
-        if self.records is not None:
+        if self.records is None:
+            return
+        try:
             self.records.add(entry)
+        except Exception as exc:  # the line is taken back: a record is in both, or in neither
+            if os.fstat(self._manifest_fd).st_size == start + len(line):  # nobody appended after it
+                os.ftruncate(self._manifest_fd, start)
+            raise OutputError(
+                f"--records: the sink {type(self.records).__name__}'s add() failed on {entry.get('input')!r} "
+                f"({_said(exc)}); the run stopped, that input in neither the manifest nor the sink: fix the "
+                "sink and rerun (finished inputs are skipped, that one completed)"
+            ) from exc
 
     def close(self) -> None:
         """Close the manifest (a later record opens it again); the sinks stay open (:meth:`finish`)."""
@@ -157,7 +169,19 @@ class Output:
         """Close the manifest and the records' sink (its table put in place): the run is over."""
         self.close()
         if self.records is not None:
-            self.records.close()
+            try:
+                self.records.close()
+            except Exception as exc:
+                raise OutputError(
+                    f"--records: the sink {type(self.records).__name__}'s close() failed ({_said(exc)}); "
+                    f"{self.root / self.manifest} holds every record: the sink may lack some"
+                ) from exc
+
+
+def _said(exc: BaseException) -> str:
+    """An exception in one line: its type and its message's first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def make_folder(root: Path) -> None:

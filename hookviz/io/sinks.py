@@ -270,7 +270,8 @@ SINKS: dict[tuple[str, str], Sink] = {}
 
 def register_sink(name: str, factory: SinkFactory, *, kind: str = "records") -> Sink:
     """Make ``--records NAME`` (or, with ``kind="maps"``, ``--maps NAME``) write through ``factory(where,
-    rank)``: a records sink has ``add(record)`` and ``close()``; a maps store ``exists(name)``,
+    rank)``: a records sink has ``add(record)`` (called after the manifest line; raising takes that line back
+    and stops the run) and ``close()``; a maps store ``exists(name)``,
     ``write(name, data, attrs)`` and ``location(name)``. Returns the registered :class:`Sink`.
 
     Raises:
