@@ -4,6 +4,7 @@ work as typed events, and takes a sink registered from outside the package (``re
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
@@ -323,3 +324,74 @@ def test_a_sink_that_raises_stops_the_run_in_one_line_and_the_manifest_matches_i
         assert len(records(tmp_path / "o2")) == len(FailingRecords.kept) == 4
     finally:
         unregister_sink("failing")
+
+
+class SqliteMaps:
+    """A ``--maps sqlite`` store from outside the package: each raw map's array in one SQLite file, the
+    connection opened in the factory (the run's threads write through it, one call at a time)."""
+
+    FAIL = False
+
+    def __init__(self, where: str, rank: int) -> None:
+        self.where = where
+        self.db = sqlite3.connect(where, check_same_thread=False)
+        self.db.execute("CREATE TABLE IF NOT EXISTS maps (name PRIMARY KEY, shape, data)")
+
+    def exists(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM maps WHERE name = ?", (name,)).fetchone() is not None
+
+    def write(self, name: str, data: bytes, attrs: dict[str, Any]) -> None:
+        if self.FAIL:
+            raise RuntimeError("database is locked")
+        arr = np.load(io.BytesIO(data))
+        shape = ",".join(map(str, arr.shape))
+        self.db.execute(
+            "INSERT OR REPLACE INTO maps VALUES (?, ?, ?)", (name, shape, arr.astype("<f4").tobytes())
+        )
+        self.db.commit()
+
+    def location(self, name: str) -> str:
+        return f"{self.where}#{name}"
+
+
+def test_a_maps_store_from_outside_gets_every_raw_map_and_the_records_say_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each raw map lands in the store (decoded from the ``.npy`` bytes, its extremes the record's), the
+    record's outputs say ``location(name)``; a store whose write raises fails each input saying the store."""
+    photos = tmp_path / "in"
+    photos.mkdir()
+    rng = np.random.default_rng(6)
+    for i in range(3):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), np.uint8))
+    register_sink("sqlite", SqliteMaps, kind="maps")
+    try:
+        out = tmp_path / "out"
+        cli = ["gradcam", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "32", "--layer", "features.6", "--maps", "sqlite",
+               "--workers", "2"]  # fmt: skip
+        r = invoke(*cli, "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        recs = records(out)
+        where = str(out / "maps.sqlite")
+        with sqlite3.connect(where) as db:
+            stored = dict(db.execute("SELECT name, data FROM maps").fetchall())
+        for rec in recs:
+            raw = [o for o in rec["outputs"] if o.startswith(where + "#")]
+            assert raw and "None" not in rec["outputs"]
+            for m in rec["maps"]:
+                name = next(o.split("#", 1)[1] for o in raw if f"{m['method']}.{m['layer']}" in o)
+                arr = np.frombuffer(stored[name], "<f4")
+                assert arr.size > 1 and np.isclose(np.nanmin(arr), m["min"], atol=1e-3)
+                assert np.isclose(np.nanmax(arr), m["max"], atol=1e-3)
+        monkeypatch.setattr(SqliteMaps, "FAIL", True)
+        r = invoke(*cli, "--out", str(tmp_path / "o2"))
+        assert r.exit_code == 1
+        errors = [rec["error"] for rec in records(tmp_path / "o2")]
+        assert len(errors) == 3
+        assert all(
+            "--maps: the store SqliteMaps's write() failed" in e and "database is locked" in e for e in errors
+        )
+        assert not any("cannot render" in e for e in errors)
+    finally:
+        unregister_sink("sqlite", kind="maps")

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +30,10 @@ MANIFEST = "manifest.jsonl"
 
 
 class MapStore(Protocol):
-    """Where raw maps (``.npy`` outputs) go instead of files (``--maps``: ``hookviz.io.sinks.ZarrMaps``)."""
+    """Where raw maps (``.npy`` outputs) go instead of files (``--maps``: ``hookviz.io.sinks.ZarrMaps``).
+    ``write`` gets the bytes of the ``.npy`` file (``np.load(io.BytesIO(data))`` is the map), called from the
+    run's worker threads one call at a time (an SQLite connection: ``check_same_thread=False``); the record's
+    outputs say ``location(name)``; a ``write`` that raises fails that input, saying the store."""
 
     def exists(self, name: str) -> bool: ...
 
@@ -65,6 +69,7 @@ class Output:
     pictures: bool = True
     #: Where each record also goes (``--records``: a Parquet table), as it is appended to the manifest.
     records: RecordSink | None = None
+    _maps_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def prepare(self) -> None:
         """Create the folder (:func:`make_folder`), clean what a killed run left, read the earlier results.
@@ -113,7 +118,15 @@ class Output:
         if self.maps is not None and name.endswith(".npy"):
             if self.maps.exists(name) and not (self.overwrite or replace):
                 raise FileExistsError(self.maps.location(name))
-            return str(self.maps.write(name, data, attrs or {}))
+            with self._maps_lock:  # a store's write() is called one at a time, from the run's threads
+                try:
+                    self.maps.write(name, data, attrs or {})
+                except Exception as exc:
+                    raise OutputError(
+                        f"--maps: the store {type(self.maps).__name__}'s write() failed on {name} "
+                        f"({_said(exc)})"
+                    ) from exc
+            return str(self.maps.location(name))
         return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
 
     def keeps(self, name: str) -> bool:

@@ -272,7 +272,8 @@ def register_sink(name: str, factory: SinkFactory, *, kind: str = "records") -> 
     """Make ``--records NAME`` (or, with ``kind="maps"``, ``--maps NAME``) write through ``factory(where,
     rank)``: a records sink has ``add(record)`` (called after the manifest line; raising takes that line back
     and stops the run) and ``close()``; a maps store ``exists(name)``,
-    ``write(name, data, attrs)`` and ``location(name)``. Returns the registered :class:`Sink`.
+    ``write(name, data, attrs)`` (``data``: the bytes of the ``.npy`` file; called from the run's threads, one
+    call at a time) and ``location(name)`` (what the records say). Returns the registered :class:`Sink`.
 
     Raises:
         UsageError: ``kind`` is neither records nor maps; ``name`` is not a plain word.
