@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TextIO
 import numpy as np
 import torch
 
-from hookviz.errors import InputError, UsageError
+from hookviz.errors import UsageError
 from hookviz.io.images import load_rgb
 from hookviz.io.inputs import Item, clip_items, expand_inputs
 from hookviz.io.outputs import Output
