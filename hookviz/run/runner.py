@@ -9,6 +9,8 @@ after (a video's whole prediction after its clips)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -23,7 +25,7 @@ from hookviz.io.inputs import Item, table_items
 from hookviz.io.outputs import MANIFEST, MapStore, Output, RecordSink, make_folder
 from hookviz.io.sinks import data_sinks
 from hookviz.jobs.build import BuiltJob, JobFactory, RunContext, auto_line
-from hookviz.jobs.settings import CamSettings, settings_of
+from hookviz.jobs.settings import CamSettings, check_names, settings_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.report import build_report
@@ -132,6 +134,8 @@ class Run:
     ) -> None:
         if overwrite and skip_existing:
             raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
+        if batch_size is not None and batch_size < 1:
+            raise UsageError(f"batch_size {batch_size}: must be at least 1 (as --batch-size)")
         self.model, self.inputs = model, _specs(inputs)
         if not callable(job):  # gradcam's settings: a maps store is for their raw maps
             settings = job or CamSettings()
@@ -393,6 +397,7 @@ def explain_inputs(
         >>> [r["video"]["name"] for r in records if "video" in r]
     """
     run = {k: given.pop(k) for k in list(given) if k in RUN_KEYWORDS}
+    check_names(CamSettings, given, "explain_inputs", others=RUN_KEYWORDS)
     chosen = settings_of(CamSettings, settings, **given)
     if verdicts.wants_auto(chosen):
         auto = verdicts.auto_choice(loaded, trust=None if trust is None else Path(trust), out=Path(out),
@@ -405,6 +410,30 @@ def explain_inputs(
 
 #: :class:`Run`'s keyword settings (what :func:`explain_inputs` hands it rather than the job's settings).
 RUN_KEYWORDS = frozenset(inspect.signature(Run.__init__).parameters) - {"self", "model", "inputs", "job"}
+
+
+def _checking(init: Any) -> Any:
+    """``Run(...)`` refusing a misspelt keyword with the closest of its own and of CamSettings' names."""
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kw: Any) -> None:
+        for name in kw:
+            if name not in RUN_KEYWORDS and name not in ("model", "inputs", "job"):
+                fields = [f.name for f in dataclasses.fields(CamSettings)]
+                close = difflib.get_close_matches(name, [*sorted(RUN_KEYWORDS), *fields], n=1)
+                said = (
+                    ""
+                    if not close
+                    else f"; did you mean {close[0]!r}"
+                    + (f" (a setting: Run(..., CamSettings({close[0]}=...)))?" if close[0] in fields else "?")
+                )
+                raise UsageError(f"Run has no keyword {name!r}{said}")
+        init(self, *args, **kw)
+
+    return checked
+
+
+setattr(Run, "__init__", _checking(Run.__init__))  # noqa: B010  (mypy keeps its signature)
 
 
 def explain_videos(loaded: Any, inputs: Any, out: str | Path, settings: Any = None, **kw: Any) -> list[Any]:
