@@ -110,6 +110,8 @@ def _decode(
     at a fraction of its size whose longer side is still at least this."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels  # --max-pixels governs Pillow's own bomb limit too (raised only)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -142,8 +144,10 @@ def _decode(
                 f"{quote(path)}: an image file cut short or corrupt (its header is there, the picture is not)"
             ) from None
         raise InputError(f"{quote(path)}: not an image file (or an unsupported format)") from None
-    except Image.DecompressionBombError as exc:
-        raise InputError(f"{quote(path)}: refused as a decompression bomb ({exc})") from None
+    except Image.DecompressionBombError:  # over twice Pillow's limit, which is at least max_pixels
+        raise InputError(
+            f"{quote(path)}: image is over the limit of {max_pixels:,} px; downscale it or raise --max-pixels"
+        ) from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise InputError(
             f"{quote(path)}: cannot decode image ({exc}); the file may be truncated or corrupt"
