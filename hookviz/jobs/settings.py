@@ -25,7 +25,7 @@ from hookviz.errors import UsageError
 from hookviz.methods import MethodOptions
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
-__all__ = ["CamSettings", "check_names", "settings_of"]
+__all__ = ["CamSettings", "check_keywords", "check_names", "checked_init", "settings_of"]
 
 T = TypeVar("T")
 
@@ -127,15 +127,30 @@ class CamSettings:
             fix("fuse", Fuse.parse(self.fuse, "--fuse").value)
 
 
-def _checking(init: Any) -> Any:
-    """``CamSettings(...)`` refusing a misspelt keyword with the closest setting, as :func:`settings_of`."""
+def check_keywords(where: str, names: Any, known: Collection[str], settings: Collection[str] = ()) -> None:
+    """Refuse a keyword not ``known`` (:class:`hookviz.Run`'s), naming the closest of them or of ``settings``.
+
+    Raises:
+        UsageError: ``Run has no keyword 'skip_exsting'; did you mean 'skip_existing'?``
+    """
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), [*sorted(known), *settings], n=1)
+            said = f" (a setting: CamSettings({close[0]}=...))" if close and close[0] in settings else ""
+            raise UsageError(
+                f"{where} has no keyword {name!r}" + (f"; did you mean {close[0]!r}{said}?" if close else "")
+            )
+
+
+def checked_init(init: Any, check: Any) -> Any:
+    """``init`` calling ``check(keywords)`` first (a misspelt keyword refused, the closest named)."""
 
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **values: Any) -> None:
-        check_names(type(self), values)
+        check(values)
         init(self, *args, **values)
 
     return checked
 
 
-setattr(CamSettings, "__init__", _checking(CamSettings.__init__))  # noqa: B010  (mypy keeps its signature)
+setattr(CamSettings, "__init__", checked_init(CamSettings.__init__, lambda v: check_names(CamSettings, v)))  # noqa: B010

@@ -9,8 +9,6 @@ after (a video's whole prediction after its clips)."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import inspect
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -25,7 +23,7 @@ from hookviz.io.inputs import Item, table_items
 from hookviz.io.outputs import MANIFEST, MapStore, Output, RecordSink, make_folder
 from hookviz.io.sinks import data_sinks
 from hookviz.jobs.build import BuiltJob, JobFactory, RunContext, auto_line
-from hookviz.jobs.settings import CamSettings, check_names, settings_of
+from hookviz.jobs.settings import CamSettings, check_keywords, check_names, checked_init, settings_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.report import build_report
@@ -412,28 +410,9 @@ def explain_inputs(
 RUN_KEYWORDS = frozenset(inspect.signature(Run.__init__).parameters) - {"self", "model", "inputs", "job"}
 
 
-def _checking(init: Any) -> Any:
-    """``Run(...)`` refusing a misspelt keyword with the closest of its own and of CamSettings' names."""
-
-    @functools.wraps(init)
-    def checked(self: Any, *args: Any, **kw: Any) -> None:
-        for name in kw:
-            if name not in RUN_KEYWORDS and name not in ("model", "inputs", "job"):
-                fields = [f.name for f in dataclasses.fields(CamSettings)]
-                close = difflib.get_close_matches(name, [*sorted(RUN_KEYWORDS), *fields], n=1)
-                said = (
-                    ""
-                    if not close
-                    else f"; did you mean {close[0]!r}"
-                    + (f" (a setting: Run(..., CamSettings({close[0]}=...)))?" if close[0] in fields else "?")
-                )
-                raise UsageError(f"Run has no keyword {name!r}{said}")
-        init(self, *args, **kw)
-
-    return checked
-
-
-setattr(Run, "__init__", _checking(Run.__init__))  # noqa: B010  (mypy keeps its signature)
+_TAKES = RUN_KEYWORDS | {"model", "inputs", "job"}
+_FIELDS = [f.name for f in dataclasses.fields(CamSettings)]
+setattr(Run, "__init__", checked_init(Run.__init__, lambda kw: check_keywords("Run", kw, _TAKES, _FIELDS)))  # noqa: B010
 
 
 def explain_videos(loaded: Any, inputs: Any, out: str | Path, settings: Any = None, **kw: Any) -> list[Any]:
