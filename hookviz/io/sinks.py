@@ -54,7 +54,9 @@ def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     for entry in record.get("maps") or []:
         # A vision-language model's map (``vlm``) has an answer token for its target.
         target = entry.get("target") or (
-            {"index": entry["token"], "name": entry.get("text")} if "token" in entry else {}
+            {"index": entry["token"], "name": entry.get("text"), "score": entry.get("prob")}
+            if "token" in entry
+            else {}
         )
         file = str(entry.get("file") or "")
         rows.append({
