@@ -118,3 +118,30 @@ def test_a_png_cut_short_is_said_to_be_truncated(tmp_path: Path) -> None:
     (tmp_path / "text.png").write_text("not a picture at all")
     with pytest.raises(InputError, match="not an image file"):
         load_rgb(tmp_path / "text.png")
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header says ``width`` x ``height`` (RGB) and whose picture is missing."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def test_max_pixels_governs_pillows_bomb_limit_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header of 60000x60000 (far over Pillow's own limit): the documented over-the-limit line under
+    --max-pixels; a --max-pixels above it lets it past the size checks (to fail on its missing picture)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
+    path = tmp_path / "huge.png"
+    path.write_bytes(_png_header(60000, 60000))
+    with pytest.raises(
+        InputError, match=r"over the limit of 1,000,000 px; downscale it or raise --max-pixels"
+    ):
+        load_rgb(path, max_pixels=1_000_000)
+    with pytest.raises(InputError) as raised:
+        load_rgb(path, max_pixels=9_000_000_000)
+    assert "limit" not in str(raised.value) and "bomb" not in str(raised.value), raised.value

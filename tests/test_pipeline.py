@@ -288,3 +288,40 @@ def test_finish_records_skipped_when_another_run_completed_the_set(tmp_path: Pat
     )  # type: ignore[arg-type]
     assert recs[0]["status"] == "skipped" and "another run" in recs[0]["note"]
     assert (out.root / Path(recs[0]["outputs"][0]).name).read_bytes() == b"theirs"
+
+
+def test_two_runs_writing_one_input_at_once_complete_its_set_and_neither_fails(tmp_path: Path) -> None:
+    """The other run has written the first of an input's two outputs only, between this run's check and its
+    writing: this run writes the second, and the set is complete: skipped, not an error."""
+    from hookviz.io.images import Preprocess
+    from hookviz.io.inputs import Item
+    from hookviz.jobs.common import BaseJob
+    from hookviz.run import pipeline
+
+    photo = write_image(tmp_path / "p.png", np.zeros((20, 20, 3), np.uint8))
+
+    class Job(BaseJob):
+        kind = "toy"
+
+        def settings(self) -> dict[str, Any]:
+            return {"model": "toy"}
+
+        def planned(self, prefix: str) -> list[str]:
+            return [f"{prefix}.a.bin", f"{prefix}.b.bin"]
+
+        def compute(self, x: Any) -> Any:
+            return x
+
+        def render(self, result: Any, index: int, rgb: Any, box: Any, prefix: str) -> Any:
+            (out.root / f"{prefix}.a.bin").write_bytes(b"theirs")  # the other run is one file ahead
+            return [(f"{prefix}.a.bin", b"mine"), (f"{prefix}.b.bin", b"mine")], {}
+
+    out = Output(tmp_path / "o")
+    out.prepare()
+    pre = Preprocess(crop_size=8, resize_size=8)
+    recs = list(
+        pipeline.run([Item(str(photo), photo)], Job(), preprocess=pre, output=out, device="cpu", base={})
+    )  # type: ignore[arg-type]
+    assert recs[0]["status"] == "skipped" and "another run" in recs[0]["note"], recs[0]
+    a, b = (out.root / Path(o).name for o in recs[0]["outputs"])
+    assert (a.read_bytes(), b.read_bytes()) == (b"theirs", b"mine")

@@ -117,6 +117,31 @@ def test_explain_inputs_takes_a_registered_kind(grids: Grids, shapes_weights: Pa
         hookviz.explain_inputs(loaded, grid, tmp_path / "o2", kind="video")
 
 
+def test_a_kinds_reader_failing_on_one_input_fails_that_input_alone(
+    grids: Grids, shapes_weights: Path, tmp_path: Path
+) -> None:
+    import hookviz
+
+    img, _ = draw_shape(1, SIZE, np.random.default_rng(3))  # a disc
+    good, broken = tmp_path / "disc.grid", tmp_path / "broken.grid"
+    np.savetxt(good, img.mean(axis=2), fmt="%.4f")
+    broken.write_text("0.5 x 0.5\n")  # np.loadtxt raises ValueError in the kind's own reader
+    out = tmp_path / "out"
+    model = _shapes_model(shapes_weights, tmp_path / "labels.txt")
+    r = invoke("gradcam", str(broken), str(good), *model, "--out", str(out))
+    assert r.exit_code == 1, r.stderr  # the broken grid fails alone; the good one is done
+    bad, ok = records(out)
+    assert ok["status"] == "ok" and ok["predicted"]["name"] == "disc"
+    assert bad["status"] == "error" and "cannot read: ValueError" in bad["error"]
+    assert bad["error"].startswith(f"'{broken}'") and "\n" not in bad["error"]
+    err = [line for line in r.stderr.splitlines() if "broken.grid" in line]
+    assert len(err) == 1 and "cannot read: ValueError" in err[0]
+    loaded = hookviz.load_model("tests.conftest:TinyCNN", str(shapes_weights), input_size=SIZE,
+                                resize="squash", mean=(0.0,) * 3, std=(1.0,) * 3)  # fmt: skip
+    recs = hookviz.explain_inputs(loaded, [str(tmp_path / "gone.grid"), str(good)], tmp_path / "o2")
+    assert [rec["status"] for rec in recs] == ["error", "ok"]
+
+
 def peek(
     inputs: Inputs,
     model: PlainModel = ModelOptions(),

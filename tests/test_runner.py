@@ -4,18 +4,20 @@ work as typed events, and takes a sink registered from outside the package (``re
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 
+import hookviz
 from hookviz import Run, load_model, register_sink
 from hookviz.io.shapes import draw_shape
 from hookviz.io.sinks import record_rows, unregister_sink
@@ -248,3 +250,148 @@ def test_a_python_run_under_torchrun_merges_one_manifest(shapes: dict[str, Path]
     assert not list((tmp_path / "out").glob(".manifest.*")) and not list(
         (tmp_path / "out").glob(".hookviz-*")
     )
+
+
+def test_a_records_line_is_the_one_line_the_command_prints() -> None:
+    """An error record's line is the command line's error line, its message included; a name holding a
+    newline stays on one line in an ok line too, escaped as error lines quote it."""
+    err = events.Record({"input": "bad/corrupt.jpg", "status": "error", "outputs": [],
+                         "error": "'bad/corrupt.jpg': cannot decode image (truncated)"})  # fmt: skip
+    assert err.line() == "hookviz: 'bad/corrupt.jpg': cannot decode image (truncated)"
+    ok = events.Record({"input": "two\nlines.png", "status": "ok", "outputs": ["out/two\nlines.gradcam.png"],
+                        "predicted": {"index": 1, "name": "disc", "score": 0.75}})  # fmt: skip
+    assert ok.line() == "'two\\nlines.png': predicted disc (1) p=0.750; wrote 'out/two\\nlines.gradcam.png'"
+    assert len(ok.line().splitlines()) == 1
+    plain = events.Record({**ok.record, "input": "one.png", "outputs": ["out/one.png"]})
+    assert plain.line() == "one.png: predicted disc (1) p=0.750; wrote out/one.png"
+
+
+class FailingRecords:
+    """A records sink that keeps what it is given and raises on its ``FAIL_ON``-th add, or on close."""
+
+    FAIL_ON: int | None = 2
+    FAIL_CLOSE = False
+    kept: ClassVar[list[str]] = []
+
+    def __init__(self, where: str, rank: int) -> None:
+        type(self).kept = []
+
+    def add(self, record: dict[str, Any]) -> None:
+        if len(self.kept) + 1 == self.FAIL_ON:
+            raise RuntimeError("table locked\nsecond line")
+        self.kept.append(record["input"])
+
+    def close(self) -> None:
+        if self.FAIL_CLOSE:
+            raise RuntimeError("cannot flush")
+
+
+def test_a_sink_that_raises_stops_the_run_in_one_line_and_the_manifest_matches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """add() raising: one line naming the sink, and the manifest holds exactly the records the sink took (the
+    failed one in neither); a rerun with the sink mended completes the set. close() raising: one line naming
+    the sink, every record in the manifest."""
+    photos = tmp_path / "in"
+    photos.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(4):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), np.uint8))
+    register_sink("failing", FailingRecords)
+    try:
+        out = tmp_path / "out"
+        cli = ["gradcam", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "32", "--layer", "features.6", "--batch-size", "2", "--records", "failing",
+               "--out", str(out)]  # fmt: skip
+        r = invoke(*cli)
+        assert r.exit_code != 0
+        said = [line for line in r.stderr.splitlines() if "FailingRecords" in line]
+        assert (
+            len(said) == 1
+            and f"add() failed on '{photos / 'p1.png'}' (RuntimeError: table locked)" in said[0]
+        )
+        assert [rec["input"] for rec in records(out)] == FailingRecords.kept == [str(photos / "p0.png")]
+        monkeypatch.setattr(FailingRecords, "FAIL_ON", None)
+        r = invoke(*cli)
+        assert r.exit_code == 0, r.stderr
+        assert sorted({Path(rec["input"]).name for rec in records(out)}) == [f"p{i}.png" for i in range(4)]
+        assert [Path(name).name for name in FailingRecords.kept] == [f"p{i}.png" for i in range(4)]
+        monkeypatch.setattr(FailingRecords, "FAIL_CLOSE", True)
+        loaded = load_model("tests.conftest:TinyCNN", "none", device="cpu", input_size=32)
+        with pytest.raises(hookviz.HookvizError, match=r"FailingRecords's close\(\) failed \(RuntimeError"):
+            list(Run(loaded, [str(photos)], CamSettings(layers=("features.6",)), out=tmp_path / "o2",
+                     records="failing"))  # fmt: skip
+        assert len(records(tmp_path / "o2")) == len(FailingRecords.kept) == 4
+    finally:
+        unregister_sink("failing")
+
+
+class SqliteMaps:
+    """A ``--maps sqlite`` store from outside the package: each raw map's array in one SQLite file, the
+    connection opened in the factory (the run's threads write through it, one call at a time)."""
+
+    FAIL = False
+
+    def __init__(self, where: str, rank: int) -> None:
+        self.where = where
+        self.db = sqlite3.connect(where, check_same_thread=False)
+        self.db.execute("CREATE TABLE IF NOT EXISTS maps (name PRIMARY KEY, shape, data)")
+
+    def exists(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM maps WHERE name = ?", (name,)).fetchone() is not None
+
+    def write(self, name: str, data: bytes, attrs: dict[str, Any]) -> None:
+        if self.FAIL:
+            raise RuntimeError("database is locked")
+        arr = np.load(io.BytesIO(data))
+        shape = ",".join(map(str, arr.shape))
+        self.db.execute(
+            "INSERT OR REPLACE INTO maps VALUES (?, ?, ?)", (name, shape, arr.astype("<f4").tobytes())
+        )
+        self.db.commit()
+
+    def location(self, name: str) -> str:
+        return f"{self.where}#{name}"
+
+
+def test_a_maps_store_from_outside_gets_every_raw_map_and_the_records_say_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each raw map lands in the store (decoded from the ``.npy`` bytes, its extremes the record's), the
+    record's outputs say ``location(name)``; a store whose write raises fails each input saying the store."""
+    photos = tmp_path / "in"
+    photos.mkdir()
+    rng = np.random.default_rng(6)
+    for i in range(3):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (40, 40, 3), np.uint8))
+    register_sink("sqlite", SqliteMaps, kind="maps")
+    try:
+        out = tmp_path / "out"
+        cli = ["gradcam", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "32", "--layer", "features.6", "--maps", "sqlite",
+               "--workers", "2"]  # fmt: skip
+        r = invoke(*cli, "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        recs = records(out)
+        where = str(out / "maps.sqlite")
+        with sqlite3.connect(where) as db:
+            stored = dict(db.execute("SELECT name, data FROM maps").fetchall())
+        for rec in recs:
+            raw = [o for o in rec["outputs"] if o.startswith(where + "#")]
+            assert raw and "None" not in rec["outputs"]
+            for m in rec["maps"]:
+                name = next(o.split("#", 1)[1] for o in raw if f"{m['method']}.{m['layer']}" in o)
+                arr = np.frombuffer(stored[name], "<f4")
+                assert arr.size > 1 and np.isclose(np.nanmin(arr), m["min"], atol=1e-3)
+                assert np.isclose(np.nanmax(arr), m["max"], atol=1e-3)
+        monkeypatch.setattr(SqliteMaps, "FAIL", True)
+        r = invoke(*cli, "--out", str(tmp_path / "o2"))
+        assert r.exit_code == 1
+        errors = [rec["error"] for rec in records(tmp_path / "o2")]
+        assert len(errors) == 3
+        assert all(
+            "--maps: the store SqliteMaps's write() failed" in e and "database is locked" in e for e in errors
+        )
+        assert not any("cannot render" in e for e in errors)
+    finally:
+        unregister_sink("sqlite", kind="maps")

@@ -139,3 +139,33 @@ def test_explain_inputs_refuses_a_misspelt_setting(tmp_path: Path) -> None:
     photo = write_image(tmp_path / "a.png", np.full((40, 40, 3), 120, np.uint8))
     with pytest.raises(UsageError, match="did you mean 'methods'"):
         explain_inputs(tiny_loaded(TinyCNN()), photo, tmp_path / "out", methd=("x",))
+
+
+def test_python_settings_are_checked_as_the_command_line_checks_them(tmp_path: Path) -> None:
+    """A misspelt keyword to CamSettings or Run is refused naming the closest, across Run's keywords and the
+    settings; values the command line refuses (--alpha 7, --probe 0, --batch-size 0) are refused before any
+    input; a comma list given as one string is split into its methods."""
+    from hookviz import Run
+
+    with pytest.raises(UsageError, match=r"CamSettings has no setting 'layer'; did you mean 'layers'\?"):
+        CamSettings(layer=("features.6",))  # type: ignore[call-arg]
+    loaded = tiny_loaded(TinyCNN())
+    with pytest.raises(
+        UsageError, match=r"Run has no keyword 'skip_exsting'; did you mean 'skip_existing'\?"
+    ):
+        Run(loaded, [], out=tmp_path / "o", skip_exsting=True)  # type: ignore[call-arg]
+    with pytest.raises(UsageError, match=r"Run has no keyword 'methds'; did you mean 'methods' \(a setting"):
+        Run(loaded, [], out=tmp_path / "o", methds=("gradcam",))  # type: ignore[call-arg]
+    with pytest.raises(
+        UsageError, match=r"explain_inputs has no setting 'skip_exsting'; did you mean 'skip_exi"
+    ):
+        explain_inputs(loaded, [], tmp_path / "o", skip_exsting=True)
+    with pytest.raises(UsageError, match=r"alpha 7.0: must be in \[0, 1\]"):
+        CamSettings(alpha=7.0)
+    with pytest.raises(UsageError, match="probe_images 0: must be at least 1"):
+        CamSettings(layers=("auto",), probe_images=0)
+    with pytest.raises(UsageError, match="batch_size 0: must be at least 1"):
+        Run(loaded, [], out=tmp_path / "o", batch_size=0)
+    assert CamSettings(methods="gradcam, layercam").methods == ("gradcam", "layercam")  # type: ignore[arg-type]
+    assert CamSettings(layers="features.6").layers == ("features.6",)  # type: ignore[arg-type]
+    assert CamSettings(alpha=0.0).alpha == 0.0 and CamSettings(alpha=1).alpha == 1

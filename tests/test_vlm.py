@@ -847,10 +847,58 @@ def test_a_family_registered_from_outside_the_package_runs_vlm(tmp_path: Path) -
         unregister_family("test-llava")
     assert family_of(build("llava")[0]).name == "llava"
     (ours,), (theirs,) = records(tmp_path / "ours"), records(tmp_path / "builtin")
-    assert [m["file"] for m in ours["maps"]] == [m["file"] for m in theirs["maps"]]
+    assert ours["key"] != theirs["key"]  # the family is part of the key: the same maps under another key
+    assert [m["file"].replace(ours["key"], theirs["key"]) for m in ours["maps"]] == [
+        m["file"] for m in theirs["maps"]
+    ]
     for a, b in zip(ours["outputs"], theirs["outputs"], strict=True):
         if a.endswith(".npy"):
             np.testing.assert_allclose(np.load(a), np.load(b), rtol=1e-5, atol=1e-7)
+
+
+def test_the_vlm_table_says_each_map_s_layer_and_its_token_s_probability(tmp_path: Path) -> None:
+    """Without --layer, every map of a method reading a decoder layer (tokengrad, llavacam) says the layer
+    chosen, in the record and the table; each row's target_score is its answer token's probability."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(6).integers(0, 256, (40, 40, 3), np.uint8))
+    out = tmp_path / "out"
+    r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer",
+               "a disc", "--method", "tokengrad,llavacam,attention", "--records", "parquet",
+               "--out", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (rec,) = records(out)
+    probs = {t["index"]: t["prob"] for t in rec["tokens"]}
+    rows = pq.read_table(out / "records.parquet").to_pylist()
+    assert len(rows) == 3 * 2  # methods x words
+    for row in rows:
+        assert (
+            row["target_score"] == pytest.approx(probs[row["target_index"]]) and 0 < row["target_score"] <= 1
+        )
+        assert (row["layer"] == "0") == (row["method"] != "attention"), row  # 2 decoder layers: the middle, 0
+        assert row["layer"] is None or row["method"] != "attention"
+
+
+def test_the_family_is_part_of_the_output_key(tmp_path: Path) -> None:
+    """A family registered for the built-in's model type, run into the built-in's --out: its own outputs
+    (another key, the family in the settings), not 'skipped: done by an earlier run'."""
+    folder = save("llava", tmp_path / "llava")
+    photo = write_image(tmp_path / "p.png", np.random.default_rng(5).integers(0, 256, (40, 40, 3), np.uint8))
+    out = tmp_path / "out"
+    args = ["vlm", str(photo), "--model", f"hf:{folder}", "--prompt", PROMPTS["llava"], "--answer", "a disc",
+            "--method", "llavacam", "--out", str(out)]  # fmt: skip
+    r = invoke(*args)
+    assert r.exit_code == 0, r.stderr
+    register_family(_Renamed())
+    try:
+        r = invoke(*args)
+        assert r.exit_code == 0, r.stderr
+    finally:
+        unregister_family("test-llava")
+    theirs, ours = records(out)
+    assert ours["status"] == "ok" and theirs["status"] == "ok", ours
+    assert (theirs["settings"]["family"], ours["settings"]["family"]) == ("llava", "test-llava")
+    assert ours["key"] != theirs["key"] and not set(ours["outputs"]) & set(theirs["outputs"])
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ from hookviz.options import Resize
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
 )
-#: Largest image accepted by default (pixels); a 12000x12000 photo decodes to 430 MB of RGB.
-DEFAULT_MAX_PIXELS = 80_000_000
+#: Largest image accepted by default (pixels; a 12000x12000 photo decodes to 430 MB of RGB); RAISE: the fix.
+DEFAULT_MAX_PIXELS, RAISE = 80_000_000, "downscale it or raise --max-pixels"
 #: zlib level of every PNG written, with the Sub filter only: 1.4-1.8x faster to encode than OpenCV's
 #: default adaptive filters at level 1, for 3-7 % larger files (bench/bench.py's PNG rows measure the rest:
 #: higher levels gain 2-7 % in size at 1.5-9x the time; the RLE strategy doubles feature-map grids).
@@ -110,6 +110,8 @@ def _decode(
     at a fraction of its size whose longer side is still at least this."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    limit = Image.MAX_IMAGE_PIXELS  # --max-pixels governs Pillow's own bomb limit too (raised only):
+    Image.MAX_IMAGE_PIXELS = max(limit, max_pixels) if limit is not None else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -117,10 +119,8 @@ def _decode(
         with img:
             w, h = img.size
             if w * h > max_pixels:
-                raise InputError(
-                    f"{quote(path)}: image is {w}x{h} = {w * h:,} px, over the limit of "
-                    f"{max_pixels:,} px; downscale it or raise --max-pixels"
-                )
+                said = f"image is {w}x{h} = {w * h:,} px, over the limit of {max_pixels:,} px"
+                raise InputError(f"{quote(path)}: {said}; {RAISE}")
             if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # EXIF orientation: a quarter turn
                 w, h = h, w
             if draft is not None and img.format == "JPEG" and max(w, h) > 2 * draft:
@@ -142,8 +142,8 @@ def _decode(
                 f"{quote(path)}: an image file cut short or corrupt (its header is there, the picture is not)"
             ) from None
         raise InputError(f"{quote(path)}: not an image file (or an unsupported format)") from None
-    except Image.DecompressionBombError as exc:
-        raise InputError(f"{quote(path)}: refused as a decompression bomb ({exc})") from None
+    except Image.DecompressionBombError:  # over twice Pillow's limit, which is at least max_pixels
+        raise InputError(f"{quote(path)}: image is over the limit of {max_pixels:,} px; {RAISE}") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise InputError(
             f"{quote(path)}: cannot decode image ({exc}); the file may be truncated or corrupt"

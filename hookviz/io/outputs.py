@@ -9,6 +9,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +30,10 @@ MANIFEST = "manifest.jsonl"
 
 
 class MapStore(Protocol):
-    """Where raw maps (``.npy`` outputs) go instead of files (``--maps``: ``hookviz.io.sinks.ZarrMaps``)."""
+    """Where raw maps (``.npy`` outputs) go instead of files (``--maps``: ``hookviz.io.sinks.ZarrMaps``).
+    ``write`` gets the bytes of the ``.npy`` file (``np.load(io.BytesIO(data))`` is the map), called from the
+    run's worker threads one call at a time (an SQLite connection: ``check_same_thread=False``); the record's
+    outputs say ``location(name)``; a ``write`` that raises fails that input, saying the store."""
 
     def exists(self, name: str) -> bool: ...
 
@@ -65,6 +69,7 @@ class Output:
     pictures: bool = True
     #: Where each record also goes (``--records``: a Parquet table), as it is appended to the manifest.
     records: RecordSink | None = None
+    _maps_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def prepare(self) -> None:
         """Create the folder (:func:`make_folder`), clean what a killed run left, read the earlier results.
@@ -113,7 +118,15 @@ class Output:
         if self.maps is not None and name.endswith(".npy"):
             if self.maps.exists(name) and not (self.overwrite or replace):
                 raise FileExistsError(self.maps.location(name))
-            return str(self.maps.write(name, data, attrs or {}))
+            with self._maps_lock:  # a store's write() is called one at a time, from the run's threads
+                try:
+                    self.maps.write(name, data, attrs or {})
+                except Exception as exc:
+                    raise OutputError(
+                        f"--maps: the store {type(self.maps).__name__}'s write() failed on {name} "
+                        f"({_said(exc)})"
+                    ) from exc
+            return str(self.maps.location(name))
         return atomic_write(self.path(name), data, exclusive=not (self.overwrite or replace))
 
     def keeps(self, name: str) -> bool:
@@ -137,15 +150,27 @@ class Output:
         whole, on a full disk, is taken back and the run stops with an :class:`OutputError`)."""
         self._open_manifest()
         assert self._manifest_fd is not None
+        line = (to_json(entry) + "\n").encode("utf-8")
+        start = os.fstat(self._manifest_fd).st_size
         try:
-            append_line(self._manifest_fd, (to_json(entry) + "\n").encode("utf-8"))
+            append_line(self._manifest_fd, line)
         except OSError as exc:
             raise OutputError(
                 f"--out {self.root}: cannot append to {self.manifest} ({exc.strerror or exc}); the run "
                 "stopped: free some space and rerun (finished inputs are skipped)"
             ) from None
-        if self.records is not None:
+        if self.records is None:
+            return
+        try:
             self.records.add(entry)
+        except Exception as exc:  # the line is taken back: a record is in both, or in neither
+            if os.fstat(self._manifest_fd).st_size == start + len(line):  # nobody appended after it
+                os.ftruncate(self._manifest_fd, start)
+            raise OutputError(
+                f"--records: the sink {type(self.records).__name__}'s add() failed on {entry.get('input')!r} "
+                f"({_said(exc)}); the run stopped, that input in neither the manifest nor the sink: fix the "
+                "sink and rerun (finished inputs are skipped, that one completed)"
+            ) from exc
 
     def close(self) -> None:
         """Close the manifest (a later record opens it again); the sinks stay open (:meth:`finish`)."""
@@ -157,7 +182,19 @@ class Output:
         """Close the manifest and the records' sink (its table put in place): the run is over."""
         self.close()
         if self.records is not None:
-            self.records.close()
+            try:
+                self.records.close()
+            except Exception as exc:
+                raise OutputError(
+                    f"--records: the sink {type(self.records).__name__}'s close() failed ({_said(exc)}); "
+                    f"{self.root / self.manifest} holds every record: the sink may lack some"
+                ) from exc
+
+
+def _said(exc: BaseException) -> str:
+    """An exception in one line: its type and its message's first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def make_folder(root: Path) -> None:

@@ -54,7 +54,9 @@ def record_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     for entry in record.get("maps") or []:
         # A vision-language model's map (``vlm``) has an answer token for its target.
         target = entry.get("target") or (
-            {"index": entry["token"], "name": entry.get("text")} if "token" in entry else {}
+            {"index": entry["token"], "name": entry.get("text"), "score": entry.get("prob")}
+            if "token" in entry
+            else {}
         )
         file = str(entry.get("file") or "")
         rows.append({
@@ -270,8 +272,10 @@ SINKS: dict[tuple[str, str], Sink] = {}
 
 def register_sink(name: str, factory: SinkFactory, *, kind: str = "records") -> Sink:
     """Make ``--records NAME`` (or, with ``kind="maps"``, ``--maps NAME``) write through ``factory(where,
-    rank)``: a records sink has ``add(record)`` and ``close()``; a maps store ``exists(name)``,
-    ``write(name, data, attrs)`` and ``location(name)``. Returns the registered :class:`Sink`.
+    rank)``: a records sink has ``add(record)`` (called after the manifest line; raising takes that line back
+    and stops the run) and ``close()``; a maps store ``exists(name)``,
+    ``write(name, data, attrs)`` (``data``: the bytes of the ``.npy`` file; called from the run's threads, one
+    call at a time) and ``location(name)`` (what the records say). Returns the registered :class:`Sink`.
 
     Raises:
         UsageError: ``kind`` is neither records nor maps; ``name`` is not a plain word.

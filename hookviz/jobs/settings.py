@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Mapping
+import functools
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -24,14 +25,14 @@ from hookviz.errors import UsageError
 from hookviz.methods import MethodOptions
 from hookviz.options import Colormap, Fuse, Normalize, Region
 
-__all__ = ["CamSettings", "check_names", "settings_of"]
+__all__ = ["CamSettings", "check_keywords", "check_names", "checked_init", "settings_of"]
 
 T = TypeVar("T")
 
 
-def check_names(cls: type, names: Any, where: str = "") -> None:
+def check_names(cls: type, names: Any, where: str = "", others: Collection[str] = ()) -> None:
     """Refuse a name that is not a field of the dataclass ``cls`` (a misspelt setting from Python), naming
-    the closest field.
+    the closest field, or the closest of ``others`` (names taken beside, such as :class:`hookviz.Run`'s).
 
     Raises:
         UsageError: ``CamSettings has no setting 'methd'; did you mean 'methods'?``
@@ -39,9 +40,16 @@ def check_names(cls: type, names: Any, where: str = "") -> None:
     known = [f.name for f in dataclasses.fields(cls)]
     for name in names:
         if name not in known:
-            close = difflib.get_close_matches(str(name), known, n=1)
+            close = difflib.get_close_matches(str(name), [*known, *sorted(others)], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(known)}"
             raise UsageError(f"{where or cls.__name__} has no setting {name!r}{hint}")
+
+
+def names_of(text: str | Any) -> tuple[str, ...]:
+    """A comma list given as one string (``"gradcam,layercam"``) as its names; a sequence as a tuple."""
+    if isinstance(text, str):
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    return tuple(text)
 
 
 def settings_of(cls: type[T], given: Mapping[str, Any] | T | None = None, **more: Any) -> T:
@@ -106,10 +114,43 @@ class CamSettings:
 
     def __post_init__(self) -> None:
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731  (frozen)
-        fix("layers", tuple(self.layers))
-        fix("methods", tuple(self.methods))
+        fix("layers", names_of(self.layers))
+        fix("methods", names_of(self.methods))
+        if not 0.0 <= self.alpha <= 1.0:
+            raise UsageError(f"alpha {self.alpha}: must be in [0, 1] (as --alpha)")
+        if self.probe_images < 1:
+            raise UsageError(f"probe_images {self.probe_images}: must be at least 1 (as --probe)")
         fix("normalize", Normalize.parse(self.normalize, "--normalize").value)
         fix("region", Region.parse(self.region, "--region").value)
         fix("colormap", Colormap.parse(self.colormap, "--colormap").value)
         if self.fuse is not None:
             fix("fuse", Fuse.parse(self.fuse, "--fuse").value)
+
+
+def check_keywords(where: str, names: Any, known: Collection[str], settings: Collection[str] = ()) -> None:
+    """Refuse a keyword not ``known`` (:class:`hookviz.Run`'s), naming the closest of them or of ``settings``.
+
+    Raises:
+        UsageError: ``Run has no keyword 'skip_exsting'; did you mean 'skip_existing'?``
+    """
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), [*sorted(known), *settings], n=1)
+            said = f" (a setting: CamSettings({close[0]}=...))" if close and close[0] in settings else ""
+            raise UsageError(
+                f"{where} has no keyword {name!r}" + (f"; did you mean {close[0]!r}{said}?" if close else "")
+            )
+
+
+def checked_init(init: Any, check: Any) -> Any:
+    """``init`` calling ``check(keywords)`` first (a misspelt keyword refused, the closest named)."""
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **values: Any) -> None:
+        check(values)
+        init(self, *args, **values)
+
+    return checked
+
+
+setattr(CamSettings, "__init__", checked_init(CamSettings.__init__, lambda v: check_names(CamSettings, v)))  # noqa: B010

@@ -71,6 +71,10 @@ class Record:
     record: dict[str, Any]
 
     def line(self) -> str:
+        """The line the command prints: an error's own line (``hookviz: 'x.jpg': cannot decode ...``), else
+        :func:`describe`'s."""
+        if self.record.get("status") == "error" and self.record.get("error") and "video" not in self.record:
+            return f"hookviz: {self.record['error']}"
         return describe(self.record)
 
 
@@ -103,21 +107,28 @@ def named(d: dict[str, Any]) -> str:
     return class_label(d.get("name"), d.get("index"))
 
 
+def shown(name: object) -> str:
+    """A name as a line shows it: as it is, or quoted with its escapes where it holds a newline or another
+    unprintable character (one input, one line; as error lines quote it)."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)
+
+
 def describe(rec: dict[str, Any]) -> str:
     """A record as one line: the input (a clip's frames), the prediction, the class explained, the outputs."""
     if "video" in rec:  # a whole video's prediction, after its clips
         v = rec["video"]
         return (
-            f"{rec['input']}: whole video: predicted {named(v)} p={v['score']:.3f} "
+            f"{shown(rec['input'])}: whole video: predicted {named(v)} p={v['score']:.3f} "
             f"({v['clips_agreeing']} of {v['clips']} clips agree)"
         )
-    parts = [f"{rec['input']}:"]
+    parts = [f"{shown(rec['input'])}:"]
     clip = rec.get("clip")
     if clip:
         span = f"frames {clip['frames'][0]}-{clip['frames'][1]}"
         if clip.get("seconds"):
             span += f", {clip['seconds'][0]:.2f}-{clip['seconds'][1]:.2f}s"
-        parts = [f"{rec['input']} clip {clip['number']}/{clip['of']} ({span}):"]
+        parts = [f"{shown(rec['input'])} clip {clip['number']}/{clip['of']} ({span}):"]
     told = tasks.describe(rec)
     if told is not None:  # the task's account (a detector's boxes) replaces the prediction
         parts += told
@@ -135,5 +146,5 @@ def describe(rec: dict[str, Any]) -> str:
     outs = rec["outputs"]
     verb = "exists" if rec["status"] == "skipped" else "wrote"
     if outs:
-        parts.append(f"{verb} {outs[0]}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
+        parts.append(f"{verb} {shown(outs[0])}" + (f" (+{len(outs) - 1} more)" if len(outs) > 1 else ""))
     return " ".join(parts)

@@ -34,7 +34,15 @@ class Files:
             return [
                 out.where(n) if out.exists(n) else str(out.write(n, data, attrs=attrs)) for n, data in files
             ]
-        return [str(out.write(name, data, replace=self.skip_existing, attrs=attrs)) for name, data in files]
+        written, taken = [], None
+        for name, data in files:
+            try:
+                written.append(str(out.write(name, data, replace=self.skip_existing, attrs=attrs)))
+            except FileExistsError as exc:  # another run writing this input too: complete the set with it
+                taken = taken or exc
+        if taken is not None:
+            raise taken  # finish: the set complete, skipped; else an output that exists is said
+        return written
 
     def state(self, item: Item, prefix: str) -> str | None:
         """What the outputs already there make of an input: None (none there, or --overwrite), "skipped",

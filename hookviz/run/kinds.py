@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TextIO
 import numpy as np
 import torch
 
-from hookviz.errors import InputError, UsageError
+from hookviz.errors import UsageError
 from hookviz.io.images import load_rgb
 from hookviz.io.inputs import Item, clip_items, expand_inputs
 from hookviz.io.outputs import Output
@@ -50,7 +50,7 @@ def first_batch(
             continue
         try:
             x = prepared(item)
-        except InputError:
+        except Exception:  # an input its reader fails on (a kind's own too): its record says why
             continue
         if xs and x.shape != xs[0].shape:
             continue

@@ -343,6 +343,11 @@ class _Run:
             except HookvizError as exc:
                 finishers.append(partial(self.record, item, "error", str(exc)))
                 continue
+            except Exception as exc:  # a reader of one's own (an input kind's) failing on one input
+                finishers.append(
+                    partial(self.record, item, "error", f"{quote(item.name)}: cannot read: {_describe(exc)}")
+                )
+                continue
             finishers.append(len(ready))
             ready.append((item, prefix, rgb, box, note))
             xs.append(x)

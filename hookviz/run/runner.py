@@ -23,7 +23,7 @@ from hookviz.io.inputs import Item, table_items
 from hookviz.io.outputs import MANIFEST, MapStore, Output, RecordSink, make_folder
 from hookviz.io.sinks import data_sinks
 from hookviz.jobs.build import BuiltJob, JobFactory, RunContext, auto_line
-from hookviz.jobs.settings import CamSettings, settings_of
+from hookviz.jobs.settings import CamSettings, check_keywords, check_names, checked_init, settings_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.render.notebook import Records
 from hookviz.report import build_report
@@ -132,6 +132,8 @@ class Run:
     ) -> None:
         if overwrite and skip_existing:
             raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
+        if batch_size is not None and batch_size < 1:
+            raise UsageError(f"batch_size {batch_size}: must be at least 1 (as --batch-size)")
         self.model, self.inputs = model, _specs(inputs)
         if not callable(job):  # gradcam's settings: a maps store is for their raw maps
             settings = job or CamSettings()
@@ -393,6 +395,7 @@ def explain_inputs(
         >>> [r["video"]["name"] for r in records if "video" in r]
     """
     run = {k: given.pop(k) for k in list(given) if k in RUN_KEYWORDS}
+    check_names(CamSettings, given, "explain_inputs", others=RUN_KEYWORDS)
     chosen = settings_of(CamSettings, settings, **given)
     if verdicts.wants_auto(chosen):
         auto = verdicts.auto_choice(loaded, trust=None if trust is None else Path(trust), out=Path(out),
@@ -405,6 +408,11 @@ def explain_inputs(
 
 #: :class:`Run`'s keyword settings (what :func:`explain_inputs` hands it rather than the job's settings).
 RUN_KEYWORDS = frozenset(inspect.signature(Run.__init__).parameters) - {"self", "model", "inputs", "job"}
+
+
+_TAKES = RUN_KEYWORDS | {"model", "inputs", "job"}
+_FIELDS = [f.name for f in dataclasses.fields(CamSettings)]
+setattr(Run, "__init__", checked_init(Run.__init__, lambda kw: check_keywords("Run", kw, _TAKES, _FIELDS)))  # noqa: B010
 
 
 def explain_videos(loaded: Any, inputs: Any, out: str | Path, settings: Any = None, **kw: Any) -> list[Any]:

@@ -12,6 +12,7 @@ from hookviz import render
 from hookviz.io.images import encode_png
 from hookviz.io.outputs import safe_name
 from hookviz.jobs.common import npy_bytes
+from hookviz.methods.registry import token_method
 from hookviz.vlm.words import TITLES, WordMaps
 
 
@@ -67,7 +68,8 @@ def render_words(
                     "file": f"{name}.png",
                     "peak": place.peak(scores),
                     "max": float(scores[place.placed()].max()),
-                    **({"layer": wm.layer} if method == "llavacam" else {}),
+                    "prob": round(answer.probs[k], 6),  # the token's probability: the table's target_score
+                    **({"layer": wm.layer} if token_method(method).reads_layer else {}),
                 }
             )
         rows.append((TITLES[method], cells))

@@ -102,7 +102,8 @@ class VlmJob(BaseJob):
         self.batches = 0
 
     def settings(self) -> dict[str, Any]:
-        return {"model": self.vlm.name, **dataclasses.asdict(self.asked)}
+        # The family places the maps: another one claiming the same model makes other outputs (another key).
+        return {"model": self.vlm.name, "family": self.vlm.family.name, **dataclasses.asdict(self.asked)}
 
     def planned(self, stem: str) -> list[str]:
         """The files of this input an earlier run recorded (their names hold its answer's words: each map's
