@@ -147,6 +147,20 @@ def test_the_environment_decides() -> None:
     assert other is not None and d.job != other.job and d.job in d.part_name
 
 
+def test_the_merged_manifest_is_in_the_order_one_process_writes(tmp_path: Path) -> None:
+    """shard() deals the inputs sorted by name round robin; the merge deals each rank's lines back so (an
+    input's lines together, a rank with fewer inputs simply done), not rank 0's inputs first."""
+    names = ["astronaut", "cat", "coffee", "dog", "rocket"]
+    items = [Item(n, Path(n)) for n in reversed(names)]
+    dealt = [shard(items, Dist(r, 2, r, 2, "j")) for r in range(2)]
+    for rank, mine in enumerate(dealt):
+        lines = [json.dumps({"input": i.name, "method": m}) for i in mine for m in ("gradcam", "layercam")]
+        (tmp_path / f".manifest.rank{rank}.999999.jsonl").write_text("\n".join(lines) + "\n")
+    assert merge_parts(tmp_path, "manifest.jsonl", only_dead=True) == 10
+    got = [json.loads(x) for x in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    assert [(r["input"], r["method"]) for r in got] == [(n, m) for n in names for m in ("gradcam", "layercam")]
+
+
 def test_merge_leaves_parts_of_live_processes(tmp_path: Path) -> None:
     live = tmp_path / f".manifest.rank0.{os.getpid()}.jsonl"
     dead = tmp_path / ".manifest.rank2.999999.jsonl"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -139,7 +140,7 @@ def _released(tensor: Any, timeout: float = 5.0) -> None:
 
 
 def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None = None) -> int:
-    """Append the manifest parts in ``root`` to ``root/manifest`` in rank order, then remove them.
+    """Append the manifest parts in ``root`` to ``root/manifest`` in the inputs' order, then remove them.
 
     ``job``: merge only that job's parts (another job writing into the same folder keeps its own);
     ``only_dead``: merge only parts whose process is gone (left by a killed run, of any job). Returns the
@@ -156,17 +157,39 @@ def merge_parts(root: Path, manifest: str, *, only_dead: bool, job: str | None =
     merged = 0
     if not parts:
         return 0
+    ranks = [_by_input(part.read_text(encoding="utf-8", errors="replace")) for _, part in sorted(parts)]
     fd = open_append(root / manifest)
     try:
-        for _, part in sorted(parts):
-            for line in part.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
-                if line.strip():
-                    os.write(fd, (line if line.endswith("\n") else line + "\n").encode("utf-8"))
+        # Round robin over the ranks, an input's lines at a time: :func:`shard` dealt the inputs so, and
+        # this gives back the order one process writes (each rank's lines are in its shard's order).
+        for i in range(max(len(inputs) for inputs in ranks)):
+            for inputs in ranks:
+                for line in inputs[i] if i < len(inputs) else ():
+                    os.write(fd, line.encode("utf-8"))
                     merged += 1
+        for _, part in parts:
             part.unlink()
     finally:
         os.close(fd)
     return merged
+
+
+def _by_input(text: str) -> list[list[str]]:
+    """A manifest part's lines, those of one input together (consecutive lines naming the same input)."""
+    groups: list[list[str]] = []
+    last: object = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            name = json.loads(line).get("input")
+        except (ValueError, AttributeError):
+            name = None  # a torn line (a killed rank's last) goes on alone
+        if not groups or name is None or name != last:
+            groups.append([])
+        groups[-1].append(line + "\n")
+        last = name
+    return groups
 
 
 def write_progress(root: Path, dist: Dist, done: int) -> None:
