@@ -141,10 +141,11 @@ def run_blocks(
     save: Callable[[Progress], None] | None = None,
     tick: Callable[[Progress], None] | None = None,
 ) -> Progress:
-    """Train on ``blocks`` until ``settings.steps()`` steps were taken (each rank ``batch / world`` vectors a
-    step); ``save`` is called every ``checkpoint_every`` steps. The first block, where ``progress`` stands
-    inside one (a resumed run's), is trained on from its ``offset``."""
-    total, dead_after = settings.steps(), settings.dead_window()
+    """Train on ``blocks`` until ``settings.vectors`` vectors were trained on (each rank at most ``batch /
+    world`` vectors a step; a block's last step takes what is left of it, so the steps may be more than
+    ``settings.steps()``); ``save`` is called every ``checkpoint_every`` steps. The first block, where
+    ``progress`` stands inside one (a resumed run's), is trained on from its ``offset``."""
+    total, dead_after = settings.vectors, settings.dead_window()
     device = next(sae.parameters()).device
     if progress.since_fired is None:
         progress.since_fired = torch.zeros(shape.width, dtype=torch.long, device=device)
@@ -155,15 +156,15 @@ def run_blocks(
         progress.position, progress.offset = block.start, skip
         x = norm.apply(block.vectors[skip:].to(device, torch.float32, non_blocking=True))
         for i in range(0, x.shape[0], batch):
-            if progress.step >= total:
+            if progress.seen >= total:
                 break
             step(sae, shape, opt, x[i : i + batch], progress, dead_after)
             progress.offset = skip + min(i + batch, x.shape[0])
             if tick is not None:
                 tick(progress)
-            if save is not None and progress.step % settings.checkpoint_every == 0 and progress.step < total:
+            if save is not None and progress.step % settings.checkpoint_every == 0 and progress.seen < total:
                 save(progress)
-        if progress.step >= total:
+        if progress.seen >= total:
             break
         progress.position, progress.offset = block.after, 0
     sae.eval()
