@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -741,3 +742,41 @@ def test_vectors_are_honoured_over_few_inputs(trained: Trained, shapes_folder: P
     done = train_sae(tiny_loaded(trained.model), items, LAYER, tmp_path / "run", settings)
     assert 2000 <= done.metrics["training_vectors"] < 2000 + 288, done.metrics
     assert done.metrics["steps"] == 7  # ceil(2000 / 288): every step a pass's 288 vectors
+
+
+def _hostile(shapes_folder: Path, tmp_path: Path) -> Path:
+    """3 good photos sorted between an empty file and a text file named as photos."""
+    folder = tmp_path / "hostile"
+    folder.mkdir()
+    for p in sorted(shapes_folder.glob("*.png"))[:3]:
+        (folder / f"b{p.name}").write_bytes(p.read_bytes())
+    (folder / "a_empty.png").write_bytes(b"")
+    (folder / "c_text.png").write_text("not a photo\n")
+    return folder
+
+
+def test_unreadable_inputs_are_named_once_and_the_others_done(
+    trained: Trained, weights: Path, run: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """explain and features go on past unreadable photos: one error line each, every good photo done, exit
+    1; train names each unreadable input once however many passes it made."""
+    hostile, model = _hostile(shapes_folder, tmp_path), _cli(weights, tmp_path)
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine)
+    out = tmp_path / "explained"
+    res = invoke("sae", "explain", str(hostile), "--sae", str(mine), *model, "--json", "--out", str(out))
+    assert res.exit_code == 1, res.output
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 2 and "a_empty.png" in errors[0] and "c_text.png" in errors[1], errors
+    assert len(res.stdout.strip().splitlines()) == 3 and len(list(out.glob("*.sae.png"))) == 3
+    res = invoke("sae", "features", str(mine), str(hostile), *model, "--detail", "0")
+    assert res.exit_code == 1, res.output
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 2 and "a_empty.png" in errors[0] and "c_text.png" in errors[1], errors
+    assert json.loads((mine / "features" / "features.json").read_text())["inputs"] == 3
+    settings = dataclasses.replace(QUICK, vectors=2000, batch=256, buffer=256)
+    done = train_sae(
+        tiny_loaded(trained.model), expand_inputs([str(hostile)]), LAYER, tmp_path / "t", settings
+    )
+    assert done.metrics["training_vectors"] >= 2000  # passes over 3 photos' 432 vectors: 5 or more
+    assert len(done.skipped_inputs) == 2, done.skipped_inputs

@@ -15,7 +15,7 @@ from hookviz.cli.app import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from hookviz.cli.flags import Device, Inputs, Quiet
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import ModelOptions, PlainModel, grouped
-from hookviz.errors import HookvizError, UsageError
+from hookviz.errors import HookvizError, InputError, UsageError
 from hookviz.options import Resize
 from hookviz.run import distributed
 
@@ -197,8 +197,10 @@ def _train(
     if not done.metrics:  # a torchrun rank other than 0
         return
     if done.skipped_inputs and not quiet:
-        typer.echo(f"hookviz: note: {len(done.skipped_inputs)} input(s) unreadable, e.g. "
-                   f"{done.skipped_inputs[0]}", err=True)  # fmt: skip
+        few = "; ".join(done.skipped_inputs[:3]) + ("; ..." if len(done.skipped_inputs) > 3 else "")
+        typer.echo(
+            f"hookviz: note: {len(done.skipped_inputs)} input(s) unreadable, left out: {few}", err=True
+        )
     if as_json:
         typer.echo(json.dumps({"status": done.status, "out": str(out), **done.metrics}))
     if not quiet:
@@ -266,6 +268,10 @@ def features(
         sheets = sum(1 for f in data["features"] if "sheet" in f)
         typer.echo(f"{live} of {len(data['features'])} features fire over {data['inputs']} inputs; wrote "
                    f"{folder / 'features' / 'features.json'} and {sheets} sheets", err=True)  # fmt: skip
+    for line in dict.fromkeys(data["skipped"]):  # one line per input left out, exit 1 as other commands
+        typer.echo(f"hookviz: error: {line}", err=True)
+    if data["skipped"]:
+        raise typer.Exit(1)
 
 
 @grouped
@@ -290,25 +296,34 @@ def explain(
     if feature is not None and not 0 <= feature < found.shape.width:
         raise UsageError(f"--feature {feature}: the dictionary has features 0 to {found.shape.width - 1}")
     out.mkdir(parents=True, exist_ok=True)
+    failed = 0
     for item in lib.expand_inputs(inputs):
-        if item.error is not None:
-            typer.echo(f"hookviz: {item.error}", err=True)
+        try:
+            if item.error is not None:
+                raise InputError(item.error)
+            record = lib.explain_photo(found, loaded, item, out, strongest=strongest, feature=feature,
+                                       scale=scale, save_raw=save_raw)  # fmt: skip
+        except InputError as e:  # one line, the other photos go on; exit 1 at the end
+            typer.echo(f"hookviz: error: {e}", err=True)
+            failed += 1
             continue
-        record = lib.explain_photo(
-            found, loaded, item, out, strongest=strongest, feature=feature, scale=scale, save_raw=save_raw
-        )
         if as_json:
             typer.echo(json.dumps(record))
         if not quiet:
-            fired = ", ".join(f"{f['feature']} ({f['peak']:.3g})" for f in record["features"]) or "none"
-            typer.echo(f"{item.name}: strongest features {fired}", err=as_json)
-            scaled = record.get("scaled", {})
-            for c in scaled.get("classes", []):
-                typer.echo(f"  {c['name']}: {c['before']:.3f} -> {c['after']:.3f}", err=as_json)
-            if scaled and not scaled["classes"]:
-                typer.echo(
-                    f"  the model's output (no classes) at cosine {scaled['output_cosine']:.4f}", err=as_json
-                )
+            _said(item.name, record, as_json)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _said(name: str, record: dict[str, Any], as_json: bool) -> None:
+    """One photo's strongest features and, with --feature, the classes before and after, on the console."""
+    fired = ", ".join(f"{f['feature']} ({f['peak']:.3g})" for f in record["features"]) or "none"
+    typer.echo(f"{name}: strongest features {fired}", err=as_json)
+    scaled = record.get("scaled", {})
+    for c in scaled.get("classes", []):
+        typer.echo(f"  {c['name']}: {c['before']:.3f} -> {c['after']:.3f}", err=as_json)
+    if scaled and not scaled["classes"]:
+        typer.echo(f"  the model's output (no classes) at cosine {scaled['output_cosine']:.4f}", err=as_json)
 
 
 Format = Annotated[str, typer.Option("--format", help="prisma (ViT-Prisma: a folder of config.json and "

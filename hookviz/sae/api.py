@@ -158,7 +158,7 @@ def train_sae(
         sae, shape, opt, sources, len(items), settings, checkpoint, folder, config, tick
     )
     if _rank() != 0:
-        return Outcome("trained", folder, {}, skipped)
+        return Outcome("trained", folder, {}, list(dict.fromkeys(skipped)))
     found = Trained(sae, shape, norm, layer, layout, config)
     ordered = (held or items)[:EVAL_INPUTS]
     metrics = quality.evaluate(
@@ -171,7 +171,8 @@ def train_sae(
     store.write_json(folder / METRICS, metrics)
     store.write_json(folder / CONFIG, {**config, "status": "finished", "steps": progress.step})
     (folder / CHECKPOINT).unlink(missing_ok=True)
-    return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, skipped)
+    once = list(dict.fromkeys(skipped))  # each pass reads the inputs again: each named once
+    return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, once)
 
 
 def _rank() -> int:
