@@ -780,3 +780,31 @@ def test_unreadable_inputs_are_named_once_and_the_others_done(
     )
     assert done.metrics["training_vectors"] >= 2000  # passes over 3 photos' 432 vectors: 5 or more
     assert len(done.skipped_inputs) == 2, done.skipped_inputs
+
+
+def test_an_unreadable_checkpoint_or_dictionary(
+    trained: Trained, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """A checkpoint cut short is removed and the run starts over, saying so; a dictionary cut short is one
+    line naming the file and --overwrite (exit 2), for features and explain and for train, which does not
+    call the run finished."""
+    items, loaded = (
+        expand_inputs([str(p) for p in sorted(shapes_folder.iterdir())[:2]]),
+        tiny_loaded(trained.model),
+    )
+    settings = dataclasses.replace(QUICK, vectors=600, batch=128, buffer=256)
+    folder = tmp_path / "run"
+    whole = train_sae(loaded, items, LAYER, folder, settings)
+    config = json.loads((folder / store.CONFIG).read_text())
+    store.write_json(folder / store.CONFIG, {**config, "status": "training"})
+    (folder / store.CHECKPOINT).write_bytes(b"PK\x03\x04 cut short")
+    again = train_sae(loaded, items, LAYER, folder, settings)
+    assert again.status == "trained" and len(again.notes) == 1 and "checkpoint.pt" in again.notes[0]
+    assert again.metrics["training_vectors"] == whole.metrics["training_vectors"]
+    assert not (folder / store.CHECKPOINT).exists()
+    data = (folder / store.WEIGHTS).read_bytes()
+    (folder / store.WEIGHTS).write_bytes(data[: len(data) // 2])
+    for call in (lambda: load_sae(folder, loaded), lambda: train_sae(loaded, items, LAYER, folder, settings)):
+        with pytest.raises(UsageError, match="sae.safetensors: unreadable.*--overwrite"):
+            call()
+    assert train_sae(loaded, items, LAYER, folder, settings, overwrite=True).status == "trained"

@@ -196,6 +196,8 @@ def _train(
                          options=options_json(model), cache=cache)  # fmt: skip
     if not done.metrics:  # a torchrun rank other than 0
         return
+    for note in done.notes if not quiet else []:
+        typer.echo(f"hookviz: note: {note}", err=True)
     if done.skipped_inputs and not quiet:
         few = "; ".join(done.skipped_inputs[:3]) + ("; ..." if len(done.skipped_inputs) > 3 else "")
         typer.echo(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ class Outcome:
     folder: Path
     metrics: dict[str, Any]
     skipped_inputs: list[str]
+    #: What the console should say besides (an unreadable checkpoint removed).
+    notes: list[str] = field(default_factory=list)
 
 
 def _batches(
@@ -100,7 +102,10 @@ def _prepare(folder: Path, config: dict[str, Any], overwrite: bool) -> str:
     if not same:
         raise UsageError(f"{folder} holds a dictionary trained with other settings; give another --out, or "
                          "--overwrite to train again there")  # fmt: skip
-    return "finished" if old.get("status") == "finished" else "resume"
+    if old.get("status") != "finished":
+        return "resume"
+    store.weights_of(folder)  # a finished run whose dictionary was cut short: one line naming the fix
+    return "finished"
 
 
 def train_sae(
@@ -152,7 +157,8 @@ def train_sae(
     skipped: list[str] = []
     sae = training.new_sae(shape, settings.seed, device)
     opt = training.optimiser(sae, settings)
-    checkpoint = store.load_checkpoint(folder) if state == "resume" else None
+    notes: list[str] = []
+    checkpoint = store.load_checkpoint(folder, notes) if state == "resume" else None
     sources = _source(loaded, layer, layout, items, skipped, settings, cache, config["fingerprint"])
     progress, norm = _trained(
         sae, shape, opt, sources, len(items), settings, checkpoint, folder, config, tick
@@ -172,7 +178,7 @@ def train_sae(
     store.write_json(folder / CONFIG, {**config, "status": "finished", "steps": progress.step})
     (folder / CHECKPOINT).unlink(missing_ok=True)
     once = list(dict.fromkeys(skipped))  # each pass reads the inputs again: each named once
-    return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, once)
+    return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, once, notes)
 
 
 def _rank() -> int:

@@ -105,7 +105,6 @@ def build_from(
 
 def load(folder: Path, device: torch.device | str = "cpu") -> Trained:
     """A finished run folder's dictionary; one line (exit 2) where the folder holds none."""
-    from safetensors.torch import load_file
 
     config = read_config(folder)
     if config is None or config.get("format") != FORMAT or not (folder / WEIGHTS).is_file():
@@ -114,9 +113,22 @@ def load(folder: Path, device: torch.device | str = "cpu") -> Trained:
     if config.get("status") != "finished":
         raise UsageError(f"{folder}: its training has not finished; rerun hookviz sae train to resume it")
     shape = Shape(str(config["arch"]), int(config["d"]), int(config["width"]), int(config["k"]))
-    sae, norm = build_from(load_file(str(folder / WEIGHTS)), shape, device)
+    sae, norm = build_from(weights_of(folder), shape, device)
     norm = Norm(norm.mean, float(config["norm"]["scale"]))
     return Trained(sae, shape, norm, str(config["layer"]), layout_from(config["layout"]), config)
+
+
+def weights_of(folder: Path) -> dict[str, Tensor]:
+    """The tensors of ``folder``'s sae.safetensors; one line (exit 2) naming it and the fix where it cannot
+    be read (truncated, overwritten)."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors: dict[str, Tensor] = load_file(str(folder / WEIGHTS))
+    except Exception as e:  # safetensors' own error, an OSError: the file is not whole
+        raise UsageError(f"{folder / WEIGHTS}: unreadable ({type(e).__name__}: {e}); train it again with "
+                         "hookviz sae train --overwrite") from None  # fmt: skip
+    return tensors
 
 
 def check_model(config: dict[str, Any], folder: Path, print_: str) -> None:
@@ -135,9 +147,17 @@ def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
     atomic_write(folder / CHECKPOINT, buf.getvalue())
 
 
-def load_checkpoint(folder: Path) -> dict[str, Any] | None:
+def load_checkpoint(folder: Path, notes: list[str] | None = None) -> dict[str, Any] | None:
+    """The run folder's checkpoint; None where there is none, or where it cannot be read (a run killed while
+    the disk filled, a file cut short): then it is removed, the run starts over and ``notes`` says so."""
     path = folder / CHECKPOINT
     if not path.is_file():
         return None
-    loaded: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        loaded: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch's reader raises RuntimeError, pickle's errors, OSError: none is usable
+        path.unlink(missing_ok=True)
+        if notes is not None:
+            notes.append(f"{path} was unreadable ({type(e).__name__}); removed, training starts over")
+        return None
     return loaded
