@@ -808,3 +808,24 @@ def test_an_unreadable_checkpoint_or_dictionary(
         with pytest.raises(UsageError, match="sae.safetensors: unreadable.*--overwrite"):
             call()
     assert train_sae(loaded, items, LAYER, folder, settings, overwrite=True).status == "trained"
+
+
+def test_a_second_train_into_one_folder_is_refused(
+    weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """A live process's sae.lock in --out: train refuses in one line naming it (exit 3) before computing; a
+    lock whose process is gone is taken over, and the run removes it at its end."""
+    photos = [str(p) for p in sorted(shapes_folder.iterdir())[:2]]
+    args = ["sae", "train", *photos, *_cli(weights, tmp_path), "--layer", LAYER, "--width", "2x", "--k", "8",
+            "--vectors", "300", "--batch", "128", "--buffer", "256"]  # fmt: skip
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "sae.lock").write_text(str(os.getpid()))
+    res = invoke(*args, "--out", str(out))
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 3 and len(lines) == 1 and str(os.getpid()) in lines[0], res.output
+    assert sorted(p.name for p in out.iterdir()) == ["sae.lock"]
+    (out / "sae.lock").write_text("999999999")  # no such process
+    res = invoke(*args, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert (out / store.WEIGHTS).is_file() and not (out / "sae.lock").exists()

@@ -18,6 +18,7 @@ from hookviz.cli.options import ModelOptions, PlainModel, grouped
 from hookviz.errors import HookvizError, InputError, UsageError
 from hookviz.options import Resize
 from hookviz.run import distributed
+from hookviz.run.trust_guard import held
 
 DICT = "Dictionary"
 
@@ -143,7 +144,8 @@ def train(
     folder = None if cache is None else out / "cache" if cache == "auto" else Path(cache)
     dist = distributed.from_env()
     if dist is None:
-        _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet, as_json)
+        with held(out, "sae.lock", "hookviz sae train"):  # a second run into --out refused before it computes
+            _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet, as_json)
         return
     distributed.init(dist)
     code = 0

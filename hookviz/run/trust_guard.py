@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hookviz.errors import OutputError, UsageError
 
-__all__ = ["LOCK", "MAX_BUDGET", "claimed", "parse_budget", "process_started"]
+__all__ = ["LOCK", "MAX_BUDGET", "claimed", "held", "parse_budget", "process_started"]
 
 #: The longest budget taken: a week (a larger one is a typo, such as ``1e9``).
 MAX_BUDGET = 7 * 24 * 3600.0
@@ -73,7 +73,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _lock(lock: Path, out: Path) -> None:
+def _lock(lock: Path, out: Path, what: str) -> None:
     for _ in range(3):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -82,7 +82,7 @@ def _lock(lock: Path, out: Path) -> None:
             if not text or (text.isdigit() and _alive(int(text))):  # empty: its writer is writing its pid
                 held = f"process {text}" if text else "a process"
                 raise OutputError(
-                    f"another hookviz trust ({held}) is writing into {out}; wait for it or "
+                    f"another {what} ({held}) is writing into {out}; wait for it or "
                     f"give another --out (delete {lock} if no such run is going)"
                 ) from None
             lock.unlink(missing_ok=True)  # stale: its process is gone
@@ -90,9 +90,7 @@ def _lock(lock: Path, out: Path) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return
-    raise OutputError(
-        f"{lock} keeps coming back: another hookviz trust is starting in {out}; give another --out"
-    )
+    raise OutputError(f"{lock} keeps coming back: another {what} is starting in {out}; give another --out")
 
 
 @contextlib.contextmanager
@@ -109,10 +107,23 @@ def claimed(out: Path, files: tuple[str, ...], overwrite: bool) -> Iterator[None
         raise OutputError(
             f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
         )
+    with held(out, LOCK, "hookviz trust"):
+        yield
+
+
+@contextlib.contextmanager
+def held(out: Path, name: str, what: str) -> Iterator[None]:
+    """``out`` held by this process while the block runs: ``OUT/name`` holds its process id; one line (exit
+    3) where a live process holds it already (``what`` names that run); a lock whose process is gone is taken
+    over. A folder it made and left empty is removed.
+
+    Raises:
+        OutputError: another run is writing into ``out``.
+    """
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    lock = out / LOCK
-    _lock(lock, out)
+    lock = out / name
+    _lock(lock, out, what)
     try:
         yield
     finally:
