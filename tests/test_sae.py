@@ -207,13 +207,14 @@ def test_the_command_trains_and_refuses_bad_input(
         "width": [*model, "--layer", LAYER, "--width", "wide", "--out", str(tmp_path / "c")],
         "model": [*_cli(other_weights, tmp_path), "--layer", LAYER, *quick, "--out", str(out)],
         "buffer": [*model, "--layer", LAYER, *quick, "--buffer", "100", "--out", str(tmp_path / "d")],
+        "huge": [*model, "--layer", LAYER, "--width", "100000000x", "--out", str(tmp_path / "e")],
     }
     for what, args in bad.items():
         res = invoke("sae", "train", str(shapes_folder), *args)
         assert res.exit_code == 2, (what, res.output)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1, (what, lines)
-    assert not any((tmp_path / name).exists() for name in "abd")
+    assert not any((tmp_path / name).exists() for name in "abde")
 
 
 def _kinds(folder: Path) -> dict[str, int]:

@@ -93,11 +93,21 @@ class Shape:
             raise UsageError(f"--arch {self.arch}: choose one of {', '.join(ARCHS)}")
         if self.width < 2:
             raise UsageError(f"--width gives {self.width} features: a dictionary needs 2 at least")
+        if 2 * self.width * self.d > MAX_PARAMETERS:  # checked before anything is allocated
+            gib = 2 * self.width * self.d * 16 / 2**30  # weights, gradients and Adam's two moments
+            raise UsageError(
+                f"--width gives {self.width} features of {self.d}-wide vectors: {gib:.3g} GiB to train, over "
+                f"the {MAX_PARAMETERS * 16 / 2**30:.0f} GiB taken; give a smaller --width (8x is usual)"
+            )
         if not 1 <= self.k < self.width:
             raise UsageError(
                 f"--k {self.k} with {self.width} features: k must be at least 1 and below the width "
                 "(a few dozen active features out of thousands is usual)"
             )
+
+
+#: The most weights (encoder and dictionary) a dictionary may have: 2^31, 32 GiB to train in float32.
+MAX_PARAMETERS = 2**31
 
 
 def parse_width(text: str, d: int) -> int:
