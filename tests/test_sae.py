@@ -795,7 +795,7 @@ def test_an_unreadable_checkpoint_or_dictionary(
     )
     settings = dataclasses.replace(QUICK, vectors=600, batch=128, buffer=256)
     folder = tmp_path / "run"
-    whole = train_sae(loaded, items, LAYER, folder, settings)
+    whole = train_sae(loaded, items, LAYER, str(folder), settings)
     config = json.loads((folder / store.CONFIG).read_text())
     store.write_json(folder / store.CONFIG, {**config, "status": "training"})
     (folder / store.CHECKPOINT).write_bytes(b"PK\x03\x04 cut short")
@@ -803,6 +803,7 @@ def test_an_unreadable_checkpoint_or_dictionary(
     assert again.status == "trained" and len(again.notes) == 1 and "checkpoint.pt" in again.notes[0]
     assert again.metrics["training_vectors"] == whole.metrics["training_vectors"]
     assert not (folder / store.CHECKPOINT).exists()
+    assert load_sae(str(folder), loaded).shape.width == 128  # a str is a folder as a Path is
     data = (folder / store.WEIGHTS).read_bytes()
     (folder / store.WEIGHTS).write_bytes(data[: len(data) // 2])
     for call in (lambda: load_sae(folder, loaded), lambda: train_sae(loaded, items, LAYER, folder, settings)):

@@ -3,6 +3,7 @@ run folder, resumed from its checkpoint, refused over another model's folder, me
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,13 +113,13 @@ def train_sae(
     loaded: LoadedModel,
     items: Sequence[Item],
     layer: str,
-    folder: Path,
+    folder: str | os.PathLike[str],
     settings: TrainSettings = TrainSettings(),
     *,
     overwrite: bool = False,
     tick: Callable[[Progress], None] | None = None,
     options: dict[str, Any] | None = None,
-    cache: Path | None = None,
+    cache: str | os.PathLike[str] | None = None,
 ) -> Outcome:
     """Train a dictionary of ``layer`` over ``items`` into ``folder`` (resuming a checkpoint there).
 
@@ -137,6 +138,7 @@ def train_sae(
     Under torchrun (``torch.distributed`` initialised with several ranks) every rank calls it: each trains
     on its share of the inputs, the gradients averaged at every step; rank 0 writes the run folder."""
     model, device = loaded.model.eval(), loaded.device
+    folder, cache = Path(folder), None if cache is None else Path(cache)
     if settings.buffer < settings.batch:
         raise UsageError(f"--buffer {settings.buffer} is below --batch {settings.batch}: a block must hold a "
                          f"step's vectors; give --buffer {settings.batch} or more")  # fmt: skip
@@ -311,20 +313,28 @@ def _versions() -> dict[str, str]:
     return {name: dictionary.package_version(name) for name in ("hookviz", "torch", "overcomplete")}
 
 
-def load_sae(folder: Path, loaded: LoadedModel) -> Trained:
+def load_sae(folder: str | os.PathLike[str], loaded: LoadedModel) -> Trained:
     """A finished run folder's dictionary for ``loaded``'s model (refused for another model's folder)."""
+    folder = Path(folder)
     found = store.load(folder, loaded.device)
     store.check_model(found.config, folder, store.fingerprint(loaded.model))
     return found
 
 
 def import_sae(
-    path: Path, kind: str, loaded: LoadedModel, layer: str, folder: Path, *, overwrite: bool = False
+    path: str | os.PathLike[str],
+    kind: str,
+    loaded: LoadedModel,
+    layer: str,
+    folder: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
 ) -> Trained:
     """A ViT-Prisma (``kind`` ``prisma``) or saev (``saev``) SAE file as a run folder of ``layer`` of
     ``loaded``'s model; refused where its width is not the layer's."""
     from safetensors.torch import save
 
+    path, folder = Path(path), Path(folder)
     readers = {"prisma": interchange.read_prisma, "saev": interchange.read_saev}
     if kind not in readers:
         raise UsageError(f"--format {kind}: choose prisma or saev")

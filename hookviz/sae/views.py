@@ -5,6 +5,7 @@ it and the class probabilities moved by a feature scaled inside the forward pass
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,13 @@ def batches(
 
 
 def describe(
-    found: Trained, loaded: LoadedModel, items: Sequence[Item], folder: Path, *, top: int = 8,
-    detail: int = 32, batch: int = 16,
+    found: Trained, loaded: LoadedModel, items: Sequence[Item], folder: str | os.PathLike[str], *,
+    top: int = 8, detail: int = 32, batch: int = 16,
 ) -> dict[str, Any]:  # fmt: skip
     """``folder/features/features.json`` and a sheet per detailed feature (the ``detail`` firing most often):
     per feature its top patches (``input``, ``score``, ``box`` in the photo's pixels), its histogram, and for
     the detailed ones the classes whose logits drop most when it is zeroed over its top inputs."""
-    skipped: list[str] = []
+    folder, skipped = Path(folder), list[str]()
     found_ = features.gather(found, loaded.model, batches(loaded, items, batch, skipped), top, loaded.device)
     rate = found_.fired / max(found_.positions, 1)
     detailed = [int(f) for f in np.argsort(-rate, kind="stable")[:detail] if rate[f] > 0]
@@ -107,7 +108,7 @@ def _sheet(
 
 
 def explain_photo(
-    found: Trained, loaded: LoadedModel, item: Item, out: Path, *, strongest: int = 3,
+    found: Trained, loaded: LoadedModel, item: Item, out: str | os.PathLike[str], *, strongest: int = 3,
     feature: int | None = None, scale: float = 0.0, save_raw: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One photo: a picture of where its ``strongest`` features fire over it (their code maps over the patch
@@ -115,6 +116,7 @@ def explain_photo(
     maps as ``NAME.sae.npy``, ``(features, photo height, photo width)``, zero outside that part), and, for
     ``feature``, the class probabilities with the reconstruction in place and with that feature's code scaled
     by ``scale``."""
+    out = Path(out)
     rgb, x, box = read_input(item, loaded.preprocess, DEFAULT_MAX_PIXELS)
     xt = torch.as_tensor(x)[None].to(loaded.device)
     maps = features.code_maps(found, loaded.model, xt)[0]
