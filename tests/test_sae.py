@@ -26,6 +26,7 @@ from hookviz.sae import api, dictionary, store
 from hookviz.sae.api import load_sae, train_sae
 from hookviz.sae.dictionary import Shape
 from hookviz.sae.training import TrainSettings, train_vectors
+from hookviz.sae.vectors import readable
 from tests.conftest import PATIENCE, Trained, invoke, run_cli, started, tiny_loaded, write_image
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -831,3 +832,11 @@ def test_a_second_train_into_one_folder_is_refused(
     res = invoke(*args, "--out", str(out))
     assert res.exit_code == 0, res.output
     assert (out / store.WEIGHTS).is_file() and not (out / "sae.lock").exists()
+
+
+def test_an_oversized_photo_is_not_told_of_an_absent_option(shapes_folder: Path) -> None:
+    """The sae commands have no --max-pixels: an input over the limit is named without advice to raise it."""
+    skipped: list[str] = []
+    items = expand_inputs([str(sorted(shapes_folder.iterdir())[0])])
+    assert list(readable(items, None, 100, skipped)) == []
+    assert len(skipped) == 1 and "over the limit" in skipped[0] and "--max-pixels" not in skipped[0], skipped

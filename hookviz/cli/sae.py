@@ -308,7 +308,7 @@ def explain(
             record = lib.explain_photo(found, loaded, item, out, strongest=strongest, feature=feature,
                                        scale=scale, save_raw=save_raw)  # fmt: skip
         except InputError as e:  # one line, the other photos go on; exit 1 at the end
-            typer.echo(f"hookviz: error: {e}", err=True)
+            typer.echo(f"hookviz: error: {str(e).replace(' or raise --max-pixels', '')}", err=True)
             failed += 1
             continue
         if as_json:

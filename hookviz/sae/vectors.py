@@ -133,9 +133,14 @@ def readable(
         try:
             _, x, box = read_input(item, preprocess, max_pixels)
         except Exception as e:  # an unreadable file: named, and the stream goes on
-            skipped.append(f"{item.name}: {e}")
+            skipped.append(f"{item.name}: {no_option(e)}")
             continue
         yield item, torch.as_tensor(x), box
+
+
+def no_option(e: Exception) -> str:
+    """An input's error without the advice to raise ``--max-pixels``, an option the sae commands lack."""
+    return str(e).replace("downscale it or raise --max-pixels", "downscale it")
 
 
 def read_each(
