@@ -22,7 +22,7 @@ import torch
 from hookviz.errors import UsageError
 from hookviz.io.inputs import expand_inputs, read_input
 from hookviz.io.shapes import draw_shape
-from hookviz.sae import api, dictionary, store
+from hookviz.sae import api, dictionary, store, views
 from hookviz.sae.api import load_sae, train_sae
 from hookviz.sae.dictionary import Shape
 from hookviz.sae.training import TrainSettings, train_vectors
@@ -840,3 +840,23 @@ def test_an_oversized_photo_is_not_told_of_an_absent_option(shapes_folder: Path)
     items = expand_inputs([str(sorted(shapes_folder.iterdir())[0])])
     assert list(readable(items, None, 100, skipped)) == []
     assert len(skipped) == 1 and "over the limit" in skipped[0] and "--max-pixels" not in skipped[0], skipped
+
+
+def test_explain_says_a_feature_is_inactive_on_a_photo(
+    trained: Trained, run: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """--feature F where F fires nowhere on the photo: ``active`` false and the photo's top classes, their
+    probabilities unchanged; where F fires, ``active`` true."""
+    loaded = tiny_loaded(trained.model)
+    found = load_sae(run, loaded)
+    item = expand_inputs([str(sorted(shapes_folder.iterdir())[0])])[0]
+    record = views.explain_photo(found, loaded, item, tmp_path, strongest=128, feature=0)
+    fired = {f["feature"] for f in record["features"]}
+    idle = next(f for f in range(found.shape.width) if f not in fired)
+    off = views.explain_photo(found, loaded, item, tmp_path, feature=idle)["scaled"]
+    assert off["active"] is False and len(off["classes"]) == 3
+    before = [c["before"] for c in off["classes"]]
+    assert before == sorted(before, reverse=True) and sum(before) == pytest.approx(1, abs=1e-4)
+    assert all(abs(c["after"] - c["before"]) < 1e-6 for c in off["classes"])
+    on = views.explain_photo(found, loaded, item, tmp_path, feature=record["features"][0]["feature"])
+    assert on["scaled"]["active"] is True

@@ -324,6 +324,9 @@ def _said(name: str, record: dict[str, Any], as_json: bool) -> None:
     fired = ", ".join(f"{f['feature']} ({f['peak']:.3g})" for f in record["features"]) or "none"
     typer.echo(f"{name}: strongest features {fired}", err=as_json)
     scaled = record.get("scaled", {})
+    if scaled and not scaled["active"]:
+        typer.echo(f"  feature {scaled['feature']} is inactive on this photo: its top classes, unchanged",
+                   err=as_json)  # fmt: skip
     for c in scaled.get("classes", []):
         typer.echo(f"  {c['name']}: {c['before']:.3f} -> {c['after']:.3f}", err=as_json)
     if scaled and not scaled["classes"]:

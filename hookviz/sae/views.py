@@ -136,7 +136,7 @@ def explain_photo(
         if save_raw:
             record["raw"] = _save_raw(picked, box, rgb.shape[:2], stem.with_name(f"{stem.name}.sae.npy"))
     if feature is not None:
-        record["scaled"] = _moved(found, loaded, xt, feature, scale)
+        record["scaled"] = _moved(found, loaded, xt, feature, scale, bool(maps[feature].max() > 0))
     return record
 
 
@@ -152,8 +152,10 @@ def _save_raw(maps: np.ndarray, box: Box, size: tuple[int, ...], path: Path) -> 
 
 
 def _moved(
-    found: Trained, loaded: LoadedModel, x: torch.Tensor, f: int, scale: float, n: int = 5
+    found: Trained, loaded: LoadedModel, x: torch.Tensor, f: int, scale: float, active: bool, n: int = 5
 ) -> dict[str, Any]:
+    """The ``n`` classes ``f`` scaled moves most, before and after; where ``f`` is not active on the photo
+    (scaling it changes nothing), the photo's top ``n`` classes, ``active`` false."""
     with preserved(loaded.model), torch.no_grad():
         loaded.model.eval()
         with quality.replaced(loaded.model, found):
@@ -162,11 +164,11 @@ def _moved(
             moved_out = logits_of(loaded.model(x)).float()
     cosine = float(torch.nn.functional.cosine_similarity(kept.flatten(), moved_out.flatten(), dim=0))
     if not quality.gives_classes(loaded.model) or kept.ndim != 2:  # an image embedding: no classes
-        return {"feature": f, "scale": scale, "output_cosine": cosine, "classes": []}
+        return {"feature": f, "scale": scale, "active": active, "output_cosine": cosine, "classes": []}
     before, after = kept.softmax(1)[0], moved_out.softmax(1)[0]
-    moved = torch.argsort((after - before).abs(), descending=True, stable=True)[:n]
+    moved = torch.argsort((after - before).abs() if active else before, descending=True, stable=True)[:n]
     return {
-        "feature": f, "scale": scale, "output_cosine": cosine,
+        "feature": f, "scale": scale, "active": active, "output_cosine": cosine,
         "classes": [{"class": int(c), "name": loaded.class_name(int(c)), "before": float(before[c]),
                      "after": float(after[c])} for c in moved],
     }  # fmt: skip
