@@ -22,7 +22,7 @@ import torch
 from hookviz.errors import UsageError
 from hookviz.io.inputs import expand_inputs, read_input
 from hookviz.io.shapes import draw_shape
-from hookviz.sae import api, dictionary, store, views
+from hookviz.sae import api, dictionary, interchange, store, views
 from hookviz.sae.api import load_sae, train_sae
 from hookviz.sae.dictionary import Shape
 from hookviz.sae.training import TrainSettings, train_vectors
@@ -860,3 +860,26 @@ def test_explain_says_a_feature_is_inactive_on_a_photo(
     assert all(abs(c["after"] - c["before"]) < 1e-6 for c in off["classes"])
     on = views.explain_photo(found, loaded, item, tmp_path, feature=record["features"][0]["feature"])
     assert on["scaled"]["active"] is True
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [{"top_k": 6}, {"activation": {"cls": "Relu", "params": {"top-k": 6}}}, {"k": 6, "activation": "topk"}],
+)
+def test_a_saev_header_that_speaks_of_topk_is_not_read_as_relu(cfg: dict[str, Any], tmp_path: Path) -> None:
+    """A saev file whose header marks TopK other than as saev writes it is refused in one line, not read as
+    a ReLU SAE; saev's own form is read with its k."""
+    tensors = _foreign(8, 16, 0)
+    for name, header in (
+        ("odd", {"cfg": cfg}),
+        ("saev", {"cfg": {"activation": {"cls": "TopK", "params": {"top_k": 6}}}}),
+    ):
+        path = tmp_path / f"{name}.pt"
+        with open(path, "wb") as f:
+            f.write((json.dumps(header) + "\n").encode())
+            torch.save(tensors, f)
+        if name == "odd":
+            with pytest.raises(UsageError, match="TopK"):
+                interchange.read_saev(path)
+        else:
+            assert interchange.read_saev(path)[1] == 6

@@ -75,7 +75,22 @@ def read_saev(path: Path) -> tuple[dict[str, Tensor], int, bool]:
     kind, k = "relu", None
     if isinstance(act, dict):
         kind, k = str(act.get("cls", "Relu")), (act.get("params") or {}).get("top_k", cfg.get("top_k"))
+    if kind.lower() == "relu" and _mentions_topk(header):
+        form = '{"cls": "TopK", "params": {"top_k": K}}'
+        raise UsageError(f"{path}: its header speaks of TopK, but not as saev writes it (cfg.activation: "
+                         f"{form}); it would be read as ReLU: fix the header")  # fmt: skip
     return tensors, _topk(kind, k, width, path), False
+
+
+def _mentions_topk(value: Any) -> bool:
+    """Whether a header holds a TopK's mark anywhere: a key ``top_k``/``topk``/``k``, a value ``topk``."""
+    if isinstance(value, dict):
+        marks = {"topk", "k"}
+        return any(str(key).lower().replace("_", "").replace("-", "") in marks or _mentions_topk(v)
+                   for key, v in value.items())  # fmt: skip
+    if isinstance(value, list):
+        return any(_mentions_topk(v) for v in value)
+    return isinstance(value, str) and value.lower().replace("_", "").replace("-", "") in ("topk", "batchtopk")
 
 
 def to_library(tensors: dict[str, Tensor], k: int, subtracts_b_dec: bool) -> tuple[Shape, dict[str, Tensor]]:
