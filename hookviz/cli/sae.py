@@ -152,18 +152,8 @@ def train(
     try:
         device = distributed.device_and_threads(dist, device)
         lead = dist.rank == 0  # the one that says the outcome
-        _train(
-            model,
-            inputs,
-            layer,
-            settings,
-            out,
-            folder,
-            overwrite,
-            device,
-            quiet or not lead,
-            as_json and lead,
-        )
+        _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet or not lead,
+               as_json and lead)  # fmt: skip
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except HookvizError as exc:
