@@ -158,7 +158,8 @@ def test_the_merged_manifest_is_in_the_order_one_process_writes(tmp_path: Path) 
         (tmp_path / f".manifest.rank{rank}.999999.jsonl").write_text("\n".join(lines) + "\n")
     assert merge_parts(tmp_path, "manifest.jsonl", only_dead=True) == 10
     got = [json.loads(x) for x in (tmp_path / "manifest.jsonl").read_text().splitlines()]
-    assert [(r["input"], r["method"]) for r in got] == [(n, m) for n in names for m in ("gradcam", "layercam")]
+    methods = ("gradcam", "layercam")
+    assert [(r["input"], r["method"]) for r in got] == [(n, m) for n in names for m in methods]
 
 
 def test_merge_leaves_parts_of_live_processes(tmp_path: Path) -> None:
