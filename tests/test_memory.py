@@ -125,6 +125,7 @@ print(json.dumps({"estimate": est.total(n), "tensors": est.tensors(n), "rss": st
 @pytest.mark.parametrize(
     ("model", "methods", "photos"), [("resnet18", "gradcam", 1), ("mobilenet_v3_small", "all", 4)]
 )
+@pytest.mark.slow
 def test_the_estimate_is_near_what_the_process_grows_by(
     tmp_path: Path, model: str, methods: str, photos: int
 ) -> None:

@@ -438,6 +438,7 @@ VIT = ["--model", f"{Path(__file__).parent.parent / 'examples' / 'shapes_vit.py'
 VIT_LAYER = "encoder.layers.encoder_layer_2"  # (B, 1 + 8 x 8, 64): the class token, then the patch tokens
 
 
+@pytest.mark.slow
 def test_a_vit_s_patch_tokens_are_the_vectors_and_their_patches_the_boxes(tmp_path: Path) -> None:
     """The shapes ViT (a class token, then 8 x 8 patch tokens of 64): sae train takes 64 vectors per photo
     (the class token left out, and passed through the reconstruction unchanged); sae features' boxes are
@@ -514,6 +515,7 @@ def _vit_loaded() -> Any:
 
 
 @pytest.mark.parametrize(("family", "prefix"), [("llava", 1), ("paligemma", 0)])
+@pytest.mark.slow
 def test_a_vision_language_model_s_vision_tower(family: str, prefix: int, tmp_path: Path) -> None:
     """A tiny LLaVA (a CLIP tower: a class token, then 8 x 8 patch tokens) and PaliGemma (SigLIP: patch
     tokens only), saved and loaded as hookviz loads them (--model hf:DIR): a block of the vision tower is the
