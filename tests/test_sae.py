@@ -713,7 +713,7 @@ def test_torchrun_trains_one_dictionary_as_good_as_one_process(
     weights: Path, shapes_folder: Path, tmp_path: Path
 ) -> None:
     """torchrun --nproc-per-node 2 (gloo, CPU): each rank trains on its half of the photos, the gradients
-    averaged (the ranks end with the same weights, checked at the end), the same steps and vectors as one
+    averaged (the ranks end with the same weights, checked at the end), the vectors asked for as one
     process; rank 0 writes one dictionary, measured as well as the one process's (explained variance within
     0.03, the same top-1 agreement within 0.1)."""
     args = ["sae", "train", str(shapes_folder), *_cli(weights, tmp_path), "--layer", LAYER, "--width", "2x",
@@ -729,8 +729,9 @@ def test_torchrun_trains_one_dictionary_as_good_as_one_process(
     lines = [json.loads(line) for line in ran.stdout.strip().splitlines() if line.startswith("{")]
     assert len(lines) == 1, ran.stdout  # rank 0 alone says it
     two = lines[0]
-    assert two["status"] == "trained" and two["steps"] == one["steps"] == 47
-    assert two["training_vectors"] == one["training_vectors"]
+    assert two["status"] == "trained"
+    # --vectors honoured by both: trained until 12,000 vectors, the last step (each rank's batch) past it.
+    assert all(12_000 <= r["training_vectors"] < 12_000 + 2 * 256 for r in (one, two)), (one, two)
     assert two["explained_variance"] >= one["explained_variance"] - 0.03, (one, two)
     assert abs(two["top1_agreement"] - one["top1_agreement"]) <= 0.1
     folder = tmp_path / "two"
