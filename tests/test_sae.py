@@ -602,6 +602,70 @@ def test_a_second_run_with_the_cache_runs_no_forward_pass(
     assert first.metrics["training_vectors"] == second.metrics["training_vectors"] >= QUICK.vectors
 
 
+def _cached_rows(key: Path, place: int) -> np.ndarray:
+    """The vectors a cache subfolder holds for the input at ``place`` (its shards' lists say where)."""
+    for meta in sorted(key.glob("shard-*.json")):
+        for at, first, rows in json.loads(meta.read_text())["inputs"]:
+            if at == place:
+                return np.load(meta.with_suffix(".npy"))[first : first + rows]
+    raise AssertionError(f"{key} holds no vectors of input {place}")
+
+
+def test_a_photo_replaced_under_its_name_is_not_read_from_the_cache(
+    trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cache keys each input by its name, size and modification time: a photo overwritten under its name
+    (other pixels, another mtime) gives the second run a key of its own, whose vectors for that photo are
+    the new photo's (equal to those of a fresh cache of the new photos, unlike the first run's)."""
+    photos = tmp_path / "photos"
+    shutil.copytree(shapes_folder, photos)
+    for extra in sorted(photos.iterdir())[6:]:
+        extra.unlink()
+    loaded, settings = tiny_loaded(trained.model), dataclasses.replace(QUICK, vectors=2000)
+    train_sae(loaded, expand_inputs([str(photos)]), LAYER, tmp_path / "one", settings, cache=tmp_path / "c")
+    (old,) = list((tmp_path / "c").iterdir())
+    changed = sorted(photos.iterdir())[2]
+    before = changed.stat()
+    img, _ = draw_shape(1, 48, np.random.default_rng(99))
+    write_image(changed, (255 - img * 255).round().astype(np.uint8))
+    os.utime(changed, ns=(before.st_atime_ns, before.st_mtime_ns + 5 * 10**9))
+    read: list[str] = []
+    real = api.read_each
+
+    def spy(chunk: Any, *args: Any) -> Any:
+        read.extend(item.name for item in chunk)
+        return real(chunk, *args)
+
+    monkeypatch.setattr(api, "read_each", spy)
+    items = expand_inputs([str(photos)])
+    train_sae(loaded, items, LAYER, tmp_path / "two", settings, cache=tmp_path / "c")
+    (new,) = [key for key in (tmp_path / "c").iterdir() if key != old]
+    assert str(changed) in read
+    train_sae(loaded, items, LAYER, tmp_path / "three", settings, cache=tmp_path / "fresh")
+    (fresh,) = list((tmp_path / "fresh").iterdir())
+    np.testing.assert_allclose(_cached_rows(new, 2), _cached_rows(fresh, 2), atol=1e-6)
+    assert np.abs(_cached_rows(old, 2) - _cached_rows(new, 2)).max() > 0.1
+    np.testing.assert_allclose(_cached_rows(old, 0), _cached_rows(new, 0), atol=1e-6)  # the others unchanged
+
+
+def test_an_input_s_cache_identity_follows_its_file(tmp_path: Path) -> None:
+    """The same bytes with another modification time, or other bytes of another size, are another input for
+    the cache; the same file untouched is the same."""
+    from hookviz.sae.cache import identity
+
+    photo = write_image(tmp_path / "p.png", np.zeros((8, 8, 3), np.uint8))
+    (item,) = expand_inputs([str(photo)])
+    first = identity(item)
+    assert identity(item) == first and first.startswith(item.name)
+    st = photo.stat()
+    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = identity(item)
+    assert touched != first
+    write_image(photo, np.full((8, 8, 3), 200, np.uint8))
+    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the same mtime as touched, other bytes
+    assert photo.stat().st_size != st.st_size and identity(item) != touched
+
+
 def test_vectors_kept_in_memory_spare_the_later_passes(
     trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

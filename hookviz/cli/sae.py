@@ -51,8 +51,8 @@ Keep = Annotated[int, typer.Option("--keep", min=0, rich_help_panel=DICT,
     "passes after the first then run no forward pass (0: every pass runs the model).")]  # fmt: skip
 Cache = Annotated[str | None, typer.Option("--cache", metavar="DIR|auto", help="write each input's vectors "
     "once to shards in DIR (auto: the run folder's cache/), read by later passes and later runs instead of "
-    "running the model; keyed by the model's weights, the layer, the preprocessing and the inputs' "
-    "names.")]  # fmt: skip
+    "running the model; keyed by the model's weights, the layer, the preprocessing and the inputs (each "
+    "local file's name, size and mtime; a remote object's URL).")]  # fmt: skip
 Eval = Annotated[float, typer.Option("--eval", min=0.0, max=0.99, rich_help_panel=DICT,
     help="share of the inputs held out of training (the last ones given) that the quality is measured on; "
     "0: measured on the first 64 training inputs (metrics.json's evaluated_on says which).")]  # fmt: skip

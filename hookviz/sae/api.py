@@ -20,7 +20,7 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item
 from hookviz.models.loaded import LoadedModel
 from hookviz.sae import dictionary, interchange, quality, store, training
-from hookviz.sae.cache import Kept, Prefetched, Shards, cache_key, cached
+from hookviz.sae.cache import Kept, Prefetched, Shards, cache_key, cached, identity
 from hookviz.sae.dictionary import Norm, Shape
 from hookviz.sae.store import CHECKPOINT, CONFIG, METRICS, WEIGHTS, Trained
 from hookviz.sae.training import Progress, TrainSettings
@@ -226,8 +226,8 @@ def _source(
 
     shards = None
     if cache is not None:
-        names = [item.name for item in items]
-        shards = Shards(cache, cache_key(fingerprint, layer, loaded.preprocess, names), _rank())
+        inputs = [identity(item) for item in items]
+        shards = Shards(cache, cache_key(fingerprint, layer, loaded.preprocess, inputs), _rank())
     return cached(from_model(vectors_of, read), Kept(settings.keep * settings.buffer), shards), shards
 
 

@@ -21,6 +21,8 @@ from torch import Tensor
 
 from hookviz.core.arrays import to_numpy
 from hookviz.io.files import atomic_write
+from hookviz.io.inputs import Item
+from hookviz.io.stores import is_url
 from hookviz.sae.vectors import Block, Source
 
 #: Vectors per shard file of ``--cache`` (a shard is written once this many are waiting, and at the end).
@@ -98,10 +100,30 @@ class Shards:
         self.pending, self.written = [], self.written + 1
 
 
-def cache_key(fingerprint: str, layer: str, preprocess: object, names: Sequence[str]) -> dict[str, Any]:
-    """What decides an input's vectors: the model's weights, the layer, the preprocessing, and the inputs
-    (by name, in the order given: their places are the cache's index)."""
-    listed = hashlib.sha256("\n".join(names).encode()).hexdigest()
+def identity(item: Item) -> str:
+    """What tells one input's content apart, cheaply: its name, and the size and modification time (ns) of
+    each local file it reads (its file, a sample's partners, a local shard holding it); an object in a store
+    by its URL (and, a shard's member, its place and size), nothing asked of the store."""
+    parts, files = [item.name], dict.fromkeys([item.path, *(p for _, p in item.partners)])
+    if item.blob is not None:
+        parts.append(f"{item.blob.url}@{item.blob.start}+{item.blob.size}")
+        if not is_url(item.blob.url):
+            files[Path(item.blob.url)] = None
+    for path in (p for p in files if p is not None):
+        try:
+            st = path.stat()
+        except OSError:
+            parts.append(f"{path} missing")
+            continue
+        parts.append(f"{path} {st.st_size} {st.st_mtime_ns}")
+    return "\t".join(parts)
+
+
+def cache_key(fingerprint: str, layer: str, preprocess: object, inputs: Sequence[str]) -> dict[str, Any]:
+    """What decides the inputs' vectors: the model's weights, the layer, the preprocessing, and the inputs
+    (each its :func:`identity`, in the order given: their places are the cache's index). An input replaced
+    or edited under its name changes the key: the whole cache is written again, in a subfolder of its own."""
+    listed = hashlib.sha256("\n".join(inputs).encode()).hexdigest()
     return {"fingerprint": fingerprint, "layer": layer, "preprocess": repr(preprocess), "inputs": listed}
 
 
