@@ -21,6 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -853,7 +854,48 @@ def test_an_ipv6_address_listens_and_prints_a_usable_address(server: Explorer) -
         v6.server_close()
 
 
-def test_the_features_panel_answers_with_the_token_and_refuses_without(tmp_path: Path) -> None:
+@dataclass
+class SaeExplorer:
+    """An explorer of eight random photos with a ``hookviz sae`` run of its model (--sae), described."""
+
+    folder: Path
+    run: Path
+    loaded: Any
+    data: dict[str, Any]
+    session: Session
+    explorer: Explorer
+
+
+@pytest.fixture(scope="module")
+def sae_explorer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaeExplorer]:
+    from hookviz.explore.features import SaeRun
+    from hookviz.io.inputs import expand_inputs
+    from hookviz.sae.api import load_sae, train_sae
+    from hookviz.sae.training import TrainSettings
+    from hookviz.sae.views import describe
+
+    folder = tmp_path_factory.mktemp("sae-explore") / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(8):
+        write_image(folder / f"p{i}.png", rng.integers(0, 256, (48, 48, 3), dtype=np.uint8))
+    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
+    items, run = expand_inputs([str(folder)]), folder.parent / "sae"
+    quick = TrainSettings(width="2x", k=4, vectors=3000, batch=256, lr=2e-3, buffer=1024)
+    train_sae(loaded, items, "features.10", run, quick)
+    data = describe(load_sae(run, loaded), loaded, items, run, detail=2)
+    session = Session(loaded, [str(folder)], sae_run=SaeRun(run))
+    explorer = Explorer(session)
+    threading.Thread(target=explorer.serve_forever, daemon=True).start()
+    try:
+        yield SaeExplorer(folder, run, loaded, data, session, explorer)
+    finally:
+        explorer.shutdown()
+        explorer.server_close()
+        session.close()
+
+
+def test_the_features_panel_answers_with_the_token_and_refuses_without(sae_explorer: SaeExplorer) -> None:
     """A ``hookviz sae`` run of the session's model (--sae): /api/features lists the features that fire, the
     most firing first, as features.json says; /api/feature gives one's top patches; its sheet is the file the
     command wrote; /api/feature-map draws its code over the photo (the feature's own code, recomputed here,
@@ -862,67 +904,90 @@ def test_the_features_panel_answers_with_the_token_and_refuses_without(tmp_path:
     import torch
 
     from hookviz.explore.features import SaeRun
-    from hookviz.io.inputs import expand_inputs
     from hookviz.sae import features
-    from hookviz.sae.api import load_sae, train_sae
-    from hookviz.sae.training import TrainSettings
-    from hookviz.sae.views import describe
+    from hookviz.sae.api import load_sae
 
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    rng = np.random.default_rng(3)
-    for i in range(8):
-        write_image(folder / f"p{i}.png", rng.integers(0, 256, (48, 48, 3), dtype=np.uint8))
-    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
-    items, run = expand_inputs([str(folder)]), tmp_path / "sae"
-    quick = TrainSettings(width="2x", k=4, vectors=3000, batch=256, lr=2e-3, buffer=1024)
-    train_sae(loaded, items, "features.10", run, quick)
-    data = describe(load_sae(run, loaded), loaded, items, run, detail=2)
-    session = Session(loaded, [str(folder)], sae_run=SaeRun(run))
-    explorer = Explorer(session)
-    threading.Thread(target=explorer.serve_forever, daemon=True).start()
-    try:
-        status, body = get(explorer, "/api/features")
-        assert status == 200
-        listed = json.loads(body)
-        firing = sorted((f for f in data["features"] if f["fired"] > 0), key=lambda f: -f["fired"])
-        assert [f["feature"] for f in listed["features"]] == [f["feature"] for f in firing]
-        assert listed["layer"] == "features.10" and listed["width"] == 128 and listed["inputs"] == 8
-        detailed = next(f for f in data["features"] if "sheet" in f)
-        f = detailed["feature"]
-        status, body = get(explorer, f"/api/feature?feature={f}")
-        assert status == 200 and json.loads(body)["top"] == detailed["top"]
-        assert json.loads(body)["sheet"] is True
-        assert get(explorer, f"/api/feature-sheet?feature={f}") == (
-            200,
-            (run / detailed["sheet"]).read_bytes(),
-        )
-        status, png = get(explorer, f"/api/feature-map?input=0&feature={f}&alpha=1")
-        assert status == 200
-        from hookviz.io.images import decode_png
+    folder, run, loaded, data = sae_explorer.folder, sae_explorer.run, sae_explorer.loaded, sae_explorer.data
+    session, explorer = sae_explorer.session, sae_explorer.explorer
+    status, body = get(explorer, "/api/features")
+    assert status == 200
+    listed = json.loads(body)
+    firing = sorted((f for f in data["features"] if f["fired"] > 0), key=lambda f: -f["fired"])
+    assert [f["feature"] for f in listed["features"]] == [f["feature"] for f in firing]
+    assert listed["layer"] == "features.10" and listed["width"] == 128 and listed["inputs"] == 8
+    detailed = next(f for f in data["features"] if "sheet" in f)
+    f = detailed["feature"]
+    status, body = get(explorer, f"/api/feature?feature={f}")
+    assert status == 200 and json.loads(body)["top"] == detailed["top"]
+    assert json.loads(body)["sheet"] is True
+    assert get(explorer, f"/api/feature-sheet?feature={f}") == (
+        200,
+        (run / detailed["sheet"]).read_bytes(),
+    )
+    status, png = get(explorer, f"/api/feature-map?input=0&feature={f}&alpha=1")
+    assert status == 200
+    from hookviz.io.images import decode_png
 
-        picture = decode_png(png)
-        assert picture.shape[:2] == (48, 48)
-        _, x, box = session.read(0)  # the centre crop the model saw, the map upsampled onto it
-        code = features.code_maps(load_sae(run, loaded), loaded.model, torch.from_numpy(x)[None])[0, f]
-        r, c = divmod(int(code.argmax()), code.shape[1])
-        y = box.y0 + int((r + 0.5) * box.height / code.shape[0])
-        x_ = box.x0 + int((c + 0.5) * box.width / code.shape[1])
-        green = picture[..., 1].astype(float)  # alpha 1: viridis alone, green from 1 (zero) to 231 (the peak)
-        assert green[y, x_] >= 0.8 * green.max() > 150
-        for path in ("/api/features", f"/api/feature?feature={f}", f"/api/feature-sheet?feature={f}",
-                     f"/api/feature-map?input=0&feature={f}"):  # fmt: skip
-            assert get(explorer, path, token=False)[0] == 403, path
-        status, body = get(explorer, "/api/feature?feature=999")
-        assert status == 400 and "features 0 to 127" in json.loads(body)["error"]
-        assert json.loads(get(explorer, "/api/model")[1])["sae_run"] is True
-    finally:
-        explorer.shutdown()
-        explorer.server_close()
-        session.close()
+    picture = decode_png(png)
+    assert picture.shape[:2] == (48, 48)
+    _, x, box = session.read(0)  # the centre crop the model saw, the map upsampled onto it
+    code = features.code_maps(load_sae(run, loaded), loaded.model, torch.from_numpy(x)[None])[0, f]
+    r, c = divmod(int(code.argmax()), code.shape[1])
+    y = box.y0 + int((r + 0.5) * box.height / code.shape[0])
+    x_ = box.x0 + int((c + 0.5) * box.width / code.shape[1])
+    green = picture[..., 1].astype(float)  # alpha 1: viridis alone, green from 1 (zero) to 231 (the peak)
+    assert green[y, x_] >= 0.8 * green.max() > 150
+    for path in ("/api/features", f"/api/feature?feature={f}", f"/api/feature-sheet?feature={f}",
+                 f"/api/feature-map?input=0&feature={f}"):  # fmt: skip
+        assert get(explorer, path, token=False)[0] == 403, path
+    status, body = get(explorer, "/api/feature?feature=999")
+    assert status == 400 and "features 0 to 127" in json.loads(body)["error"]
+    assert json.loads(get(explorer, "/api/model")[1])["sae_run"] is True
     bare = Session(loaded, [str(folder)])
     with pytest.raises(InputError, match="--sae DIR"):
         bare.panel_features.listed()
     bare.close()
     with pytest.raises(UsageError, match="hookviz sae features"):
         SaeRun(folder)
+
+
+def test_the_feature_map_follows_the_photo_picked(sae_explorer: SaeExplorer, browser: Any) -> None:  # noqa: F811
+    """A feature clicked in the panel shows its code over the photo on the page; another photo picked in the
+    strip shows that photo's map of the same feature (the very bytes /api/feature-map gives for it, not the
+    first photo's, which differ), and picking the first again shows the first's again."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    explorer, wait = sae_explorer.explorer, WebDriverWait(browser, PATIENCE)
+    browser.set_script_timeout(PATIENCE)
+    browser.get(explorer.url + "&input=0")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#strip button")) == 8)
+    wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
+    browser.find_element(By.ID, "listfeatures").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#featurelist button"))
+    button = browser.find_elements(By.CSS_SELECTOR, "#featurelist button")[0]
+    feature = button.get_attribute("data-feature")
+    button.click()
+
+    def shown() -> tuple[str, bytes]:
+        """The feature map's query and the bytes of its picture, once it is loaded."""
+        ready = "const i = document.getElementById('featuremap'); return i.complete && i.naturalWidth > 0;"
+        wait.until(lambda d: d.execute_script(ready))
+        data = browser.execute_async_script(
+            "const done = arguments[0]; const img = document.getElementById('featuremap');"
+            "fetch(img.src).then(r => r.arrayBuffer()).then(b => done([img.src,"
+            " btoa(String.fromCharCode(...new Uint8Array(b)))]));"
+        )
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(data[0]).query)
+        return f"input={query['input'][0]}&feature={query['feature'][0]}", base64.b64decode(data[1])
+
+    maps = {i: get(explorer, f"/api/feature-map?input={i}&feature={feature}")[1] for i in (0, 3)}
+    assert maps[0] != maps[3]  # the two photos' maps of the feature differ: the check below can fail
+    assert shown() == (f"input=0&feature={feature}", maps[0])
+    src = lambda d: d.find_element(By.ID, "featuremap").get_attribute("src")  # noqa: E731
+    browser.find_elements(By.CSS_SELECTOR, "#strip button")[3].click()
+    WebDriverWait(browser, 120).until(lambda d: "input=3&" in src(d))
+    assert shown() == (f"input=3&feature={feature}", maps[3])
+    browser.find_elements(By.CSS_SELECTOR, "#strip button")[0].click()
+    WebDriverWait(browser, 120).until(lambda d: "input=0&" in src(d))
+    assert shown() == (f"input=0&feature={feature}", maps[0])
