@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -803,6 +804,47 @@ def test_torchrun_trains_one_dictionary_as_good_as_one_process(
     assert not (folder / store.CHECKPOINT).exists() and (folder / store.WEIGHTS).is_file()
 
 
+@pytest.mark.slow
+def test_torchrun_holds_its_folder_as_one_process_does(
+    weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """Under torchrun rank 0 takes --out's sae.lock before any rank writes: into a folder a live process
+    holds, the job is refused in one line (rank 0's, exit 3; rank 1 learns of it and does not wait) and the
+    folder is left as it was; while one job trains, its rank 0's process id is in the lock and a second job
+    into the same --out is refused, naming it."""
+    args = ["sae", "train", str(shapes_folder), *_cli(weights, tmp_path), "--layer", LAYER, "--width", "2x",
+            "--k", "8", "--batch", "256", "--buffer", "2048", "--checkpoint-every", "5"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    held, busy = tmp_path / "held", tmp_path / "busy"
+    held.mkdir()
+    (held / "sae.lock").write_text(str(os.getpid()))
+    res = run_cli(
+        [*torchrun, "-m", "hookviz", *args, "--vectors", "3000", "--out", str(held)], env=env, cwd=ROOT
+    )
+    said = [line for line in res.stderr.splitlines() if line.startswith("hookviz[")]
+    assert res.returncode != 0 and re.search(r"exitcode\s*:\s*3 ", res.stderr), res.stderr
+    assert len(said) == 1 and said[0].startswith("hookviz[rank 0]: error: another hookviz sae train"), said
+    assert f"process {os.getpid()}" in said[0] and sorted(p.name for p in held.iterdir()) == ["sae.lock"]
+    first = [*torchrun, "-m", "hookviz", *args, "--vectors", str(10**8), "--out", str(busy), "--quiet"]
+    with started(first, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + PATIENCE
+        while not (busy / store.CHECKPOINT).is_file():  # training: every rank past its first steps
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr and proc.stderr.read()
+            time.sleep(0.05)
+        owner = int((busy / "sae.lock").read_text())
+        os.kill(owner, 0)  # alive
+        status = Path(f"/proc/{owner}/status")
+        if status.exists():  # Linux: a rank torchrun started, not the launcher
+            parent = next(line for line in status.read_text().splitlines() if line.startswith("PPid:"))
+            assert int(parent.split()[1]) == proc.pid
+        assert owner != proc.pid
+        again = run_cli([*torchrun, "-m", "hookviz", *args, "--out", str(busy)], env=env, cwd=ROOT)
+        said = [line for line in again.stderr.splitlines() if line.startswith("hookviz[")]
+        assert again.returncode != 0 and len(said) == 1 and f"process {owner}" in said[0], again.stderr
+        assert proc.poll() is None and int((busy / "sae.lock").read_text()) == owner
+
+
 def test_vectors_are_honoured_over_few_inputs(trained: Trained, shapes_folder: Path, tmp_path: Path) -> None:
     """2 photos (144 vectors each) and --vectors 2000 with --batch 1024: passes repeat until 2000 vectors were
     trained on (not 2 steps of one pass's 288)."""
@@ -899,6 +941,19 @@ def test_a_second_train_into_one_folder_is_refused(
     res = invoke(*args, "--out", str(out))
     assert res.exit_code == 0, res.output
     assert (out / store.WEIGHTS).is_file() and not (out / "sae.lock").exists()
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line(
+    weights: Path, shapes_folder: Path, tmp_path: Path
+) -> None:
+    """--out naming a file is one line (exit 3, the file kept), not an internal error from taking the lock."""
+    photo = str(sorted(shapes_folder.iterdir())[0])
+    taken = tmp_path / "notes.txt"
+    taken.write_text("keep me")
+    res = invoke("sae", "train", photo, *_cli(weights, tmp_path), "--layer", LAYER, "--out", str(taken))
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 3 and len(lines) == 1 and "is a file, not a folder" in lines[0], res.output
+    assert taken.read_text() == "keep me"
 
 
 def test_an_oversized_photo_is_not_told_of_an_absent_option(shapes_folder: Path) -> None:

@@ -4,6 +4,7 @@ hooks), ``hookviz sae features`` (each feature's top patches, histogram and clas
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from hookviz.cli.app import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from hookviz.cli.flags import Device, Inputs, Quiet
 from hookviz.cli.loading import load_options
 from hookviz.cli.options import ModelOptions, PlainModel, grouped
-from hookviz.errors import HookvizError, InputError, UsageError
+from hookviz.errors import HookvizError, InputError, OutputError, UsageError
 from hookviz.options import Resize
 from hookviz.run import distributed
 from hookviz.run.trust_guard import held
@@ -148,24 +149,55 @@ def train(
             _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet, as_json)
         return
     distributed.init(dist)
+    lead = dist.rank == 0  # the one that says the outcome
     code = 0
-    try:
-        device = distributed.device_and_threads(dist, device)
-        lead = dist.rank == 0  # the one that says the outcome
-        _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet or not lead,
-               as_json and lead)  # fmt: skip
-    except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
-    except HookvizError as exc:
-        if dist.rank == 0 or exc.exit_code != EXIT_USAGE:  # a usage error is the same on every rank
-            typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
-        code = exc.exit_code
-    except Exception as exc:
-        typer.echo(f"hookviz[rank {dist.rank}]: internal error: {type(exc).__name__}: {exc}", err=True)
-        code = EXIT_INTERNAL
-    worst = distributed.finish(dist, code)
-    if worst and dist.rank == 0:  # torchrun exits with rank 0's code
+    with contextlib.ExitStack() as lock:  # rank 0 holds --out until every rank is done
+        try:
+            _job_held(dist, out, lock)
+            device = distributed.device_and_threads(dist, device)
+            _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet or not lead,
+                   as_json and lead)  # fmt: skip
+        except KeyboardInterrupt:
+            code = EXIT_INTERRUPTED
+        except HookvizError as exc:
+            if lead or not _said_by_rank0(exc):  # a usage error or a refusal is the same on every rank
+                typer.echo(f"hookviz[rank {dist.rank}]: error: {exc}", err=True)
+            code = exc.exit_code
+        except Exception as exc:
+            typer.echo(f"hookviz[rank {dist.rank}]: internal error: {type(exc).__name__}: {exc}", err=True)
+            code = EXIT_INTERNAL
+        worst = distributed.finish(dist, code)
+    if worst and lead:  # torchrun exits with rank 0's code
         raise typer.Exit(worst)
+
+
+class _Refused(OutputError):
+    """Rank 0's refusal to take --out (another run holds it), raised on every rank."""
+
+
+def _said_by_rank0(exc: HookvizError) -> bool:
+    return exc.exit_code == EXIT_USAGE or isinstance(exc, _Refused)
+
+
+def _job_held(dist: distributed.Dist, out: Path, lock: contextlib.ExitStack) -> None:
+    """``out``'s ``sae.lock`` taken by rank 0 for the whole torchrun job (before any rank writes: a second job
+    or process into ``out`` is refused, as one process is), kept open in ``lock``; every rank learns of a
+    refusal through one broadcast and raises it, rather than wait in a collective.
+
+    Raises:
+        OutputError: another run holds ``out``, or it cannot be a folder written to (on every rank).
+    """
+    refused = None
+    if dist.rank == 0:
+        try:
+            lock.enter_context(held(out, "sae.lock", "hookviz sae train"))
+        except OutputError as exc:
+            refused = str(exc)
+        except OSError as exc:  # the lock cannot be written: said, never left to a collective to wait on
+            refused = f"--out {out}: cannot write its lock ({exc.strerror}); choose another --out"
+    refused = distributed.agree(refused)
+    if refused is not None:
+        raise _Refused(refused)
 
 
 def _train(

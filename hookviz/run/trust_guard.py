@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hookviz.errors import OutputError, UsageError
+from hookviz.io.outputs import make_folder
 
 __all__ = ["LOCK", "MAX_BUDGET", "claimed", "held", "parse_budget", "process_started"]
 
@@ -118,10 +119,10 @@ def held(out: Path, name: str, what: str) -> Iterator[None]:
     over. A folder it made and left empty is removed.
 
     Raises:
-        OutputError: another run is writing into ``out``.
+        OutputError: another run is writing into ``out``, or ``out`` cannot be a folder written to.
     """
     made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)  # a file, or a folder that cannot be made or written: one line
     lock = out / name
     _lock(lock, out, what)
     try:
