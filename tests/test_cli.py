@@ -275,6 +275,34 @@ def test_help_does_not_import_heavy_modules() -> None:
     assert res.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_gradcam_imports_torch_first_at_the_top_of_the_import_stack(photos: Path, tmp_path: Path) -> None:
+    """CPython 3.11 gives a thread's frames 16 KiB chunks and frees one each time the stack falls back out
+    of it: a loop of calls at a chunk's edge maps and unmaps memory on every call. torch's import-time
+    registrations (torch.distributed.tensor._ops, reached through torchvision) are such loops, so the depth
+    they run at is a cost: nested three imports deeper (under run.verdicts, run.trust, run.kinds) a gradcam
+    run made 30,600 frame-chunk mmap/munmap pairs instead of 3,100 (27,000 more page faults, 0.3 s). gradcam
+    imports hookviz.tasks (torch, torchvision) first, at the top, where the run before the refactor did."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-X", "importtime", "-m", "hookviz", "gradcam", str(photos), *FAST, "-q"]
+    res = run_cli([*cmd, "--out", str(out)], cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    nested = []  # (depth, module), in the order their imports finished: a child before its parent
+    for line in res.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line and "imported package" not in line:
+            name = line.split("|", 2)[2]
+            nested.append(((len(name) - len(name.lstrip(" "))) // 2, name.strip()))
+    at = next(i for i, (_, name) in enumerate(nested) if name == "torchvision")
+    chain, depth = [nested[at][1]], nested[at][0]
+    for d, name in nested[at + 1 :]:
+        if d < depth:  # the import this one was nested in
+            chain.append(name)
+            depth = d
+    assert chain[-1] == "hookviz.tasks" and len(chain) <= 4, (
+        chain
+    )  # tasks, tasks.detection, models, torchvision
+    assert len(records(out)) == 2
+
+
 def test_installed_script_on_the_sample_images(tmp_path: Path) -> None:
     exe = shutil.which("hookviz", path=str(Path(sys.executable).parent)) or shutil.which("hookviz")
     assert exe, "the hookviz console script is not installed"

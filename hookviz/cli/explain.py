@@ -62,13 +62,17 @@ def gradcam(
 
     Segmentation models explain a class's pixels (outlined); detectors explain each box they find.
     """
-    from hookviz.run.verdicts import wants_auto
+    # torch first, from the top of the import stack (tests/test_cli.py): nested under run.verdicts' chain,
+    # the import-time loops of torch and torchvision (torch.distributed.tensor._ops) ran at a depth where
+    # CPython 3.11 maps and unmaps a frame-stack chunk on nearly every call (27,000 more, 0.3 s a run).
     from hookviz.tasks import cam_job  # loads torch: only once the command runs
 
     settings = cam_settings(layers, methods, target, maps, look, method)
     if run.maps is not None:  # the raw maps go into the Zarr store
         settings = dataclasses.replace(settings, save_raw=True)
     factory: JobFactory = partial(cam_job, settings)
+    from hookviz.run.verdicts import wants_auto  # after torch (above)
+
     if wants_auto(settings):
         factory = _auto(settings, trust, run, inputs or [], model)
     elif trust is not None:
