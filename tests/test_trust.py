@@ -499,3 +499,26 @@ def test_a_photo_too_small_for_the_tests_is_refused_in_one_line(tmp_path: Path) 
     assert [Path(n).name for n in got.names] == ["s00.png", "s01.png"]
     (said,) = [why for name, why in got.failed.items() if Path(name).name == "tiny.png"]
     assert said == "1x1 pixels: too small for the tests (at least 8 on a side)"
+
+
+def test_an_out_that_is_an_input_folder_is_refused_and_own_outputs_are_not_photos(tmp_path: Path) -> None:
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48"]
+    r = invoke("trust", str(photos), *model, "--out", str(photos))
+    assert r.exit_code == 2 and "is also an input folder" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and sorted(p.name for p in photos.iterdir()) == [
+        "s00.png", "s01.png"
+    ]  # fmt: skip
+    # An earlier run's grid inside the photos' folder (reached again through a link to the parent) is not a
+    # photo of this run's --out; a user's photo kept there is.
+    out = photos / "res"
+    out.mkdir()
+    write_image(out / "trust.png", np.full((64, 64, 3), 90, np.uint8))
+    write_image(out / "mine.png", np.full((64, 64, 3), 90, np.uint8))
+    (photos / "loop").symlink_to("..")
+    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
+    got = read_photos(loaded, [str(photos)], 16, DEFAULT_MAX_PIXELS, out=out)
+    assert sorted(Path(n).name for n in got.names) == ["mine.png", "s00.png", "s01.png"]
+    seen = read_photos(loaded, [str(photos)], 16, DEFAULT_MAX_PIXELS)  # without --out: every photo
+    assert sorted(Path(n).name for n in seen.names) == ["mine.png", "s00.png", "s01.png", "trust.png"]

@@ -267,6 +267,7 @@ def trust(
     import shlex
 
     from hookviz.io.annotation import load
+    from hookviz.io.inputs import refuse_out_among_inputs
     from hookviz.run.trust import FILES, table, trust_photos, write_trust
     from hookviz.run.verdicts import trust_key
 
@@ -282,12 +283,14 @@ def trust(
     words += ["--boxes", str(boxes)] if boxes is not None else []
     words += ["--masks", str(masks), "--mask-kind", mask_kind] if masks is not None else []
     words += ["--budget", str(budget)] if budget is not None else []
+    refuse_out_among_inputs(run.out, inputs)
     with claimed(run.out, FILES, run.overwrite):  # an earlier result, or a run going there: refused now
         loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
         say = None if run.quiet else lambda line: typer.echo(f"hookviz: trust: {line}", err=True)
         report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
                                        max_photos=max_photos, max_pixels=run.max_pixels, annotations=found,
-                                       budget=seconds, progress=say, started=process_started())  # fmt: skip
+                                       budget=seconds, progress=say, started=process_started(),
+                                       out=run.out)  # fmt: skip
         for name, why in failed.items():
             typer.echo(f"hookviz: error: {name}: {why}", err=True)
         paths = write_trust(report, run.out, command=shlex.join(words), refused=refused,

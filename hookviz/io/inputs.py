@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from hookviz.errors import InputError
+from hookviz.errors import InputError, UsageError
 from hookviz.io import timing
 from hookviz.io.images import (
     DEFAULT_MAX_PIXELS,
@@ -118,7 +118,7 @@ def scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: bool
             for f in sorted(filenames)
             if not f.startswith(".")
             and Path(f).suffix.strip().lower() in suffixes
-            and not (ours and OUTPUT_NAME.search(f))
+            and not (ours and is_output_name(f))
         ]
     return found
 
@@ -126,6 +126,27 @@ def scan_dir(root: Path, exclude: Path | None, video: bool = False, volume: bool
 #: What an output file's name looks like (``<stem>-<path hash>.<model>.<settings key>.``): such files in the
 #: output folder are never read back as inputs; the photos a user keeps there are.
 OUTPUT_NAME = re.compile(r"-[0-9a-f]{8}\.[\w.-]+\.[0-9a-f]{8}\.")
+#: The images hookviz writes under a fixed name (``hookviz trust``'s grid): in the output folder, not inputs.
+OWN_IMAGES = frozenset({"trust.png"})
+
+
+def is_output_name(name: str) -> bool:
+    """Whether a file named ``name`` in the output folder is one of hookviz's own outputs."""
+    return bool(OUTPUT_NAME.search(name)) or name in OWN_IMAGES
+
+
+def refuse_out_among_inputs(out: Path, specs: Sequence[object]) -> None:
+    """Refuse an ``--out`` folder that is also one of the input folders: outputs would be read back as inputs.
+
+    Raises:
+        UsageError: ``out`` is (the real folder of) an input folder.
+    """
+    real_out = real_path(out)
+    for spec in specs:
+        folder = isinstance(spec, str | Path) and str(spec) != "-" and Path(spec).is_dir()
+        if folder and real_path(Path(str(spec))) == real_out:
+            raise UsageError(f"--out {str(out)!r} is also an input folder; outputs would be read "
+                             "back as inputs. Choose another --out")  # fmt: skip
 
 
 def real_path(p: Path) -> Path:
@@ -182,7 +203,7 @@ def expand_inputs(
 
     def add(name: str, path: Path) -> None:
         real = real_path(path)
-        if exclude is not None and real.parent == exclude and OUTPUT_NAME.search(path.name):
+        if exclude is not None and real.parent == exclude and is_output_name(path.name):
             return  # an output of an earlier run, matched by a glob
         if real not in seen:
             seen.add(real)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hookviz import tasks
 from hookviz.errors import HookvizError, UsageError
 from hookviz.io.images import DEFAULT_MAX_PIXELS
-from hookviz.io.inputs import Item, table_items
+from hookviz.io.inputs import Item, refuse_out_among_inputs, table_items
 from hookviz.io.outputs import MANIFEST, MapStore, Output, RecordSink, make_folder
 from hookviz.io.sinks import data_sinks
 from hookviz.jobs.build import BuiltJob, JobFactory, RunContext, auto_line
@@ -224,16 +224,7 @@ class Run:
 
     def _shard(self) -> Generator[Event, None, None]:
         """One process's run (the whole run, or one torchrun rank's shard of it)."""
-        real_out = self.out.resolve()
-        for spec in self.inputs:
-            if (
-                isinstance(spec, str)
-                and spec != "-"
-                and Path(spec).is_dir()
-                and Path(spec).resolve() == real_out
-            ):
-                raise UsageError(f"--out {str(self.out)!r} is also an input folder; outputs would be read "
-                                 "back as inputs. Choose another --out")  # fmt: skip
+        refuse_out_among_inputs(self.out, self.inputs)
         dist = self.dist
         device = distributed.device_and_threads(dist, self.device) if dist is not None else self.device
         loaded = self.model if isinstance(self.model, LoadedModel) else self.model(device)

@@ -98,6 +98,7 @@ def read_photos(
     max_photos: int,
     max_pixels: int,
     annotations: Annotations | None = None,
+    out: Path | None = None,
 ) -> Photos:
     """The first ``max_photos`` readable photos by name (with annotations: those annotated, each with the
     union of its objects in the model's input frame).
@@ -110,7 +111,8 @@ def read_photos(
     kind = input_kind_of(loaded, list(inputs))
     if kind.name != "photo":
         raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
-    items = sorted(kind.items(loaded, kind.find(loaded, list(inputs)), max_pixels), key=lambda i: str(i.path))
+    found_all = kind.find(loaded, list(inputs), exclude=out)  # in out: hookviz's own outputs left out
+    items = sorted(kind.items(loaded, found_all, max_pixels), key=lambda i: str(i.path))
     if not items:
         raise InputError(f"no photos found in {', '.join(inputs)} (an empty folder?); hookviz trust needs 2 "
                          "or more, 16 give answers worth reading")  # fmt: skip
@@ -201,6 +203,7 @@ def trust_photos(
     budget: float | None = None,
     progress: Progress | None = None,
     started: float | None = None,
+    out: Path | None = None,
 ) -> tuple[TrustReport, dict[str, str], dict[str, str]]:
     """Which map to believe for ``loaded`` on its photos ``inputs`` (files, folders, globs): the report,
     the methods refused on this model with the registry's reason, and the inputs that could not be read
@@ -217,7 +220,7 @@ def trust_photos(
     detector = loaded.task_name == "detection"
     if detector and annotations is not None:
         raise UsageError("a detector's maps are tested against its own boxes; leave --boxes/--masks out")
-    photos = read_photos(loaded, inputs, max_photos, max_pixels, annotations)
+    photos = read_photos(loaded, inputs, max_photos, max_pixels, annotations, out)
     calls = traced(loaded.model, tuple(photos.batch[0].shape), loaded.device)
     chosen, refused = candidate_methods(loaded, methods, calls)
     if not chosen:
