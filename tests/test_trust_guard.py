@@ -4,7 +4,9 @@ from the process's start) and the ``--out`` folder (a run going there, or its re
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,3 +88,39 @@ def test_a_second_run_into_a_busy_folder_stops_before_computing(tmp_path: Path) 
     assert r.exit_code == 3 and "another hookviz trust" in r.stderr, r.stderr
     assert "hookviz: trust: photos" not in r.stderr  # nothing computed
     assert len(r.stderr.strip().splitlines()) == 1 and sorted(p.name for p in out.iterdir()) == [LOCK]
+
+
+def test_an_out_that_is_a_file_or_not_writable_is_one_line_exit_3(tmp_path: Path) -> None:
+    """A file, a read-only folder and a folder that cannot be made in one: an OutputError (exit 3), not an
+    internal error; run as root, the read-only cases run with another user's effective id."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputError, match="is a file, not a folder"), claimed(tmp_path / "afile", (), False):
+        pytest.fail("entered a file")
+    base = Path(tempfile.mkdtemp(prefix="hookviz-ro-", dir="/tmp"))  # reachable by another user
+    ro = base / "ro"
+    try:
+        base.chmod(0o755)
+        ro.mkdir(mode=0o555)
+        ro.chmod(0o555)
+        said = []
+        user = os.geteuid() == 0
+        if user:
+            os.setegid(65534)
+            os.seteuid(65534)
+        try:
+            for out in (ro, ro / "sub"):
+                with pytest.raises(OutputError) as refused, claimed(out, ("trust.json",), False):
+                    pytest.fail(f"entered {out}")
+                said.append(str(refused.value))
+        finally:
+            if user:
+                os.seteuid(0)
+                os.setegid(0)
+        assert said == [
+            f"--out {ro}: the folder is not writable (Permission denied); choose another --out",
+            f"--out {ro / 'sub'}: cannot create the folder (Permission denied)",
+        ]
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+        shutil.rmtree(base)
