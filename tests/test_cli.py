@@ -409,3 +409,15 @@ def test_one_option_string_serves_every_command() -> None:
     for command in ("layers", "summary"):
         r = invoke(command, *common)
         assert r.exit_code == 0, (command, r.stderr)
+
+
+@pytest.mark.parametrize("command", ["trust", "gradcam", "sanity", "evaluate"])
+@pytest.mark.parametrize("seed", ["18446744073709551615", "-1", "4294967296"])
+def test_a_seed_out_of_range_is_one_line_naming_the_range(tmp_path: Path, command: str, seed: str) -> None:
+    r = invoke(command, str(tmp_path), "--model", "tests.conftest:TinyCNN", "--weights", "none",
+               "--input-size", "48", "--seed", seed, "--out", str(tmp_path / "o"))  # fmt: skip
+    assert (
+        r.exit_code == 2
+        and r.stderr == f"hookviz: error: --seed {seed}: a whole number from 0 to 4294967295\n"
+    )
+    assert not (tmp_path / "o").exists()

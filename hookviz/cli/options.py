@@ -95,6 +95,7 @@ from hookviz.cli.flags import (
     Window,
     Workers,
 )
+from hookviz.errors import UsageError
 from hookviz.jobs.settings import CamSettings
 from hookviz.methods import MethodOptions
 
@@ -361,6 +362,22 @@ def _options_of(cls: type, left: tuple[str, ...]) -> list[inspect.Parameter]:
     return found
 
 
+#: The seeds every ``--seed`` takes: what numpy's ``RandomState`` (the reference methods' draws) and torch
+#: both accept.
+SEEDS = (0, 2**32 - 1)
+
+
+def check_seed(seed: Any) -> None:
+    """Refuse a ``--seed`` outside :data:`SEEDS`, for every command (where the random streams are seeded it
+    would be an internal error).
+
+    Raises:
+        UsageError: an integer seed out of range.
+    """
+    if isinstance(seed, int) and not SEEDS[0] <= seed <= SEEDS[1]:
+        raise UsageError(f"--seed {seed}: a whole number from {SEEDS[0]} to {SEEDS[1]}")
+
+
 def grouped(command: F) -> F:
     """``command`` as Typer sees it: each option group parameter replaced, in place, by the group's options;
     called, it gets the group objects back, and its errors become one line and an exit code (tracebacks with
@@ -387,6 +404,7 @@ def grouped(command: F) -> F:
         running = RUNNING.set(command.__name__)
         try:
             with guarded(bool(given.get("debug"))):  # a library error: one line and its exit code
+                check_seed(given.get("seed"))
                 call = {
                     name: given[name] if cls is None else cls(**{f: given[f] for f in fields})
                     for name, cls, fields in plan
