@@ -522,3 +522,30 @@ def test_an_out_that_is_an_input_folder_is_refused_and_own_outputs_are_not_photo
     assert sorted(Path(n).name for n in got.names) == ["mine.png", "s00.png", "s01.png"]
     seen = read_photos(loaded, [str(photos)], 16, DEFAULT_MAX_PIXELS)  # without --out: every photo
     assert sorted(Path(n).name for n in seen.names) == ["mine.png", "s00.png", "s01.png", "trust.png"]
+
+
+def test_the_recorded_command_gives_back_inputs_whose_names_start_with_a_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shlex
+
+    import typer
+
+    from hookviz.cli import app
+
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    for name, image in zip(["-rf.png", "--out.png"], x, strict=True):
+        write_image(tmp_path / name, (image.numpy().transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    monkeypatch.chdir(tmp_path)
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48"]
+    r = invoke("trust", *model, "--method", "gradcam", "-q", "--out", "-o", "--", "-rf.png", "--out.png")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads((tmp_path / "-o" / "trust.json").read_text())
+    words = shlex.split(data["command"])
+    assert words[:2] == ["hookviz", "trust"] and data["command"] in (tmp_path / "-o" / "trust.md").read_text()
+    command = typer.main.get_command(app)
+    with command.make_context("hookviz", ["trust", "--help"], resilient_parsing=True) as ctx:
+        trust_command = command.get_command(ctx, "trust")  # type: ignore[attr-defined]
+    params = trust_command.make_context("trust", words[2:]).params
+    assert list(params["inputs"]) == ["-rf.png", "--out.png"] and params["out"] == Path("-o")
+    assert params["model"] == "tests.conftest:TinyCNN" and list(params["methods"]) == ["gradcam"]

@@ -264,8 +264,6 @@ def trust(
     sensitivity, faithfulness and stability over the photos (and localisation with --boxes or --masks), with
     an edge detector as the control, and the model checked for predictions at chance. Writes OUT/trust.json,
     trust.md and trust.png."""
-    import shlex
-
     from hookviz.io.annotation import load
     from hookviz.io.inputs import refuse_out_among_inputs
     from hookviz.run.trust import FILES, table, trust_photos, write_trust
@@ -275,15 +273,10 @@ def trust(
     found = None
     if boxes is not None or masks is not None:
         found = load(boxes, None if masks is None else Path(masks), mask_kind)
-    words = ["hookviz", "trust", *inputs, *_model_words(model)]
-    words += [w for m in methods or [] for w in ("--method", m)] + [
-        w for la in layers or [] for w in ("-l", la)
-    ]
-    words += ["--seed", str(seed), "--max-photos", str(max_photos), "--out", str(run.out)]
-    words += ["--boxes", str(boxes)] if boxes is not None else []
-    words += ["--masks", str(masks), "--mask-kind", mask_kind] if masks is not None else []
-    words += ["--budget", str(budget)] if budget is not None else []
     refuse_out_among_inputs(run.out, inputs)
+    command = _command(
+        inputs, model, methods, layers, seed, max_photos, run.out, boxes, masks, mask_kind, budget
+    )
     with claimed(run.out, FILES, run.overwrite):  # an earlier result, or a run going there: refused now
         loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
         say = None if run.quiet else lambda line: typer.echo(f"hookviz: trust: {line}", err=True)
@@ -293,7 +286,7 @@ def trust(
                                        out=run.out)  # fmt: skip
         for name, why in failed.items():
             typer.echo(f"hookviz: error: {name}: {why}", err=True)
-        paths = write_trust(report, run.out, command=shlex.join(words), refused=refused,
+        paths = write_trust(report, run.out, command=command, refused=refused,
                             overwrite=run.overwrite, failed=failed, key=trust_key(loaded))  # fmt: skip
     if not run.quiet:
         typer.echo("\n".join(table(report)), err=True)
@@ -302,3 +295,23 @@ def trust(
         typer.echo(f"hookviz: {len(failed)} input(s) could not be read; the verdicts are over the others",
                    err=True)  # fmt: skip
         raise typer.Exit(EXIT_INPUTS_FAILED)
+
+
+def _command(inputs: list[str], model: ModelOptions, methods: list[str] | None, layers: list[str] | None,
+             seed: int, max_photos: int, out: Path, boxes: Path | None, masks: str | None, mask_kind: str,
+             budget: str | None) -> str:  # fmt: skip
+    """The ``hookviz trust`` line that reproduces the run (trust.json's and trust.md's ``command``)."""
+    import shlex
+
+    from hookviz.io.inputs import command_words
+
+    words = (
+        [*_model_words(model)]
+        + [w for m in methods or [] for w in ("--method", m)]
+        + [w for la in layers or [] for w in ("-l", la)]
+    )
+    words += ["--seed", str(seed), "--max-photos", str(max_photos), "--out", str(out)]
+    words += ["--boxes", str(boxes)] if boxes is not None else []
+    words += ["--masks", str(masks), "--mask-kind", mask_kind] if masks is not None else []
+    words += ["--budget", str(budget)] if budget is not None else []
+    return shlex.join(command_words(["hookviz", "trust"], inputs, words))

@@ -13,6 +13,7 @@ import numpy as np
 
 from hookviz.errors import InputError
 from hookviz.io.images import encode_png
+from hookviz.io.inputs import command_words
 from hookviz.io.video import ClipFrames
 from hookviz.jobs.common import npy_bytes
 from hookviz.jobs.settings import CamSettings
@@ -54,14 +55,14 @@ class View:
     def command(self, model: Sequence[str], photo: str, out: str = "out") -> list[str]:
         """The ``hookviz gradcam`` line that writes this view's PNG and raw map (the words of a shell
         command); ``model``: the model options' words (``--model NAME --weights W ...``)."""
-        words = ["hookviz", "gradcam", photo, *model]
+        words = [*model]
         words += ["--layer", self.layer] if self.layer else []
         words += ["--method", self.method] if self.method != "gradcam" else []
         words += ["--target", self.target] if self.target != CAM.target else []
         words += ["--alpha", f"{self.alpha:g}"] if self.alpha != CAM.alpha else []
         words += ["--colormap", self.colormap] if self.colormap != CAM.colormap else []
         words += ["--no-relu"] if self.relu != CAM.relu else []
-        return [*words, "--save-raw", "--out", out]
+        return command_words(["hookviz", "gradcam"], [photo], [*words, "--save-raw", "--out", out])
 
 
 @runtime_checkable

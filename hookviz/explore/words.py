@@ -20,7 +20,7 @@ from hookviz.errors import InputError, UsageError
 from hookviz.explore.view import View
 from hookviz.explore.watch import Watch
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
-from hookviz.io.inputs import Item, expand_inputs
+from hookviz.io.inputs import Item, command_words, expand_inputs
 from hookviz.methods.registry import TOKEN_METHODS
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.pictures import render_words
@@ -203,9 +203,6 @@ class VlmSession:
         """The ``hookviz vlm`` line whose outputs hold ``view``'s PNG (the word's file for the method)."""
         item = self.items[view.input]
         words = [
-            "hookviz",
-            "vlm",
-            str(item.path),
             *self.model_words,
             "--prompt",
             self.prompt,
@@ -216,7 +213,7 @@ class VlmSession:
         ]
         words += ["--alpha", f"{view.alpha:g}"] if view.alpha != 0.5 else []
         words += ["--colormap", view.colormap] if view.colormap != "jet" else []
-        return [*words, "--save-raw", "--out", "out"]
+        return command_words(["hookviz", "vlm"], [str(item.path)], [*words, "--save-raw", "--out", "out"])
 
     def trust(self, view: View, steps: int = 8) -> dict[str, Any]:
         made = self._read(view.input)

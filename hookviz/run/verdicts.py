@@ -31,6 +31,7 @@ from hookviz.evaluation.trust_read import (
     read_trust,
     trust_runs,
 )
+from hookviz.io.inputs import command_words
 from hookviz.io.outputs import settings_key
 from hookviz.jobs.build import BuiltJob, CamSettings, RunContext
 from hookviz.models.loaded import LoadedModel
@@ -122,8 +123,9 @@ def _made(
     except UsageError as exc:
         raise UsageError(f"--method auto runs hookviz trust when none is found: {exc}") from None
     folder = out / f"trust.{key_digest(key)}"
-    command = shlex.join(["hookviz", "trust", *photos, *(words or ["--model", key["model"]]), "--seed",
-                          str(seed), "--max-photos", str(AUTO_PHOTOS), "--out", str(folder)])  # fmt: skip
+    options = [*(words or ["--model", key["model"]]), "--seed", str(seed), "--max-photos", str(AUTO_PHOTOS),
+               "--out", str(folder)]  # fmt: skip
+    command = shlex.join(command_words(["hookviz", "trust"], photos, options))
     write_trust(report, folder, command=command, refused=refused, overwrite=True, failed=failed, key=key)
     return TrustRun(folder, key, report)
 
