@@ -18,6 +18,12 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of stderr: its line breaks (a file name may hold them) written ``\\n`` and
+    ``\\r``, so that an error never looks like two."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class HookvizError(Exception):
     """Base class of every error hookviz raises on purpose."""
 

@@ -322,7 +322,7 @@ def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_js
 @pytest.mark.parametrize(
     ("flag", "said"),
     [(["--budget", "soon"], "--budget soon: a time above zero"), (["--budget", "0"], "a time above zero"),
-     (["--boxes", "nosuch.csv"], "nosuch.csv")],
+     (["--boxes", "nosuch.csv"], "nosuch.csv"), (["--boxes", "no\nsuch.csv"], "no\\nsuch.csv")],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, flag: list[str], said: str) -> None:
     x, _, _ = shapes_batch(2, np.random.default_rng(1))
@@ -549,3 +549,15 @@ def test_the_recorded_command_gives_back_inputs_whose_names_start_with_a_dash(
     params = trust_command.make_context("trust", words[2:]).params
     assert list(params["inputs"]) == ["-rf.png", "--out.png"] and params["out"] == Path("-o")
     assert params["model"] == "tests.conftest:TinyCNN" and list(params["methods"]) == ["gradcam"]
+
+
+def test_a_photo_named_with_a_newline_fails_in_one_line(tmp_path: Path) -> None:
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    (photos / "evil\nname.png").write_bytes(b"not a photo")
+    r = invoke("trust", str(photos), "--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size",
+               "48", "--method", "gradcam", "-q", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    (line,) = [la for la in r.stderr.splitlines() if la.startswith("hookviz: error:")]
+    assert line.startswith(f"hookviz: error: {str(photos / 'evil')!r}"[:-1] + "\\nname.png': ")
+    assert "name.png" not in r.stderr.replace(line, "")  # no other line holds a piece of the name

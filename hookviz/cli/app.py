@@ -24,7 +24,7 @@ import typer
 from typer.core import TyperCommand
 
 from hookviz import __version__, methods
-from hookviz.errors import HookvizError
+from hookviz.errors import HookvizError, one_line
 
 #: What hookviz is, the first line of ``hookviz --help`` (and the package's description).
 ABOUT = (
@@ -113,7 +113,7 @@ def flowing(doc: str | None) -> str:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"hookviz: error: {message}", err=True)
+    typer.echo(f"hookviz: error: {one_line(message)}", err=True)
     raise typer.Exit(code)
 
 

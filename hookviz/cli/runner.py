@@ -14,6 +14,7 @@ from hookviz.cli import tracking
 from hookviz.cli.app import EXIT_USAGE, fail, stdout_reserved
 from hookviz.cli.loading import load_warm, prepared
 from hookviz.cli.options import RUNNING, ModelOptions, Prompts, RunOptions, Sampling
+from hookviz.errors import one_line
 from hookviz.io import trackers
 from hookviz.io.outputs import to_json
 from hookviz.run import distributed
@@ -79,7 +80,7 @@ class Reporter:
         """One record: ``line`` (or its JSON) on ``out``, an error on stderr; the bar moved on."""
         video = "video" in rec  # a whole video's prediction, after its clips: no input of its own
         if not video and rec["status"] == "error":
-            self.say(f"hookviz: {rec['error']}", err=True)
+            self.say(f"hookviz: {one_line(str(rec['error']))}", err=True)
         if self.as_json:
             self.say(to_json(rec))
         elif not self.quiet and self.lines and (video or rec["status"] != "error"):

@@ -38,6 +38,7 @@ from hookviz.cli.options import (
 )
 from hookviz.cli.runner import run_command
 from hookviz.cli.tables import announce, write_evaluation
+from hookviz.errors import one_line
 from hookviz.io.files import atomic_write
 from hookviz.io.outputs import MANIFEST, finite, settings_key
 from hookviz.report import latest_records
@@ -265,6 +266,7 @@ def trust(
     an edge detector as the control, and the model checked for predictions at chance. Writes OUT/trust.json,
     trust.md and trust.png."""
     from hookviz.io.annotation import load
+    from hookviz.io.images import quote
     from hookviz.io.inputs import refuse_out_among_inputs
     from hookviz.run.trust import FILES, table, trust_photos, write_trust
     from hookviz.run.verdicts import trust_key
@@ -285,7 +287,8 @@ def trust(
                                        budget=seconds, progress=say, started=process_started(),
                                        out=run.out)  # fmt: skip
         for name, why in failed.items():
-            typer.echo(f"hookviz: error: {name}: {why}", err=True)
+            said = why if why.startswith(quote(name)) else f"{quote(name)}: {why}"  # the name once, quoted
+            typer.echo(f"hookviz: error: {one_line(said)}", err=True)
         paths = write_trust(report, run.out, command=command, refused=refused,
                             overwrite=run.overwrite, failed=failed, key=trust_key(loaded))  # fmt: skip
     if not run.quiet:
