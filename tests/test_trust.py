@@ -561,3 +561,21 @@ def test_a_photo_named_with_a_newline_fails_in_one_line(tmp_path: Path) -> None:
     (line,) = [la for la in r.stderr.splitlines() if la.startswith("hookviz: error:")]
     assert line.startswith(f"hookviz: error: {str(photos / 'evil')!r}"[:-1] + "\\nname.png': ")
     assert "name.png" not in r.stderr.replace(line, "")  # no other line holds a piece of the name
+
+
+def test_the_python_trust_takes_a_comma_string_refuses_a_bool_budget_and_says_what_max_photos_took(
+    tmp_path: Path,
+) -> None:
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    loaded = load_model("tests.conftest:TinyCNN", "none", input_size=48)
+    report = hookviz.trust(loaded, photos, methods="gradcam,saliency", layers="features", budget=60)
+    tested = [(c.method, c.layer) for c in report.candidates]
+    assert tested == [("gradcam", "features"), ("saliency", "features"), ("edges", "-")]
+    one = hookviz.trust(loaded, photos, methods="gradcam", layers=["features"], budget="60")
+    assert [c.method for c in one.candidates] == ["gradcam", "edges"] and len(one.photos) == 2
+    for flag in (True, False):
+        with pytest.raises(UsageError, match=f"--budget {flag}: a time above zero"):
+            hookviz.trust(loaded, photos, methods="gradcam", budget=flag)
+    with pytest.raises(UsageError, match=r"max_photos=1 took the first 1 of the 2 photos found among "):
+        hookviz.trust(loaded, photos, methods="gradcam", max_photos=1)

@@ -28,7 +28,7 @@ from hookviz.io.annotation import load as load_annotations
 from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
-from hookviz.jobs.settings import CamSettings
+from hookviz.jobs.settings import CamSettings, names_of
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
 from hookviz.run.kinds import input_kind_of
@@ -120,7 +120,7 @@ def read_photos(
     read = kind.read(loaded)
     found = Photos([], [], [] if annotations is not None else None, failed)
     for item in [i for i in items if not i.error]:
-        if len(found.batch) == max_photos:
+        if len(found.batch) == max_photos:  # the first max_photos of len(items)
             break
         if annotations is not None and annotations.regions(item.path or item.name) is None:
             found.unannotated.append(item.name)
@@ -137,11 +137,11 @@ def read_photos(
             continue
         found.batch.append(torch.from_numpy(np.asarray(x)))
         found.names.append(item.name)
-    _enough(found, inputs, annotations)
+    _enough(found, inputs, annotations, [max_photos, len(items)])
     return found
 
 
-def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | None) -> None:
+def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | None, of: list[int]) -> None:
     if len(found.batch) >= 2:
         return
     if annotations is not None and found.unannotated and not found.names:
@@ -153,6 +153,8 @@ def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | Non
                          f"(they name {names[0]!r}{more}; the photos are {photo!r} and the like): give these "
                          "photos' annotations")  # fmt: skip
     said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
+    if len(found.batch) == of[0] < of[1]:  # max_photos below 2 (the library's trust; the CLI refuses it)
+        said = f"max_photos={of[0]} took the first {of[0]} of the {of[1]} photos found"
     error = InputError if found.failed else UsageError  # inputs that failed: exit 1, as any input failure
     first = next(iter(found.failed.items()), None)
     bad = f"; {len(found.failed)} could not be read ({first[0]}: {first[1]})" if first else ""
@@ -354,9 +356,8 @@ def grid(report: TrustReport) -> np.ndarray:
         render.put_text(image, title, (head_w + j * cell_w + 6, 19), 0.45)
     for i, c in enumerate(report.candidates, start=1):
         y = i * cell_h
-        render.put_text(
-            image, f"{c.method}{' (ctrl)' if c.control else ''} @ {c.layer}"[:34], (6, y + 19), 0.45
-        )
+        label = f"{c.method}{' (ctrl)' if c.control else ''} @ {c.layer}"[:34]
+        render.put_text(image, label, (6, y + 19), 0.45)
         for j, t in enumerate(names):
             x = head_w + j * cell_w
             outcome = c.tests[t].outcome if t in c.tests else NOT_APPLICABLE
@@ -414,8 +415,8 @@ def trust(
     model: str | LoadedModel,
     photos: str | Path | Sequence[str | Path],
     *,
-    methods: Sequence[str] | None = None,
-    layers: Sequence[str] | None = None,
+    methods: str | Sequence[str] | None = None,
+    layers: str | Sequence[str] | None = None,
     weights: str = "DEFAULT",
     seed: int = 0,
     max_photos: int = 16,
@@ -438,9 +439,8 @@ def trust(
     inputs = [str(photos)] if isinstance(photos, str | Path) else [str(p) for p in photos]
     found = None
     if boxes is not None or masks is not None:
-        found = load_annotations(
-            None if boxes is None else Path(boxes), None if masks is None else Path(masks)
-        )
+        found = load_annotations(Path(boxes) if boxes else None, Path(masks) if masks else None)
+    methods, layers = (None if w is None else names_of(w) for w in (methods, layers))  # "gradcam,saliency"
     report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
                                            max_photos=max_photos, annotations=found,
                                            budget=parse_budget(budget), progress=progress)  # fmt: skip

@@ -33,6 +33,8 @@ def parse_budget(text: str | float | None) -> float | None:
     """
     if text is None:
         return None
+    if isinstance(text, bool):  # True is not one second
+        raise UsageError(f"--budget {text}: a time above zero and at most a week, such as 600, 90s or 10m")
     if isinstance(text, int | float):
         seconds = float(text)
     else:
