@@ -561,6 +561,22 @@ def test_a_photo_named_with_a_newline_fails_in_one_line(tmp_path: Path) -> None:
     (line,) = [la for la in r.stderr.splitlines() if la.startswith("hookviz: error:")]
     assert line.startswith(f"hookviz: error: {str(photos / 'evil')!r}"[:-1] + "\\nname.png': ")
     assert "name.png" not in r.stderr.replace(line, "")  # no other line holds a piece of the name
+    assert not (tmp_path / "o" / "manifest.jsonl").exists()  # trust writes none
+
+
+def test_the_help_of_out_says_what_trust_writes_there() -> None:
+    """trust writes trust.json, trust.md and trust.png, no manifest.jsonl: its --out help says so (as the
+    generated docs/cli/trust.md does), not the other commands' "manifest.jsonl is appended there"."""
+    import typer
+
+    from hookviz.cli import app
+
+    command = typer.main.get_command(app)
+    with command.make_context("hookviz", ["trust", "--help"], resilient_parsing=True) as ctx:
+        trust_command = command.get_command(ctx, "trust")  # type: ignore[attr-defined]
+    (out,) = [p for p in trust_command.params if p.name == "out"]
+    said = "output folder: trust.json, trust.md and trust.png are written there (no manifest.jsonl)."
+    assert out.help == said and said in (ROOT / "docs" / "cli" / "trust.md").read_text()
 
 
 def test_the_python_trust_takes_a_comma_string_refuses_a_bool_budget_and_says_what_max_photos_took(

@@ -15,6 +15,7 @@ from hookviz.cli.app import EXIT_INPUTS_FAILED
 from hookviz.cli.explore import _model_words
 from hookviz.cli.flags import (
     MAPS,
+    OUTPUT,
     SETTINGS,
     CamDefaultLayer,
     CamDefaultLayers,
@@ -242,8 +243,10 @@ MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=M
 Budget = Annotated[str | None, typer.Option("--budget", rich_help_panel=METRICS, help="stop after this "
     "long (600, 90s, 10m, 1m30s, 1h; at most a week), counted from the command's start, the model's load "
     "included: the answer says what it left out.")]  # fmt: skip
+TrustOut = Annotated[Path, typer.Option("--out", "-o", rich_help_panel=OUTPUT, help="output folder: "
+    "trust.json, trust.md and trust.png are written there (no manifest.jsonl).")]  # fmt: skip
 TrustRun = Annotated[RunOptions, omit(
-    "skip_existing", "batch_size", "workers", "max_memory", "report", "null", "as_json", *DATA,
+    "out", "skip_existing", "batch_size", "workers", "max_memory", "report", "null", "as_json", *DATA,
 )]  # fmt: skip
 
 
@@ -259,6 +262,7 @@ def trust(
     masks: MaskDir = None,
     mask_kind: MaskKind = "auto",
     budget: Budget = None,
+    out: TrustOut = Path("out"),
     run: TrustRun = RunOptions(),
 ) -> None:
     """Which map to believe for this model: every method that applies, tested for randomisation, class
@@ -275,21 +279,19 @@ def trust(
     found = None
     if boxes is not None or masks is not None:
         found = load(boxes, None if masks is None else Path(masks), mask_kind)
-    refuse_out_among_inputs(run.out, inputs)
-    command = _command(
-        inputs, model, methods, layers, seed, max_photos, run.out, boxes, masks, mask_kind, budget
-    )
-    with claimed(run.out, FILES, run.overwrite):  # an earlier result, or a run going there: refused now
+    refuse_out_among_inputs(out, inputs)
+    command = _command(inputs, model, methods, layers, seed, max_photos, out, boxes, masks, mask_kind, budget)
+    with claimed(out, FILES, run.overwrite):  # an earlier result, or a run going there: refused now
         loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
         say = None if run.quiet else lambda line: typer.echo(f"hookviz: trust: {line}", err=True)
         report, refused, failed = trust_photos(loaded, inputs, methods=methods, layers=layers, seed=seed,
                                        max_photos=max_photos, max_pixels=run.max_pixels, annotations=found,
                                        budget=seconds, progress=say, started=process_started(),
-                                       out=run.out)  # fmt: skip
+                                       out=out)  # fmt: skip
         for name, why in failed.items():
             said = why if why.startswith(quote(name)) else f"{quote(name)}: {why}"  # the name once, quoted
             typer.echo(f"hookviz: error: {one_line(said)}", err=True)
-        paths = write_trust(report, run.out, command=command, refused=refused,
+        paths = write_trust(report, out, command=command, refused=refused,
                             overwrite=run.overwrite, failed=failed, key=trust_key(loaded))  # fmt: skip
     if not run.quiet:
         typer.echo("\n".join(table(report)), err=True)
