@@ -125,6 +125,54 @@ def test_a_volume_net_site_is_a_channels_first_map_over_depth() -> None:
     assert conv.layout_at((1, 16, 4, 8, 8), (1, 1, 8, 16, 16)) == Layout("ncthw", time=4)
 
 
+class _ChannelsLast(nn.Module):
+    """A 3-D convolution whose output is handed on channels last, ``(B, T, H, W, C)`` (as Swin3D's blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(1, 12, 3, padding=1)
+        self.last = nn.Identity()
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.last(self.conv(x).permute(0, 2, 3, 4, 1))
+        return self.head(y.mean(dim=(1, 2, 3)))
+
+
+def test_a_site_s_channels_are_read_on_its_layout_s_channel_axis() -> None:
+    """A 3-D convolution's map ``(N, C, D, H, W)`` has C channels, not W (a non-cubic input: every axis
+    differs); a channels-last one ``(N, T, H, W, C)`` (H x W square, as the layout rule takes it) and a ViT's
+    tokens ``(N, T, C)`` hold them last, with more tokens than channels and fewer (the cost notes count
+    them)."""
+    torch.manual_seed(0)
+    volume = VolumeNet().eval()
+    calls = trace_shapes(volume, torch.zeros(1, 1, 8, 12, 20))
+    first, last = cam_sites(volume, ["features.0", "features.5"], calls, "volume")
+    assert (first.shape, first.layout.kind if first.layout else None) == ((1, 8, 8, 12, 20), "ncthw")
+    assert (first.channels, last.shape, last.channels) == (8, (1, 16, 4, 6, 10), 16)
+    swin = _ChannelsLast().eval()
+    (site,) = cam_sites(swin, ["last"], trace_shapes(swin, torch.zeros(1, 1, 4, 6, 6)), "swin3d")
+    assert (site.shape, site.layout, site.channels) == ((1, 4, 6, 6, 12), Layout("nthwc", time=4), 12)
+    for width in (8, 24):  # 17 tokens, fewer channels and more
+        vit = VisionTransformer(
+            image_size=32,
+            patch_size=8,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=width,
+            mlp_dim=16,
+            num_classes=3,
+        ).eval()
+        (tokens,) = cam_sites(
+            vit, ["encoder.layers.encoder_layer_0"], trace_shapes(vit, torch.zeros(1, 3, 32, 32)), "vit"
+        )
+        assert (tokens.shape, tokens.layout, tokens.channels) == (
+            (1, 17, width),
+            Layout("tokens", 1, (4, 4)),
+            width,
+        )
+
+
 def test_a_bad_layer_is_refused_in_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     model = TinyCNN().eval()
     calls = trace_shapes(model, torch.zeros(1, 3, 48, 48))

@@ -34,6 +34,16 @@ class Layout:
 #: A convolutional layer's layout, ``(B, C, H, W)``: the default.
 NCHW = Layout("nchw")
 
+#: The layouts whose channels come right after the batch axis (2-D and 3-D convolutions' maps); the others
+#: (channels-last blocks, tokens) hold their channels last.
+CHANNELS_FIRST = frozenset({"nchw", "ncthw"})
+
+
+def channel_axis(layout: Layout | str) -> int:
+    """The axis of a tensor in ``layout`` that holds its channels (tokens: the embedding width)."""
+    kind = layout if isinstance(layout, str) else layout.kind
+    return 1 if kind in CHANNELS_FIRST else -1
+
 
 def to_spatial(t: Tensor, layout: Layout | str) -> Tensor:
     """``(B, C, H, W)`` from a layer output in ``layout``."""

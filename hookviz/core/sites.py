@@ -20,7 +20,7 @@ from typing import NoReturn
 from torch import nn
 
 from hookviz.core import taps
-from hookviz.core.layout import Layout, layout_for
+from hookviz.core.layout import Layout, channel_axis, layout_for
 from hookviz.core.trace import ModuleCall, Trace, pool_of
 from hookviz.errors import LayerError, close_matches
 
@@ -62,10 +62,11 @@ class Site:
 
     @property
     def channels(self) -> int:
-        """Channels of its map (tokens: the embedding width); needs a traced layout."""
+        """Channels of its map, on the axis its layout holds them (a 2-D or 3-D convolution's: after the batch
+        axis; channels-last blocks' and tokens': the last, the embedding width); needs a traced layout."""
         if self.layout is None or self.shape is None:
             raise LayerError(f"{self.name!r} has no traced map, so no channels")
-        return int(self.shape[1] if self.layout.kind == "nchw" else self.shape[-1])
+        return int(self.shape[channel_axis(self.layout)])
 
     def holds(self, shape: Sequence[int], input_shape: Sequence[int]) -> bool:
         """Whether its traced layout holds for a tensor of ``shape`` captured from an input of
