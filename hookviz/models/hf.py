@@ -17,6 +17,7 @@ from typing import Any
 from hookviz.errors import UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
+from hookviz.models import towers
 from hookviz.models.hf_dense import HfDetector, HfSegmenter
 from hookviz.models.scores import ImageTextSource
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
@@ -66,6 +67,7 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
     task, auto_name = _kind(config)
     if image_text:
         auto = transformers.AutoModel
+        towers.check(_model_class(auto, config), str(config.model_type), name, where)
     elif auto_name:
         auto = getattr(transformers, auto_name)
     if weights.lower() == WEIGHTS_NONE:
@@ -94,7 +96,19 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         return _dense(transformers, model, task, where, config, (name, label, pretrained, weights_id))
     built = Built(model, name, label, pretrained, weights_id, () if image_text else _categories(config))
     _preprocessing(built, where, config)
+    if image_text:
+        built.preprocess = towers.preprocess(
+            built.preprocess, str(config.model_type), config, _processor(where)
+        )
     return built
+
+
+def _model_class(auto: Any, config: Any) -> Any:
+    """The class ``auto`` builds for ``config`` (None where it cannot tell: the model tells when built)."""
+    try:
+        return auto._model_mapping[type(config)]
+    except (KeyError, AttributeError, ValueError):
+        return None
 
 
 def _kind(config: Any) -> tuple[str, str | None]:
@@ -207,14 +221,19 @@ def _normalisation(
     return mean, std, filters.get(int(resample), "bilinear") if resample is not None else "bilinear"
 
 
-def _preprocessing(built: Built, where: str, config: Any) -> None:
-    """Input size, resize mode, mean and std from the image processor's config (defaults: ImageNet, 224)."""
+def _processor(where: str) -> Any:
+    """The image processor saved beside a model, or None."""
     try:
         import transformers
 
-        proc = transformers.AutoImageProcessor.from_pretrained(where)
+        return transformers.AutoImageProcessor.from_pretrained(where)
     except (OSError, ValueError, KeyError):
-        proc = None
+        return None
+
+
+def _preprocessing(built: Built, where: str, config: Any) -> None:
+    """Input size, resize mode, mean and std from the image processor's config (defaults: ImageNet, 224)."""
+    proc = _processor(where)
     p = built.preprocess
     crop, resize_size, resize = p.crop_size, p.resize_size, p.resize
     size = _sizes(getattr(proc, "size", None))

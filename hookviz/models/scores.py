@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from hookviz.core.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
 from hookviz.errors import LayerError, UsageError
 from hookviz.io.images import load_rgb
+from hookviz.models import towers
 from hookviz.models.facade import Facade
 from hookviz.models.loaded import LoadedModel, num_classes, probe
 
@@ -200,8 +201,14 @@ class ImageTextSource(Facade):
     def tokenizer(self) -> Any:
         return self._tokenizer[0]
 
+    @property
+    def scores_prompts(self) -> bool:
+        """Whether it embeds text too (CLIP, SigLIP), so prompts can be scored; a generative vision-language
+        model (LLaVA, PaliGemma, ...) does not."""
+        return callable(getattr(self.wrapped, "get_text_features", None))
+
     def forward(self, x: Tensor) -> Tensor:
-        return _pooled(self.wrapped.get_image_features(pixel_values=x))  # type: ignore[operator]
+        return towers.image_features(self.wrapped, self.kind, x)
 
 
 def needs_prompts(loaded: LoadedModel) -> bool:
@@ -221,6 +228,8 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
         raise UsageError(
             f"--prompt needs an image-text model (CLIP, SigLIP: --model hf:DIR); {loaded.name} is not one"
         )
+    if not source.scores_prompts:
+        raise _generative(loaded, source)
     if source.tokenizer is None:
         raise UsageError(f"--prompt: {loaded.name} has no tokenizer beside it (save it with save_pretrained)")
     model = source.wrapped
@@ -238,6 +247,15 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
     digest = hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest()[:12]
     replaced = _replace(loaded, wrapper, tuple(prompts), f"prompts:{digest}")
     return dataclasses.replace(replaced, notes=replaced.notes + notes)
+
+
+def _generative(loaded: LoadedModel, source: ImageTextSource) -> UsageError:
+    """The refusal of class or prompt scores from a generative vision-language model."""
+    return UsageError(
+        f"{loaded.name} is a vision-language model ({towers.family(source.kind)}) whose output here is its "
+        "image embedding, not class or prompt scores: use hookviz vlm for its maps per answer word, and "
+        "layers, summary, featuremaps or sae for its vision tower"
+    )
 
 
 def _truncated(tokenizer: Any, prompts: Sequence[str]) -> tuple[str, ...]:
@@ -311,6 +329,8 @@ def from_options(
         return with_prompts(loaded, texts)
     if reference is not None:
         return similar_to(loaded, reference, embedding)
+    if isinstance(loaded.model, ImageTextSource) and not loaded.model.scores_prompts:
+        raise _generative(loaded, loaded.model)
     if needs_prompts(loaded):
         raise UsageError(
             f"{loaded.name} is an image-text model: give --prompt TEXT (repeatable) or --prompts FILE, or "
