@@ -564,6 +564,54 @@ def test_a_vision_language_model_s_vision_tower(family: str, prefix: int, tmp_pa
     assert record["scaled"]["classes"] == [] and -1 <= record["scaled"]["output_cosine"] <= 1
 
 
+@pytest.mark.parametrize(
+    ("family", "layer", "prefix", "grid"),
+    [
+        ("llava-next", "vision_tower.encoder.layers.1", 1, [4, 4]),
+        ("idefics3", "vision_model.encoder.layers.1", 0, [8, 8]),
+        ("internvl", "vision_tower.encoder.layer.1", 1, [4, 4]),
+    ],
+)
+@pytest.mark.slow
+def test_the_towers_of_llava_next_idefics3_and_internvl(
+    family: str, layer: str, prefix: int, grid: list[int], tmp_path: Path
+) -> None:
+    """LLaVA-NeXT (its base view: a CLIP tower of 32 px, a class token, then 4 x 4 patches), Idefics3 (its
+    global view: 8 x 8 patches, no class token) and InternVL (one tile of 32 px: a class token, 4 x 4):
+    sae train takes the patch tokens of one view per photo as the vectors, the quality gives the image
+    embedding's cosine with the reconstruction in place (below 1), and sae features' boxes lie within each
+    photo."""
+    from tests.vlm_models import save
+
+    folder = save(family, tmp_path / family)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(5)
+    sizes = [(57, 95), (64, 64), (90, 70), (48, 80)]
+    for i, (h, w) in enumerate(sizes):
+        write_image(photos / f"p{i}.png", rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    model = ["--model", f"hf:{folder}", "--weights", "DEFAULT", "--device", "cpu"]
+    quick = ["--width", "2x", "--k", "4", "--vectors", "600", "--batch", "64", "--buffer", "256"]
+    out = tmp_path / "run"
+    res = invoke("sae", "train", str(photos), *model, "--layer", layer, *quick, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (metrics["inputs"], metrics["vectors"]) == (4, 4 * grid[0] * grid[1])
+    assert metrics["top1_agreement"] is None and 0 < metrics["output_cosine"] < 0.999
+    config = json.loads((out / store.CONFIG).read_text())
+    assert config["layout"] == {"kind": "tokens", "prefix": prefix, "grid": grid} and config["width"] == 64
+    res = invoke("sae", "features", str(out), str(photos), "--detail", "1", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "features" / "features.json").read_text())
+    assert data["inputs"] == 4 and data["field"] == [8, 8]  # each patch 8 x 8 of the input
+    shapes = {f"p{i}.png": s for i, s in enumerate(sizes)}
+    for f in data["features"]:
+        for p in f["top"]:
+            h, w = shapes[Path(p["input"]).name]
+            x0, y0, x1, y1 = p["box"]
+            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h, (p, h, w)
+
+
 def _weights_of(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
