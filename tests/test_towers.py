@@ -108,4 +108,4 @@ def test_a_generative_vlm_scores_no_prompts_and_says_so_in_one_line(
         res = invoke("gradcam", str(photo), *model, *extra, "--out", str(tmp_path / "out"))
         lines = res.stderr.strip().splitlines()
         assert res.exit_code == 2 and len(lines) == 1, res.output
-        assert "vision-language model (internvl)" in lines[0] and "hookviz vlm" in lines[0], lines
+        assert "vision-language model (InternVL)" in lines[0] and "hookviz vlm" in lines[0], lines

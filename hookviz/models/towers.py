@@ -37,6 +37,12 @@ BASE_VIEW = frozenset({"llava_next"})
 GLOBAL_VIEW = frozenset({"idefics3", "smolvlm"})
 #: The names families go by in messages.
 NAMES = {
+    "llava": "LLaVA",
+    "llava_next": "LLaVA-NeXT",
+    "paligemma": "PaliGemma",
+    "internvl": "InternVL",
+    "idefics3": "Idefics3",
+    "smolvlm": "SmolVLM",
     "qwen2_vl": "Qwen2-VL",
     "qwen2_5_vl": "Qwen2.5-VL",
     "qwen3_vl": "Qwen3-VL",
