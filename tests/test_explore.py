@@ -368,15 +368,15 @@ def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser
     assert status == 200 and json.loads(data)["channels"][0]["channel"] == int(first.text.split(":")[0])
 
 
-def picture_shown(server: Explorer, browser: Any, selector: str) -> tuple[dict[str, str], bytes]:
+def picture_shown(server: Explorer, page: Any, selector: str) -> tuple[dict[str, str], bytes]:
     """The query of the picture the ``<img>`` at ``selector`` shows, asked for with the server's token (taken
     out of the query), and its bytes, once it is loaded."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     ready = f"const i = document.querySelector('{selector}'); return i.complete && i.naturalWidth > 0;"
-    WebDriverWait(browser, PATIENCE).until(lambda d: d.execute_script(ready))
-    browser.set_script_timeout(PATIENCE)
-    data = browser.execute_async_script(
+    WebDriverWait(page, PATIENCE).until(lambda d: d.execute_script(ready))
+    page.set_script_timeout(PATIENCE)
+    data = page.execute_async_script(
         f"const done = arguments[0]; const img = document.querySelector('{selector}');"
         "fetch(img.src).then(r => r.arrayBuffer()).then(b => done([img.src,"
         " btoa(String.fromCharCode(...new Uint8Array(b)))]));"
