@@ -410,7 +410,7 @@ def test_the_channel_map_follows_the_photo_picked(server: Explorer, browser: Any
     src = lambda d: d.find_element(By.ID, "channel").get_attribute("src")  # noqa: E731
     for i in (1, 0):
         browser.find_element(By.CSS_SELECTOR, f'#strip button[data-input="{i}"]').click()
-        wait.until(lambda d: f"input={i}&" in src(d))
+        WebDriverWait(browser, 120).until(lambda d: f"input={i}&" in src(d))
         assert picture_shown(server, browser, "#channel") == (asked(i), maps[i])
 
 
