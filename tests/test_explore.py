@@ -368,6 +368,52 @@ def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser
     assert status == 200 and json.loads(data)["channels"][0]["channel"] == int(first.text.split(":")[0])
 
 
+def picture_shown(server: Explorer, page: Any, selector: str) -> tuple[dict[str, str], bytes]:
+    """The query of the picture the ``<img>`` at ``selector`` shows, asked for with the server's token (taken
+    out of the query), and its bytes, once it is loaded."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ready = f"const i = document.querySelector('{selector}'); return i.complete && i.naturalWidth > 0;"
+    WebDriverWait(page, PATIENCE).until(lambda d: d.execute_script(ready))
+    page.set_script_timeout(PATIENCE)
+    data = page.execute_async_script(
+        f"const done = arguments[0]; const img = document.querySelector('{selector}');"
+        "fetch(img.src).then(r => r.arrayBuffer()).then(b => done([img.src,"
+        " btoa(String.fromCharCode(...new Uint8Array(b)))]));"
+    )
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(data[0]).query))
+    assert query.pop("token", None) == server.token, data[0]
+    return query, base64.b64decode(data[1])
+
+
+def test_the_channel_map_follows_the_photo_picked(server: Explorer, browser: Any) -> None:  # noqa: F811
+    """A channel clicked in the channels panel shows its map over the photo; another photo picked in the strip
+    shows that photo's map of the same channel (the very bytes /api/channel gives for it, not the first
+    photo's, which differ), and picking the first again shows the first's again."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, PATIENCE)
+    browser.get(server.url + "&input=0&layer=features.4")
+    wait.until(
+        lambda d: "layer=features.4" in (d.find_element(By.ID, "overlay").get_attribute("data-view") or "")
+    )
+    browser.find_element(By.ID, "listchannels").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chanlist button"))
+    button = browser.find_elements(By.CSS_SELECTOR, "#chanlist button")[0]
+    channel = button.get_attribute("data-channel")
+    button.click()
+    maps = {i: get(server, f"/api/channel?input={i}&layer=features.4&channel={channel}")[1] for i in (0, 1)}
+    assert maps[0] != maps[1]  # the two photos' maps of the channel differ: the checks below can fail
+    asked = lambda i: {"input": str(i), "layer": "features.4", "channel": channel}  # noqa: E731
+    assert picture_shown(server, browser, "#channel") == (asked(0), maps[0])
+    src = lambda d: d.find_element(By.ID, "channel").get_attribute("src")  # noqa: E731
+    for i in (1, 0):
+        browser.find_element(By.CSS_SELECTOR, f'#strip button[data-input="{i}"]').click()
+        WebDriverWait(browser, 120).until(lambda d: f"input={i}&" in src(d))
+        assert picture_shown(server, browser, "#channel") == (asked(i), maps[i])
+
+
 BAD = [  # (query, the parameter, the value as the answer quotes it, what it must say is allowed)
     ("/api/map?input=0&box=-3", "box", "'-3'", "a detector's"),
     ("/api/map?input=0&axis=9", "axis", "'9'", "a volume's"),
@@ -577,6 +623,12 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
         assert "p.png changed on disk" in info["note"]
         Select(browser.find_element(By.ID, "colormap")).select_by_value("viridis")  # the page's next view
         wait.until(lambda d: "p.png changed on disk" in d.find_element(By.ID, "changed").text)
+        # The strip's thumbnail asked for again, with the token: the new photo's (56x40; the old one 48x48; a
+        # refused request shows nothing, 0x0).
+        size = "const i = document.querySelector('#strip img'); return [i.naturalWidth, i.naturalHeight];"
+        wait.until(lambda d: d.execute_script(size) == [56, 40])
+        query, thumbnail = picture_shown(explorer, browser, "#strip img")
+        assert "v" in query and thumbnail == get(explorer, "/api/thumb?input=0")[1]
         out = tmp_path / "out"
         r = invoke(*shlex.split(info["command"])[1:-1], str(out))
         assert r.exit_code == 0, r.stderr
@@ -594,6 +646,23 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
         explorer.shutdown()
         explorer.server_close()
         session.close()
+
+
+def test_every_address_the_page_builds_for_the_api_carries_the_token() -> None:
+    """Each ``/api/`` address in the page goes out with the token: through ``authed(...)`` (an ``<img>`` or a
+    link, which send no header; a thumbnail asked for again after its photo changed was once sent bare and
+    refused), ``api(...)``, or ``fetch(...)`` with the ``AUTH`` header; the page names no API address
+    otherwise."""
+    import re
+
+    page = (ROOT / "hookviz" / "explore" / "page.html").read_text()
+    found = [(m.start(), page[max(0, m.start() - 8) : m.start()]) for m in re.finditer(r"/api/", page)]
+    assert len(found) > 20  # the page's addresses: the check below reads them all
+    for at, before in found:
+        assert before.endswith(('authed("', ' api("', 'fetch("')), page[at - 60 : at + 60]
+        if before.endswith('fetch("'):
+            call = page[at : page.index(";", at)]
+            assert "AUTH" in call, call
 
 
 def post(server: Explorer, data: bytes, headers: dict[str, str], token: bool = True) -> tuple[int, bytes]:

@@ -14,12 +14,12 @@ from hookviz.errors import UsageError
 #: from a video's or a volume's, ``axis`` from a volume's: :func:`meaningful`).
 VIEW = ("input", "layer", "method", "target", "box", "frame", "axis", "alpha", "colormap", "relu")
 #: What each endpoint takes, beside ``token`` (the secret, taken everywhere): ``supersede``, the page's views;
-#: ``v``, a thumbnail or a feature's map asked for again after its photo changed.
+#: ``v``, a thumbnail, a channel's or a feature's map asked for again after its photo changed.
 TAKES: dict[str, tuple[str, ...]] = {
     "/api/inputs": (), "/api/methods": (), "/api/model": (), "/api/layers": ("input",),
     "/api/predict": ("input", "k"), "/api/thumb": ("input", "v"), "/api/photo": ("input",),
     "/api/map": (*VIEW, "format", "supersede"), "/api/trust": VIEW,
-    "/api/channels": ("input", "layer"), "/api/channel": ("input", "layer", "channel", "alpha"),
+    "/api/channels": ("input", "layer"), "/api/channel": ("input", "layer", "channel", "alpha", "v"),
     "/api/visualize": ("layer", "channel", "steps"), "/api/best": ("layer", "channel"),
     "/api/sheet": ("layer", "channel"), "/api/features": (), "/api/feature": ("feature",),
     "/api/feature-sheet": ("feature",), "/api/feature-map": ("input", "feature", "alpha", "v"),
