@@ -1053,3 +1053,25 @@ def test_a_saev_header_that_speaks_of_topk_is_not_read_as_relu(cfg: dict[str, An
                 interchange.read_saev(path)
         else:
             assert interchange.read_saev(path)[1] == 6
+
+
+def test_a_folder_without_a_finished_dictionary_is_refused_before_a_model_loads(
+    shapes_folder: Path, tmp_path: Path
+) -> None:
+    """sae features and sae explain on a folder train never wrote (or never finished) say so in one line, exit
+    2, before loading a model: with no --model given they used to fall back to resnet18's weights and fail
+    fetching them (exit 3, a network error)."""
+    photo = str(sorted(shapes_folder.iterdir())[0])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / store.CONFIG).write_text(json.dumps({"format": store.FORMAT, "status": "training"}))
+    (unfinished / store.WEIGHTS).write_bytes(b"")
+    for folder, said in ((empty, "no hookviz dictionary here"), (unfinished, "has not finished")):
+        o = str(tmp_path / "o")
+        for args in (["features", str(folder), photo], ["explain", photo, "--sae", str(folder), "--out", o]):
+            res = invoke("sae", *args)
+            lines = res.stderr.strip().splitlines()
+            assert res.exit_code == 2 and len(lines) == 1 and said in lines[0], (args, res.output)
+    assert not (tmp_path / "o").exists()

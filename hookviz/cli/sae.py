@@ -252,7 +252,11 @@ def _library() -> Any:
 
 
 def _opened(model: ModelOptions, folder: Path, device: str, quiet: bool) -> tuple[Any, Any]:
-    """The run folder's model (its options, those given again replacing them) and its dictionary."""
+    """The run folder's model (its options, those given again replacing them) and its dictionary; a folder
+    holding no finished dictionary is refused before any model is loaded (or fetched) for it."""
+    from hookviz.sae.store import finished_config
+
+    finished_config(folder)
     loaded = load_options(dataclasses.replace(from_run(model, folder), device=device), quiet)
     return loaded, _library().load_sae(folder, loaded)
 

@@ -103,15 +103,21 @@ def build_from(
     return sae, Norm(tensors["norm.mean"].float(), 1.0)
 
 
-def load(folder: Path, device: torch.device | str = "cpu") -> Trained:
-    """A finished run folder's dictionary; one line (exit 2) where the folder holds none."""
-
+def finished_config(folder: Path) -> dict[str, Any]:
+    """A finished run folder's config.json; one line (exit 2) where the folder holds no finished dictionary
+    (checked before a model is loaded for it)."""
     config = read_config(folder)
     if config is None or config.get("format") != FORMAT or not (folder / WEIGHTS).is_file():
         raise UsageError(f"{folder}: no hookviz dictionary here (config.json and sae.safetensors); train one "
                          "with hookviz sae train")  # fmt: skip
     if config.get("status") != "finished":
         raise UsageError(f"{folder}: its training has not finished; rerun hookviz sae train to resume it")
+    return config
+
+
+def load(folder: Path, device: torch.device | str = "cpu") -> Trained:
+    """A finished run folder's dictionary; one line (exit 2) where the folder holds none."""
+    config = finished_config(folder)
     shape = Shape(str(config["arch"]), int(config["d"]), int(config["width"]), int(config["k"]))
     sae, norm = build_from(weights_of(folder), shape, device)
     norm = Norm(norm.mean, float(config["norm"]["scale"]))
