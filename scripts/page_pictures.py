@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 SHAPES = ["--model", "tests.conftest:TinyCNN", "--weights", "trained.pt", "--input-size", "48",
           "--mean", "0,0,0", "--std", "1,1,1", "--device", "cpu"]  # fmt: skip
 DETECTOR = ["--model", "examples/shapes_detector.py:make_detector", "--weights",
-            "tests/fixtures/shapes_detector.safetensors", "--device", "cpu"]  # fmt: skip
+            "tests/fixtures/shapes_detector.safetensors", "--labels", "examples/shapes_labels.txt",
+            "--device", "cpu"]  # fmt: skip
 LITE = ["--model", "efficientnet_lite0", "--device", "cpu"]
 PATIENCE = 300.0
 
@@ -189,15 +190,21 @@ def until(page: Any, ready: str, *args: Any) -> None:
 VIEW_SHOWN = "return Boolean(document.getElementById('overlay')?.getAttribute('data-view'));"
 
 
-def shot(page: Any, target: Path) -> None:
-    """The page area as a PNG of at most 256 colours (a screenshot holds few)."""
-    from PIL import Image
+def shot(page: Any, target: Path, element: str | None = None) -> None:
+    """The page area (or the ``element`` of that CSS selector, as far as it is on screen) as a PNG, lossless:
+    a palette of 256 colours bands the photos and the maps' colour ramps."""
+    import io
 
-    raw = target.with_suffix(".raw.png")
-    page.save_screenshot(str(raw))
-    img = Image.open(raw).convert("RGB")
-    img.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(target, optimize=True)
-    raw.unlink()
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    png = (
+        page.find_element(By.CSS_SELECTOR, element).screenshot_as_png
+        if element
+        else page.get_screenshot_as_png()
+    )
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    img.save(target, optimize=True)
     print(f"{target} {img.width}x{img.height} {target.stat().st_size // 1024} KB")
 
 
@@ -262,7 +269,7 @@ def widget(work: Path, target: Path) -> None:
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, lab / "widget.ipynb")
-    with jupyterlab(lab) as url, chromium(1100, 700) as page:
+    with jupyterlab(lab) as url, chromium(1000, 780) as page:
         page.get(url)
         until(page, "return !!(window.jupyterapp && document.querySelector('.jp-Notebook'));")
         page.execute_script(
@@ -275,8 +282,17 @@ def widget(work: Path, target: Path) -> None:
         until(page, WIDGET_SHOWN, "input=1")
         Select(page.find_element(By.CSS_SELECTOR, "[data-pick='method']")).select_by_value("layercam")
         until(page, WIDGET_SHOWN, "method=layercam")
-        page.execute_script("document.activeElement?.blur();")
-        shot(page, target)
+        # JupyterLab's own toasts (its news prompt) are no part of the picture.
+        page.execute_script("document.activeElement?.blur(); document.querySelector('.Toastify')?.remove();")
+        shot(page, target, ".jp-NotebookPanel-notebook")
+
+
+#: TensorBoard's images dashboard draws inside shadow roots: at least two of its images decoded.
+SHADOW_IMAGES = (
+    "const found = []; const walk = (root) => { for (const e of root.querySelectorAll('*')) {"
+    " if (e.tagName === 'IMG') found.push(e); if (e.shadowRoot) walk(e.shadowRoot); } }; walk(document);"
+    "return found.filter((i) => i.complete && i.naturalWidth > 0).length >= 2;"
+)
 
 
 def monitor_tensorboard(work: Path, target: Path) -> None:
@@ -309,7 +325,7 @@ def monitor_tensorboard(work: Path, target: Path) -> None:
             time.sleep(0.5)
         with chromium(1100, 700) as page:
             page.get(f"http://127.0.0.1:{port}/#images&tagFilter=maps%2Fgradcam")
-            until(page, "return document.querySelectorAll('img').length >= 2;")
+            until(page, SHADOW_IMAGES)
             time.sleep(3)  # the cards' images fade in
             shot(page, target)
     finally:
