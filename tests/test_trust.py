@@ -24,11 +24,12 @@ from hookviz.evaluation.faithfulness import upsample
 from hookviz.evaluation.localisation import pointing_game
 from hookviz.evaluation.stats import mean_ci
 from hookviz.evaluation.trust import VERDICTS, edge_maps, trust
+from hookviz.evaluation.trust_read import read_trust
 from hookviz.io.annotation import load as load_annotations
 from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
-from hookviz.run.trust import read_photos
+from hookviz.run.trust import grid, read_photos
 from hookviz.tasks import load_model
 from tests.conftest import ROOT, TinyCNN, invoke, write_image
 from tests.shapes_net import make_segmenter
@@ -595,3 +596,37 @@ def test_the_python_trust_takes_a_comma_string_refuses_a_bool_budget_and_says_wh
             hookviz.trust(loaded, photos, methods="gradcam", budget=flag)
     with pytest.raises(UsageError, match=r"max_photos=1 took the first 1 of the 2 photos found among "):
         hookviz.trust(loaded, photos, methods="gradcam", max_photos=1)
+
+
+def _drawn_codes(image: np.ndarray, x0: int, base: int, n: int) -> str:
+    """The ``n`` characters ``render.put_text`` drew at ``(x0, base)`` at scale 0.45 under
+    HOOKVIZ_TEST_TEXT=codes (each a cell 7 pixels wide, its code's bits as white rows from 10 pixels above
+    the baseline)."""
+    white = (image == 255).all(axis=2)
+    bits = [[int(white[base - 10 + b, x0 + i * 7 + 3]) for b in range(8)] for i in range(n)]
+    return "".join(chr(sum(bit << b for b, bit in enumerate(code))) for code in bits)
+
+
+def test_the_grid_shows_each_candidates_whole_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trust.png's first column is as wide as its longest row name: names were cut at 34 characters
+    (docs/img/trust-grid.png read 'guidedbackprop @ _avg_pooling:inpu')."""
+    monkeypatch.setenv("HOOKVIZ_TEST_TEXT", "codes")  # each character drawn as its code: read back below
+    test = {"name": "class", "value": 0.2, "ci": 0.05, "outcome": "pass", "rule": "r", "per_photo": [0.2]}
+    rows = [("gradcam", "_avg_pooling:input"), ("guidedbackprop", "_blocks.15._depthwise_conv:input")]
+    (tmp_path / "trust.json").write_text(json.dumps({
+        "model": "m", "photos": ["a"], "seed": 0, "default": None, "answer": "a", "notes": [],
+        "tests": ["class"], "key": {"model": "m", "weights": "none"},
+        "candidates": [{"method": m, "layer": layer, "verdict": "recommended", "reason": "r",
+                        "control": False, "tests": {"class": test}} for m, layer in rows],
+        "model_check": {"entropy": 0.1, "flips": 0.0, "same_class": False, "at_chance": False,
+                        "reason": "ok"},
+    }))  # fmt: skip
+    report = read_trust(tmp_path).report
+    image = grid(report)
+    for i, (method, layer) in enumerate(rows, start=1):
+        name = f"{method} @ {layer}"
+        assert _drawn_codes(image, 6, 28 * i + 19, len(name)) == name
+    # The first test's column starts past the longest name (7 pixels a character, a margin each side).
+    assert (
+        report.tests == ["class"] and image.shape[1] == 6 + 7 * len(f"{rows[1][0]} @ {rows[1][1]}") + 10 + 260
+    )

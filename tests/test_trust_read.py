@@ -11,25 +11,32 @@ import pytest
 from hookviz.errors import UsageError
 from hookviz.evaluation.trust_read import read_trust, trust_runs
 from hookviz.io.shapes import shapes_batch
-from tests.conftest import invoke, write_image
+from tests.conftest import invoke, records, write_image
 
 
 def _written(folder: Path) -> Path:
     """A whole trust.json as ``hookviz trust`` writes it (one candidate), then cut in half."""
+    whole = _whole(folder).joinpath("trust.json").read_text()
+    return _put(folder, whole[: len(whole) // 2])
+
+
+def _whole(folder: Path, weights: str = "none") -> Path:
+    """A whole trust.json as ``hookviz trust`` writes it (one candidate) in ``folder``, for the shapes CNN
+    with ``weights`` (its fingerprint, as a record's settings hold it)."""
     test = {"name": "class", "value": 0.2, "ci": 0.05, "outcome": "pass", "rule": "r", "per_photo": [0.2]}
     data = {
         "model": "tests.conftest:TinyCNN", "photos": ["a", "b"], "seed": 0, "default": None,
         "candidates": [{"method": "gradcam", "layer": "features", "verdict": "recommended", "reason": "r",
                         "control": False, "tests": {"class": test}}],
         "answer": "recommended: gradcam at features", "notes": [],
-        "key": {"model": "tests.conftest:TinyCNN", "weights": "none"},
+        "key": {"model": "tests.conftest:TinyCNN", "weights": weights},
         "model_check": {"entropy": 0.1, "flips": 0.0, "same_class": False, "at_chance": False,
                         "reason": "ok"},
     }  # fmt: skip
     folder.mkdir(parents=True)
     whole = json.dumps(data, indent=1)
     assert read_trust(_put(folder, whole)).report.answer == data["answer"]  # whole, it reads
-    return _put(folder, whole[: len(whole) // 2])
+    return folder
 
 
 def _put(folder: Path, text: str) -> Path:
@@ -60,3 +67,29 @@ def test_gradcam_auto_given_a_truncated_run_says_so_rather_than_none(tmp_path: P
                str(tmp_path / "o"))  # fmt: skip
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "truncated" in r.stderr and "--overwrite" in r.stderr and "holds no trust.json" not in r.stderr
+
+
+def test_a_run_is_named_as_the_command_line_gave_it_and_listed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hookviz report cams`` run beside cams/ names its trust run ``cams/trust``: the page's header showed
+    the run's absolute path (docs/img/report-verdicts.png read /tmp/...), whatever the user typed."""
+    monkeypatch.chdir(tmp_path)
+    photos = Path("photos")
+    photos.mkdir()
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    for i, image in enumerate(x):
+        write_image(photos / f"s{i}.png", (image.numpy().transpose(1, 2, 0) * 255).astype(np.uint8))
+    model = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48"]
+    r = invoke("gradcam", "photos", *model, "--method", "gradcam", "--out", "cams", "-q")
+    assert r.exit_code == 0, r.stderr
+    _whole(Path("cams") / "trust", records(Path("cams"))[0]["settings"]["weights"])
+    # Found through three places (relative, its parent, absolute): one run, named as first given.
+    runs = trust_runs([Path("cams/trust"), Path("cams"), tmp_path / "cams"])
+    assert [r.folder for r in runs] == [Path("cams/trust")]
+    assert [r.folder for r in trust_runs([tmp_path / "cams"])] == [tmp_path / "cams" / "trust"]
+    r = invoke("report", "cams")
+    assert r.exit_code == 0, r.stderr
+    html = (tmp_path / "cams" / "index.html").read_text()
+    assert "verdicts from the trust run in cams/trust (tests.conftest:TinyCNN, 2 photo(s))" in html
+    assert str(tmp_path) not in html

@@ -98,17 +98,17 @@ def read_trust(path: Path) -> TrustRun:
 
 def trust_runs(places: Iterable[Path], warn: Callable[[str], None] | None = None) -> list[TrustRun]:
     """Every readable trust run in ``places`` (each folder's own ``trust.json`` and its subfolders'), the
-    newest first; one that cannot be read is left out (and named to ``warn``)."""
-    files: dict[Path, float] = {}
+    newest first; one that cannot be read is left out (and named to ``warn``). A run found twice is listed
+    once, its folder named as the first place that held it was given (relative stays relative: the report's
+    header and the lines that name a run read as the command line did)."""
+    files: dict[Path, tuple[Path, float]] = {}  # by the file's real path: the path as found, its mtime
     for place in places:
-        if place.is_file():
-            files[place.resolve()] = place.stat().st_mtime
-        elif place.is_dir():
-            for f in [place / TRUST_JSON, *sorted(place.glob(f"*/{TRUST_JSON}"))]:
-                if f.is_file():
-                    files[f.resolve()] = f.stat().st_mtime
+        found = [place] if place.is_file() else [place / TRUST_JSON, *sorted(place.glob(f"*/{TRUST_JSON}"))]
+        for f in found:
+            if f.is_file():
+                files.setdefault(f.resolve(), (f, f.stat().st_mtime))
     runs = []
-    for f in sorted(files, key=lambda p: -files[p]):
+    for f, _ in sorted(files.values(), key=lambda found: -found[1]):
         try:
             runs.append(read_trust(f))
         except UsageError as exc:

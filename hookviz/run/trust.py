@@ -347,8 +347,9 @@ def markdown(report: TrustReport, command: str) -> str:
 
 def grid(report: TrustReport) -> np.ndarray:
     """The picture: a row per candidate, a column per test and the verdict, coloured by outcome, with the
-    figure in each cell (grey where a test does not apply)."""
-    cell_w, cell_h, head_w = 130, 28, 260
+    figure in each cell (grey where a test does not apply); the first column as wide as its longest label."""
+    labels = [f"{c.method}{' (ctrl)' if c.control else ''} @ {c.layer}" for c in report.candidates]
+    cell_w, cell_h, head_w = 130, 28, max([260, *(render.text_size(t, 0.45)[0] + 16 for t in labels)])
     names = report.tests
     rows = len(report.candidates) + 1
     image = np.full((rows * cell_h + 8, head_w + (len(names) + 1) * cell_w, 3), 40, np.uint8)
@@ -356,8 +357,7 @@ def grid(report: TrustReport) -> np.ndarray:
         render.put_text(image, title, (head_w + j * cell_w + 6, 19), 0.45)
     for i, c in enumerate(report.candidates, start=1):
         y = i * cell_h
-        label = f"{c.method}{' (ctrl)' if c.control else ''} @ {c.layer}"[:34]
-        render.put_text(image, label, (6, y + 19), 0.45)
+        render.put_text(image, labels[i - 1], (6, y + 19), 0.45)
         for j, t in enumerate(names):
             x = head_w + j * cell_w
             outcome = c.tests[t].outcome if t in c.tests else NOT_APPLICABLE
