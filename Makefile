@@ -13,8 +13,10 @@ endif
 # OpenCV pinned for reproducible pictures; the golden runs compare captions by their text and hold on 5.0 and 5.1.
 CV_PIN := opencv-python-headless==5.0.0.93 opencv-python==5.0.0.93
 DEMO_OUT ?= out/demo
+# make test-newest: a second venv with the newest releases pyproject's ranges allow (no pins).
+NEWEST ?= .venv-newest
 
-.PHONY: help install browser demo docs docs-release dist test test-fast test-cuda check lint bench clean
+.PHONY: help install browser demo docs docs-release dist test test-fast test-newest test-cuda check lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,6 +46,14 @@ test: $(STAMP) browser  ## run the test suite (slow tests included; two workers,
 
 test-fast: $(STAMP) browser  ## the inner loop: every test but the slow model sweeps
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=10
+
+test-newest: browser  ## the suite on the newest releases pyproject's ranges allow (unpinned, in .venv-newest)
+	test -x $(NEWEST)/bin/python || $(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install -q --upgrade pip
+	$(NEWEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev,demo,docs]' decorator ipython
+	$(NEWEST)/bin/python -m pip install -q --no-deps torch-lucent==0.1.8 kornia==0.4.1
+	$(NEWEST)/bin/python -m pip freeze > $(NEWEST)/freeze.txt
+	$(NEWEST)/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 test-cuda: $(STAMP)  ## every command and front door on --device cuda, against the CPU (needs a GPU; skipped without)
 	$(PY) -m pytest -q -m cuda -rs tests/test_cuda.py
