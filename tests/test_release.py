@@ -118,7 +118,9 @@ def _fresh_env(tmp: Path, wheel: Path) -> Path:
 
     The dependencies (torch and the rest, gigabytes) are reused from this environment: a `.pth` file puts
     its site-packages after the new environment's own, as a plain directory, so this environment's own
-    `.pth` files (the editable install of the checkout among them) are not run."""
+    `.pth` files (the editable install of the checkout among them) are not run. pip runs without PYTHONPATH,
+    as the probes do: with a checkout on it that holds `hookviz.egg-info`, pip took hookviz as installed and
+    installed nothing."""
     env = tmp / "env"
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
@@ -129,7 +131,7 @@ def _fresh_env(tmp: Path, wheel: Path) -> Path:
     (Path(purelib) / "_reuse_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run_cli(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        check=True, capture_output=True, timeout=PATIENCE,
+        check=True, capture_output=True, timeout=PATIENCE, env=_clean_environ(),
     )  # fmt: skip
     return env
 
