@@ -478,6 +478,26 @@ def test_boxes_that_name_none_of_the_photos_say_so_with_an_example_of_each(tmp_p
     assert not (tmp_path / "o").exists()
 
 
+TINY = ("--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48")
+
+
+def test_unknown_annotated_classes_are_refused_before_any_photo_as_evaluate_does(tmp_path: Path) -> None:
+    """An index out of the model's range and a name that is none of its classes: one line listing both,
+    exit 2, no output folder left behind; ``evaluate`` says the same line of the same file."""
+    x, _, _ = shapes_batch(3, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    boxes = tmp_path / "b.csv"
+    boxes.write_text("file,class,x0,y0,x1,y1\ns00.png,99999,4,4,20,20\ns01.png,notaclass,4,4,20,20\n"
+                     "s02.png,0,4,4,20,20\n")  # fmt: skip
+    r = invoke("trust", str(photos), *TINY, "--boxes", str(boxes), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "2 annotated class(es) are not the model's classes 0..2" in r.stderr
+    assert "99999 (in s00.png)" in r.stderr and "'notaclass' (in s01.png)" in r.stderr
+    assert not (tmp_path / "o").exists()
+    e = invoke("evaluate", str(photos), *TINY, "--boxes", str(boxes), "--out", str(tmp_path / "e"))
+    assert e.exit_code == 2 and e.stderr == r.stderr, e.stderr
+
+
 def test_an_empty_folder_exits_1_as_the_documented_exit_codes_say(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     r = invoke("trust", str(tmp_path / "empty"), "--model", "tests.conftest:TinyCNN", "--weights", "none",

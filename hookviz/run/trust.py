@@ -29,7 +29,7 @@ from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
 from hookviz.jobs.settings import CamSettings, names_of
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.models.settings import model_settings
 from hookviz.run.kinds import input_kind_of
 from hookviz.run.trust_detection import trust_detections
@@ -212,7 +212,8 @@ def trust_photos(
     with theirs. ``budget``: seconds from ``started`` (a :func:`time.monotonic` reading; default now).
 
     Raises:
-        UsageError: not a classifier, segmenter or detector of photos; one photo; no method that applies.
+        UsageError: not a classifier, segmenter or detector of photos; one photo; no method that applies;
+            annotated classes that are not the model's (listed in one line, before the first photo).
         InputError: fewer than two readable photos.
     """
     if loaded.task_name not in ("classification", "segmentation", "detection"):
@@ -222,6 +223,8 @@ def trust_photos(
     detector = loaded.task_name == "detection"
     if detector and annotations is not None:
         raise UsageError("a detector's maps are tested against its own boxes; leave --boxes/--masks out")
+    if annotations is not None:  # every class resolved before the first photo, as evaluate resolves them
+        annotations.check(loaded.categories, num_classes(loaded))
     photos = read_photos(loaded, inputs, max_photos, max_pixels, annotations, out)
     calls = traced(loaded.model, tuple(photos.batch[0].shape), loaded.device)
     chosen, refused = candidate_methods(loaded, methods, calls)
