@@ -498,6 +498,45 @@ def test_unknown_annotated_classes_are_refused_before_any_photo_as_evaluate_does
     assert e.exit_code == 2 and e.stderr == r.stderr, e.stderr
 
 
+def test_photos_whose_boxes_lie_outside_what_the_model_saw_are_left_out_each_named(tmp_path: Path) -> None:
+    """A box beyond the photo's edge, one before it (left out as it is read, with the one warning of its
+    file) and one in the border the centre crop cuts off: those photos are readable, left out and named
+    (not failed); the others are tested, exit 0. With only such photos: one line, exit 2, nothing written."""
+    x, _, _ = shapes_batch(5, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    boxes = tmp_path / "b.csv"
+    boxes.write_text("file,class,x0,y0,x1,y1\ns00.png,0,5000,5000,6000,6000\ns01.png,0,-100,-100,-50,-50\n"
+                     "s02.png,0,0,0,2,2\ns03.png,0,4,4,30,30\ns04.png,1,10,10,40,40\n")  # fmt: skip
+    r = invoke(
+        "trust",
+        str(photos),
+        *TINY,
+        "--method",
+        "gradcam",
+        "--boxes",
+        str(boxes),
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert r.exit_code == 0, r.stderr
+    got = json.loads((tmp_path / "o" / "trust.json").read_text())
+    assert [Path(p).name for p in got["photos"]] == ["s03.png", "s04.png"] and got["failed"] == {}
+    assert f"--boxes {boxes}: 1 box(es) cover no pixel and are left out" in got["notes"][-2]
+    (said,) = [n for n in got["notes"] if "left out, their annotations outside what the model saw" in n]
+    assert said.startswith("3 photo(s) left out") and "could not be read" not in r.stderr
+    assert f"{photos / 's00.png'} (no annotated object within its 48x48 pixels)" in said
+    assert f"{photos / 's01.png'} (no annotated object within its 48x48 pixels)" in said
+    assert f"{photos / 's02.png'} (its annotated objects lie outside the centre crop the model saw" in said
+    assert f"note: {said}" in r.stderr
+    only = [str(photos / f"s0{i}.png") for i in range(3)]
+    r = invoke("trust", *only, *TINY, "--boxes", str(boxes), "--out", str(tmp_path / "o2"))
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(
+        "hookviz: error: 3 photo(s) left out, their annotations outside what the model"
+    )
+    assert "readable" not in r.stderr and not (tmp_path / "o2").exists()
+
+
 def test_an_empty_folder_exits_1_as_the_documented_exit_codes_say(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     r = invoke("trust", str(tmp_path / "empty"), "--model", "tests.conftest:TinyCNN", "--weights", "none",
