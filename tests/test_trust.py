@@ -31,7 +31,7 @@ from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
 from hookviz.run.trust import grid, read_photos
 from hookviz.tasks import load_model
-from tests.conftest import ROOT, TinyCNN, invoke, write_image
+from tests.conftest import ROOT, TinyCNN, invoke, records, write_image
 from tests.shapes_net import make_segmenter
 
 
@@ -535,6 +535,33 @@ def test_photos_whose_boxes_lie_outside_what_the_model_saw_are_left_out_each_nam
         "hookviz: error: 3 photo(s) left out, their annotations outside what the model"
     )
     assert "readable" not in r.stderr and not (tmp_path / "o2").exists()
+
+
+def test_a_mask_that_is_no_image_fails_its_photo_alone(tmp_path: Path) -> None:
+    """``--masks`` with one file that is no PNG: that photo fails, named with its mask (exit 1, as an input
+    that fails), the others are tested against their masks; ``evaluate`` fails the same photo alone."""
+    x, _, shapes = shapes_batch(3, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    (tmp_path / "mk").mkdir()
+    (tmp_path / "mk" / "s00.png").write_text("not a png")
+    for i in (1, 2):
+        write_image(
+            tmp_path / "mk" / f"s{i:02d}.png", np.repeat(shapes[i][..., None] * 255, 3, 2).astype(np.uint8)
+        )
+    r = invoke("trust", str(photos), *TINY, "--method", "gradcam", "--masks", str(tmp_path / "mk"),
+               "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    got = json.loads((tmp_path / "o" / "trust.json").read_text())
+    assert [Path(p).name for p in got["photos"]] == ["s01.png", "s02.png"]
+    (why,) = got["failed"].values()
+    assert list(got["failed"]) == [str(photos / "s00.png")]
+    assert why.startswith(f"its mask {tmp_path / 'mk' / 's00.png'} cannot be read (")
+    assert f"hookviz: error: {photos / 's00.png'}: {why}" in r.stderr
+    assert "localisation" in got["tests"]
+    e = invoke("evaluate", str(photos), *TINY, "--masks", str(tmp_path / "mk"), "--out", str(tmp_path / "e"))
+    assert e.exit_code == 1, e.stderr
+    errors = [(Path(rec["input"]).name, rec.get("error", "")) for rec in records(tmp_path / "e")]
+    assert [n for n, err in errors if err] == ["s00.png"] and "cannot be read" in dict(errors)["s00.png"]
 
 
 def test_an_empty_folder_exits_1_as_the_documented_exit_codes_say(tmp_path: Path) -> None:

@@ -71,10 +71,10 @@ def read_photos(
     for item in [i for i in items if not i.error]:
         if len(found.batch) == max_photos:  # the first max_photos of len(items)
             break
-        if annotations is not None and annotations.regions(item.path or item.name) is None:
-            found.unannotated.append(item.name)
-            continue
         try:
+            if annotations is not None and annotations.regions(item.path or item.name) is None:
+                found.unannotated.append(item.name)
+                continue
             rgb, x, box = read(item, kind.preprocess(loaded), max_pixels)
             if min(rgb.shape[:2]) < MIN_SIDE:
                 raise InputError(f"{rgb.shape[1]}x{rgb.shape[0]} pixels: too small for the tests (at least "
