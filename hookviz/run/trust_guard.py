@@ -103,15 +103,29 @@ def claimed(out: Path, files: tuple[str, ...], overwrite: bool) -> Iterator[None
     left by a process that is gone is taken over.
 
     Raises:
-        OutputError: the folder holds a result, or another run is writing into it.
+        OutputError: the folder holds a result (a `trust.json` that cannot be read said as such, with the
+            fix), or another run is writing into it.
     """
     there = [out / f for f in files if (out / f).exists()]
     if there and not overwrite:
-        raise OutputError(
-            f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
-        )
+        raise OutputError(_earlier(there))
     with held(out, LOCK, "hookviz trust"):
         yield
+
+
+def _earlier(there: list[Path]) -> str:
+    """Why an earlier result in ``--out`` stops a run: it is there, or its ``trust.json`` is there and
+    unreadable (cut short by a full disk or a kill: said as such, with the fix)."""
+    from hookviz.evaluation.trust_read import TRUST_JSON, read_trust  # torch: only when a result is there
+
+    for file in there:
+        if file.name == TRUST_JSON:
+            try:
+                read_trust(file)
+            except UsageError as exc:
+                said = str(exc)
+                return said if "--overwrite" in said else f"{said} (or --overwrite replaces it)"
+    return f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
 
 
 @contextlib.contextmanager
