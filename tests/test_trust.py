@@ -435,6 +435,27 @@ def test_a_few_flips_on_a_few_photos_do_not_make_a_confident_model_at_chance() -
     assert many.flips > 0.5 and many.at_chance and "flips under small noise" in many.reason
 
 
+@pytest.mark.parametrize(("seed", "flips"), [(14, 0.0), (1, 0.25), (11, 0.5)])
+def test_the_model_check_calls_a_model_stable_only_at_its_threshold(seed: int, flips: float) -> None:
+    """4 photos (seeded so that small noise flips none, one, two of them): "stable" only at or below
+    STABLE_FLIPS (10 %, as docs/trust.md says); above it the check says how many flip, and on 4 photos
+    never calls the model at chance (EfficientNet-Lite0 on 4 photos read "confident and stable" beside
+    "flipped on 50 % of the photos")."""
+    from hookviz.evaluation.trust import STABLE_FLIPS, check_model
+
+    got = check_model(
+        _Fickle(), torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed)), seed=0
+    )
+    assert got.flips == flips and not got.at_chance and STABLE_FLIPS == 0.1
+    assert ("stable" in got.reason and "not stable" not in got.reason) == (flips <= STABLE_FLIPS), got.reason
+    if flips > STABLE_FLIPS:
+        assert got.reason == (
+            "its predictions are confident, not stable: its top class flips under small noise on "
+            f"{flips:.0%} of the photos"
+        )
+    assert "at most 10 %" in (ROOT / "docs" / "trust.md").read_text()
+
+
 def test_the_python_report_holds_the_key_trust_json_holds(tmp_path: Path) -> None:
     """``hookviz.trust(...).as_dict()`` is what ``trust.json`` holds, its ``key`` (how ``--method auto`` finds
     a run) included, and reads back the same."""
