@@ -5,6 +5,7 @@ run writing into it: refused at once, not after the battery has run)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -114,17 +115,15 @@ def claimed(out: Path, files: tuple[str, ...], overwrite: bool) -> Iterator[None
 
 
 def _earlier(there: list[Path]) -> str:
-    """Why an earlier result in ``--out`` stops a run: it is there, or its ``trust.json`` is there and
-    unreadable (cut short by a full disk or a kill: said as such, with the fix)."""
-    from hookviz.evaluation.trust_read import TRUST_JSON, read_trust  # torch: only when a result is there
-
+    """Why an earlier result in ``--out`` stops a run: it is there, or its ``trust.json`` is there and cannot
+    be parsed (cut short by a full disk or a kill: said to be unreadable, with the fix)."""
     for file in there:
-        if file.name == TRUST_JSON:
+        if file.name == "trust.json":
             try:
-                read_trust(file)
-            except UsageError as exc:
-                said = str(exc)
-                return said if "--overwrite" in said else f"{said} (or --overwrite replaces it)"
+                json.loads(file.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                return (f"{file} is unreadable, truncated or not JSON ({exc}); run hookviz trust again with "
+                        f"--out {file.parent} --overwrite")  # fmt: skip
     return f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
 
 
