@@ -577,7 +577,8 @@ def test_a_mask_that_is_no_image_fails_its_photo_alone(tmp_path: Path) -> None:
     (why,) = got["failed"].values()
     assert list(got["failed"]) == [str(photos / "s00.png")]
     assert why.startswith(f"its mask {tmp_path / 'mk' / 's00.png'} cannot be read (")
-    assert f"hookviz: error: {photos / 's00.png'}: {why}" in r.stderr
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith("hookviz: error: ")]
+    assert str(photos / "s00.png") in line and line.endswith(why)
     assert "localisation" in got["tests"]
     e = invoke("evaluate", str(photos), *TINY, "--masks", str(tmp_path / "mk"), "--out", str(tmp_path / "e"))
     assert e.exit_code == 1, e.stderr
