@@ -31,7 +31,7 @@ from hookviz.io.shapes import shapes_batch, shapes_scene
 from hookviz.methods.compute import LayerPass
 from hookviz.run.trust import grid, read_photos
 from hookviz.tasks import load_model
-from tests.conftest import ROOT, TinyCNN, invoke, write_image
+from tests.conftest import ROOT, TinyCNN, invoke, records, write_image
 from tests.shapes_net import make_segmenter
 
 
@@ -435,6 +435,27 @@ def test_a_few_flips_on_a_few_photos_do_not_make_a_confident_model_at_chance() -
     assert many.flips > 0.5 and many.at_chance and "flips under small noise" in many.reason
 
 
+@pytest.mark.parametrize(("seed", "flips"), [(14, 0.0), (1, 0.25), (11, 0.5)])
+def test_the_model_check_calls_a_model_stable_only_at_its_threshold(seed: int, flips: float) -> None:
+    """4 photos (seeded so that small noise flips none, one, two of them): "stable" only at or below
+    STABLE_FLIPS (10 %, as docs/trust.md says); above it the check says how many flip, and on 4 photos
+    never calls the model at chance (EfficientNet-Lite0 on 4 photos read "confident and stable" beside
+    "flipped on 50 % of the photos")."""
+    from hookviz.evaluation.trust import STABLE_FLIPS, check_model
+
+    got = check_model(
+        _Fickle(), torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed)), seed=0
+    )
+    assert got.flips == flips and not got.at_chance and STABLE_FLIPS == 0.1
+    assert ("stable" in got.reason and "not stable" not in got.reason) == (flips <= STABLE_FLIPS), got.reason
+    if flips > STABLE_FLIPS:
+        assert got.reason == (
+            "its predictions are confident, not stable: its top class flips under small noise on "
+            f"{flips:.0%} of the photos"
+        )
+    assert "at most 10 %" in (ROOT / "docs" / "trust.md").read_text()
+
+
 def test_the_python_report_holds_the_key_trust_json_holds(tmp_path: Path) -> None:
     """``hookviz.trust(...).as_dict()`` is what ``trust.json`` holds, its ``key`` (how ``--method auto`` finds
     a run) included, and reads back the same."""
@@ -476,6 +497,93 @@ def test_boxes_that_name_none_of_the_photos_say_so_with_an_example_of_each(tmp_p
     assert r.stderr.startswith(f"hookviz: error: the annotations (--boxes {boxes}) name none of the photos")
     assert "'dog.png' and 1 more" in r.stderr and "s00.png" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+TINY = ("--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48")
+
+
+def test_unknown_annotated_classes_are_refused_before_any_photo_as_evaluate_does(tmp_path: Path) -> None:
+    """An index out of the model's range and a name that is none of its classes: one line listing both,
+    exit 2, no output folder left behind; ``evaluate`` says the same line of the same file."""
+    x, _, _ = shapes_batch(3, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    boxes = tmp_path / "b.csv"
+    boxes.write_text("file,class,x0,y0,x1,y1\ns00.png,99999,4,4,20,20\ns01.png,notaclass,4,4,20,20\n"
+                     "s02.png,0,4,4,20,20\n")  # fmt: skip
+    r = invoke("trust", str(photos), *TINY, "--boxes", str(boxes), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "2 annotated class(es) are not the model's classes 0..2" in r.stderr
+    assert "99999 (in s00.png)" in r.stderr and "'notaclass' (in s01.png)" in r.stderr
+    assert not (tmp_path / "o").exists()
+    e = invoke("evaluate", str(photos), *TINY, "--boxes", str(boxes), "--out", str(tmp_path / "e"))
+    assert e.exit_code == 2 and e.stderr == r.stderr, e.stderr
+
+
+def test_photos_whose_boxes_lie_outside_what_the_model_saw_are_left_out_each_named(tmp_path: Path) -> None:
+    """A box beyond the photo's edge, one before it (left out as it is read, with the one warning of its
+    file) and one in the border the centre crop cuts off: those photos are readable, left out and named
+    (not failed); the others are tested, exit 0. With only such photos: one line, exit 2, nothing written."""
+    x, _, _ = shapes_batch(5, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    boxes = tmp_path / "b.csv"
+    boxes.write_text("file,class,x0,y0,x1,y1\ns00.png,0,5000,5000,6000,6000\ns01.png,0,-100,-100,-50,-50\n"
+                     "s02.png,0,0,0,2,2\ns03.png,0,4,4,30,30\ns04.png,1,10,10,40,40\n")  # fmt: skip
+    r = invoke(
+        "trust",
+        str(photos),
+        *TINY,
+        "--method",
+        "gradcam",
+        "--boxes",
+        str(boxes),
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert r.exit_code == 0, r.stderr
+    got = json.loads((tmp_path / "o" / "trust.json").read_text())
+    assert [Path(p).name for p in got["photos"]] == ["s03.png", "s04.png"] and got["failed"] == {}
+    assert f"--boxes {boxes}: 1 box(es) cover no pixel and are left out" in got["notes"][-2]
+    (said,) = [n for n in got["notes"] if "left out, their annotations outside what the model saw" in n]
+    assert said.startswith("3 photo(s) left out") and "could not be read" not in r.stderr
+    assert f"{photos / 's00.png'} (no annotated object within its 48x48 pixels)" in said
+    assert f"{photos / 's01.png'} (no annotated object within its 48x48 pixels)" in said
+    assert f"{photos / 's02.png'} (its annotated objects lie outside the centre crop the model saw" in said
+    assert f"note: {said}" in r.stderr
+    only = [str(photos / f"s0{i}.png") for i in range(3)]
+    r = invoke("trust", *only, *TINY, "--boxes", str(boxes), "--out", str(tmp_path / "o2"))
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(
+        "hookviz: error: 3 photo(s) left out, their annotations outside what the model"
+    )
+    assert "readable" not in r.stderr and not (tmp_path / "o2").exists()
+
+
+def test_a_mask_that_is_no_image_fails_its_photo_alone(tmp_path: Path) -> None:
+    """``--masks`` with one file that is no PNG: that photo fails, named with its mask (exit 1, as an input
+    that fails), the others are tested against their masks; ``evaluate`` fails the same photo alone."""
+    x, _, shapes = shapes_batch(3, np.random.default_rng(1))
+    photos = _folder(tmp_path / "photos", x)
+    (tmp_path / "mk").mkdir()
+    (tmp_path / "mk" / "s00.png").write_text("not a png")
+    for i in (1, 2):
+        write_image(
+            tmp_path / "mk" / f"s{i:02d}.png", np.repeat(shapes[i][..., None] * 255, 3, 2).astype(np.uint8)
+        )
+    r = invoke("trust", str(photos), *TINY, "--method", "gradcam", "--masks", str(tmp_path / "mk"),
+               "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    got = json.loads((tmp_path / "o" / "trust.json").read_text())
+    assert [Path(p).name for p in got["photos"]] == ["s01.png", "s02.png"]
+    (why,) = got["failed"].values()
+    assert list(got["failed"]) == [str(photos / "s00.png")]
+    assert why.startswith(f"its mask {tmp_path / 'mk' / 's00.png'} cannot be read (")
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith("hookviz: error: ")]
+    assert str(photos / "s00.png") in line and line.endswith(why)
+    assert "localisation" in got["tests"]
+    e = invoke("evaluate", str(photos), *TINY, "--masks", str(tmp_path / "mk"), "--out", str(tmp_path / "e"))
+    assert e.exit_code == 1, e.stderr
+    errors = [(Path(rec["input"]).name, rec.get("error", "")) for rec in records(tmp_path / "e")]
+    assert [n for n, err in errors if err] == ["s00.png"] and "cannot be read" in dict(errors)["s00.png"]
 
 
 def test_an_empty_folder_exits_1_as_the_documented_exit_codes_say(tmp_path: Path) -> None:

@@ -11,7 +11,11 @@ import pytest
 from hookviz.errors import UsageError
 from hookviz.evaluation.trust_read import read_trust, trust_runs
 from hookviz.io.shapes import shapes_batch
+from hookviz.run.verdicts import trust_key
+from hookviz.tasks import load_model
 from tests.conftest import invoke, records, write_image
+
+MODEL = ["--model", "tests.conftest:TinyCNN", "--weights", "none", "--input-size", "48"]
 
 
 def _written(folder: Path) -> Path:
@@ -93,3 +97,40 @@ def test_a_run_is_named_as_the_command_line_gave_it_and_listed_once(
     html = (tmp_path / "cams" / "index.html").read_text()
     assert "verdicts from the trust run in cams/trust (tests.conftest:TinyCNN, 2 photo(s))" in html
     assert str(tmp_path) not in html
+
+
+def _photos(folder: Path) -> Path:
+    folder.mkdir()
+    x, _, _ = shapes_batch(2, np.random.default_rng(1))
+    for i, image in enumerate(x):
+        write_image(folder / f"s{i}.png", (image.numpy().transpose(1, 2, 0) * 255).astype(np.uint8))
+    return folder
+
+
+def test_trust_into_a_folder_whose_trust_json_is_cut_short_names_it_unreadable(tmp_path: Path) -> None:
+    """Not "exists (an earlier trust run)": the file is said to be unreadable, with the fix (exit 3, before
+    the model loads); a whole one there is still "an earlier trust run"."""
+    folder = _written(tmp_path / "trust")
+    r = invoke("trust", str(_photos(tmp_path / "photos")), *MODEL, "--out", str(folder))
+    assert r.exit_code == 3 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{folder / 'trust.json'} is unreadable, truncated or not JSON" in r.stderr
+    assert f"--out {folder} --overwrite" in r.stderr and "an earlier trust run" not in r.stderr
+    whole = _whole(tmp_path / "whole")
+    r = invoke("trust", str(tmp_path / "photos"), *MODEL, "--out", str(whole))
+    assert r.exit_code == 3 and "exists (an earlier trust run)" in r.stderr, r.stderr
+
+
+def test_gradcam_auto_names_a_truncated_run_in_a_subfolder_of_trust_beside_the_one_it_draws(
+    tmp_path: Path,
+) -> None:
+    """``--trust DIR`` with a good run in DIR and one cut short in a subfolder: the good one is drawn from,
+    and the one cut short is named in a note line (not skipped in silence)."""
+    weights = trust_key(load_model("tests.conftest:TinyCNN", "none", input_size=48))["weights"]  # this init's
+    good = _whole(tmp_path / "trust", weights)
+    bad = _written(tmp_path / "trust" / "older")
+    r = invoke("gradcam", str(_photos(tmp_path / "photos")), *MODEL, "--method", "auto", "--trust", str(good),
+               "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (said,) = [line for line in r.stderr.splitlines() if line.startswith(f"hookviz: note: --trust {good}")]
+    assert said.startswith(f"hookviz: note: --trust {good}: left out: {bad / 'trust.json'} is unreadable")
+    assert "--method auto chose gradcam at features" in r.stderr

@@ -10,7 +10,8 @@
 * **Masks** (a folder of ``NAME.png``): 0 is background; other values are class indices (VOC's
   ``SegmentationClass``, its 255 border ignored), except that a mask holding only {0, 1} or {0, 255} is
   binary: one object of the class explained (``mask_kind`` ``binary`` or ``classes`` decides for every file).
-  A mask of another size than its photo is resized (nearest) when its aspect is the photo's, refused else.
+  A mask of another size than its photo is resized (nearest) when its aspect is the photo's, refused else;
+  a mask that is no image fails its photo alone (:attr:`Annotations.unreadable`).
 
 Boxes that cover no pixel (reversed corners, zero area, wholly outside the image) are left out and counted
 in :attr:`Annotations.warnings`, one line per annotation file.
@@ -135,19 +136,28 @@ class Annotations:
     warnings: list[str] = field(default_factory=list)
     #: The folder or file the annotations came from.
     where: str = ""
+    #: Why a photo's annotation could not be read (a mask that is no image), by the key it is found by: that
+    #: photo fails alone (:meth:`regions` raises), the others go on.
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.by_name)
 
     def regions(self, path: Path | str) -> list[Region] | None:
         """The regions annotated for the image at ``path`` (None: the image is not in the annotations; an
-        empty list: annotated, and holds no object)."""
+        empty list: annotated, and holds no object).
+
+        Raises:
+            UsageError: the image's annotation could not be read (that image fails alone).
+        """
         parts = Path(path).parts
-        for k in range(len(parts)):
-            found = self.by_name.get(_key("/".join(parts[k:])))
+        for key in [*(_key("/".join(parts[k:])) for k in range(len(parts))), _key(Path(path).stem)]:
+            if key in self.unreadable:
+                raise UsageError(self.unreadable[key])
+            found = self.by_name.get(key)
             if found is not None:
                 return found
-        return self.by_name.get(_key(Path(path).stem))
+        return None
 
     def labels(self) -> set[Label]:
         return {r.label for regions in self.by_name.values() for r in regions}
@@ -376,18 +386,22 @@ def _masks(folder: Path, kind: str = "auto") -> Annotations:
     if not folder.is_dir():
         raise UsageError(f"--masks {folder}: not a folder (one PNG a photo, named as the photo)")
     by: dict[str, list[Region]] = {}
+    unreadable: dict[str, str] = {}
     read_as = {"binary": 0, "classes": 0}
     for png in sorted(folder.glob("*.png")):
         try:
             with Image.open(png) as im:
                 values = np.asarray(im.convert("L") if im.mode not in ("L", "P", "I", "I;16") else im)
-        except OSError as exc:
-            raise UsageError(f"--masks {png}: cannot be read ({exc})") from None
+        except OSError as exc:  # that photo fails alone, named; the others go on
+            unreadable[_key(png.stem)] = (
+                f"its mask {png} cannot be read ({exc}): give a PNG of the photo's size"
+            )
+            continue
         if values.ndim == 3:
             values = values[..., 0]
         by[_key(png.stem)], binary = _mask_regions(values, kind)
         read_as["binary" if binary else "classes"] += 1
-    if not by:
+    if not by and not unreadable:
         raise UsageError(f"--masks {folder}: no .png in it")
     said = {
         "binary": "binary (one object of the class explained)",
@@ -395,7 +409,8 @@ def _masks(folder: Path, kind: str = "auto") -> Annotations:
     }
     how = "; ".join(f"{n} read as {said[k]}" for k, n in read_as.items() if n)
     fix = " (--mask-kind binary|classes to choose)" if kind == "auto" else ""
-    return Annotations("masks", by, [f"--masks {folder}: {how}{fix}"], where=f"--masks {folder}")
+    said_how = [f"--masks {folder}: {how}{fix}"] if how else []
+    return Annotations("masks", by, said_how, where=f"--masks {folder}", unreadable=unreadable)
 
 
 def resolve(label: Label, names: Sequence[str], classes: int) -> int | None:

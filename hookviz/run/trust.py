@@ -9,7 +9,6 @@ import importlib.metadata
 import json
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,20 @@ from hookviz import methods as registry
 from hookviz import render
 from hookviz.core.hooks import traced
 from hookviz.core.layers import candidate_layers, default_cam_layer
-from hookviz.errors import HookvizError, InputError, OutputError, UsageError
+from hookviz.errors import HookvizError, OutputError, UsageError
 from hookviz.evaluation.trust import NOT_APPLICABLE, TESTS_RUN, Candidate, Progress, Test, TrustReport
 from hookviz.evaluation.trust import trust as battery
-from hookviz.io.annotation import Annotations, input_mask
+from hookviz.io.annotation import Annotations
 from hookviz.io.annotation import load as load_annotations
 from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png
 from hookviz.io.outputs import finite
 from hookviz.jobs.settings import CamSettings, names_of
-from hookviz.models.loaded import LoadedModel
+from hookviz.models.loaded import LoadedModel, num_classes
 from hookviz.models.settings import model_settings
-from hookviz.run.kinds import input_kind_of
 from hookviz.run.trust_detection import trust_detections
 from hookviz.run.trust_guard import parse_budget
+from hookviz.run.trust_photos import Photos, outside_said, read_photos
 from hookviz.tasks import load_model, make_cam_job
 
 __all__ = [
@@ -75,110 +74,6 @@ def candidate_methods(
     return kept, refused
 
 
-@dataclass(frozen=True)
-class Photos:
-    """The photos read for a trust run: the batch, their names, where their objects lie (with
-    annotations), the inputs that could not be read, with why, and the photos the annotations do not name
-    (left out of a run with annotations: nothing to localise; not a failure)."""
-
-    batch: list[torch.Tensor]
-    names: list[str]
-    masks: list[np.ndarray] | None
-    failed: dict[str, str]
-    unannotated: list[str] = dataclasses.field(default_factory=list)
-
-
-#: A photo smaller than this on a side is refused: upscaled to the model's input, its maps say nothing.
-MIN_SIDE = 8
-
-
-def read_photos(
-    loaded: LoadedModel,
-    inputs: Sequence[str],
-    max_photos: int,
-    max_pixels: int,
-    annotations: Annotations | None = None,
-    out: Path | None = None,
-) -> Photos:
-    """The first ``max_photos`` readable photos by name (with annotations: those annotated, each with the
-    union of its objects in the model's input frame).
-
-    Raises:
-        UsageError: not photos; one photo given; annotations that name none of the photos.
-        InputError: no photo found (an empty folder), or fewer than two readable ones (exit 1, as any input
-            failure).
-    """
-    kind = input_kind_of(loaded, list(inputs))
-    if kind.name != "photo":
-        raise UsageError(f"hookviz trust takes photos; {loaded.name} takes {kind.name}s")
-    found_all = kind.find(loaded, list(inputs), exclude=out)  # in out: hookviz's own outputs left out
-    items = sorted(kind.items(loaded, found_all, max_pixels), key=lambda i: str(i.path))
-    if not items:
-        raise InputError(f"no photos found in {', '.join(inputs)} (an empty folder?); hookviz trust needs 2 "
-                         "or more, 16 give answers worth reading")  # fmt: skip
-    failed = {i.name: str(i.error) for i in items if i.error}
-    read = kind.read(loaded)
-    found = Photos([], [], [] if annotations is not None else None, failed)
-    for item in [i for i in items if not i.error]:
-        if len(found.batch) == max_photos:  # the first max_photos of len(items)
-            break
-        if annotations is not None and annotations.regions(item.path or item.name) is None:
-            found.unannotated.append(item.name)
-            continue
-        try:
-            rgb, x, box = read(item, kind.preprocess(loaded), max_pixels)
-            if min(rgb.shape[:2]) < MIN_SIDE:
-                raise InputError(f"{rgb.shape[1]}x{rgb.shape[0]} pixels: too small for the tests (at least "
-                                 f"{MIN_SIDE} on a side)")  # fmt: skip
-            if annotations is not None and found.masks is not None:
-                found.masks.append(_object_mask(annotations, item, rgb, box, tuple(np.asarray(x).shape[-2:])))
-        except HookvizError as exc:
-            failed[item.name] = str(exc)
-            continue
-        found.batch.append(torch.from_numpy(np.asarray(x)))
-        found.names.append(item.name)
-    _enough(found, inputs, annotations, [max_photos, len(items)])
-    return found
-
-
-def _enough(found: Photos, inputs: Sequence[str], annotations: Annotations | None, of: list[int]) -> None:
-    if len(found.batch) >= 2:
-        return
-    if annotations is not None and found.unannotated and not found.names:
-        names = sorted(annotations.by_name)
-        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-        photo = found.unannotated[0]
-        source = annotations.where or annotations.source
-        raise UsageError(f"the annotations ({source}) name none of the photos "
-                         f"(they name {names[0]!r}{more}; the photos are {photo!r} and the like): give these "
-                         "photos' annotations")  # fmt: skip
-    said = f"{len(found.batch)} readable photo" + ("" if len(found.batch) == 1 else "s")
-    if len(found.batch) == of[0] < of[1]:  # max_photos below 2 (the library's trust; the CLI refuses it)
-        said = f"max_photos={of[0]} took the first {of[0]} of the {of[1]} photos found"
-    error = InputError if found.failed else UsageError  # inputs that failed: exit 1, as any input failure
-    first = next(iter(found.failed.items()), None)
-    bad = f"; {len(found.failed)} could not be read ({first[0]}: {first[1]})" if first else ""
-    raise error(
-        f"hookviz trust needs 2 photos or more for an interval ({said} among {', '.join(inputs)}"
-        f"{bad}); 16 give answers worth reading"
-    )
-
-
-def _object_mask(
-    annotations: Annotations, item: Any, rgb: np.ndarray, box: Any, size: tuple[int, ...]
-) -> np.ndarray:
-    """Every annotated object of the photo (any class) as one mask in the model's input frame."""
-    regions = annotations.regions(item.path or item.name) or []
-    h, w = rgb.shape[:2]
-    drawn = np.zeros((h, w), bool)
-    for r in regions:
-        drawn |= r.draw(h, w)
-    mask = input_mask(drawn, box, (int(size[0]), int(size[1])))
-    if not mask.any():
-        raise InputError("its annotated objects lie outside the region the model saw: nothing to localise")
-    return mask
-
-
 def trust_layers(loaded: LoadedModel, calls: Any, layers: Sequence[str] | None) -> list[str]:
     """The layers named, else the default CAM layer and the two last others ``--layer auto`` would try
     (the last block of a CNN's stages; a transformer's blocks)."""
@@ -212,7 +107,8 @@ def trust_photos(
     with theirs. ``budget``: seconds from ``started`` (a :func:`time.monotonic` reading; default now).
 
     Raises:
-        UsageError: not a classifier, segmenter or detector of photos; one photo; no method that applies.
+        UsageError: not a classifier, segmenter or detector of photos; one photo; no method that applies;
+            annotated classes that are not the model's (listed in one line, before the first photo).
         InputError: fewer than two readable photos.
     """
     if loaded.task_name not in ("classification", "segmentation", "detection"):
@@ -222,6 +118,8 @@ def trust_photos(
     detector = loaded.task_name == "detection"
     if detector and annotations is not None:
         raise UsageError("a detector's maps are tested against its own boxes; leave --boxes/--masks out")
+    if annotations is not None:  # every class resolved before the first photo, as evaluate resolves them
+        annotations.check(loaded.categories, num_classes(loaded))
     photos = read_photos(loaded, inputs, max_photos, max_pixels, annotations, out)
     calls = traced(loaded.model, tuple(photos.batch[0].shape), loaded.device)
     chosen, refused = candidate_methods(loaded, methods, calls)
@@ -240,15 +138,21 @@ def trust_photos(
     report = battery(loaded.model, stacked, tried, chosen, names=photos.names, model_name=loaded.name,
                    default=("gradcam", tried[0]), seed=seed, masks=masks, budget=budget, progress=progress,
                    task=loaded.task_name, started=started)  # fmt: skip
-    return _done(report, loaded, photos), refused, photos.failed
+    said = annotations.warnings if annotations is not None else []
+    return _done(report, loaded, photos, said), refused, photos.failed
 
 
-def _done(report: TrustReport, loaded: LoadedModel, photos: Photos) -> TrustReport:
-    """The report with its key, and the photos the annotations do not name said in its notes."""
+def _done(
+    report: TrustReport, loaded: LoadedModel, photos: Photos, warnings: Sequence[str] = ()
+) -> TrustReport:
+    """The report with its key; in its notes, what reading the annotations said (one line a file: boxes
+    that cover no pixel), the photos the annotations do not name and those left out with nothing to
+    localise, each named."""
     left = photos.unannotated
     said = [f"{len(left)} photo(s) not in the annotations left out (nothing to localise), such as {n}"
             for n in left[:1]]  # fmt: skip
-    return dataclasses.replace(report, key=_key(loaded), notes=[*report.notes, *said])
+    said += [outside_said(photos.outside)] if photos.outside else []
+    return dataclasses.replace(report, key=_key(loaded), notes=[*report.notes, *warnings, *said])
 
 
 def _key(loaded: LoadedModel) -> dict[str, str]:

@@ -5,6 +5,7 @@ run writing into it: refused at once, not after the battery has run)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -103,15 +104,27 @@ def claimed(out: Path, files: tuple[str, ...], overwrite: bool) -> Iterator[None
     left by a process that is gone is taken over.
 
     Raises:
-        OutputError: the folder holds a result, or another run is writing into it.
+        OutputError: the folder holds a result (a `trust.json` that cannot be read said as such, with the
+            fix), or another run is writing into it.
     """
     there = [out / f for f in files if (out / f).exists()]
     if there and not overwrite:
-        raise OutputError(
-            f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
-        )
+        raise OutputError(_earlier(there))
     with held(out, LOCK, "hookviz trust"):
         yield
+
+
+def _earlier(there: list[Path]) -> str:
+    """Why an earlier result in ``--out`` stops a run: it is there, or its ``trust.json`` is there and cannot
+    be parsed (cut short by a full disk or a kill: said to be unreadable, with the fix)."""
+    for file in there:
+        if file.name == "trust.json":
+            try:
+                json.loads(file.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                return (f"{file} is unreadable, truncated or not JSON ({exc}); run hookviz trust again with "
+                        f"--out {file.parent} --overwrite")  # fmt: skip
+    return f"{there[0]} exists (an earlier trust run); --overwrite replaces it, or another --out"
 
 
 @contextlib.contextmanager

@@ -151,7 +151,7 @@ def auto_choice(
     """
     key = trust_key(loaded)
     if trust is not None:
-        return choose(trust_run_of(loaded, trust))
+        return choose(trust_run_of(loaded, trust, note))
     run = find_trust(key, [out], note) if out is not None else None
     if run is not None:
         return choose(run)
@@ -163,8 +163,10 @@ def auto_choice(
     return dataclasses.replace(choose(_made(loaded, photos, out, key, seed, model_words)), made=True)
 
 
-def trust_run_of(loaded: LoadedModel, folder: Path) -> TrustRun:
-    """The trust run in ``folder`` (or its subfolders) of ``loaded``'s model and weights, the newest.
+def trust_run_of(loaded: LoadedModel, folder: Path, note: Callable[[str], None] | None = None) -> TrustRun:
+    """The trust run in ``folder`` (or its subfolders) of ``loaded``'s model and weights, the newest; a
+    ``trust.json`` there that cannot be read, when another run is found, is named to ``note`` (never
+    skipped in silence).
 
     Raises:
         UsageError: none there is of this model and weights (the runs there are named), or one there cannot
@@ -175,6 +177,9 @@ def trust_run_of(loaded: LoadedModel, folder: Path) -> TrustRun:
     run = find_trust(key, [folder], unreadable.append)
     if run is None and unreadable:  # the run asked for may be the one cut short: say so, not "none"
         raise UsageError(f"--trust {folder}: {unreadable[0].removeprefix('left out: ')}")
+    if note is not None and run is not None:
+        for line in unreadable:
+            note(f"--trust {folder}: {line}")
     if run is None:
         there = [f"{r.key.get('model')} (weights {r.key.get('weights')})" for r in trust_runs([folder])]
         found = f"holds trust runs of {', '.join(there)}" if there else f"holds no {TRUST_JSON}"
