@@ -343,21 +343,29 @@ PICTURES: dict[str, Callable[[Path, Path], None]] = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(PICTURES)} (default: all)")
+def asked(pictures: dict[str, Callable[[Path, Path], None]], doc: str) -> argparse.Namespace:
+    """The command line of a pictures script: the pictures named (all by default), --out (made), --keep."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(pictures)} (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     parser.add_argument("--keep", type=Path, default=None, help="the working folder, kept (and reused)")
     args = parser.parse_args()
-    unknown = sorted(set(args.names) - set(PICTURES))
+    unknown = sorted(set(args.names) - set(pictures))
     if unknown:
-        parser.error(f"no picture named {', '.join(unknown)}: name some of {', '.join(PICTURES)}")
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+        parser.error(f"no picture named {', '.join(unknown)}: name some of {', '.join(pictures)}")
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.names = args.names or list(pictures)
+    return args
+
+
+def main() -> None:
+    args = asked(PICTURES, __doc__ or "")
+    out = args.out
     with tempfile.TemporaryDirectory(prefix="hookviz-pages-") as d:
         work = (args.keep or Path(d)).resolve()
         work.mkdir(parents=True, exist_ok=True)
-        for name in args.names or PICTURES:
+        for name in args.names:
             PICTURES[name](work, out / f"{name}.png")
 
 

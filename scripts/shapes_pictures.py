@@ -13,7 +13,6 @@ NAME: segmentation-shapes, similar-to-shapes (default: both).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -135,19 +134,13 @@ PICTURES: dict[str, Callable[[Path, Path], None]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(PICTURES)} (default: all)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
-    parser.add_argument("--keep", type=Path, default=None, help="the working folder, kept (and reused)")
-    args = parser.parse_args()
-    unknown = sorted(set(args.names) - set(PICTURES))
-    if unknown:
-        parser.error(f"no picture named {', '.join(unknown)}: name some of {', '.join(PICTURES)}")
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from page_pictures import asked  # this folder's sibling: the same command line
+
+    args = asked(PICTURES, __doc__ or "")
+    out = args.out
     with tempfile.TemporaryDirectory(prefix="hookviz-shapes-") as d:
         work = (args.keep or Path(d)).resolve()
-        for name in args.names or PICTURES:
+        for name in args.names:
             (work / name).mkdir(parents=True, exist_ok=True)
             PICTURES[name](work / name, out / f"{name}.png")
             print(out / f"{name}.png")
