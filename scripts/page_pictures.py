@@ -127,12 +127,17 @@ def explorer(work: Path, *args: str) -> Iterator[str]:
         else:
             sys.exit(f"page_pictures: hookviz explore stopped (exit {proc.wait()})")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        ended(proc)
+
+
+def ended(proc: subprocess.Popen[Any]) -> None:
+    """End a process started in its own session: its whole group, politely first."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @contextmanager
@@ -168,12 +173,7 @@ def jupyterlab(work: Path) -> Iterator[str]:
                 time.sleep(0.5)
         yield f"{url}/lab/tree/widget.ipynb?token={token}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        ended(proc)
 
 
 def until(page: Any, ready: str, *args: Any) -> None:
@@ -329,8 +329,7 @@ def monitor_tensorboard(work: Path, target: Path) -> None:
             time.sleep(3)  # the cards' images fade in
             shot(page, target)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        ended(proc)
 
 
 PICTURES: dict[str, Callable[[Path, Path], None]] = {

@@ -241,22 +241,20 @@ def _library() -> Any:
     from types import SimpleNamespace
 
     from hookviz.io.inputs import expand_inputs
-    from hookviz.sae import api, views
+    from hookviz.sae import api, store, views
     from hookviz.sae.quality import console
 
     return SimpleNamespace(
         expand_inputs=expand_inputs, train_sae=api.train_sae, load_sae=api.load_sae,
         import_sae=api.import_sae, describe=views.describe, explain_photo=views.explain_photo,
-        console=console,
+        console=console, finished_config=store.finished_config,
     )  # fmt: skip
 
 
 def _opened(model: ModelOptions, folder: Path, device: str, quiet: bool) -> tuple[Any, Any]:
     """The run folder's model (its options, those given again replacing them) and its dictionary; a folder
     holding no finished dictionary is refused before any model is loaded (or fetched) for it."""
-    from hookviz.sae.store import finished_config
-
-    finished_config(folder)
+    _library().finished_config(folder)
     loaded = load_options(dataclasses.replace(from_run(model, folder), device=device), quiet)
     return loaded, _library().load_sae(folder, loaded)
 

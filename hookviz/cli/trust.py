@@ -41,7 +41,7 @@ from hookviz.cli.runner import run_command
 from hookviz.cli.tables import announce, write_evaluation
 from hookviz.errors import one_line
 from hookviz.io.files import atomic_write
-from hookviz.io.outputs import MANIFEST, finite, settings_key
+from hookviz.io.outputs import MANIFEST, command_words, finite, settings_key
 from hookviz.report import latest_records
 from hookviz.run.trust_guard import claimed, parse_budget, process_started
 
@@ -307,8 +307,6 @@ def _command(inputs: list[str], model: ModelOptions, methods: list[str] | None, 
              budget: str | None) -> str:  # fmt: skip
     """The ``hookviz trust`` line that reproduces the run (trust.json's and trust.md's ``command``)."""
     import shlex
-
-    from hookviz.io.inputs import command_words
 
     words = (
         [*_model_words(model)]

@@ -13,7 +13,7 @@ import numpy as np
 
 from hookviz.errors import InputError
 from hookviz.io.images import encode_png
-from hookviz.io.inputs import command_words
+from hookviz.io.outputs import command_words
 from hookviz.io.video import ClipFrames
 from hookviz.jobs.common import npy_bytes
 from hookviz.jobs.settings import CamSettings

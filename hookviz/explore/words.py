@@ -20,7 +20,8 @@ from hookviz.errors import InputError, UsageError
 from hookviz.explore.view import View
 from hookviz.explore.watch import Watch
 from hookviz.io.images import DEFAULT_MAX_PIXELS, encode_png, load_rgb, load_rgb_within
-from hookviz.io.inputs import Item, command_words, expand_inputs
+from hookviz.io.inputs import Item, expand_inputs
+from hookviz.io.outputs import command_words
 from hookviz.methods.registry import TOKEN_METHODS
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.pictures import render_words

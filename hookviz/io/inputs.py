@@ -135,15 +135,6 @@ def is_output_name(name: str) -> bool:
     return bool(OUTPUT_NAME.search(name)) or name in OWN_IMAGES
 
 
-def command_words(head: Sequence[str], inputs: Sequence[str], options: Sequence[str]) -> list[str]:
-    """The words of a command that reproduces a run (``shlex.join`` them): ``head`` (``hookviz trust``), the
-    inputs, the options; where an input's name starts with ``-`` (``-rf.jpg``, ``--out.jpg``), the options
-    come first and the inputs after ``--``, so that a shell reading the line back takes them as inputs."""
-    if any(i.startswith("-") and i != "-" for i in inputs):
-        return [*head, *options, "--", *inputs]
-    return [*head, *inputs, *options]
-
-
 def refuse_out_among_inputs(out: Path, specs: Sequence[object]) -> None:
     """Refuse an ``--out`` folder that is also one of the input folders: outputs would be read back as inputs.
 

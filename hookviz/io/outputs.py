@@ -10,6 +10,7 @@ import os
 import re
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -274,3 +275,12 @@ def settings_key(settings: dict[str, Any]) -> str:
     """8 hex digits that change whenever anything in ``settings`` (what changes the pixels) changes."""
     text = json.dumps(settings, sort_keys=True, ensure_ascii=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def command_words(head: Sequence[str], inputs: Sequence[str], options: Sequence[str]) -> list[str]:
+    """The words of a command that reproduces a run (``shlex.join`` them): ``head`` (``hookviz trust``), the
+    inputs, the options; where an input's name starts with ``-`` (``-rf.jpg``, ``--out.jpg``), the options
+    come first and the inputs after ``--``, so that a shell reading the line back takes them as inputs."""
+    if any(i.startswith("-") and i != "-" for i in inputs):
+        return [*head, *options, "--", *inputs]
+    return [*head, *inputs, *options]

@@ -31,8 +31,7 @@ from hookviz.evaluation.trust_read import (
     read_trust,
     trust_runs,
 )
-from hookviz.io.inputs import command_words
-from hookviz.io.outputs import settings_key
+from hookviz.io.outputs import command_words, settings_key
 from hookviz.jobs.build import BuiltJob, CamSettings, RunContext
 from hookviz.models.loaded import LoadedModel
 from hookviz.models.settings import model_settings
