@@ -115,11 +115,49 @@ def test_bad_option_values_exit_2_with_one_clear_line(
     assert not (tmp_path / "o").exists()
 
 
-def test_typer_usage_errors_exit_2(photos: Path) -> None:
-    assert invoke("gradcam", str(photos), "--batch-size", "0").exit_code == 2
-    assert invoke("gradcam", str(photos), "--colormap", "rainbowish").exit_code == 2
-    assert invoke("featuremaps", str(photos), "--stage", "middle").exit_code == 2
-    assert invoke("gradcam").exit_code == 2
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["gradcam", "P", "--batch-size", "0"], "Invalid value for '--batch-size'"),
+        (["gradcam", "P", "--colormap", "rainbowish"], "Invalid value for '--colormap'"),
+        (["featuremaps", "P", "--stage", "middle"], "Invalid value for '--stage'"),
+        (["trust", "P", "--max-photos", "0"], "greater than or equal to 2 (see hookviz trust -h)"),
+        (["gradcam", "P", "--input-size", "abc"], "'abc': give one side (224)"),
+        (["gradcam", "P", "--bogus"], "No such option: --bogus"),
+        (["gradcm", "P"], "No such command 'gradcm'. Did you mean 'gradcam'? (see hookviz -h)"),
+    ],
+)
+def test_option_parser_errors_are_one_line_and_exit_2(
+    photos: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    """The parser's own errors read like every other error: one line, not a framed box (the docs promise one
+    line); the installed script and the warm server run the command line through the same function."""
+    import typer
+
+    from hookviz.cli import app
+    from hookviz.cli.app import run_command
+    from hookviz.cli.serve import CliHost
+
+    argv = [str(photos) if a == "P" else a for a in args]
+    assert run_command(typer.main.get_command(app), argv) == 2
+    host = CliHost()
+    host.command = typer.main.get_command(app)
+    assert host.run(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 2 and len(set(err.splitlines())) == 1, err
+    assert err.startswith("hookviz: error: ") and message in err, err
+
+
+def test_the_installed_script_says_a_usage_error_in_one_line_and_hookviz_alone_shows_the_help() -> None:
+    exe = shutil.which("hookviz", path=str(Path(sys.executable).parent)) or shutil.which("hookviz")
+    assert exe, "the hookviz console script is not installed"
+    bad = run_cli([exe, "gradcam", "x", "--no-server", "--method", "nosuch"])
+    assert bad.returncode == 2 and bad.stdout == "", bad.stderr
+    assert bad.stderr.startswith("hookviz: error: Invalid value for '--method': 'nosuch' is not one of")
+    assert len(bad.stderr.splitlines()) == 1, bad.stderr
+    bare = run_cli([sys.executable, "-m", "hookviz", "--no-server"], cwd=ROOT)
+    assert bare.returncode == 2 and "Usage: hookviz [OPTIONS] COMMAND" in bare.stdout + bare.stderr
+    assert "gradcam" in bare.stdout + bare.stderr and "error" not in bare.stderr
 
 
 def test_cuda_without_cuda_is_a_usage_error(photos: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -207,6 +208,33 @@ def stdout_reserved() -> Iterator[IO[str]]:
                 os.close(saved)
 
 
+def run_command(command: Any, argv: list[str]) -> int:
+    """One command line through ``command`` (the app built as a click command), its exit code. A usage error
+    (an unknown option, a value out of range) is one line naming the help to read, as every other error is,
+    not the option parser's framed box; ``hookviz`` alone shows the help."""
+    # click's exceptions, or those of typer's own copy of click (typer 0.2x vendors it as typer._click)
+    base = next(k for k in type(command).__mro__ if k.__name__ == "Command")
+    click = importlib.import_module(base.__module__.rsplit(".", 1)[0] + ".exceptions")
+    try:
+        done = command.main(args=argv, prog_name="hookviz", standalone_mode=False)
+    except getattr(click, "NoArgsIsHelpError", ()) as exc:  # click 8.2 on; 8.1 exits 0 itself
+        exc.show()
+        return exc.exit_code
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "hookviz"
+        typer.echo(f"hookviz: error: {one_line(exc.format_message()).rstrip('.')} (see {where} -h)", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        typer.echo(f"hookviz: error: {one_line(exc.format_message())}", err=True)
+        return exc.exit_code
+    except (typer.Abort, getattr(click, "Abort", typer.Abort)):  # click's own, in a typer that uses it
+        typer.echo("hookviz: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return done if isinstance(done, int) else 0  # a typer.Exit's code
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    sys.exit(run_command(typer.main.get_command(app), sys.argv[1:]))
