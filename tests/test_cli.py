@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
 import shutil
 import sys
+import typing
 import urllib.error
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from hookviz.cli.options import RunOptions, grouped, omit, told
 from tests.conftest import ROOT, SAMPLES, invoke, picture, records, run_cli, write_image
 
 FAST = ["--model", "resnet18", "--weights", "none", "--input-size", "64", "--device", "cpu"]
@@ -135,11 +139,11 @@ def test_option_parser_errors_are_one_line_and_exit_2(
     import typer
 
     from hookviz.cli import app
-    from hookviz.cli.app import run_command
+    from hookviz.cli.app import run_line
     from hookviz.cli.serve import CliHost
 
     argv = [str(photos) if a == "P" else a for a in args]
-    assert run_command(typer.main.get_command(app), argv) == 2
+    assert run_line(typer.main.get_command(app), argv) == 2
     host = CliHost()
     host.command = typer.main.get_command(app)
     assert host.run(argv) == 2
@@ -241,6 +245,40 @@ def test_every_command_has_help() -> None:
     for command in ("gradcam", "featuremaps", "layers", "models"):
         r = invoke(command, "--help")
         assert r.exit_code == 0 and len(r.stdout) > 100
+
+
+def test_out_s_help_promises_a_manifest_only_where_one_is_written(photos: Path, tmp_path: Path) -> None:
+    """visualize and tcav write a record of their own, no manifest.jsonl: their --out says what goes there
+    (it said "manifest.jsonl is appended there", as the per-input commands' does); a group's option told anew
+    for one command is that command's only."""
+    for command, written in (
+        ("visualize", "visualize.*.json"),
+        ("tcav", "tcav.KEY.json"),
+        ("gradcam", "manifest"),
+    ):
+        page = " ".join(w for w in invoke(command, "--help").stdout.split() if w != "│")
+        assert ("manifest.jsonl is appended there" in page) == (command == "gradcam"), page
+        assert written in page
+    out = tmp_path / "v"
+    r = invoke(
+        "visualize", *FAST[:4], "--layer", "layer4", "--channel", "1", "--steps", "2", "--out", str(out)
+    )
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.suffix for p in out.iterdir()) == [".json", ".png"]  # no manifest.jsonl
+    with pytest.raises(TypeError, match="not fields of RunOptions"):
+        grouped(_told_wrong)
+    (out_param,) = [p for p in inspect.signature(grouped(_told_out)).parameters.values() if p.name == "out"]
+    (info,) = [a for a in typing.get_args(out_param.annotation)[1:] if hasattr(a, "help")]
+    (shared,) = typing.get_args(typing.get_type_hints(RunOptions, include_extras=True)["out"])[1:]
+    assert info.help == "here." and shared.help == "output folder; manifest.jsonl is appended there."
+
+
+def _told_wrong(run: Annotated[RunOptions, told(outt="x")] = RunOptions()) -> None:
+    """A command telling a field its group does not have."""
+
+
+def _told_out(run: Annotated[RunOptions, omit("report"), told(out="here.")] = RunOptions()) -> None:
+    """A command telling its --out anew."""
 
 
 def _hard_breaks(help_page: str) -> list[str]:

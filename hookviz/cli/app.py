@@ -208,7 +208,7 @@ def stdout_reserved() -> Iterator[IO[str]]:
                 os.close(saved)
 
 
-def run_command(command: Any, argv: list[str]) -> int:
+def run_line(command: Any, argv: list[str]) -> int:
     """One command line through ``command`` (the app built as a click command), its exit code. A usage error
     (an unknown option, a value out of range) is one line naming the help to read, as every other error is,
     not the option parser's framed box; ``hookviz`` alone shows the help."""
@@ -237,4 +237,4 @@ def run_command(command: Any, argv: list[str]) -> int:
 
 def main() -> None:
     """Console-script entry point."""
-    sys.exit(run_command(typer.main.get_command(app), sys.argv[1:]))
+    sys.exit(run_line(typer.main.get_command(app), sys.argv[1:]))

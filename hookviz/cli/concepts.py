@@ -11,7 +11,7 @@ import typer
 
 from hookviz.cli.flags import MAPS, ConceptLayers, Inputs
 from hookviz.cli.loading import load_options
-from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
+from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit, told
 from hookviz.cli.runner import run_command, warn
 from hookviz.errors import UsageError
 from hookviz.io.outputs import MANIFEST, settings_key
@@ -116,9 +116,11 @@ def tcav(
     cav: Cav = "linear",
     seed: CavSeed = 0,
     alpha: Alpha = 0.05,
-    run: Annotated[RunOptions, omit("skip_existing", "workers", "max_memory", "report", "null", *DATA)] = (
-        RunOptions()
-    ),
+    run: Annotated[
+        RunOptions,
+        omit("skip_existing", "workers", "max_memory", "report", "null", *DATA),
+        told(out="output folder: tcav.KEY.json goes there (KEY: the settings')."),
+    ] = RunOptions(),
 ) -> None:
     """TCAV: how much each concept (a folder of examples) matters to a class at a layer, against random
     folders, with a t-test; a table and OUT/tcav.KEY.json (KEY: the settings'; a rerun is skipped)."""

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import contextvars
+import copy
 import dataclasses
 import functools
 import inspect
@@ -110,6 +111,7 @@ __all__ = [
     "Sampling",
     "grouped",
     "omit",
+    "told",
 ]
 
 #: The library's defaults, which the groups below take as theirs (each stated once, in the library).
@@ -134,6 +136,16 @@ def group(cls: type) -> type:
     """Mark a frozen dataclass as an option group (its annotated fields are options)."""
     GROUPS.add(cls)
     return cls
+
+
+@dataclass(frozen=True)
+class told:
+    """New help for some of a group's options in one command: ``told(out="output folder: ...")``."""
+
+    helps: tuple[tuple[str, str], ...]
+
+    def __init__(self, **helps: str) -> None:
+        object.__setattr__(self, "helps", tuple(helps.items()))
 
 
 @dataclass(frozen=True)
@@ -329,29 +341,37 @@ def cam_settings(
     )  # fmt: skip
 
 
-def _group_of(hint: Any) -> tuple[type | None, tuple[str, ...]]:
-    """The option group a parameter's annotation names (None for a plain parameter), and what it omits."""
+def _group_of(hint: Any) -> tuple[type | None, tuple[str, ...], dict[str, str]]:
+    """The option group a parameter's annotation names (None for a plain parameter), what it omits, and the
+    help it tells anew."""
     left: tuple[str, ...] = ()
+    helps: dict[str, str] = {}
     if typing.get_origin(hint) is Annotated:
         hint, *extras = typing.get_args(hint)
         left = tuple(name for extra in extras if isinstance(extra, omit) for name in extra.names)
+        helps = {name: text for extra in extras if isinstance(extra, told) for name, text in extra.helps}
     if hint in GROUPS:
-        return hint, left
-    return None, ()
+        return hint, left, helps
+    return None, (), {}
 
 
-def _options_of(cls: type, left: tuple[str, ...]) -> list[inspect.Parameter]:
+def _options_of(cls: type, left: tuple[str, ...], helps: dict[str, str]) -> list[inspect.Parameter]:
     """The group's fields that are options (annotated with one), as keyword parameters in their order."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    unknown = set(left) - {f.name for f in dataclasses.fields(cls)}
+    unknown = (set(left) | set(helps)) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
-        raise TypeError(f"omit({', '.join(sorted(unknown))}): not fields of {cls.__name__}")
+        raise TypeError(f"omit/told({', '.join(sorted(unknown))}): not fields of {cls.__name__}")
     found = []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         is_option = typing.get_origin(hint) is Annotated and any(
             isinstance(a, ParameterInfo) for a in typing.get_args(hint)[1:]
         )
+        if is_option and f.name in helps:
+            base, *extras = typing.get_args(hint)
+            info = copy.copy(next(a for a in extras if isinstance(a, ParameterInfo)))
+            info.help = helps[f.name]
+            hint = Annotated[base, info]
         if is_option and f.name not in left:
             default: Any = f.default
             if default is dataclasses.MISSING:  # a required option
@@ -386,12 +406,12 @@ def grouped(command: F) -> F:
     params: list[inspect.Parameter] = []
     plan: list[tuple[str, type | None, list[str]]] = []
     for p in inspect.signature(command).parameters.values():
-        cls, left = _group_of(hints[p.name])
+        cls, left, helps = _group_of(hints[p.name])
         if cls is None:
             params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name]))
             plan.append((p.name, None, [p.name]))
             continue
-        fields = _options_of(cls, left)
+        fields = _options_of(cls, left, helps)
         params += fields
         plan.append((p.name, cls, [f.name for f in fields]))
     names = [p.name for p in params]

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hookviz.cli.app import EXIT_SETUP, app, fail, run_command
+from hookviz.cli.app import EXIT_SETUP, app, fail, run_line
 from hookviz.cli.flags import memory_size
 from hookviz.cli.loading import USED, WARM, load_options, warm_key
 from hookviz.serve.paths import claim, private_dir, server_socket, socket_dir
@@ -63,7 +63,7 @@ class CliHost:
         release_collector()  # the server's start is over (hookviz.startup)
 
     def run(self, argv: list[str]) -> int:
-        return run_command(self.command, argv)
+        return run_line(self.command, argv)
 
     def used(self) -> list[Any]:
         return list(USED)

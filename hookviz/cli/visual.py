@@ -12,7 +12,7 @@ import typer
 
 from hookviz.cli.flags import MAPS, VisualLayer
 from hookviz.cli.loading import load_options
-from hookviz.cli.options import DATA, ModelOptions, RunOptions, group, grouped, omit
+from hookviz.cli.options import DATA, ModelOptions, RunOptions, group, grouped, omit, told
 from hookviz.errors import OutputError, UsageError
 from hookviz.io.files import atomic_write
 from hookviz.io.outputs import finite, safe_name, settings_key
@@ -38,6 +38,8 @@ Diversity = Annotated[float, typer.Option("--diversity", min=0.0, rich_help_pane
 _NOT_HERE = (
     "skip_existing", "as_json", "batch_size", "workers", "max_pixels", "max_memory", "report", "null", *DATA
 )  # fmt: skip
+#: Where visualize writes (a picture and a record per settings' key; no manifest).
+_OUT = "output folder: the picture and its JSON record (visualize.*.png, visualize.*.json) go there."
 
 
 @group
@@ -65,7 +67,7 @@ class Picture:
 def visualize(
     picture: Picture,
     model: Annotated[ModelOptions, omit("labels", "resize", "head", "task", "negate")] = ModelOptions(),
-    run: Annotated[RunOptions, omit(*_NOT_HERE)] = RunOptions(),
+    run: Annotated[RunOptions, omit(*_NOT_HERE), told(out=_OUT)] = RunOptions(),
 ) -> None:
     """Feature visualisation: the picture that drives a channel (or a neuron, or a direction) most, optimised
     in a decorrelated Fourier space under random transformations (as lucent); a PNG and a JSON record, named
