@@ -356,7 +356,7 @@ def test_the_page_compares_measures_and_lists_channels(server: Explorer, browser
     figures = browser.find_elements(By.CSS_SELECTOR, "#grid figure")
     assert len(figures) == 2 and "gradcampp" in figures[1].text and "gradcam " in figures[0].text
     browser.find_element(By.ID, "measure").click()
-    wait.until(lambda d: "random" in d.find_element(By.ID, "trust").text)
+    wait.until(lambda d: "(random " in d.find_element(By.ID, "trust").text)
     browser.find_element(By.ID, "listchannels").click()
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chanlist button"))
     first = browser.find_elements(By.CSS_SELECTOR, "#chanlist button")[0]
@@ -412,6 +412,143 @@ def test_the_channel_map_follows_the_photo_picked(server: Explorer, browser: Any
         browser.find_element(By.CSS_SELECTOR, f'#strip button[data-input="{i}"]').click()
         WebDriverWait(browser, 120).until(lambda d: f"input={i}&" in src(d))
         assert picture_shown(server, browser, "#channel") == (asked(i), maps[i])
+
+
+@pytest.fixture(scope="module")
+def contrasted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Explorer]:
+    """An explorer over two photos unlike each other (a smooth dark gradient, a bright coloured checkerboard):
+    a layer's channels rank differently on them."""
+    folder = tmp_path_factory.mktemp("contrasted") / "photos"
+    folder.mkdir()
+    ramp = np.linspace(0, 90, 48, dtype=np.float32)
+    smooth = np.stack([ramp[None, :].repeat(48, 0), ramp[:, None].repeat(48, 1), np.full((48, 48), 40.0)], -1)
+    write_image(folder / "a_smooth.png", smooth.astype(np.uint8))
+    cells = (np.indices((48, 48)).sum(0) // 1 % 2).astype(bool)
+    checker = np.where(cells[..., None], [255, 230, 20], [10, 40, 250]).astype(np.uint8)
+    write_image(folder / "b_checker.png", checker)
+    session = Session(load_model("tests.conftest:TinyCNN", "none", input_size=48), [str(folder)])
+    explorer = Explorer(session)
+    threading.Thread(target=explorer.serve_forever, daemon=True).start()
+    try:
+        yield explorer
+    finally:
+        explorer.shutdown()
+        explorer.server_close()
+        session.close()
+
+
+def hooked_means(session: Session, index: int, layer: str) -> np.ndarray:
+    """Each channel's mean activation at ``layer`` on input ``index``, taken here by a forward hook of the
+    test's own on that module (the statistic the docs name for the channels' ranking)."""
+    import torch
+
+    from hookviz.core.arrays import to_numpy
+
+    seen: list[torch.Tensor] = []
+    module = dict(session.loaded.model.named_modules())[layer]
+    handle = module.register_forward_hook(lambda m, i, out: seen.append(out.detach().clone()))
+    try:
+        _, x, _ = session.read(index)
+        with torch.no_grad():
+            session.loaded.model(torch.from_numpy(x)[None])
+    finally:
+        handle.remove()
+    (out,) = seen
+    return to_numpy(out[0].double().mean(dim=(1, 2)), torch.float64)
+
+
+def test_the_channel_list_is_the_photo_s_own_ranking(contrasted: Explorer) -> None:
+    """/api/channels ranks the layer's channels for the photo asked for, by their mean activation: each
+    channel's mean is the one a forward hook of the test's own measures on that photo, the order is theirs
+    from the largest, and the two photos (unlike each other) rank them differently."""
+    orders = {}
+    for i in (0, 1):
+        status, body = get(contrasted, f"/api/channels?input={i}&layer=features.6")
+        assert status == 200
+        listed = json.loads(body)
+        order = [c["channel"] for c in listed["channels"]]
+        means = hooked_means(contrasted.session, i, "features.6")
+        assert listed["layer"] == "features.6" and sorted(order) == list(range(len(means))) == list(range(32))
+        np.testing.assert_allclose(
+            [c["mean"] for c in listed["channels"]], means[order], rtol=1e-5, atol=1e-6
+        )
+        ranked = np.argsort(-means, kind="stable")  # the ranking, recomputed: equal up to ties of the mean
+        np.testing.assert_allclose(means[order], means[ranked], rtol=1e-5, atol=1e-6)
+        assert means[ranked[0]] > means[ranked[-1]] + 1e-3  # a ranking, not a tie of every channel
+        orders[i] = order
+    assert orders[0][:8] != orders[1][:8]  # another photo, another ranking: the page's check below can fail
+
+
+#: A page script that holds the answers to the page's ``fetch`` of ``window.hold`` (a path and an input)
+#: until ``window.release()``; ``window.landed`` counts the held answers the page has read (its code after
+#: reading one has run by then: it is counted in a task after the page's own continuation).
+HOLD = """
+let open; window.landed = 0; window.hold = arguments[0];
+const gate = new Promise((resolve) => { open = resolve; }); window.release = open;
+const real = window.fetch.bind(window);
+window.fetch = async (url, options) => {
+  const held = window.hold && String(url).startsWith(window.hold[0]) && String(url).includes(window.hold[1]);
+  const r = await real(url, options);
+  if (!held) return r;
+  await gate;
+  const json = r.json.bind(r);
+  r.json = async () => { const j = await json(); setTimeout(() => { window.landed += 1; }, 0); return j; };
+  return r;
+};
+"""
+
+
+def test_the_channel_list_follows_the_photo_picked(contrasted: Explorer, browser: Any) -> None:  # noqa: F811
+    """The channels listed for one photo are listed again for each photo picked: the list shown is the
+    picked photo's ranking (its /api/channels order, which differs from the other's), the old list dimmed
+    while the new one is on its way, and a slow answer for a photo no longer picked, coming after the newer
+    one, is dropped. The trust panel's figures of one photo go when another is picked."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = contrasted
+    ranked = {
+        i: [
+            str(c["channel"])
+            for c in json.loads(get(server, f"/api/channels?input={i}&layer=features.6")[1])["channels"]
+        ]
+        for i in (0, 1)
+    }
+    assert ranked[0] != ranked[1]
+    wait = WebDriverWait(browser, PATIENCE)
+    browser.set_script_timeout(PATIENCE)
+    browser.get(server.url + "&input=0&layer=features.6")
+    view = lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view") or ""  # noqa: E731
+    wait.until(lambda d: "layer=features.6" in view(d))
+    listed = "return [...document.querySelectorAll('#chanlist button')].map((b) => b.dataset.channel);"
+    fresh = (  # the photo of the list shown, once no newer one is on its way
+        "const l = document.getElementById('chanlist');"
+        "return l.classList.contains('stale') ? null : l.dataset.input;"
+    )
+    browser.find_element(By.ID, "measure").click()
+    wait.until(lambda d: "(random " in d.find_element(By.ID, "trust").text)
+    browser.find_element(By.ID, "listchannels").click()
+    wait.until(lambda d: d.execute_script(fresh) == "0")
+    assert browser.execute_script(listed) == ranked[0]
+    browser.find_elements(By.CSS_SELECTOR, "#chanlist button")[0].click()
+    # Photo 1 picked, its list held back: the page shows photo 0's list dimmed, never as photo 1's.
+    browser.execute_script(HOLD, ["/api/channels?", "input=1&"])
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="1"]').click()
+    wait.until(lambda d: "input=1&" in (d.find_element(By.ID, "channel").get_attribute("src") or ""))
+    assert browser.execute_script(fresh) is None and "listing" in browser.find_element(By.ID, "chanfor").text
+    assert "(random " not in browser.find_element(By.ID, "trust").text  # photo 0's figures are gone
+    # Photo 0 picked again: its list; then photo 1's late answer comes, and is dropped.
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="0"]').click()
+    wait.until(lambda d: d.execute_script(fresh) == "0" and "input=0" in view(d))
+    browser.execute_script("window.release();")
+    wait.until(lambda d: d.execute_script("return window.landed") == 1)
+    assert browser.execute_script(fresh) == "0" and browser.execute_script(listed) == ranked[0]
+    # Photo 1 picked again (nothing held now): its own ranking.
+    browser.execute_script("window.hold = null;")
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="1"]').click()
+    wait.until(lambda d: d.execute_script(fresh) == "1")
+    assert browser.execute_script(listed) == ranked[1]
+    assert "b_checker.png" in browser.find_element(By.ID, "chanfor").text
 
 
 BAD = [  # (query, the parameter, the value as the answer quotes it, what it must say is allowed)
