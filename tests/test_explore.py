@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import itertools
 import json
 import os
 import queue
@@ -1197,3 +1198,81 @@ def test_the_feature_map_follows_the_photo_picked(sae_explorer: SaeExplorer, bro
     browser.find_elements(By.CSS_SELECTOR, "#strip button")[0].click()
     WebDriverWait(browser, 120).until(lambda d: "input=0&" in src(d))
     assert shown() == (f"input=0&feature={feature}", maps[0])
+
+
+def test_the_features_listed_for_a_photo_are_those_firing_on_it(sae_explorer: SaeExplorer) -> None:
+    """/api/features?input= lists the features that fire on that photo, the most often there first (the
+    share of its positions, then the mean code): each one's share, mean and peak are its code's over the
+    photo, recomputed here from the dictionary; another photo lists others."""
+    import torch
+
+    from hookviz.core.arrays import to_numpy
+    from hookviz.sae import features
+    from hookviz.sae.api import load_sae
+
+    found = load_sae(sae_explorer.run, sae_explorer.loaded)
+    listed = {}
+    for i in (0, 5):
+        status, body = get(sae_explorer.explorer, f"/api/features?input={i}")
+        assert status == 200
+        answer = json.loads(body)
+        assert answer["input"] == i and answer["layer"] == "features.10" and answer["width"] == 128
+        _, x, _ = sae_explorer.session.read(i)
+        code = features.code_maps(found, sae_explorer.loaded.model, torch.from_numpy(x)[None])[0]
+        flat = to_numpy(code.float()).reshape(128, -1)
+        here, means, peaks = (flat > 0).mean(1), flat.mean(1), flat.max(1)
+        got = [f["feature"] for f in answer["features"]]
+        assert sorted(got) == [f for f in range(128) if here[f] > 0] and len(got) >= 4  # TopK: k=4 fire
+        assert list(here[got]) == sorted(here[got], reverse=True)
+        for a, b in itertools.pairwise(got):  # within a share, the larger mean code first
+            assert here[a] > here[b] or means[a] >= means[b] - 1e-6
+        np.testing.assert_allclose([f["here"] for f in answer["features"]], here[got], atol=1e-9)
+        np.testing.assert_allclose([f["mean"] for f in answer["features"]], means[got], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose([f["peak"] for f in answer["features"]], peaks[got], rtol=1e-5, atol=1e-7)
+        run = {f["feature"]: f["fired"] for f in sae_explorer.data["features"]}
+        assert [f["fired"] for f in answer["features"]] == [run[f] for f in got]  # the run's, beside
+        listed[i] = got
+    assert listed[0] != listed[5]
+
+
+def test_the_feature_list_follows_the_photo_picked(sae_explorer: SaeExplorer, browser: Any) -> None:  # noqa: F811
+    """The features listed for one photo are listed again for each photo picked (its /api/features?input=
+    order, which differs from the other's); a slow answer for a photo no longer picked is dropped."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    explorer, wait = sae_explorer.explorer, WebDriverWait(browser, PATIENCE)
+    ranked = {
+        i: [str(f["feature"]) for f in json.loads(get(explorer, f"/api/features?input={i}")[1])["features"]][
+            :64
+        ]
+        for i in (0, 3)
+    }
+    assert ranked[0] != ranked[3]
+    browser.set_script_timeout(PATIENCE)
+    browser.get(explorer.url + "&input=0")
+    wait.until(
+        lambda d: (d.find_element(By.ID, "overlay").get_attribute("data-view") or "").startswith("input=0")
+    )
+    listed = "return [...document.querySelectorAll('#featurelist button')].map((b) => b.dataset.feature);"
+    fresh = (
+        "const l = document.getElementById('featurelist');"
+        "return l.classList.contains('stale') ? null : l.dataset.input;"
+    )
+    browser.find_element(By.ID, "listfeatures").click()
+    wait.until(lambda d: d.execute_script(fresh) == "0")
+    assert browser.execute_script(listed) == ranked[0]
+    browser.execute_script(HOLD, ["/api/features?", "input=3"])
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="3"]').click()
+    wait.until(lambda d: "listing" in d.find_element(By.ID, "featurestatus").text)
+    assert browser.execute_script(fresh) is None  # photo 0's list, dimmed while photo 3's is on its way
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="0"]').click()
+    wait.until(lambda d: d.execute_script(fresh) == "0")
+    browser.execute_script("window.release();")
+    wait.until(lambda d: d.execute_script("return window.landed") == 1)
+    assert browser.execute_script(fresh) == "0" and browser.execute_script(listed) == ranked[0]
+    browser.execute_script("window.hold = null;")
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="3"]').click()
+    wait.until(lambda d: d.execute_script(fresh) == "3")
+    assert browser.execute_script(listed) == ranked[3]
+    assert "p3.png" in browser.find_element(By.ID, "featurestatus").text

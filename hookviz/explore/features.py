@@ -73,17 +73,41 @@ class Features:
             raise InputError(f"feature {feature}: the dictionary has features 0 to {len(run.by_feature) - 1}")
         return run.by_feature[feature]
 
-    def listed(self) -> dict[str, Any]:
-        """The dictionary's layer and its features that fire, the most often first."""
+    def listed(self, index: int | None = None) -> dict[str, Any]:
+        """The dictionary's layer and its features that fire, the most often first: over the run's inputs
+        (``features.json``), or with ``index`` on that input, each with its share of the input's positions
+        (``here``), its mean code there (``mean``, the tie-break) and its peak."""
         data = self._run().data
         firing = sorted((f for f in data.get("features", []) if f.get("fired", 0) > 0),
                         key=lambda f: -float(f["fired"]))  # fmt: skip
+        each = [{"feature": f["feature"], "fired": f["fired"], "sheet": "sheet" in f} for f in firing]
+        if index is not None:
+            each = self._on_input(index)
         return {
             "layer": data.get("layer"), "model": data.get("model"), "inputs": data.get("inputs"),
-            "field": data.get("field"), "width": len(data.get("features", [])),
-            "features": [{"feature": f["feature"], "fired": f["fired"], "sheet": "sheet" in f}
-                         for f in firing],
-        }  # fmt: skip
+            "field": data.get("field"), "width": len(data.get("features", [])), "features": each,
+        } | ({} if index is None else {"input": index})  # fmt: skip
+
+    def _on_input(self, index: int) -> list[dict[str, Any]]:
+        """The features that fire on input ``index``, the most often (share of its positions) first."""
+        run, grid = self._run(), self._codes(self.inputs.read(index)[1])
+        flat = grid.reshape(len(grid), -1)
+        here, means, peaks = (flat > 0).mean(axis=1), flat.mean(axis=1), flat.max(axis=1)
+        order = np.lexsort((-means, -here))
+        return [
+            {"feature": int(f), "here": float(here[f]), "mean": float(means[f]), "peak": float(peaks[f]),
+             "fired": run.by_feature.get(int(f), {}).get("fired", 0.0),
+             "sheet": "sheet" in run.by_feature.get(int(f), {})}
+            for f in order if here[f] > 0
+        ]  # fmt: skip
+
+    def _codes(self, x: np.ndarray) -> np.ndarray:
+        """Every feature's code over the model's input ``x``: ``(width, h, w)``, the layer's grid."""
+        found = self.found
+        assert found is not None
+        batch = torch.as_tensor(x)[None].to(self.loaded.device)
+        code = self.on_model(lambda: features.code_maps(found, self.loaded.model, batch)[0])
+        return to_numpy(code.float())
 
     def feature(self, feature: int) -> dict[str, Any]:
         """One feature as ``features.json`` holds it (top patches, histogram, classes), its sheet a flag."""
@@ -103,12 +127,8 @@ class Features:
         """Feature ``feature``'s code over input ``index`` (its map over the layer's grid, upsampled onto the
         part of the photo the model saw), scaled to its own peak, as a PNG."""
         self._feature(feature)
-        found = self.found
-        assert found is not None
         rgb, x, box = self.inputs.read(index)
-        batch = torch.as_tensor(x)[None].to(self.loaded.device)
-        code = self.on_model(lambda: features.code_maps(found, self.loaded.model, batch)[0, feature])
-        grid = to_numpy(code.float())
+        grid = self._codes(x)[feature]
         top = float(grid.max()) or 1.0
         return encode_png(
             render.overlay(np.asarray(rgb), grid / top, box, alpha=alpha, colormap="viridis", scaled=True)
@@ -122,7 +142,8 @@ def routes(
     input_of: Callable[[Query], int],
 ) -> dict[str, Callable[[Query], None]]:
     """The panel's API for the explorer's server (a session without the panel, a VLM's, has none):
-    ``/api/features``, ``/api/feature?feature=``, ``/api/feature-sheet?feature=`` (PNG) and
+    ``/api/features?input=`` (without ``input``: over the run's inputs), ``/api/feature?feature=``,
+    ``/api/feature-sheet?feature=`` (PNG) and
     ``/api/feature-map?input=&feature=&alpha=`` (PNG)."""
     panel: Features | None = getattr(session, "panel_features", None)
     if panel is None:
@@ -133,7 +154,7 @@ def routes(
 
     png = "image/png"
     return {
-        "/api/features": lambda q: send_json(panel.listed()),
+        "/api/features": lambda q: send_json(panel.listed(input_of(q) if "input" in q.one else None)),
         "/api/feature": lambda q: send_json(panel.feature(feature(q))),
         "/api/feature-sheet": lambda q: send(200, panel.sheet(feature(q)), png),
         "/api/feature-map": lambda q: send(

@@ -21,7 +21,7 @@ TAKES: dict[str, tuple[str, ...]] = {
     "/api/map": (*VIEW, "format", "supersede"), "/api/trust": VIEW,
     "/api/channels": ("input", "layer"), "/api/channel": ("input", "layer", "channel", "alpha", "v"),
     "/api/visualize": ("layer", "channel", "steps"), "/api/best": ("layer", "channel"),
-    "/api/sheet": ("layer", "channel"), "/api/features": (), "/api/feature": ("feature",),
+    "/api/sheet": ("layer", "channel"), "/api/features": ("input",), "/api/feature": ("feature",),
     "/api/feature-sheet": ("feature",), "/api/feature-map": ("input", "feature", "alpha", "v"),
 }  # fmt: skip
 
