@@ -38,6 +38,8 @@ function render({ model, el }) {
     select.replaceChildren(...options.map(([value, text]) => new Option(text, value, false, value === chosen)));
   };
   let shown = 0;
+  // Each list's latest request: an answer to an older one (another photo picked meanwhile) is dropped.
+  const latest = { classes: 0, layers: 0 };
 
   async function show() {
     const mine = ++shown;
@@ -66,14 +68,18 @@ function render({ model, el }) {
   }
 
   async function classes() {
+    const mine = ++latest.classes;
     const found = await json("/api/predict?" + q({ input: state.input, k: 10 }));
+    if (mine !== latest.classes) return;
     const options = [["top1", "top class"], ...found.targets.map((t) => [String(t.index), `${t.name ?? t.index} (${t.index}) ${t.score.toFixed(3)}`])];
     if (!options.some(([v]) => v === state.target)) state.target = "top1";
     fill(pick("target"), options, state.target);
   }
 
   async function layers() {
+    const mine = ++latest.layers;
     const found = await json("/api/layers?" + q({ input: state.input }));
+    if (mine !== latest.layers) return;
     const options = found.map((l) => [l.default ? "" : l.name, `${l.name}${l.default ? " (default)" : ""} ${l.shape.join("x")}`]);
     fill(pick("layer"), options, state.layer);
   }
