@@ -552,6 +552,45 @@ def test_the_channel_list_follows_the_photo_picked(contrasted: Explorer, browser
     assert "b_checker.png" in browser.find_element(By.ID, "chanfor").text
 
 
+def test_the_classes_shown_are_the_photo_s_own(contrasted: Explorer, browser: Any) -> None:  # noqa: F811
+    """The classes listed are the photo's picked: a slow /api/predict answer for a photo no longer picked,
+    coming after the newer one, is dropped (the list keeps the picked photo's probabilities)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server, wait = contrasted, WebDriverWait(browser, PATIENCE)
+    scores = {
+        i: {
+            str(c["index"]): c["score"]
+            for c in json.loads(get(server, f"/api/predict?input={i}&k=10")[1])["targets"]
+        }
+        for i in (0, 1)
+    }
+    assert max(abs(scores[0][k] - scores[1][k]) for k in scores[0]) > 0.01  # the check below can fail
+    shown = (  # each listed class's index and the probability the page prints for it
+        "return [...document.querySelectorAll('#classes li')].filter((li) => li.dataset.target !== 'top1')"
+        ".map((li) => [li.dataset.target, li.textContent.trim().split(/\\s+/).pop()]);"
+    )
+
+    def listed() -> dict[str, float]:
+        return {k: float(v) for k, v in browser.execute_script(shown)}
+
+    browser.get(server.url + "&input=0")
+    wait.until(lambda d: "input=0" in (d.find_element(By.ID, "overlay").get_attribute("data-view") or ""))
+    wait.until(lambda d: len(listed()) == len(scores[0]))
+    browser.execute_script(HOLD, ["/api/predict?", "input=1&"])
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="1"]').click()
+    browser.execute_script("document.getElementById('classes').replaceChildren();")  # to see photo 0's come
+    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="0"]').click()
+    wait.until(lambda d: len(listed()) == len(scores[0]))  # photo 0's answer, shown; photo 1's still held
+    browser.execute_script("window.release();")
+    wait.until(lambda d: d.execute_script("return window.landed") == 1)
+    wait.until(lambda d: "input=0" in (d.find_element(By.ID, "overlay").get_attribute("data-view") or ""))
+    got = listed()
+    assert got.keys() == scores[0].keys()
+    assert all(abs(got[k] - scores[0][k]) <= 6e-4 for k in got), (got, scores)
+
+
 BAD = [  # (query, the parameter, the value as the answer quotes it, what it must say is allowed)
     ("/api/map?input=0&box=-3", "box", "'-3'", "a detector's"),
     ("/api/map?input=0&axis=9", "axis", "'9'", "a volume's"),
