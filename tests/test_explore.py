@@ -550,6 +550,17 @@ def test_the_channel_list_follows_the_photo_picked(contrasted: Explorer, browser
     wait.until(lambda d: d.execute_script(fresh) == "1")
     assert browser.execute_script(listed) == ranked[1]
     assert "b_checker.png" in browser.find_element(By.ID, "chanfor").text
+    # Another layer picked: its channels for this photo; the channel shown, another layer's, goes.
+    other = [
+        str(c["channel"])
+        for c in json.loads(get(server, "/api/channels?input=1&layer=features.2")[1])["channels"]
+    ]
+    choose(browser, "layer", "features.2")
+    wait.until(
+        lambda d: d.execute_script(fresh) == "1" and "features.2 on" in d.find_element(By.ID, "chanfor").text
+    )
+    assert browser.execute_script(listed) == other and len(other) == 16
+    assert not browser.find_element(By.ID, "channel").is_displayed()
 
 
 def test_the_classes_shown_are_the_photo_s_own(contrasted: Explorer, browser: Any) -> None:  # noqa: F811
