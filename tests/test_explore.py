@@ -780,8 +780,8 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
     browser: Any,  # noqa: F811
 ) -> None:
     """A photo rewritten while the page is open: the next view is of the new photo (and its shell line
-    writes it), with a note the page shows; one touched (the same bytes) is not read again; one deleted is
-    a 410."""
+    writes it), with a note the page shows, and the channels listed are listed again for it; one touched
+    (the same bytes) is not read again; one deleted is a 410."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -796,6 +796,14 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
         wait = WebDriverWait(browser, 60)
         wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("data-view"))
         view = "/api/map?input=0&layer=features.4"
+        channels = lambda: [  # noqa: E731
+            str(c["channel"])
+            for c in json.loads(get(explorer, "/api/channels?input=0&layer=features.4")[1])["channels"]
+        ]
+        listed = "return [...document.querySelectorAll('#chanlist button')].map((b) => b.dataset.channel);"
+        browser.find_element(By.ID, "listchannels").click()
+        before = channels()
+        wait.until(lambda d: d.execute_script(listed) == before)
         old = get(explorer, view)[1]
         assert "note" not in json.loads(get(explorer, view + "&format=json")[1])
         touched = path.stat().st_mtime_ns + 5_000_000_000
@@ -811,6 +819,9 @@ def test_a_photo_changed_on_disk_is_read_again_and_one_deleted_is_gone(
         assert "p.png changed on disk" in info["note"]
         Select(browser.find_element(By.ID, "colormap")).select_by_value("viridis")  # the page's next view
         wait.until(lambda d: "p.png changed on disk" in d.find_element(By.ID, "changed").text)
+        after = channels()
+        assert after != before  # the new photo ranks them otherwise: the check below can fail
+        wait.until(lambda d: d.execute_script(listed) == after)  # listed again, for the new photo
         # The strip's thumbnail asked for again, with the token: the new photo's (56x40; the old one 48x48; a
         # refused request shows nothing, 0x0).
         size = "const i = document.querySelector('#strip img'); return [i.naturalWidth, i.naturalHeight];"
