@@ -127,7 +127,8 @@ def test_bad_option_values_exit_2_with_one_clear_line(
         (["featuremaps", "P", "--stage", "middle"], "Invalid value for '--stage'"),
         (["trust", "P", "--max-photos", "0"], "greater than or equal to 2 (see hookviz trust -h)"),
         (["gradcam", "P", "--input-size", "abc"], "'abc': give one side (224)"),
-        (["gradcam", "P", "--bogus"], "No such option: --bogus"),
+        (["gradcam", "P", "--bogus"], "No such option: --bogus (see hookviz gradcam -h)"),
+        (["gradcam", "P", "--methd", "x"], "No such option: --methd; did you mean --method? (see"),
         (["gradcm", "P"], "No such command 'gradcm'. Did you mean 'gradcam'? (see hookviz -h)"),
     ],
 )

@@ -11,6 +11,7 @@ Heavy modules (torch, cv2, matplotlib) are imported inside the commands, so ``--
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib
 import inspect
@@ -208,6 +209,15 @@ def stdout_reserved() -> Iterator[IO[str]]:
                 os.close(saved)
 
 
+def _usage(exc: Any, click: Any) -> str:
+    """A usage error's words; an unknown option's suggestions only where they are close (click offers any
+    option within 0.6 of it: ``--bogus`` got ``--fuse, --log, --out``)."""
+    if not isinstance(exc, click.NoSuchOption) or not exc.possibilities:
+        return str(exc.format_message())
+    close = difflib.get_close_matches(exc.option_name, exc.possibilities, n=3, cutoff=0.75)
+    return str(exc.message) + (f"; did you mean {' or '.join(close)}?" if close else "")
+
+
 def run_line(command: Any, argv: list[str]) -> int:
     """One command line through ``command`` (the app built as a click command), its exit code. A usage error
     (an unknown option, a value out of range) is one line naming the help to read, as every other error is,
@@ -222,7 +232,7 @@ def run_line(command: Any, argv: list[str]) -> int:
         return exc.exit_code
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "hookviz"
-        typer.echo(f"hookviz: error: {one_line(exc.format_message()).rstrip('.')} (see {where} -h)", err=True)
+        typer.echo(f"hookviz: error: {one_line(_usage(exc, click)).rstrip('.')} (see {where} -h)", err=True)
         return exc.exit_code
     except click.ClickException as exc:
         typer.echo(f"hookviz: error: {one_line(exc.format_message())}", err=True)
