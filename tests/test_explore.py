@@ -22,6 +22,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1337,3 +1338,28 @@ def test_the_feature_list_follows_the_photo_picked(sae_explorer: SaeExplorer, br
     wait.until(lambda d: d.execute_script(fresh) == "3")
     assert browser.execute_script(listed) == ranked[3]
     assert "p3.png" in browser.find_element(By.ID, "featurestatus").text
+
+
+def test_an_sae_run_s_model_options_are_the_explorer_s(sae_explorer: SaeExplorer, tmp_path: Path) -> None:
+    """--sae DIR: the options `sae train` was given (its --input-size) are the explorer's where the command
+    line does not give them again, as `sae features` and `explain` take them: the dictionary read at the grid
+    it was trained on (an outside tester's explorer ran a 64-pixel run's dictionary on 224-pixel grids)."""
+    import shutil
+
+    from hookviz.cli.explore import _session
+    from hookviz.cli.options import ModelOptions, RunOptions
+
+    run = tmp_path / "sae"
+    shutil.copytree(sae_explorer.run, run)
+    config = json.loads((run / "config.json").read_text())
+    config["options"] = {"model": "tests.conftest:TinyCNN", "weights": "none", "input_size": [40]}
+    (run / "config.json").write_text(json.dumps(config))
+    plain = RunOptions(device="cpu", quiet=True)
+    given = ModelOptions(model="tests.conftest:TinyCNN", weights="none")
+    sessions = [_session([str(sae_explorer.folder)], m, plain, None, None, sae=s)
+                for m, s in ((given, run), (given, None), (dataclasses.replace(given, input_size=(56,)), run))]  # fmt: skip
+    try:
+        assert [s.loaded.input_shape[-2:] for s in sessions] == [(40, 40), (224, 224), (56, 56)]
+    finally:
+        for s in sessions:
+            s.close()

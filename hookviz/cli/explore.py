@@ -18,6 +18,7 @@ import typer
 from hookviz.cli.flags import Inputs
 from hookviz.cli.loading import load_warm
 from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
+from hookviz.cli.sae import from_run
 
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
 Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "
@@ -121,6 +122,10 @@ def _session(
                           model_words=["--model", model.model])  # fmt: skip
     best = ChannelsRun(channels_run) if channels_run is not None else None
     sae_run = SaeRun(sae) if sae is not None else None
+    if (
+        sae is not None
+    ):  # the run's model options (its --input-size...), as sae features and explain take them
+        model = from_run(model, sae)
     loaded = load_warm(dataclasses.replace(model, device=run.device), run.quiet)
     words = _model_words(model)
     verdicts = trust_run_of(loaded, trust) if trust is not None else None
