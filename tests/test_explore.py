@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -22,7 +23,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1356,8 +1356,9 @@ def test_an_sae_run_s_model_options_are_the_explorer_s(sae_explorer: SaeExplorer
     (run / "config.json").write_text(json.dumps(config))
     plain = RunOptions(device="cpu", quiet=True)
     given = ModelOptions(model="tests.conftest:TinyCNN", weights="none")
+    again = dataclasses.replace(given, input_size=(56,))
     sessions = [_session([str(sae_explorer.folder)], m, plain, None, None, sae=s)
-                for m, s in ((given, run), (given, None), (dataclasses.replace(given, input_size=(56,)), run))]  # fmt: skip
+                for m, s in ((given, run), (given, None), (again, run))]  # fmt: skip
     try:
         assert [s.loaded.input_shape[-2:] for s in sessions] == [(40, 40), (224, 224), (56, 56)]
     finally:
