@@ -20,10 +20,13 @@ import hookviz
 from hookviz import methods
 from hookviz.engine.explain import explain
 from hookviz.errors import UsageError
-from hookviz.evaluation.faithfulness import upsample
+from hookviz.evaluation import trust as trust_battery
+from hookviz.evaluation import trust_clock
+from hookviz.evaluation.faithfulness import probabilities, upsample
 from hookviz.evaluation.localisation import pointing_game
 from hookviz.evaluation.stats import mean_ci
-from hookviz.evaluation.trust import VERDICTS, edge_maps, trust
+from hookviz.evaluation.trust import VERDICTS, edge_maps, explainer, trust
+from hookviz.evaluation.trust_clock import Clock, Spent
 from hookviz.evaluation.trust_read import read_trust
 from hookviz.io.annotation import load as load_annotations
 from hookviz.io.images import DEFAULT_MAX_PIXELS
@@ -261,24 +264,122 @@ def test_a_candidate_that_fails_clearly_on_the_first_photos_is_dropped(
     assert len(found["gradcam"].tests["class"].per_photo) == 16
 
 
-def test_a_budget_gives_a_partial_answer_that_says_what_it_left_out(scenes: torch.Tensor) -> None:
+class _Slow:
+    """Each batch of perturbed photos through the model takes ``seconds`` more (a slow model): on the clock
+    of ``fake`` (advanced, no wait) or the real one (slept). Records each batch's (start, end)."""
+
+    def __init__(self, seconds: float, fake: bool = False) -> None:
+        self.seconds, self.fake, self.now = seconds, fake, 0.0
+        self.batches: list[tuple[float, float]] = []
+
+    def monotonic(self) -> float:
+        return self.now if self.fake else time.monotonic()
+
+    def probabilities(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        begun = self.monotonic()
+        if self.fake:
+            self.now += self.seconds
+        else:
+            time.sleep(self.seconds)
+        got = probabilities(*args, **kwargs)
+        self.batches.append((begun, self.monotonic()))
+        return got
+
+
+def test_a_budget_far_below_one_step_ends_within_one_batch_of_it(
+    scenes: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step (one layer's methods on a batch of 4 photos) needs 7 batches of perturbed photos, each 0.4 s
+    or more here; a budget of 1 s stops inside the first, within one batch of the budget (the run checked
+    the clock between steps only ran the whole step: 2.8 s or more)."""
+    torch.manual_seed(2)
+    model = TinyCNN().eval()
+    slow = _Slow(0.4)
+    monkeypatch.setattr(trust_battery, "probabilities", slow.probabilities)
+    began = time.monotonic()
+    report = trust(model, scenes[:6], ["features"], ["gradcam"], budget=1.0, started=began)
+    took = time.monotonic() - began
+    longest = max(end - start for start, end in slow.batches)
+    assert took <= 1.0 + longest + 0.5, (took, slow.batches)  # 0.5 s: judging and bookkeeping, loaded
+    assert len(slow.batches) < 7  # the step was cut
+    said = "not tested (the budget of 1 s was spent)"
+    assert report.left_out == [f"gradcam at features: {said}", f"edges at -: {said}"]
+    assert report.candidates == [] and report.partial and report.as_dict()["partial"] is True
+    assert report.answer.startswith("no answer: no candidate was tested within the budget (partial: 2 "
+                                    "candidate(s) not tested and 0 tested on part of the photos")  # fmt: skip
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
+
+
+def test_a_candidate_the_budget_cuts_keeps_the_figures_of_the_photos_it_finished(
+    scenes: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a clock that moves only with the model's batches (0.5 s each: the same cut whatever the load):
+    the first batch of 4 photos runs 5 batches for what every candidate shares, 2 for Grad-CAM at each
+    layer; a budget of 3.8 s ends inside Grad-CAM at features.4, one batch past the budget."""
+    torch.manual_seed(2)
+    model = TinyCNN().eval()
+    whole = trust(model, scenes[:6], ["features", "features.4"], ["gradcam"])
+    slow = _Slow(0.5, fake=True)
+    monkeypatch.setattr(trust_battery, "probabilities", slow.probabilities)
+    monkeypatch.setattr(trust_clock, "time", slow)
+    lines: list[str] = []
+    report = trust(model, scenes[:6], ["features", "features.4"], ["gradcam"], budget=3.8, started=0.0,
+                   progress=lines.append)  # fmt: skip
+    assert slow.now == pytest.approx(4.0) and len(slow.batches) == 8  # 3.8 s + one batch
+    assert lines == ["photos 1-4 of 6: gradcam at features", "photos 1-4 of 6: gradcam at features.4"]
+    said = "the budget of 3.8 s was spent"
+    assert report.left_out == [
+        f"gradcam at features.4: not tested ({said})",
+        f"edges at -: not tested ({said})",
+    ]
+    (cam,) = report.candidates
+    assert (cam.method, cam.layer, cam.photos) == ("gradcam", "features", 4)
+    assert cam.dropped == f"budget: its figures are over the first 4 of 6 photos only ({said})"
+    assert report.answer.endswith("(partial: 2 candidate(s) not tested and 1 tested on part of the photos "
+                                  "within the budget)")  # fmt: skip
+    full = next(c for c in whole.candidates if (c.method, c.layer) == ("gradcam", "features"))
+    for name, test in cam.tests.items():  # its figures: the whole run's on those photos, the interval theirs
+        assert test.per_photo == pytest.approx(full.tests[name].per_photo[:4], abs=1e-6), name
+        mean, ci = mean_ci(test.per_photo)
+        assert (test.value, test.ci) == (pytest.approx(mean), pytest.approx(ci))
+    assert cam.tests["class"].ci > 0 and not whole.partial
+
+
+def test_a_generous_budget_gives_the_figures_of_no_budget(scenes: torch.Tensor) -> None:
     torch.manual_seed(2)
     model = TinyCNN().eval()
     lines: list[str] = []
+    free = trust(model, scenes[:10], ["features"], ["gradcam", "saliency"], progress=lines.append)
+    timed = trust(model, scenes[:10], ["features"], ["gradcam", "saliency"], budget=3600)
+    assert not timed.partial and not timed.left_out and "partial" not in timed.answer
+    _close(timed.as_dict(), free.as_dict())
+    # Two rounds (5 photos, then 5), 4 photos at a time: each candidate saw all 10 or was dropped by halving.
+    assert [line.split(":")[0] for line in lines[:3]] == [
+        "photos 1-4 of 10",
+        "photos 1-4 of 10",
+        "photo 5 of 10",
+    ]
+    assert all(
+        c.photos == 10 or "failed clearly on the first 5" in (c.dropped or "") for c in free.candidates
+    )
 
-    def slow(line: str) -> None:  # the second step outlasts the budget: the rest is left out
-        lines.append(line)
-        if len(lines) == 2:
-            time.sleep(2.5)
 
-    report = trust(model, scenes, ["features"], ["gradcam", "saliency"], budget=2.0, progress=slow)
-    assert report.partial and "partial" in report.answer and report.as_dict()["partial"] is True
-    tested = {c.method for c in report.candidates}
-    left = " ".join(report.left_out) + " ".join(c.dropped or "" for c in report.candidates)
-    for m in ("gradcam", "saliency", "edges"):
-        assert m in tested or m in left
-    assert any("budget" in (c.dropped or "") for c in report.candidates) or report.left_out
-    assert lines[0].startswith("photos 1-8 of 16")
+def test_the_clock_stops_a_method_inside_its_own_passes_and_leaves_the_model_as_found(
+    scenes: torch.Tensor,
+) -> None:
+    """Integrated Gradients runs 50 points a photo, 64 rows a pass: the clock is read after each pass, and
+    the budget spent after the first stops it there, with no hook left and the grad mode restored."""
+    model = TinyCNN().eval()
+    clock = Clock(1.0)
+    reads = iter([False, True])
+    clock.out = lambda: next(reads)  # type: ignore[method-assign]
+    maps_of = explainer("features", ["integratedgradients"], clock)
+    with pytest.raises(Spent, match="the budget of 1 s was spent"):
+        maps_of(model, scenes[:4], torch.zeros(4, dtype=torch.long))
+    assert next(reads, "read twice") == "read twice"  # after the first and the second of 4 passes
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
+    assert torch.is_grad_enabled() and not model.training
+    assert not any(p.grad is not None for p in model.parameters())
 
 
 def test_the_command_localises_against_boxes_and_the_same_seed_gives_the_same_json(tmp_path: Path) -> None:

@@ -242,7 +242,7 @@ MaxPhotos = Annotated[int, typer.Option("--max-photos", min=2, rich_help_panel=M
     help="photos tested, the first by name (16 give intervals worth reading).")]  # fmt: skip
 Budget = Annotated[str | None, typer.Option("--budget", rich_help_panel=METRICS, help="stop after this "
     "long (600, 90s, 10m, 1m30s, 1h; at most a week), counted from the command's start, the model's load "
-    "included: the answer says what it left out.")]  # fmt: skip
+    "included, give or take one batch of passes: the answer says what it cut.")]  # fmt: skip
 TrustOut = Annotated[Path, typer.Option("--out", "-o", rich_help_panel=OUTPUT, help="output folder: "
     "trust.json, trust.md and trust.png are written there (no manifest.jsonl).")]  # fmt: skip
 TrustRun = Annotated[RunOptions, omit(

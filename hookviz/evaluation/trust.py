@@ -28,14 +28,15 @@ control's curves are the baseline's, and the perturbed photos go through the mod
 pixels as ``evaluate``'s; stability needs no pass beyond the noisy copies' maps (max-sensitivity compares
 maps only). With 8 photos or more the candidates run on the first half, and one that clearly fails there (a
 test's interval wholly on the failing side) is dropped before the rest (successive halving, said in its
-``dropped``); ``budget`` seconds stop the run between steps, and the report says what was left out. The
+``dropped``). The photos go through the tests ``BATCH`` at a time, and ``budget`` seconds are read before each
+batch of work (:mod:`hookviz.evaluation.trust_clock`): once they are spent, the step under way stops, each
+candidate keeps the figures of the batches of photos it finished, and the report says what was cut. The
 verdicts and the pass rules live in :mod:`hookviz.evaluation.trust_report`.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ from hookviz.evaluation.localisation import energy_pointing_game, pointing_game
 from hookviz.evaluation.randomisation import randomised_models
 from hookviz.evaluation.robustness import uniform_noise
 from hookviz.evaluation.stats import spearman, ssim
+from hookviz.evaluation.trust_clock import Clock, Spent
 from hookviz.evaluation.trust_report import (
     EDGES,
     NOT_APPLICABLE,
@@ -88,6 +90,8 @@ STEPS = 20
 SAMPLES, RADIUS = 3, 0.02
 #: Successive halving: with this many photos or more, the first half is a first round.
 HALVING_FROM = 8
+#: Photos tested at once: a candidate the budget cuts short keeps the figures of the batches it finished.
+BATCH = 4
 #: The maps of every method at one layer: ``(net, x, targets) -> {method: (B, h, w)}``.
 Maps = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
 Progress = Callable[[str], None]
@@ -164,33 +168,45 @@ class _Stage:
     base: dict[str, Tensor] = field(default_factory=dict)
 
 
-def _probabilities(model: nn.Module, images: Tensor, stage: _Stage | Readout, targets: Tensor) -> Tensor:
-    """The target's probability on ``images``: copies of the round's photos, one after the other."""
+def _probabilities(
+    model: nn.Module, images: Tensor, stage: _Stage | Readout, targets: Tensor, clock: Clock
+) -> Tensor:
+    """The target's probability on ``images``: copies of the batch's photos, one after the other; the clock
+    read before each chunk."""
     readout = stage if isinstance(stage, Readout) else stage.readout
     copies = images.shape[0] // targets.shape[0]
     rows = torch.arange(targets.shape[0], device=images.device).repeat(copies)
+    step, out = _chunk(images), []
     with torch.no_grad(), preserved(model):
         model.eval()
         reps = targets.to(images.device).repeat(copies)
-        return probabilities(model, images, reps, _chunk(images), [0], readout.scorer(), rows).cpu()
+        for i in range(0, images.shape[0], step):
+            clock.check()
+            part = slice(i, i + step)
+            out.append(
+                probabilities(model, images[part], reps[part], step, [0], readout.scorer(), rows[part])
+            )
+    return torch.cat(out).cpu()
 
 
-def _stage(model: nn.Module, x: Tensor, masks: Tensor | None, seed: int) -> _Stage:
+def _stage(
+    model: nn.Module, x: Tensor, masks: Tensor | None, noisy: list[Tensor], seed: int, clock: Clock
+) -> _Stage:
+    """A batch's photos ``x`` and what every candidate shares on them (``noisy``: their noisy copies)."""
+    clock.check()
     with torch.no_grad():
         r = read(logits_of(model(x)), kind=score_kind(model))
     targets, far = r.order[:, 0].cpu(), r.order[:, -1].cpu()
     b, _, h, w = x.shape
     start = blurred(x)
-    ends = _probabilities(model, torch.cat([x, torch.zeros_like(x), start]), r, targets).reshape(3, b)
-    gen = torch.Generator().manual_seed(seed)  # robustness()'s draws: the same copies for every method
-    noisy = [uniform_noise(x, RADIUS, gen) for _ in range(SAMPLES)]
+    ends = _probabilities(model, torch.cat([x, torch.zeros_like(x), start]), r, targets, clock).reshape(3, b)
     stage = _Stage(x, targets, far, r, start, ends, noisy, masks)
     for name, m in (("random", random_maps(b, h, w, seed=seed, x=x)), (EDGES, edge_maps(x))):
-        stage.base[name] = _faithful(model, stage, m)
+        stage.base[name] = _faithful(model, stage, m, clock)
     return stage
 
 
-def _faithful(model: nn.Module, stage: _Stage, maps: Tensor) -> Tensor:
+def _faithful(model: nn.Module, stage: _Stage, maps: Tensor, clock: Clock) -> Tensor:
     """Each photo's insertion minus deletion AUC for ``maps``: the curves of
     :func:`~hookviz.evaluation.faithfulness.faithfulness` (``STEPS`` points, pixels most important first, ties
     in a fixed order; deleted to zeros, inserted on the blurred photo), their ends the stage's."""
@@ -206,7 +222,7 @@ def _faithful(model: nn.Module, stage: _Stage, maps: Tensor) -> Tensor:
         keep = (rank >= c).reshape(b, 1, *size).to(x.dtype)  # pixels not yet changed
         deleted.append(x * keep)
         inserted.append(stage.start * keep + x * (1 - keep))
-    p = _probabilities(model, torch.cat([*deleted, *inserted]), stage, stage.targets)
+    p = _probabilities(model, torch.cat([*deleted, *inserted]), stage, stage.targets, clock)
     p = p.reshape(2, STEPS - 1, b)
     photo, zero, blur = stage.ends
     deletion = torch.cat([photo[None], p[0], zero[None]]).T
@@ -221,12 +237,13 @@ def _max_sensitivity(maps: Tensor, noisy: Sequence[Tensor]) -> Tensor:
     return torch.stack(changes, dim=1).amax(dim=1)
 
 
-def explainer(layer: str, methods: Sequence[str]) -> Maps:
+def explainer(layer: str, methods: Sequence[str], clock: Clock | None = None) -> Maps:
     """The maps of ``methods`` at ``layer`` from one :func:`~hookviz.engine.explain.explain` call (the
-    methods share its forward and backward passes)."""
+    methods share its forward and backward passes; ``clock`` read after each pass of a method's own)."""
+    tick = None if clock is None else clock.ticking()
 
     def maps_of(net: nn.Module, xs: Tensor, t: Tensor) -> dict[str, Tensor]:
-        ex = explain(net, xs, [layer], list(methods), t)
+        ex = explain(net, xs, [layer], list(methods), t, progress=tick)
         return {m: ex.maps[(m, layer)][:, 0].detach().float().cpu() for m in methods}
 
     return maps_of
@@ -252,16 +269,23 @@ def localised(maps: Tensor, masks: Tensor) -> dict[str, list[float]]:
 
 
 def _layer_raw(
-    model: nn.Module, stage: _Stage, maps_of: Maps, randomised: nn.Module
+    model: nn.Module, stage: _Stage, maps_of: Maps, randomised: nn.Module, clock: Clock
 ) -> dict[str, dict[str, list[float]]]:
-    """Each method's per-photo figures at one layer; the methods share every explanation's passes."""
+    """Each method's per-photo figures at one layer on a batch; the methods share every explanation's
+    passes. The clock is read before each explanation and each chunk of perturbed photos."""
+
+    def timed(net: nn.Module, xs: Tensor, t: Tensor) -> dict[str, Tensor]:
+        clock.check()
+        return maps_of(net, xs, t)
+
     x, t = stage.x, stage.targets
-    own, after, other = maps_of(model, x, t), maps_of(randomised, x, t), maps_of(model, x, stage.far)
-    noisy = [maps_of(model, xp, t) for xp in stage.noisy]
+    own, after, other = timed(model, x, t), timed(randomised, x, t), timed(model, x, stage.far)
+    noisy = [timed(model, xp, t) for xp in stage.noisy]
     out = {}
     for m, maps in own.items():
         n = maps.shape[0]
-        score = stage.base[EDGES] if m == EDGES else _faithful(model, stage, maps)  # the control: the same
+        # The control's figure is the edge baseline's: the same maps.
+        score = stage.base[EDGES] if m == EDGES else _faithful(model, stage, maps, clock)
         raw = {
             "randomisation": [abs(spearman(maps[i], after[m][i])) for i in range(n)],
             "class": [ssim(maps[i], other[m][i]) for i in range(n)],
@@ -276,71 +300,78 @@ def _layer_raw(
     return out
 
 
-class _Clock:
-    """``budget`` seconds from ``started`` (a :func:`time.monotonic` reading; default now; None: no end)."""
-
-    def __init__(self, budget: float | None, started: float | None = None) -> None:
-        self.budget = budget
-        begun = time.monotonic() if started is None else started
-        self.end = None if budget is None else begun + budget
-
-    def out(self) -> bool:
-        return self.end is not None and time.monotonic() >= self.end
-
-    def said(self) -> str:
-        return f"the budget of {self.budget:g} s was spent"
+#: A layer, its methods, and how their maps are made (None: :func:`explainer`).
+_Unit = tuple[str, Sequence[str], Maps | None]
 
 
 @dataclass
 class _Run:
-    """The rounds' bookkeeping: each candidate's per-photo figures so far, and why one stopped."""
+    """The battery's inputs, and its bookkeeping: each candidate's per-photo figures so far (over the first
+    photos, a batch at a time), and why one stopped."""
 
+    model: nn.Module
+    x: Tensor
+    masks: Tensor | None
+    randomised: nn.Module
+    seed: int
+    clock: Clock
+    progress: Progress
     raw: dict[tuple[str, str], dict[str, list[float]]] = field(default_factory=dict)
     dropped: dict[tuple[str, str], str] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
-def _round(
-    model: nn.Module,
-    x: Tensor,
-    masks: Tensor | None,
-    units: Sequence[tuple[str, Sequence[str], Maps | None]],
-    span: tuple[int, int],
-    state: _Run,
-    randomised: nn.Module,
-    seed: int,
-    clock: _Clock,
-    progress: Progress,
-) -> None:
-    """One round of successive halving: every candidate still in, on the photos ``span``."""
-    lo, hi = span
+def _round(run: _Run, units: Sequence[_Unit], lo: int, hi: int) -> None:
+    """One round of successive halving: every candidate still in, on the photos ``lo:hi``, ``BATCH`` at a
+    time. Once the budget is spent, the batch under way stops: each candidate keeps the batches it finished
+    (``dropped`` says over how many photos), and one that finished none is left out."""
     first = lo == 0
+    alive = [
+        (la, [m for m in methods if (m, la) not in run.dropped and (first or (m, la) in run.raw)], maps_of)
+        for la, methods, maps_of in units
+    ]
+    gen = torch.Generator().manual_seed(run.seed)  # robustness()'s draws: the same copies for every method
+    noisy = [uniform_noise(run.x[lo:hi], RADIUS, gen) for _ in range(SAMPLES)]
+    try:
+        for a in range(lo, hi, BATCH):
+            _batch(run, alive, a, min(hi, a + BATCH), [copy[a - lo : a - lo + BATCH] for copy in noisy])
+    except Spent:
+        n, said = run.x.shape[0], run.clock.said()
+        for la, methods, _ in alive:
+            for m in methods:
+                done = len(run.raw.get((m, la), {}).get("class", []))
+                if not done:
+                    run.left_out.append(f"{m} at {la}: not tested ({said})")
+                elif done < hi:
+                    run.dropped[(m, la)] = (
+                        f"budget: its figures are over the first {done} of {n} photos only ({said})"
+                    )
+
+
+def _batch(run: _Run, alive: Sequence[_Unit], a: int, b: int, noisy: list[Tensor]) -> None:
+    """Every candidate still in on the photos ``a:b`` (``noisy``: their noisy copies); the clock read before
+    each unit of work (:class:`Spent` once the budget is spent)."""
     stage: _Stage | None = None
-    for layer, methods, maps_of in units:
-        alive = [m for m in methods if (m, layer) not in state.dropped and (first or (m, layer) in state.raw)]
-        if not alive:
+    for layer, methods, maps_of in alive:
+        if not methods:
             continue
-        if clock.out():
-            for m in alive:
-                if first:
-                    state.left_out.append(f"{m} at {layer}: not tested ({clock.said()})")
-                else:
-                    state.dropped[(m, layer)] = f"budget: its figures are over the first {lo} photos only " \
-                                                f"({clock.said()})"  # fmt: skip
-            continue
-        progress(f"photos {lo + 1}-{hi} of {x.shape[0]}: {', '.join(alive)} at {layer}")
-        stage = stage or _stage(model, x[lo:hi], None if masks is None else masks[lo:hi], seed)
-        got = _layer_raw(model, stage, maps_of or explainer(layer, alive), randomised)
+        run.clock.check()
+        which = f"photos {a + 1}-{b}" if b > a + 1 else f"photo {b}"
+        run.progress(f"{which} of {run.x.shape[0]}: {', '.join(methods)} at {layer}")
+        masks = None if run.masks is None else run.masks[a:b]
+        stage = stage or _stage(run.model, run.x[a:b], masks, noisy, run.seed, run.clock)
+        got = _layer_raw(run.model, stage, maps_of or explainer(layer, methods, run.clock), run.randomised,
+                         run.clock)  # fmt: skip
         for m, figures in got.items():
-            mine = state.raw.setdefault((m, layer), {})
+            mine = run.raw.setdefault((m, layer), {})
             for k, v in figures.items():
                 if k != "cells":
                     mine[k] = mine.get(k, []) + v
         cells = int(next(iter(got.values()))["cells"][0])
-        if first and maps_of is None and cells < 16:
-            state.notes.append(f"{', '.join(alive)} at {layer}: a map of {cells} cells; its rank tests are "
-                               "coarse (a larger --input-size or an earlier layer gives more)")  # fmt: skip
+        if a == 0 and maps_of is None and cells < 16:
+            run.notes.append(f"{', '.join(methods)} at {layer}: a map of {cells} cells; its rank tests are "
+                             "coarse (a larger --input-size or an earlier layer gives more)")  # fmt: skip
 
 
 def trust(
@@ -373,30 +404,31 @@ def trust(
         masks: ``(B, H, W)`` booleans, where the object of each photo lies (in the input's frame): adds the
             localisation test.
         budget: seconds from ``started`` (a :func:`time.monotonic` reading: the command's, its process's
-            start; default now); the run stops between steps when they are spent and says what it left out.
-        progress: called with a line before each step.
+            start; default now), read before each batch of work (a chunk of perturbed photos, an
+            explanation, a pass of a method's own): once they are spent the run stops within that batch,
+            keeps each candidate's figures over the photos it finished and says what it cut.
+        progress: called with a line before each step (a layer's methods on a batch of photos).
     """
-    clock = _Clock(budget, started)
+    clock = Clock(budget, started)
     check = check_model(model, x, seed=seed)
     # The classifier re-initialised, on a copy (the first step: the generator's copy changes at each step).
     _, randomised = next(iter(randomised_models(model, seed=seed)))
     n = x.shape[0]
     cut = n // 2 if n >= HALVING_FROM else n
     pixel = {m for m in methods if m in REGISTRY and REGISTRY[m].resolution == "input"}  # once, first layer
-    units: list[tuple[str, Sequence[str], Maps | None]] = [
+    units: list[_Unit] = [
         (la, [m for m in methods if i == 0 or m not in pixel], None) for i, la in enumerate(layers)
     ]
     units.append(("-", [EDGES], _edges_of))
-    state = _Run()
-    say = progress or (lambda _line: None)
-    _round(model, x, masks, units, (0, cut), state, randomised, seed, clock, say)
+    state = _Run(model, x, masks, randomised, seed, clock, progress or (lambda _line: None))
+    _round(state, units, 0, cut)
     if cut < n:
         for key, figures in state.raw.items():
-            if verdict_of(judge(figures))[0] == "fails":
+            if key not in state.dropped and verdict_of(judge(figures))[0] == "fails":
                 state.dropped[key] = (
                     f"failed clearly on the first {cut} of {n} photos; not tested on the rest"
                 )
-        _round(model, x, masks, units, (cut, n), state, randomised, seed, clock, say)
+        _round(state, units, cut, n)
     candidates = []
     for (method, layer), figures in state.raw.items():
         tests = judge(figures)
