@@ -128,9 +128,8 @@ def trust_photos(
     if detector:
         settings = CamSettings(methods=(chosen[0],), layers=tuple(layers or ()))
         tried = list(make_cam_job(loaded, settings, calls=calls).job.layers)
-        report = trust_detections(
-            loaded, photos.batch, photos.names, tried, chosen, seed=seed, progress=progress
-        )
+        report = trust_detections(loaded, photos.batch, photos.names, tried, chosen, seed=seed,
+                                  progress=progress, budget=budget, started=started)  # fmt: skip
         return _done(report, loaded, photos), refused, photos.failed
     stacked = torch.stack(photos.batch).to(loaded.device)
     masks = None if photos.masks is None else torch.from_numpy(np.stack(photos.masks))

@@ -12,6 +12,9 @@ draws the photo: a candidate is then used with care at best.
 
 The model check: a detector that keeps no box at the score threshold on most photos (its weights never
 loaded, most often) gets "no map here can be trusted".
+
+A budget is read before each photo (and between D-RISE's masked passes): once it is spent, every candidate's
+figures are over the photos explained so far (``dropped`` says so), or, with none, each is left out.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hookviz.engine.detection import explain_detections
+from hookviz.engine.detection import DetectionExplanation, explain_detections
 from hookviz.evaluation.trust import (
     EDGES,
     Candidate,
@@ -38,6 +41,7 @@ from hookviz.evaluation.trust import (
     not_applicable,
     verdict_of,
 )
+from hookviz.evaluation.trust_clock import Clock, Spent
 from hookviz.models.loaded import LoadedModel
 
 __all__ = ["NOT_FOR_DETECTORS", "trust_detections"]
@@ -78,16 +82,21 @@ def trust_detections(
     *,
     seed: int = 0,
     progress: Progress | None = None,
+    budget: float | None = None,
+    started: float | None = None,
 ) -> TrustReport:
     """Every method at every layer on the boxes the detector keeps (score >= 0.5, at most 5 a photo).
 
     Args:
         photos: ``(3, H, W)`` in [0, 1], each at its own size (as the detector takes them).
+        budget: seconds from ``started`` (a :func:`time.monotonic` reading; default now), read before each
+            photo: the figures are over the photos explained within it, and the report says so.
     """
     say = progress or (lambda _line: None)
     say(f"{len(photos)} photos: {', '.join(methods)} at {', '.join(layers)} (one backward pass a box)")
-    found = explain_detections(loaded.model, [p.to(loaded.device) for p in photos], list(layers),
-                               list(methods), score_threshold=THRESHOLD, max_boxes=5)  # fmt: skip
+    clock = Clock(budget, started)
+    found = _explained(loaded, photos, layers, methods, clock)
+    photos = photos[: len(found)]
     raw: dict[tuple[str, str], dict[str, list[float]]] = {}
     edges_raw: dict[str, list[float]] = {}
     for photo, ex in zip(photos, found, strict=True):
@@ -105,7 +114,7 @@ def trust_detections(
             edges_raw.setdefault(k, []).extend(v)
     seen = sum(1 for ex in found if len(ex.boxes))
     said = f"it keeps no box with score >= {THRESHOLD} on {len(photos) - seen} of {len(photos)} photos"
-    check = ModelCheck(float("nan"), float("nan"), False, seen * 2 <= len(photos), said)
+    check = ModelCheck(float("nan"), float("nan"), False, bool(photos) and seen * 2 <= len(photos), said)
     candidates = [_candidate(m, layer, figures) for (m, layer), figures in raw.items()]
     if edges_raw:
         control = replace(_candidate(EDGES, "-", edges_raw), control=True)
@@ -113,10 +122,41 @@ def trust_detections(
         if control.tests["localisation"].outcome == "pass":  # localisation alone cannot tell them apart
             candidates = [_no_better_than_edges(c) for c in candidates]
     tests = ["localisation", *NOT_FOR_DETECTORS]
+    tried = [(m, la) for la in layers for m in methods]
+    candidates, left_out = _cut(candidates, len(found), len(names), tried, clock)
     report = TrustReport(
-        loaded.name, list(names), seed, check, candidates, None, "", [], "detection", [], tests
+        loaded.name, list(names), seed, check, candidates, None, "", [], "detection", left_out, tests
     )
     return answered(report)
+
+
+def _cut(
+    candidates: list[Candidate], done: int, n: int, tried: list[tuple[str, str]], clock: Clock
+) -> tuple[list[Candidate], list[str]]:
+    """What a budget spent after ``done`` of the ``n`` photos cut: the candidates' figures are over those
+    photos (said in ``dropped``); with none, every candidate is left out."""
+    if done == n:
+        return candidates, []
+    if not done:
+        return [], [f"{m} at {la}: not tested ({clock.said()})" for m, la in [*tried, (EDGES, "-")]]
+    cut = f"budget: its figures are over the first {done} of {n} photos only ({clock.said()})"
+    return [replace(c, dropped=cut) for c in candidates], []
+
+
+def _explained(
+    loaded: LoadedModel, photos: Sequence[Tensor], layers: Sequence[str], methods: Sequence[str], clock: Clock
+) -> list[DetectionExplanation]:
+    """The photos' detections with their maps, one photo at a time until the budget is spent."""
+    found: list[DetectionExplanation] = []
+    try:
+        for photo in photos:
+            clock.check()
+            found += explain_detections(loaded.model, [photo.to(loaded.device)], list(layers),
+                                        list(methods), score_threshold=THRESHOLD, max_boxes=5,
+                                        progress=clock.ticking())  # fmt: skip
+    except Spent:
+        pass
+    return found
 
 
 def _candidate(method: str, layer: str, figures: dict[str, list[float]]) -> Candidate:
