@@ -17,7 +17,7 @@ from typing import Any
 from hookviz.errors import UsageError, WeightsError, first_line
 from hookviz.io.files import file_digest
 from hookviz.io.images import Preprocess
-from hookviz.models import towers
+from hookviz.models import hf_folder, towers
 from hookviz.models.hf_dense import HfDetector, HfSegmenter
 from hookviz.models.scores import ImageTextSource
 from hookviz.models.sources import WEIGHTS_DEFAULT, WEIGHTS_NONE, Built, Options, missing_extra, seeded
@@ -54,6 +54,7 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
     if not where:
         raise UsageError("--model hf: needs a folder written by save_pretrained, or a hub id (hf:DIR_OR_ID)")
     auto = transformers.AutoModelForImageClassification
+    hf_folder.check_folder(where)
     try:
         config = transformers.AutoConfig.from_pretrained(where)
     except (OSError, ValueError) as exc:
@@ -66,10 +67,13 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
     image_text = getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None)
     task, auto_name = _kind(config)
     if image_text:
+        hf_folder.check_processor(name, where)
         auto = transformers.AutoModel
         towers.check(_model_class(auto, config), str(config.model_type), name, where)
     elif auto_name:
         auto = getattr(transformers, auto_name)
+    else:
+        hf_folder.check_head(transformers, config, name, where)
     if weights.lower() == WEIGHTS_NONE:
         model = seeded(lambda: auto.from_config(config))
         label, pretrained, weights_id = "none (random init)", False, "none"
@@ -96,6 +100,8 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         return _dense(transformers, model, task, where, config, (name, label, pretrained, weights_id))
     built = Built(model, name, label, pretrained, weights_id, () if image_text else _categories(config))
     _preprocessing(built, where, config)
+    p = built.preprocess
+    built.normalisation_note = hf_folder.guessed(name, where, p.mean, p.std, p.crop_size)
     if image_text:
         built.preprocess = towers.preprocess(
             built.preprocess, str(config.model_type), config, _processor(where)
@@ -160,11 +166,15 @@ def _dense(
 
 
 def _tokenizer(transformers: Any, where: str) -> Any:
-    """The tokenizer saved beside an image-text model, or None (``--prompt`` then says so)."""
+    """The tokenizer saved beside an image-text model, or None (``--prompt`` then says so). A folder
+    without a vocabulary has none: transformers would build an empty one that reads every prompt alike."""
+    if not hf_folder.has_tokenizer(where):
+        return None
     try:
-        return transformers.AutoTokenizer.from_pretrained(where)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return tokenizer if len(tokenizer) > 2 else None
 
 
 def _weights_id(where: str, config: Any) -> str:

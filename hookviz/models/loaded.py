@@ -232,6 +232,9 @@ def prepare(
         labels_id,
         task,
         video or volume or PHOTOS,
+        notes=(built.normalisation_note,)
+        if built.normalisation_note and (mean is None or std is None)
+        else (),
         sized=side is not None or size3 is not None,
     )
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hookviz.core.hooks import HookGroup, ModuleCall, first_tensor, logits_of, preserved
-from hookviz.errors import LayerError, UsageError
+from hookviz.errors import LayerError, SetupError, UsageError
 from hookviz.io.images import load_rgb
 from hookviz.models import towers
 from hookviz.models.facade import Facade
@@ -221,7 +221,7 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
     its classes (``top1`` is the best-matching prompt, captions and records name them).
 
     Raises:
-        UsageError: not an image-text model, no tokenizer beside it.
+        UsageError: not an image-text model. SetupError: no tokenizer beside it.
     """
     source = loaded.model
     if not isinstance(source, ImageTextSource):
@@ -231,7 +231,10 @@ def with_prompts(loaded: LoadedModel, prompts: Sequence[str]) -> LoadedModel:
     if not source.scores_prompts:
         raise _generative(loaded, source)
     if source.tokenizer is None:
-        raise UsageError(f"--prompt: {loaded.name} has no tokenizer beside it (save it with save_pretrained)")
+        raise SetupError(
+            f"--prompt: {loaded.name} has no tokenizer beside it, so its prompts cannot be read; save it "
+            "into the model's folder (processor.save_pretrained(DIR) or tokenizer.save_pretrained(DIR))"
+        )
     model = source.wrapped
     padding = "max_length" if source.kind.startswith("siglip") else True
     notes = _truncated(source.tokenizer, prompts)

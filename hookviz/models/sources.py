@@ -64,6 +64,9 @@ class Built:
     video: VideoPreprocess | None = None
     #: Why ``--input-size`` must be given (an ONNX graph of symbolic height and width); None: it need not.
     input_size_note: str | None = None
+    #: A note that the preprocessing was guessed (a folder without its image processor), said unless the
+    #: user gives ``--mean`` and ``--std``; None: nothing was guessed.
+    normalisation_note: str | None = None
 
 
 def missing_extra(package: str, extra: str) -> SetupError:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from hookviz.errors import InputError, SetupError, UsageError, first_line
 from hookviz.models.hf import quiet
+from hookviz.models.hf_folder import check_folder
 from hookviz.vlm.families import HF, Family, family_of, processed
 
 
@@ -50,6 +51,7 @@ def load_vlm(spec: str, device: str = "cpu") -> Vlm:
     where = spec[3:] if spec.startswith("hf:") else spec
     if spec.startswith("hf:") and not Path(where).expanduser().is_dir() and Path(where).expanduser().exists():
         raise UsageError(f"--model {spec}: not a folder; give a folder save_pretrained wrote, or a hub id")
+    check_folder(where)  # a folder without config.json, a weights file cut short: one line, exit 3
     try:
         with quiet(transformers):
             processor = transformers.AutoProcessor.from_pretrained(where)
