@@ -142,3 +142,22 @@ def test_an_image_text_model_without_its_processor_is_refused(folders: Path, pho
     spec = f"hf:{folders / 'clip_noproc'}"
     for args in _every_command(spec, photo, folders / "c")[1:]:
         _refused(args, "no image processor in the folder")
+
+
+def test_weights_file_saved_by_save_pretrained_loads_as_the_folder_does(folders: Path, photo: Path) -> None:
+    """``--weights DIR/model.safetensors`` holds the checkpoint's key names, not the modules' (transformers
+    5): it loads through transformers' own key mapping and predicts what ``DEFAULT`` predicts (before: exit
+    3, "32 missing key(s)"); a file of another architecture is still refused, its keys named."""
+    spec = f"hf:{folders / 'vit'}"
+    own = folders / "vit" / "model.safetensors"
+    args = ["gradcam", str(photo), "--model", spec, "-q", "--save-raw"]
+    r = invoke(*args, "--weights", str(own), "--out", str(folders / "w1"))
+    assert r.exit_code == 0, r.stderr
+    assert invoke(*args, "--out", str(folders / "w2")).exit_code == 0
+    (a,), (b,) = records(folders / "w1"), records(folders / "w2")
+    assert a["predicted"] == b["predicted"] and a["weights"] == str(own)
+    maps = [np.load(next(Path(o) for o in rec["outputs"] if o.endswith(".full.npy"))) for rec in (a, b)]
+    np.testing.assert_allclose(maps[0], maps[1], rtol=1e-5, atol=1e-6)
+    other = folders / "tower" / "model.safetensors"
+    line = _refused([*args, "--weights", str(other), "--out", str(folders / "w3")], "does not fit hf:vit")
+    assert "missing key(s)" in line

@@ -91,7 +91,7 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
         if not path.is_file():
             raise UsageError(f"--weights {weights!r}: no such file, and not DEFAULT or none (for {name})")
         state = load_state_dict_file(path, options.weights_key)
-        model = apply_state_dict(seeded(lambda: auto.from_config(config)), state, path, name)
+        model = _from_file(auto, config, state, path, name)
         key = f"[{options.weights_key}]" if options.weights_key else ""
         label, pretrained, weights_id = str(path), True, f"sha256:{file_digest(path)}{key}"
     if image_text:
@@ -107,6 +107,27 @@ def _build(transformers: Any, spec: str, weights: str, options: Options) -> Buil
             built.preprocess, str(config.model_type), config, _processor(where)
         )
     return built
+
+
+def _from_file(auto: Any, config: Any, state: dict[str, Any], path: Path, name: str) -> Any:
+    """The model of ``config`` with the weights of a file: read through transformers' own loading, which maps
+    the key names ``save_pretrained`` writes (the checkpoint's) to the modules' (they differ in transformers
+    5); a file keyed by the modules' names loads too. Where a weight is missing or of another shape, the file
+    is loaded as a plain state_dict, whose refusal lists the keys."""
+    cls = _model_class(auto, config)
+    if cls is not None:
+        try:
+            model, info = seeded(
+                lambda: cls.from_pretrained(
+                    None, config=config, state_dict=dict(state), output_loading_info=True
+                )
+            )
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError):
+            info = None
+        # Keys the model has no module for (a generation head beside the tower) are left, as DEFAULT does.
+        if info is not None and not info.get("missing_keys") and not info.get("mismatched_keys"):
+            return model
+    return apply_state_dict(seeded(lambda: auto.from_config(config)), state, path, name)
 
 
 def _model_class(auto: Any, config: Any) -> Any:
