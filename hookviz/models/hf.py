@@ -117,11 +117,12 @@ def _from_file(auto: Any, config: Any, state: dict[str, Any], path: Path, name: 
     cls = _model_class(auto, config)
     if cls is not None:
         try:
-            model, info = seeded(
+            pair: Any = seeded(
                 lambda: cls.from_pretrained(
                     None, config=config, state_dict=dict(state), output_loading_info=True
                 )
             )
+            model, info = pair
         except (OSError, ValueError, RuntimeError, KeyError, TypeError):
             info = None
         # Keys the model has no module for (a generation head beside the tower) are left, as DEFAULT does.
