@@ -161,3 +161,33 @@ def test_weights_file_saved_by_save_pretrained_loads_as_the_folder_does(folders:
     other = folders / "tower" / "model.safetensors"
     line = _refused([*args, "--weights", str(other), "--out", str(folders / "w3")], "does not fit hf:vit")
     assert "missing key(s)" in line
+
+
+@pytest.mark.parametrize("command", ["summary", "vlm"])
+def test_a_hub_id_offline_fails_at_once_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, photo: Path, tmp_path: Path, command: str
+) -> None:
+    """The hub unreachable (its connection refused here): one try, then the cache alone, then one line
+    (before: five retries of each file with a log line each, about 40 s); the hub's offline switch is put
+    back after."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    def refused(*args: object, **kwargs: object) -> socket.socket:
+        raise OSError("no network")
+
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "create_connection", refused)
+    spec = "hf:hookviz-tests/no-such-model-7f3a"
+    args = {
+        "summary": ["summary", "--model", spec],
+        "vlm": ["vlm", str(photo), "--model", spec, "--prompt", "<image> what", "--out", str(tmp_path / "v")],
+    }[command]
+    start = time.perf_counter()
+    line = _refused(args, "the hub cannot be reached (offline?) and it is not in the cache")
+    assert time.perf_counter() - start < 20 and "no-such-model-7f3a" in line
+    assert constants.HF_HUB_OFFLINE is False

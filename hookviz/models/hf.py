@@ -29,22 +29,32 @@ def build(spec: str, weights: str, options: Options) -> Built:
         import transformers
     except ImportError:
         raise missing_extra("transformers", "hf") from None
-    with quiet(transformers):
-        return _build(transformers, spec, weights, options)
+    where = spec.split(":", 1)[1]
+    with quiet(transformers), hf_folder.hub_or_cache(where) as offline:
+        try:
+            return _build(transformers, spec, weights, options)
+        except WeightsError:
+            if offline:
+                raise WeightsError(hf_folder.unreachable(where)) from None
+            raise
 
 
 @contextmanager
 def quiet(transformers: Any) -> Iterator[None]:
     """No progress bars or info lines from transformers while loading (stdout/stderr stay hookviz's)."""
+    from huggingface_hub.utils import logging as hub_logging
+
     logging = transformers.utils.logging
-    level = logging.get_verbosity()
+    level, hub_level = logging.get_verbosity(), hub_logging.get_verbosity()
     bars = logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()  # the hub's retries ("Retrying in 8s [Retry 5/5]") are not ours to say
     logging.disable_progress_bar()
     try:
         yield
     finally:
         logging.set_verbosity(level)
+        hub_logging.set_verbosity(hub_level)
         if bars:
             logging.enable_progress_bar()
 

@@ -9,8 +9,13 @@ problem and what to save into it.
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hookviz.errors import WeightsError, first_line
 
@@ -138,4 +143,42 @@ def guessed(name: str, where: str, mean: tuple[float, ...], std: tuple[float, ..
         f"(the config's image_size, or 224), mean {numbers(f'{v:g}' for v in mean)} and std "
         f"{numbers(f'{v:g}' for v in std)} (ImageNet's); set them with --input-size, --mean and --std, or "
         "save the processor with processor.save_pretrained(DIR)"
+    )
+
+
+@contextmanager
+def hub_or_cache(where: str) -> Iterator[bool]:
+    """For a hub id, one quick try to reach the hub (a 2 s connection); where it cannot be reached, the hub's
+    offline mode inside, so transformers reads its cache alone instead of retrying each file five times with
+    a log line each (about 40 s). Yields whether the hub was found unreachable (a local folder: False).
+
+    Skipped behind a proxy (``HTTPS_PROXY``), where a direct connection says nothing about the hub.
+    """
+    from huggingface_hub import constants
+
+    if local(where) is not None or constants.is_offline_mode() or _proxied():
+        yield False
+        return
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname or "", url.port or 443), timeout=2).close()
+    except OSError:
+        before, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+        try:
+            yield True
+        finally:
+            constants.HF_HUB_OFFLINE = before
+        return
+    yield False
+
+
+def _proxied() -> bool:
+    return any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+
+
+def unreachable(where: str) -> str:
+    """The one line for a hub id neither reachable nor cached."""
+    return (
+        f"hf:{where} is no local folder, the hub cannot be reached (offline?) and it is not in the cache; "
+        "give a folder save_pretrained wrote, or load it once online"
     )

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hookviz.errors import InputError, SetupError, UsageError, first_line
+from hookviz.errors import InputError, SetupError, UsageError, WeightsError, first_line
 from hookviz.models.hf import quiet
-from hookviz.models.hf_folder import check_folder
+from hookviz.models.hf_folder import check_folder, hub_or_cache, unreachable
 from hookviz.vlm.families import HF, Family, family_of, processed
 
 
@@ -52,12 +52,15 @@ def load_vlm(spec: str, device: str = "cpu") -> Vlm:
     if spec.startswith("hf:") and not Path(where).expanduser().is_dir() and Path(where).expanduser().exists():
         raise UsageError(f"--model {spec}: not a folder; give a folder save_pretrained wrote, or a hub id")
     check_folder(where)  # a folder without config.json, a weights file cut short: one line, exit 3
-    try:
-        with quiet(transformers):
+    with quiet(transformers), hub_or_cache(where) as offline:
+        try:
             processor = transformers.AutoProcessor.from_pretrained(where)
             model, attention = _loaded(transformers, where)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--model {spec}: cannot load a vision-language model ({first_line(exc)})") from None
+        except (OSError, ValueError) as exc:
+            if offline:
+                raise WeightsError(unreachable(where)) from None
+            said = first_line(exc)
+            raise UsageError(f"--model {spec}: cannot load a vision-language model ({said})") from None
     family = family_of(model)
     target = torch.device(device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     return Vlm(model.eval().to(target), processor, family, Path(where).name or where, target, attention)
