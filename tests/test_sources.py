@@ -181,13 +181,18 @@ def test_timm_families_work_with_no_options(tmp_path: Path) -> None:
 
 
 def test_timm_token_layouts_drop_prefix_tokens() -> None:
-    """DeiT's distillation token and ViT's register tokens are not patches: the grid comes from the embed."""
-    for name, prefix in (("deit_tiny_distilled_patch16_224", 2), ("vit_little_patch16_reg4_gap_256", 4)):
+    """DeiT's distillation token and ViT's register tokens are not patches: the grid comes from the embed.
+    DeiT's head reads its class and distillation tokens (the default: the last block's input norm); the
+    ``gap`` ViT averages its patch tokens (the default: ``norm``, the tensor entering that mean)."""
+    for name, prefix, default in (
+        ("deit_tiny_distilled_patch16_224", 2, "blocks.11.norm1"),
+        ("vit_little_patch16_reg4_gap_256", 4, "norm"),
+    ):
         lm = load_model(f"timm:{name}", "none")
         assert lm.model.num_prefix_tokens == prefix
         calls = probe(lm)
         layer = default_cam_layer(lm.model, calls)
-        assert layer.endswith("norm1") and layer.startswith("blocks.")
+        assert layer == default
         s = lm.preprocess.crop_size
         ex = explain(lm.model, torch.randn(1, 3, s, s), [layer], ["eigencam"])
         assert tuple(ex.maps[("eigencam", layer)].shape[2:]) == tuple(lm.model.patch_embed.grid_size)

@@ -12,6 +12,7 @@ from hookviz.cli.app import EXIT_USAGE, fail
 from hookviz.cli.flags import (
     MAPS,
     MODEL,
+    OUTPUT,
     ClipLen,
     Debug,
     FeatureLayers,
@@ -35,6 +36,9 @@ MaxChannels = Annotated[int, typer.Option("--max-channels", min=1, help="channel
     rich_help_panel=MAPS)]  # fmt: skip
 ChannelColours = Annotated[Colormap, typer.Option("--colormap", help="channel colours.",
     rich_help_panel=MAPS)]  # fmt: skip
+FeatureRaw = Annotated[bool, typer.Option("--save-raw", help="also write each feature map as .npy: every "
+    "channel of it (C, H, W), float32; the record's channels are those drawn.",
+    rich_help_panel=OUTPUT)]  # fmt: skip
 
 
 @grouped
@@ -45,6 +49,7 @@ def featuremaps(
     stage: StageOpt = Stage.output,
     max_channels: MaxChannels = 64,
     colormap: ChannelColours = Colormap.viridis,
+    save_raw: FeatureRaw = False,
     run: RunOptions = RunOptions(),
     sampling: Sampling = Sampling(),
 ) -> None:
@@ -52,8 +57,9 @@ def featuremaps(
     from hookviz.jobs.build import made_by  # loads torch: only once the command runs
     from hookviz.jobs.features import featuremap_job
 
+    # --maps: the feature maps go into the store (as gradcam's raw maps do), so they are kept.
     job = made_by(featuremap_job, layers=layers, stage=str(stage), max_channels=max_channels,
-                  colormap=str(colormap))  # fmt: skip
+                  colormap=str(colormap), save_raw=save_raw or run.maps is not None)  # fmt: skip
     run_command(job, model, run, inputs, sampling=sampling)
 
 

@@ -228,7 +228,9 @@ def default_cam_layer(model: nn.Module, calls: Sequence[ModuleCall]) -> str:
     Before all these shape rules: a classifier whose head pools globally (a pooling module, or
     ``F.adaptive_avg_pool2d`` / ``mean`` over H and W in its code) takes the tensor entering that pooling,
     the one the CAM papers mean (``calls.pool``, traced by :func:`hookviz.core.hooks.trace_shapes`): named by
-    the module that made it where one did (resnet18 ``layer4``), else ``NAME:input``.
+    the module that made it where one did (resnet18 ``layer4``), else ``NAME:input``. So does a transformer
+    whose head averages its patch tokens (Hugging Face Swin ``swin.layernorm``, DINOv2 ``dinov2.layernorm``
+    beside its class token, timm's ``gap`` ViTs, LeViT): its last block reaches the head through them.
 
     Raises:
         UsageError: no module has a spatial output.

@@ -54,6 +54,11 @@ POOL_FUNCTIONS = frozenset(
 )
 
 
+#: Functions that pool tokens globally when their output is (B, C, 1) of a (B, C, N) input (Hugging Face
+#: Swin's ``AdaptiveAvgPool1d`` over its tokens transposed).
+TOKEN_POOLS = frozenset({"adaptive_avg_pool1d", "adaptive_max_pool1d"})
+
+
 def slug(name: str) -> str:
     """A tensor name as it appears in file names: ``_avg_pooling:input`` → ``_avg_pooling-input``."""
     return name.replace(":", "-")
@@ -95,7 +100,7 @@ def parse(name: str, modules: dict[str, nn.Module]) -> Ref | None:
 
 def _global(function: str, args: Sequence[Any], out: Any) -> Tensor | None:
     """The pooled input when this call pools a (B, C, H, W) tensor over all of H x W, else None."""
-    if function not in POOL_FUNCTIONS or not args or not isinstance(args[0], Tensor):
+    if function not in POOL_FUNCTIONS | TOKEN_POOLS or not args or not isinstance(args[0], Tensor):
         return None
     x = args[0]
     y = out[0] if isinstance(out, (tuple, list)) and out else out
@@ -104,6 +109,9 @@ def _global(function: str, args: Sequence[Any], out: Any) -> Tensor | None:
     if x.dim() == 3 and function == "mean" and x.shape[1] > 1:  # tokens (B, N, C) averaged: LeViT
         b, _, c = x.shape
         return x if tuple(y.shape) in ((b, c), (b, 1, c)) else None
+    if x.dim() == 3 and function in TOKEN_POOLS and x.shape[2] > 1:  # (B, C, N) pooled: Hugging Face Swin
+        b, c, _ = x.shape
+        return x if tuple(y.shape) in ((b, c), (b, c, 1)) else None
     if x.dim() == 5 and x.shape[3] * x.shape[4] > 1:
         b, c = x.shape[:2]
         return x if tuple(y.shape) in ((b, c), (b, c, 1, 1, 1)) else None
@@ -186,14 +194,35 @@ class PoolTracer:
         # makes the pooled values differ from what the module returned.
         seen = (x, version)
         made = next((n for n in once if _same(self.outputs.get(n), seen)), None)
-        if x.dim() == 3:  # pooled tokens count only as a module's whole output (not a ViT's patch slice)
-            return PoolSite(made, shape, function) if made is not None else None
+        if x.dim() == 3:  # pooled tokens: a module's output, whole or a view of it (not another tensor)
+            return _token_site(made, x, version, once, self.outputs, function)
         if made is not None:
             return PoolSite(made, shape, types.get(owner, function) if owner in stack else function)
         entered = next((n for n in stack if calls.get(n) == 1 and _same(self.inputs.get(n), seen)), None)
         if entered is not None:
             return PoolSite(f"{entered}{INPUT}", shape, types.get(entered, function))
         return PoolSite(f"{owner}.{function}{INPUT}" if owner else f"{function}{INPUT}", shape, function)
+
+
+def _token_site(
+    made: str | None,
+    x: Tensor,
+    version: int,
+    once: list[str],
+    outputs: dict[str, tuple[Tensor, int] | None],
+    function: str,
+) -> PoolSite | None:
+    """Where pooled tokens come from: the module whose output ``x`` is (LeViT's mean), else the one whose
+    output ``x`` is a view of, named with that output's shape: DINOv2's mean of its patch tokens (a slice
+    past the class and register tokens, which the token layout drops too), Hugging Face Swin's tokens
+    transposed for its ``AdaptiveAvgPool1d``."""
+    if made is not None:
+        return PoolSite(made, tuple(int(s) for s in x.shape), function)
+    whole = x._base
+    if whole is None or whole.dim() != 3:
+        return None
+    made = next((n for n in once if _same(outputs.get(n), (whole, version))), None)
+    return PoolSite(made, tuple(int(s) for s in whole.shape), function) if made is not None else None
 
 
 class FunctionTaps(TorchFunctionMode):

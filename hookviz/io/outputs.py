@@ -132,7 +132,7 @@ class Output:
 
     def keeps(self, name: str) -> bool:
         """Whether output ``name`` is written at all (no PNG with ``pictures`` off)."""
-        return self.pictures or not name.endswith(".png")
+        return kept(name, self.pictures)
 
     def exists(self, name: str) -> bool:
         """Whether output ``name`` is there (a raw map: complete in the Zarr store)."""
@@ -190,6 +190,11 @@ class Output:
                     f"--records: the sink {type(self.records).__name__}'s close() failed ({_said(exc)}); "
                     f"{self.root / self.manifest} holds every record: the sink may lack some"
                 ) from exc
+
+
+def kept(name: str, pictures: bool) -> bool:
+    """Whether output ``name`` is written where ``pictures`` says whether PNGs are (``--no-pictures``)."""
+    return pictures or not name.endswith(".png")
 
 
 def _said(exc: BaseException) -> str:

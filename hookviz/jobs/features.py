@@ -13,20 +13,23 @@ from hookviz.core.arrays import to_numpy
 from hookviz.core.layers import map_layers
 from hookviz.engine.features import capture_features, rank_channels
 from hookviz.io.images import Box, encode_png
-from hookviz.jobs.common import BaseJob, job_settings, predicted, weights_note
+from hookviz.jobs.common import BaseJob, job_settings, npy_bytes, predicted, weights_note
 from hookviz.models.loaded import LoadedModel, probe
 from hookviz.options import Colormap, Stage
 
 
 @dataclass(kw_only=True)
 class FeatureMapJob(BaseJob):
-    """One channel mosaic per image, layer, stage and call."""
+    """One channel mosaic per image, layer, stage and call; with ``save_raw`` (``--save-raw``, ``--maps``)
+    also the feature map itself, every channel of it, as ``.npy`` (float32; in the Zarr store instead with
+    ``--maps``)."""
 
     loaded: LoadedModel
     layers: Sequence[str]
     stage: str = "output"
     max_channels: int = 64
     colormap: str = "viridis"
+    save_raw: bool = False
     kind: str = "featuremaps"
 
     def __post_init__(self) -> None:
@@ -46,7 +49,13 @@ class FeatureMapJob(BaseJob):
         return ["input", "output"] if self.stage == "both" else [self.stage]
 
     def planned(self, stem: str) -> list[str]:
-        return [f"{stem}.featuremap.{layer}.{s}.png" for layer in self.layers for s in self._stages()]
+        kinds = (".png", ".npy") if self.save_raw else (".png",)
+        return [
+            f"{stem}.featuremap.{layer}.{s}{k}"
+            for layer in self.layers
+            for s in self._stages()
+            for k in kinds
+        ]
 
     def compute(self, x: Any) -> Any:
 
@@ -73,6 +82,10 @@ class FeatureMapJob(BaseJob):
             suffix = f".call{fm.call}" if fm.call > 1 else ""
             name = f"{stem}.featuremap.{fm.layer}.{fm.stage}{suffix}.png"
             files.append((name, encode_png(grid, mosaic=True)))
+            if self.save_raw:  # the whole map, every channel (the record's ``channels`` says those drawn)
+                files.append(
+                    (f"{name[: -len('.png')]}.npy", npy_bytes(to_numpy(fm.tensor[index]).astype(np.float32)))
+                )
             shown.append(
                 {
                     "file": name,
@@ -120,9 +133,13 @@ def featuremap_job(
     stage: str = "output",
     max_channels: int = 64,
     colormap: str = "viridis",
+    save_raw: bool = False,
 ) -> FeatureMapJob:
-    """The ``featuremaps`` job: ``layers`` as names or globs (default: every Conv2d that runs)."""
+    """The ``featuremaps`` job: ``layers`` as names or globs (default: every Conv2d that runs); ``save_raw``
+    also writes each feature map as it is (``--save-raw``; what a maps store, ``--maps``, takes: give it
+    with :class:`hookviz.Run`'s ``maps=``, as the command does)."""
     names = map_layers(loaded.model, list(layers) if layers else None, probe(loaded), loaded.name)
     return FeatureMapJob(
-        loaded=loaded, layers=names, stage=stage, max_channels=max_channels, colormap=colormap
-    )
+        loaded=loaded, layers=names, stage=stage, max_channels=max_channels, colormap=colormap,
+        save_raw=save_raw,
+    )  # fmt: skip

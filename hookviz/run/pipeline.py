@@ -21,7 +21,7 @@ from hookviz.errors import HookvizError, UsageError
 from hookviz.io import timing
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, Preprocess, quote
 from hookviz.io.inputs import Item, expand_inputs, read_input
-from hookviz.io.outputs import MANIFEST, Output, finite, settings_key, to_json
+from hookviz.io.outputs import MANIFEST, Output, finite, kept, settings_key, to_json
 from hookviz.run.files import Files
 from hookviz.run.names import item_prefix, output_prefix, output_stem
 
@@ -72,6 +72,16 @@ class Pacing(TypedDict, total=False):
     note: Callable[[str], None] | None
 
 
+def refuse_nothing(job: Job, pictures: bool) -> None:
+    """Refuse a run that would write no file (``--no-pictures`` and no raw map), before anything is made.
+
+    Raises:
+        UsageError: ``job`` plans only pictures and ``pictures`` is off.
+    """
+    if not pictures and not any(kept(n, pictures) for n in job.planned("input")):
+        raise UsageError("--no-pictures: this run would write no file; add --save-raw or --maps zarr")
+
+
 def run(
     items: Iterable[Item],
     job: Job,
@@ -109,8 +119,7 @@ def run(
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if skip_existing and output.overwrite:
         raise UsageError("--overwrite and --skip-existing contradict each other; pass one")
-    if not output.pictures and not any(output.keeps(n) for n in job.planned("input")):
-        raise UsageError("--no-pictures: this run would write no file; add --save-raw or --maps zarr")
+    refuse_nothing(job, output.pictures)
     budget = max_memory if max_memory is not None else default_budget(device)
     state = _Run(
         job, output, device, base, skip_existing, budget, note, (read, preprocess, max_pixels), workers

@@ -231,6 +231,8 @@ class Run:
         kind, loaded, everything = self.find(loaded)
         items = kind.items(loaded, distributed.shard(everything, dist), self.max_pixels)  # by file
         job = yield from self._built(loaded, kind, everything)
+        # Refused before the folder and its sinks are made: a refused run leaves nothing behind.
+        pipeline.refuse_nothing(job, self.output.pictures if self.output is not None else self.pictures)
         output = self.output or self._output()
         yield Started(len(items) if kind.cuts else len(everything), self._done())
         manifest = self.out / MANIFEST
