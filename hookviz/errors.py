@@ -13,9 +13,14 @@ from collections.abc import Iterable
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception's first line (its type's name when it says nothing), at most ``limit`` characters: what
-    a one-line error quotes of another library's reason."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+    """An exception's first line (its type's name when it says nothing), at most ``limit`` characters, cut
+    at a word's end (``...`` says where): what a one-line error quotes of another library's reason."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 3]
+    cut = cut[: cut.rfind(" ")] if " " in cut else cut
+    return cut.rstrip(" ,;:") + "..."
 
 
 def one_line(text: str) -> str:

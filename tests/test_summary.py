@@ -158,3 +158,42 @@ def test_table_golden(golden: object) -> None:
     """The table as a user reads it (regenerate with `pytest --update-golden` after a deliberate change)."""
     s = summarize(HandCNN(), (3, 32, 32), batch_size=2, depth=1, name="HandCNN")
     golden("handcnn_summary.txt", str(s) + "\n\n" + s.to_markdown() + "\n")  # type: ignore[operator]
+
+
+class TwoBranches(nn.Module):
+    """A photo's branch that runs, a branch that never does (a language model's stand-in) and a block list
+    run by its parent's loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tower = nn.Conv2d(3, 4, 3)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.language = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tower(x).mean((2, 3))
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+
+@pytest.mark.parametrize("on_meta", [False, True])
+def test_modules_that_never_ran_are_named_and_left_out_of_the_training_memory(on_meta: bool) -> None:
+    """The branch no operation read is named, its parameters are in the total alone and out of the
+    training memory estimate; the block list run by its parent is the other note's example. A weight
+    it shares with a module that ran (tied embeddings) is used: not among them."""
+    model = TwoBranches()
+    s = summarize(model, (3, 8, 8), on_meta=on_meta)
+    unused = 10 * 4 + 4 * 10 + 10
+    assert s.total_params == sum(p.numel() for p in model.parameters())
+    assert s.unused == ["language"] and s.unused_params == unused and s.unused_param_bytes == 4 * unused
+    assert s.training_memory_estimate == 4 * 4 * (s.total_params - unused) + s.forward_activation_bytes
+    assert s.notes[0].startswith(f"language never ran on this input: no operation read its {unused:,} ")
+    assert s.notes[1].startswith("1 module(s) never ran as modules (e.g. blocks); ")
+    assert f"  of which {unused:,} in modules that never ran (language): not in the MACs" in str(s)
+    assert s.to_dict()["unused"] == ["language"]
+    model.language[1].weight = model.blocks[0].weight  # tied: read through the block
+    s = summarize(model, (3, 8, 8))
+    assert s.unused == ["language.0"] and s.unused_params == 10 * 4
+    whole = summarize(HandCNN(), (3, 32, 32))
+    assert whole.unused == [] and whole.unused_params == 0 and not whole.notes

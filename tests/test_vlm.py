@@ -19,6 +19,7 @@ import torch
 
 from hookviz.errors import UsageError
 from hookviz.vlm.families import Family, family_of, register_family, unregister_family
+from hookviz.vlm.pictures import render_words
 from hookviz.vlm.words import Vlm, encode, explain_words
 from tests.conftest import hook_counts, invoke, records, run_cli, write_image
 from tests.test_report import browser  # noqa: F401 - the browser fixture
@@ -840,7 +841,7 @@ def test_a_family_registered_from_outside_the_package_runs_vlm(tmp_path: Path) -
         assert family_of(build("llava")[0]).name == "test-llava"
         r = invoke(*args, "--out", str(tmp_path / "ours"))
         assert r.exit_code == 0, r.stderr
-        assert _Renamed.calls == 1
+        assert _Renamed.calls == 2  # the folder's check (a plain photo, before any) and the photo
         with pytest.raises(UsageError, match="it knows test-llava, llava, llava-next"):
             family_of(SimpleNamespace(config=SimpleNamespace(model_type="clip")))
     finally:
@@ -932,3 +933,84 @@ def test_two_torchrun_ranks_write_the_manifest_one_process_writes(tmp_path: Path
         if name.endswith(".npy"):
             a, b = np.load(tmp_path / "one" / name), np.load(tmp_path / "two" / name)
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_folder_without_its_tokenizer_or_processor_is_one_line_about_the_folder(
+    family: str, tmp_path: Path
+) -> None:
+    """The model saved alone, or with its image processor and no tokenizer (an empty tokenizer loads in its
+    place for some families): one line naming what the folder lacks and how to save it, exit 3, never a
+    traceback or exit 70, and no photo read."""
+    model, processor = build(family)
+    bare, no_tokenizer = tmp_path / "bare", tmp_path / "notok"
+    model.save_pretrained(bare)
+    model.save_pretrained(no_tokenizer)
+    processor.image_processor.save_pretrained(no_tokenizer)
+    photo = write_image(tmp_path / "p.png", np.zeros((40, 50, 3), np.uint8))
+    for folder, lacks in [(bare, "no image processor and no tokenizer"), (no_tokenizer, "no tokenizer")]:
+        out = tmp_path / f"out-{folder.name}"
+        r = invoke("vlm", str(photo), "--model", f"hf:{folder}", "--prompt", "what is this ?", "--answer",
+                   "a disc", "--out", str(out))  # fmt: skip
+        assert r.exit_code == 3, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"hookviz: error: --model hf:{folder}: {lacks} beside the model (the folder holds no "
+            + ("preprocessor_config.json or processor_config.json or " if folder == bare else "")
+            + "tokenizer.json or tokenizer_config.json); save the model's own processor beside it with "
+            "processor.save_pretrained(DIR)"
+        ]
+        assert not (out / "manifest.jsonl").exists()
+
+
+def test_a_broken_processor_is_one_line_about_the_folder_before_any_photo(tmp_path: Path) -> None:
+    """A PaliGemma processor saved without ``image_seq_length`` and a LLaVA tokenizer that does not know
+    ``<image>``: one line about the folder, exit 3, before any photo (no record); another model type is
+    refused naming the families hookviz vlm knows (exit 2)."""
+    photos = [write_image(tmp_path / f"{n}.png", np.zeros((30, 45, 3), np.uint8)) for n in ("a", "b")]
+    pali = save("paligemma", tmp_path / "pali")
+    config = json.loads((pali / "processor_config.json").read_text())
+    config.pop("image_seq_length", None)
+    config.get("image_processor", {}).pop("image_seq_length", None)
+    (pali / "processor_config.json").write_text(json.dumps(config))
+    llava = save("llava", tmp_path / "llava")
+    tok = json.loads((llava / "tokenizer.json").read_text())
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "<image>"]
+    tok["model"]["vocab"]["<picture>"] = tok["model"]["vocab"].pop("<image>")  # id 4 is another word now
+    (llava / "tokenizer.json").write_text(json.dumps(tok))
+    cases = [
+        (pali, PROMPTS["paligemma"], 3, "pali: its processor cannot make the model's inputs of a plain 64x48 "
+         "photo and the prompt (TypeError: "),
+        (llava, PROMPTS["llava"], 3, f"--model hf:{llava}: its tokenizer does not know the model's image "
+         "token (id 4; it reads '<image>' as ["),
+        (Path(__file__).parent / "fixtures" / "shapes_clip", "<image> a", 2, "clip is not a vision-language "
+         "model hookviz vlm knows (it knows llava, llava-next, paligemma, qwen2-vl, idefics3, internvl)"),
+    ]  # fmt: skip
+    for folder, prompt, code, said in cases:
+        out = tmp_path / f"out-{folder.name}"
+        r = invoke("vlm", *map(str, photos), "--model", f"hf:{folder}", "--prompt", prompt, "--answer",
+                   "a disc", "--out", str(out))  # fmt: skip
+        assert r.exit_code == code and said in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (out / "manifest.jsonl").exists()
+
+
+def test_a_map_with_nothing_in_it_has_no_peak_and_the_record_says_so(tmp_path: Path) -> None:
+    """A map whose image tokens all score zero (TAM, where the interference takes off all of a word's
+    evidence) or one value: its peak is null and the record's note names it; a map with something in it
+    keeps its peak."""
+    vlm = _vlm("llava")
+    rgb = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    wm = explain_words(vlm, rgb, PROMPTS["llava"], answer="a disc", methods=("tokengrad", "tam"))
+    wm.maps["tam"][1] = 0.0
+    wm.maps["tokengrad"][0] = 0.25
+    _, record = render_words(wm, rgb, "p.vlm", "llava", tokens=[0, 1])
+    peaks = {(m["method"], m["token"]): m["peak"] for m in record["maps"]}
+    assert peaks[("tam", 1)] is None and peaks[("tokengrad", 0)] is None
+    assert peaks[("tam", 0)] is not None and peaks[("tokengrad", 1)] is not None
+    assert all(0 <= x < 50 and 0 <= y < 40 for p in peaks.values() if p for x, y in [p])
+    assert record["note"] == (
+        "tokengrad of 'a' is flat (every image token 0.25); tam of 'disc' is zero everywhere: a map with "
+        "nothing in it points nowhere, so its peak is null"
+    )
+    wm.maps["tam"][1, 3] = 1.0
+    assert "note" not in render_words(wm, rgb, "p.vlm", "llava", tokens=[1])[1]

@@ -119,13 +119,8 @@ def summarize(
         )
         * torch.tensor([], dtype=dtype).element_size()
     )
-    notes = []
-    unrun = [r.name for r in rows if r.calls == 0 and r.name]
-    if unrun:
-        notes.append(
-            f"{len(unrun)} module(s) never ran as modules (e.g. {unrun[0]}); what their parent computed "
-            "with their weights is counted in the parent's row"
-        )
+    unused, unused_params = _unused(modules, info, counter.read)
+    notes = _notes(rows, unused, unused_params)
     return ModelSummary(
         model=name or type(model).__name__,
         input_size=[int(v) for v in input_size],
@@ -141,7 +136,52 @@ def summarize(
         largest_activation_bytes=int(largest),
         depth=depth,
         notes=notes,
+        unused=unused,
+        unused_params=sum(p.numel() for p in unused_params),
+        unused_param_bytes=sum(p.numel() * p.element_size() for p in unused_params),
     )
+
+
+def _unused(
+    modules: list[tuple[str, nn.Module]], info: dict[str, dict[str, Any]], read: set[int]
+) -> tuple[list[str], list[nn.Parameter]]:
+    """The outermost modules that never ran and whose weights no operation read (each with parameters),
+    and those parameters (a parameter one of them shares with a module that ran is not among them)."""
+    names: list[str] = []
+    params: dict[int, nn.Parameter] = {}
+    for n, m in modules:
+        if not n or info[n]["calls"] or any(n.startswith(f"{u}.") for u in names):
+            continue
+        own = list(m.parameters())
+        if own and not any(id(p) in read for p in own):
+            names.append(n)
+            params.update((id(p), p) for p in own)
+    return names, [p for i, p in params.items() if i not in read]
+
+
+def _notes(rows: list[Row], unused: list[str], params: list[nn.Parameter]) -> list[str]:
+    """What the table cannot say: the modules that never ran at all, and those that ran inside their
+    parent (a ``ModuleList``'s blocks called by their parent's loop)."""
+    notes = []
+    if unused:
+        said = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+        notes.append(
+            f"{said} never ran on this input: no operation read {'its' if len(unused) == 1 else 'their'} "
+            f"{sum(p.numel() for p in params):,} parameters, which count in the parameter total only (the "
+            "pass summarised is the model's forward on one input: a text tower or a vision-language model's "
+            "language model never runs on a photo, nor an auxiliary head in eval mode)"
+        )
+    inside = [r.name for r in rows if r.calls == 0 and r.name and not _within(r.name, unused)]
+    if inside:
+        notes.append(
+            f"{len(inside)} module(s) never ran as modules (e.g. {inside[0]}); what their parent computed "
+            "with their weights is counted in the parent's row"
+        )
+    return notes
+
+
+def _within(name: str, roots: list[str]) -> bool:
+    return any(name == r or name.startswith(f"{r}.") for r in roots)
 
 
 def _run_counted(

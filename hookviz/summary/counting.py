@@ -61,10 +61,12 @@ def op_macs(func: Any, args: Sequence[Any], out: Any) -> tuple[int, int]:
 
 
 class _Counter(TorchDispatchMode):
-    """Adds each op's MACs to every module on the current stack (inclusive) and to the top one (self)."""
+    """Adds each op's MACs to every module on the current stack (inclusive) and to the top one (self), and
+    notes every tensor an op read (``read``: their ids), so that weights no operation used are told apart."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.read: set[int] = set()
         self.stack: list[str] = []
         self.inclusive: dict[str, int] = {}
         self.own: dict[str, int] = {}
@@ -72,6 +74,11 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        for arg in (*args, *(kwargs or {}).values()):
+            if isinstance(arg, Tensor):
+                self.read.add(id(arg))
+            elif isinstance(arg, (list, tuple)):
+                self.read.update(id(a) for a in arg if isinstance(a, Tensor))
         macs, attention = op_macs(func, args, out)
         if macs and self.stack:
             for name in set(self.stack):

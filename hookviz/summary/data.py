@@ -46,6 +46,11 @@ class SummaryData:
     largest_activation_bytes: int
     depth: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: The outermost modules whose weights no operation of the pass read (a vision-language model's language
+    #: model, which a photo's pass never reaches), and their parameters: in ``total_params``, nowhere else.
+    unused: list[str] = field(default_factory=list)
+    unused_params: int = 0
+    unused_param_bytes: int = 0
 
     @property
     def flops(self) -> int:
@@ -65,8 +70,9 @@ class SummaryData:
 
     @property
     def training_memory_estimate(self) -> int:
-        """Parameters + gradients + Adam's two moments + the activations kept for backward."""
-        return 4 * self.param_bytes + self.forward_activation_bytes
+        """Parameters + gradients + Adam's two moments + the activations kept for backward (the parameters
+        of the modules that ran: ``unused`` ones are left out)."""
+        return 4 * (self.param_bytes - self.unused_param_bytes) + self.forward_activation_bytes
 
     def visible_rows(self) -> list[tuple[Row, int, int]]:
         """Rows down to ``depth``, each with params rolled up from hidden descendants, and MACs."""

@@ -65,6 +65,7 @@ def _totals(s: SummaryData) -> list[str]:
         f"input: {shape}",
         f"parameters: {s.total_params:,} total, {s.trainable_params:,} trainable, "
         f"{s.non_trainable_params:,} non-trainable ({dtypes})",
+        *_unused(s),
         f"buffers: {s.buffers:,} values ({_bytes(s.buffer_bytes)})",
         f"compute: {_si(s.macs)}MACs = {_si(s.flops)}FLOPs (1 MAC = 2 FLOPs)"
         + (f", of which attention products {_si(s.attention_macs)}MACs" if s.attention_macs else ""),
@@ -74,6 +75,15 @@ def _totals(s: SummaryData) -> list[str]:
         "(params + grads + Adam moments + stored activations)",
     ]
     return lines + [f"note: {n}" for n in s.notes]
+
+
+def _unused(s: SummaryData) -> list[str]:
+    """The parameters line's second line, where modules never ran (:attr:`SummaryData.unused`)."""
+    if not s.unused_params:
+        return []
+    names = ", ".join(s.unused)
+    return [f"  of which {s.unused_params:,} in modules that never ran ({names}): not in the MACs or the "
+            "training memory estimate"]  # fmt: skip
 
 
 def markdown(s: SummaryData) -> str:

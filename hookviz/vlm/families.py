@@ -26,8 +26,8 @@ from hookviz.errors import InputError, UsageError
 from hookviz.vlm.placement import Axis, Geometry, Placement, axis_of, processed, ramp
 
 __all__ = [
-    "FAMILIES", "HF", "Axis", "Family", "Geometry", "Placement", "family_of", "measure", "processed",
-    "register_family", "unregister_family",
+    "FAMILIES", "HF", "Axis", "Family", "Geometry", "Placement", "family_of", "measure", "not_a_vlm",
+    "processed", "register_family", "unregister_family",
 ]  # fmt: skip
 
 #: A transformers model (or one of its parts): hookviz reads its config and submodules by their names, which
@@ -308,8 +308,13 @@ def family_of(model: HF) -> Family:
         if family.claims(model):
             return family
     kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    raise UsageError(not_a_vlm(str(kind)))
+
+
+def not_a_vlm(kind: str) -> str:
+    """What ``hookviz vlm`` says of a model of type ``kind`` that no family claims: the families it knows."""
     known = ", ".join(f.name for f in FAMILIES)
-    raise UsageError(f"{kind} is not a vision-language model hookviz vlm knows (it knows {known})")
+    return f"{kind} is not a vision-language model hookviz vlm knows (it knows {known})"
 
 
 def measure(

@@ -17,7 +17,7 @@ from torch import Tensor
 from hookviz.errors import InputError, SetupError, UsageError, WeightsError, first_line
 from hookviz.models.hf import quiet
 from hookviz.models.hf_folder import check_folder, hub_or_cache, unreachable
-from hookviz.vlm.families import HF, Family, family_of, processed
+from hookviz.vlm.families import HF, Family, family_of, not_a_vlm, processed
 
 
 @dataclass
@@ -36,10 +36,13 @@ class Vlm:
 
 def load_vlm(spec: str, device: str = "cpu") -> Vlm:
     """``hf:DIR`` (a folder ``save_pretrained`` wrote: config, weights, processor) or a hub id, loaded
-    with its processor.
+    with its processor, whose tokenizer is checked to know the model's image token.
 
     Raises:
-        UsageError: nothing loadable there, or not a vision-language model hookviz knows.
+        UsageError: not a folder, or not a vision-language model hookviz knows (one line naming those
+            it knows).
+        SetupError: nothing loadable there, no image processor or tokenizer beside the model, or a tokenizer
+            that is not the model's.
     """
     import transformers
 
@@ -53,29 +56,116 @@ def load_vlm(spec: str, device: str = "cpu") -> Vlm:
         raise UsageError(f"--model {spec}: not a folder; give a folder save_pretrained wrote, or a hub id")
     check_folder(where)  # a folder without config.json, a weights file cut short: one line, exit 3
     with quiet(transformers), hub_or_cache(where) as offline:
-        try:
-            processor = transformers.AutoProcessor.from_pretrained(where)
-            model, attention = _loaded(transformers, where)
-        except (OSError, ValueError) as exc:
-            if offline:
-                raise WeightsError(unreachable(where)) from None
-            said = first_line(exc)
-            raise UsageError(f"--model {spec}: cannot load a vision-language model ({said})") from None
+        _check_kind(transformers, spec, where, offline)
+        processor = _processor(transformers, spec, where)
+        model, attention = _loaded(transformers, spec, where)
     family = family_of(model)
     target = torch.device(device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
-    return Vlm(model.eval().to(target), processor, family, Path(where).name or where, target, attention)
+    vlm = Vlm(model.eval().to(target), processor, family, Path(where).name or where, target, attention)
+    _check_tokenizer(vlm, spec, where)
+    return vlm
 
 
-def _loaded(transformers: Any, where: str) -> tuple[HF, str]:
+#: Files a saved tokenizer writes (one of them is there where the folder holds a tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+#: Files a saved image processor writes (the processor's own config holds it in transformers 5).
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+_SAVE = "save the model's own processor beside it with processor.save_pretrained(DIR)"
+
+
+def _loaded(transformers: Any, spec: str, where: str) -> tuple[HF, str]:
     """The model with its attention implementation named at loading (``sdpa``, transformers' own default; a
     model without it takes ``eager``), so hookviz knows what to restore after an eager pass."""
     auto = transformers.AutoModelForImageTextToText
     try:
-        return auto.from_pretrained(where, attn_implementation="sdpa"), "sdpa"
-    except ValueError as exc:
-        if "sdpa" not in str(exc).lower():
-            raise
-        return auto.from_pretrained(where, attn_implementation="eager"), "eager"
+        try:
+            return auto.from_pretrained(where, attn_implementation="sdpa"), "sdpa"
+        except ValueError as exc:
+            if "sdpa" not in str(exc).lower():
+                raise
+            return auto.from_pretrained(where, attn_implementation="eager"), "eager"
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"--model {spec}: cannot load a vision-language model ({first_line(exc)})") from None
+
+
+def _check_kind(transformers: Any, spec: str, where: str, offline: bool = False) -> None:
+    """Read the model's config first (before its processor and weights): a model that is not an
+    image-text-to-text model is refused from it.
+
+    Raises:
+        UsageError: not a vision-language model (one line naming the families ``hookviz vlm`` knows).
+        SetupError: no config to read there (a hub id offline and not cached: said so).
+    """
+    from transformers.models.auto import modeling_auto
+
+    try:
+        kind = getattr(transformers.AutoConfig.from_pretrained(where), "model_type", None)
+    except (OSError, ValueError, KeyError) as exc:
+        if offline:
+            raise WeightsError(unreachable(where)) from None
+        raise SetupError(f"--model {spec}: cannot load a vision-language model ({first_line(exc)})") from None
+    if kind and kind not in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        raise UsageError(f"--model {spec}: {not_a_vlm(str(kind))}")
+
+
+def _processor(transformers: Any, spec: str, where: str) -> Any:
+    """The processor saved beside the model (its image processor and tokenizer).
+
+    Raises:
+        SetupError: it cannot be loaded: one line naming the part missing from the folder where it can tell.
+    """
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(where)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        missing = _missing(where)
+        if missing:
+            raise SetupError(_absent(spec, missing)) from None
+        raise SetupError(f"--model {spec}: cannot load its processor ({first_line(exc)}); {_SAVE}") from None
+    for part in ("image_processor", "tokenizer"):
+        if getattr(processor, part, None) is None:
+            raise SetupError(_absent(spec, {part.replace("_", " "): ()}))
+    return processor
+
+
+def _missing(where: str) -> dict[str, tuple[str, ...]]:
+    """The parts of a processor a local folder lacks, each with the files it would have been read from
+    (none known for a hub id)."""
+    folder = Path(where).expanduser()
+    if not folder.is_dir():
+        return {}
+    parts = {"image processor": IMAGE_PROCESSOR_FILES, "tokenizer": TOKENIZER_FILES}
+    return {
+        what: files[:2] for what, files in parts.items() if not any((folder / f).is_file() for f in files)
+    }
+
+
+def _absent(spec: str, missing: dict[str, tuple[str, ...]]) -> str:
+    """One line: the processor's parts missing beside the model, and the fix."""
+    files = [f for fs in missing.values() for f in fs]
+    held = f" (the folder holds no {' or '.join(files)})" if files else ""
+    return f"--model {spec}: no {' and no '.join(missing)} beside the model{held}; {_SAVE}"
+
+
+def _check_tokenizer(vlm: Vlm, spec: str, where: str) -> None:
+    """The tokenizer reads the model's image token as the model's image token id (a folder without a
+    tokenizer can still load an empty one, which knows nothing).
+
+    Raises:
+        SetupError: it does not: no tokenizer beside the model, or one that is not the model's.
+    """
+    tokenizer, image = vlm.processor.tokenizer, vlm.family.image_token(vlm.model)
+    word = _image_word(vlm)  # what the processor writes into the prompt for the photo, once per token
+    token = tokenizer.convert_ids_to_tokens(image) if image < len(tokenizer) else None
+    reads = tokenizer(word, add_special_tokens=False)["input_ids"]
+    if isinstance(token, str) and reads == [image]:
+        return
+    missing = {k: v for k, v in _missing(where).items() if k == "tokenizer"}
+    if missing:
+        raise SetupError(_absent(spec, missing))
+    raise SetupError(
+        f"--model {spec}: its tokenizer does not know the model's image token (id {image}; it reads "
+        f"{word!r} as {reads[:4]}): the tokenizer is not the model's; {_SAVE}"
+    )
 
 
 @contextmanager
@@ -158,6 +248,31 @@ def prompt_text(vlm: Vlm, prompt: str) -> str:
 
 def _image_word(vlm: Vlm) -> str:
     return str(getattr(vlm.processor, "image_token", None) or "<image>")
+
+
+#: The photo :func:`check_encodes` hands the processor: mid-grey, a common shape.
+PROBE = np.full((48, 64, 3), 128, np.uint8)
+
+
+def check_encodes(vlm: Vlm, prompt: str) -> None:
+    """The processor makes the model's inputs of a plain photo and ``prompt``, and the placement of its
+    image tokens is measured: checked once before any photo, so that a broken processor (a PaliGemma one
+    without ``image_seq_length``, a tokenizer that splits the image token) is said once about the folder,
+    never per photo.
+
+    Raises:
+        UsageError: see :func:`prompt_text`. SetupError: the processor fails on the plain photo.
+    """
+    try:
+        encoded = encode(vlm, PROBE, prompt)
+        vlm.family.placement(vlm.model, vlm.processor, encoded, PROBE.shape[:2])
+    except (InputError, ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as exc:
+        said = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {first_line(exc)}"
+        raise SetupError(
+            f"{vlm.name}: its processor cannot make the model's inputs of a plain 64x48 photo and the "
+            f"prompt ({said}); check that the processor and tokenizer beside the model are the model's "
+            "own (processor.save_pretrained(DIR))"
+        ) from None
 
 
 def answer_of(

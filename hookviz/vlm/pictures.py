@@ -42,6 +42,7 @@ def render_words(
     files: list[tuple[str, bytes]] = []
     maps: list[dict[str, Any]] = []
     rows: list[tuple[str, list[np.ndarray]]] = []
+    empty: dict[str, list[str]] = {}
     for method, stack in wm.maps.items():
         cells = []
         for k in tokens:
@@ -60,13 +61,16 @@ def render_words(
             files.append((f"{name}.png", encode_png(render.caption(render.enlarge_small(picture), head))))
             if save_raw:
                 files.append((f"{name}.npy", npy_bytes(place.raw(scores).astype(np.float32))))
+            flat = flat_value(scores[place.placed()])
+            if flat is not None:
+                empty.setdefault(_said(flat), []).append(f"{method} of {word!r}")
             maps.append(
                 {
                     "method": method,
                     "token": k,
                     "text": answer.tokens[k],
                     "file": f"{name}.png",
-                    "peak": place.peak(scores),
+                    "peak": None if flat is not None else place.peak(scores),
                     "max": float(scores[place.placed()].max()),
                     "prob": round(answer.probs[k], 6),  # the token's probability: the table's target_score
                     **({"layer": wm.layer} if token_method(method).reads_layer else {}),
@@ -88,5 +92,30 @@ def render_words(
         "grids": [list(g) for g in place.grids],
         "box": [box.x0, box.y0, box.x1, box.y1],
         "maps": maps,
+        **({"note": empty_note(empty)} if empty else {}),
     }
     return files, record
+
+
+def flat_value(scores: np.ndarray) -> float | None:
+    """The one value of a map with nothing in it (every image token's finite score the same, to float
+    noise; NaN where none is finite), else None: such a map has no peak to point at."""
+    finite = scores[np.isfinite(scores)]
+    if not finite.size:
+        return float("nan")
+    lo, hi = float(finite.min()), float(finite.max())
+    return lo if hi - lo <= 1e-7 * max(abs(lo), abs(hi)) else None
+
+
+def _said(value: float) -> str:
+    if value != value:
+        return "no finite value"
+    return "zero everywhere" if value == 0 else f"flat (every image token {value:.4g})"
+
+
+def empty_note(empty: dict[str, list[str]]) -> str:
+    """The record's note on its maps with nothing in them (their peak is null): which, and what they hold."""
+    said = "; ".join(
+        f"{', '.join(maps)} {'is' if len(maps) == 1 else 'are'} {how}" for how, maps in empty.items()
+    )
+    return f"{said}: a map with nothing in it points nowhere, so its peak is null"

@@ -23,7 +23,7 @@ from hookviz.models.loaded import LoadedModel
 from hookviz.run.runner import Inputs, Run
 from hookviz.vlm.faithful import word_faithfulness
 from hookviz.vlm.inputs import Photo, PromptInputs, prompted
-from hookviz.vlm.model import empty_answer, generate, given_ids, prompt_text
+from hookviz.vlm.model import check_encodes, empty_answer, generate, given_ids
 from hookviz.vlm.pictures import chosen_tokens, render_words
 from hookviz.vlm.words import (
     DEFAULT_METHODS,
@@ -89,7 +89,7 @@ class VlmJob(BaseJob):
         vlm = inputs.vlm
         layer = decoder_index(vlm, settings.layer)
         chosen_layer(vlm, layer, settings.methods)
-        prompt_text(vlm, settings.prompt)
+        check_encodes(vlm, settings.prompt)
         if settings.answer is not None:
             given_ids(vlm, settings.answer)
         self.loaded, self.vlm, self.asked = loaded, vlm, dataclasses.replace(settings, layer=layer)
@@ -178,8 +178,9 @@ class VlmJob(BaseJob):
                                    f"(its words: {words})")  # fmt: skip
                 error.fields = {k: v for k, v in record.items() if k != "box"}  # type: ignore[attr-defined]
                 raise error
-            record["note"] = f"the answer {wm.answer.text!r} has no word {', '.join(map(repr, missing))} " \
-                             f"(its words: {words}); the others are drawn"  # fmt: skip
+            absent = f"the answer {wm.answer.text!r} has no word {', '.join(map(repr, missing))} " \
+                   f"(its words: {words}); the others are drawn"  # fmt: skip
+            record["note"] = "; ".join(n for n in (absent, record.get("note")) if n)
         record.pop("box")
         return files, record
 
