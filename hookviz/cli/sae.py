@@ -58,8 +58,17 @@ Eval = Annotated[float, typer.Option("--eval", min=0.0, max=0.99, rich_help_pane
     help="share of the inputs held out of training (the last ones given) that the quality is measured on; "
     "0: measured on the first 64 training inputs (metrics.json's evaluated_on says which).")]  # fmt: skip
 InputsBatch = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")]
-RunDir = Annotated[Path, typer.Option("--out", "-o", help="the run folder: config.json, sae.safetensors, "
-    "metrics.json (checkpoint.pt while training).")]  # fmt: skip
+
+
+def _run_dir(value: str | Path) -> Path:
+    """``--out``: a folder's name; an empty one (the current folder, unasked) refused in one line (exit 2)."""
+    if not str(value).strip():
+        raise UsageError('--out "": an empty name would write into the current folder; give a folder name')
+    return Path(value)
+
+
+RunDir = Annotated[Path, typer.Option("--out", "-o", parser=_run_dir, help="the run folder: config.json, "
+    "sae.safetensors, metrics.json (checkpoint.pt while training).")]  # fmt: skip
 Again = Annotated[bool, typer.Option("--overwrite", help="train again over a finished run.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the metrics as JSON on stdout.")]
 
@@ -142,6 +151,10 @@ def train(
         arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer, keep=keep,
         checkpoint_every=checkpoint_every, inputs_batch=batch_size, eval=eval_share,
     )  # fmt: skip
+    if cache is not None and not cache.strip():
+        raise UsageError('--cache "": give a folder for the shards, or auto (the run folder\'s cache/), or '
+                         "leave --cache out")  # fmt: skip
+    _library().refuse_out_among_inputs(out, inputs)  # the photos' folder is no run folder (its outputs read back)
     folder = None if cache is None else out / "cache" if cache == "auto" else Path(cache)
     dist = distributed.from_env()
     if dist is None:
@@ -240,14 +253,14 @@ def _library() -> Any:
     """The library calls the commands use (imported on first use: torch stays out of ``--help``)."""
     from types import SimpleNamespace
 
-    from hookviz.io.inputs import expand_inputs
+    from hookviz.io.inputs import expand_inputs, refuse_out_among_inputs
     from hookviz.sae import api, store, views
     from hookviz.sae.quality import console
 
     return SimpleNamespace(
         expand_inputs=expand_inputs, train_sae=api.train_sae, load_sae=api.load_sae,
         import_sae=api.import_sae, describe=views.describe, explain_photo=views.explain_photo,
-        console=console, finished_config=store.finished_config,
+        console=console, finished_config=store.finished_config, refuse_out_among_inputs=refuse_out_among_inputs,
     )  # fmt: skip
 
 
