@@ -6,6 +6,7 @@ this one."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import io
@@ -149,10 +150,8 @@ def code_digest(model: nn.Module) -> str:
     for name, kind in sorted(kinds.items()):
         sha.update(name.encode())
         if not name.startswith("torch."):
-            try:
+            with contextlib.suppress(OSError, TypeError):  # no source kept (a REPL, a compiled module)
                 sha.update(inspect.getsource(kind).encode("utf-8", "surrogateescape"))
-            except (OSError, TypeError):  # defined where no source is kept (a REPL, a compiled module)
-                pass
     return sha.hexdigest()[:16]
 
 

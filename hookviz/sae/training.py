@@ -20,7 +20,6 @@ from hookviz.sae import dictionary
 from hookviz.sae.dictionary import Norm, Shape
 from hookviz.sae.vectors import Block, Position
 
-
 #: The largest count a setting may give (a 64-bit counter of vectors seen stays far from overflowing).
 COUNT_LIMIT = 2**50
 
