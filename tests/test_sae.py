@@ -184,7 +184,8 @@ def test_the_command_trains_and_refuses_bad_input(
     trained: Trained, weights: Path, shapes_folder: Path, tmp_path: Path
 ) -> None:
     """hookviz sae train writes the run folder and prints its figures; a pooled layer, an impossible k or
-    width, and a run folder of another model are each one line and exit 2."""
+    width, a run folder of another model, a count past the counters' bound, --out the photos' folder or
+    empty, and an empty --cache are each one line and exit 2, writing nothing."""
     model = _cli(weights, tmp_path)
     out = tmp_path / "run"
     quick = ["--width", "2x", "--k", "8", "--vectors", "3000", "--batch", "256", "--buffer", "2048"]
@@ -210,13 +211,20 @@ def test_the_command_trains_and_refuses_bad_input(
         "model": [*_cli(other_weights, tmp_path), "--layer", LAYER, *quick, "--out", str(out)],
         "buffer": [*model, "--layer", LAYER, *quick, "--buffer", "100", "--out", str(tmp_path / "d")],
         "huge": [*model, "--layer", LAYER, "--width", "100000000x", "--out", str(tmp_path / "e")],
+        "vectors": [*model, "--layer", LAYER, *quick, "--vectors", "9" * 23, "--out", str(tmp_path / "f")],
+        "out=inputs": [*model, "--layer", LAYER, *quick, "--out", str(shapes_folder), "--cache", "auto"],
+        "out empty": [*model, "--layer", LAYER, *quick, "--out", ""],
+        "cache empty": [*model, "--layer", LAYER, *quick, "--out", str(tmp_path / "g"), "--cache", ""],
     }
+    before = sorted(p.name for p in shapes_folder.iterdir())
     for what, args in bad.items():
         res = invoke("sae", "train", str(shapes_folder), *args)
         assert res.exit_code == 2, (what, res.output)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1, (what, lines)
-    assert not any((tmp_path / name).exists() for name in "abde")
+    assert not any((tmp_path / name).exists() for name in "abdefg")
+    assert sorted(p.name for p in shapes_folder.iterdir()) == before
+    assert not (Path.cwd() / store.CONFIG).exists()
 
 
 def _kinds(folder: Path) -> dict[str, int]:
@@ -663,7 +671,7 @@ def _cached_rows(key: Path, place: int) -> np.ndarray:
 def test_a_photo_replaced_under_its_name_is_not_read_from_the_cache(
     trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--cache keys each input by its name, size and modification time: a photo overwritten under its name
+    """--cache keys each input by its name and its bytes' SHA-256: a photo overwritten under its name
     (other pixels, another mtime) gives the second run a key of its own, whose vectors for that photo are
     the new photo's (equal to those of a fresh cache of the new photos, unlike the first run's)."""
     photos = tmp_path / "photos"
@@ -697,22 +705,106 @@ def test_a_photo_replaced_under_its_name_is_not_read_from_the_cache(
     np.testing.assert_allclose(_cached_rows(old, 0), _cached_rows(new, 0), atol=1e-6)  # the others unchanged
 
 
-def test_an_input_s_cache_identity_follows_its_file(tmp_path: Path) -> None:
-    """The same bytes with another modification time, or other bytes of another size, are another input for
-    the cache; the same file untouched is the same."""
-    from hookviz.sae.cache import identity
+def test_an_input_s_cache_identity_follows_its_content(tmp_path: Path) -> None:
+    """The cache knows an input by its name and its bytes: the same bytes touched are the same input; two
+    photos of one size and one mtime swapped between their names (cp -p, unzip, rsync -t) are each another
+    input; a name that is not UTF-8 makes a key."""
+    from hookviz.sae.cache import cache_key, identity
 
-    photo = write_image(tmp_path / "p.png", np.zeros((8, 8, 3), np.uint8))
-    (item,) = expand_inputs([str(photo)])
-    first = identity(item)
-    assert identity(item) == first and first.startswith(item.name)
-    st = photo.stat()
-    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    touched = identity(item)
-    assert touched != first
-    write_image(photo, np.full((8, 8, 3), 200, np.uint8))
-    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the same mtime as touched, other bytes
-    assert photo.stat().st_size != st.st_size and identity(item) != touched
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    a.write_bytes(b"a" * 100)  # the key reads bytes only: two contents of one size
+    b.write_bytes(b"b" * 100)
+    item_a, item_b = expand_inputs([str(a), str(b)])
+    first_a, first_b = identity(item_a), identity(item_b)
+    assert identity(item_a) == first_a and first_a.startswith(item_a.name)
+    st = a.stat()
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert identity(item_a) == first_a  # touched: the same bytes
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    for path in (a, b):
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert identity(item_a) != first_a and identity(item_b) != first_b
+    odd = write_image(tmp_path / os.fsdecode(b"c\xff.png"), np.zeros((8, 8, 3), np.uint8))
+    (item,) = expand_inputs([str(odd)])
+    key = cache_key("f", LAYER, None, [identity(item)])
+    assert key != cache_key("f", LAYER, None, [first_a]) and len(key["inputs"]) == 64
+
+
+def _six(shapes_folder: Path, tmp_path: Path) -> Path:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for photo in sorted(shapes_folder.iterdir())[:6]:
+        shutil.copy2(photo, photos / photo.name)
+    return photos
+
+
+def test_a_model_whose_code_changed_is_not_served_from_the_cache(
+    trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same weights with a ReLU made a Tanh (the model's code changed, its weights file not) make another
+    cache key: the second run's dictionary is the one a fresh cache gives, not the first run's; were the
+    code's digest blind to it, the probe's vectors, unlike the shards', make the run forget the shards."""
+    import copy
+
+    from hookviz.sae import cache
+
+    items = expand_inputs([str(_six(shapes_folder, tmp_path))])
+    settings = dataclasses.replace(QUICK, vectors=2000)
+    relu = tiny_loaded(trained.model)
+    changed = copy.deepcopy(trained.model)
+    first = next(i for i, m in enumerate(changed.features) if isinstance(m, torch.nn.ReLU))
+    changed.features[first] = torch.nn.Tanh()
+    tanh = tiny_loaded(changed)
+    assert store.fingerprint(changed) == store.fingerprint(trained.model)
+    train_sae(relu, items, LAYER, tmp_path / "one", settings, cache=tmp_path / "c")
+    train_sae(tanh, items, LAYER, tmp_path / "two", settings, cache=tmp_path / "c")
+    train_sae(tanh, items, LAYER, tmp_path / "fresh", settings, cache=tmp_path / "f")
+    one, two, fresh = (_weights_of(tmp_path / n) for n in ("one", "two", "fresh"))
+    assert len(list((tmp_path / "c").iterdir())) == 2
+    for name in two:
+        torch.testing.assert_close(two[name], fresh[name], atol=1e-6, rtol=1e-5)
+    assert max(float((one[n] - two[n]).abs().max()) for n in one) > 1e-3
+
+    monkeypatch.setattr(api, "code_digest", lambda model: "blind")
+    assert cache.code_digest is not api.code_digest
+    train_sae(relu, items, LAYER, tmp_path / "three", settings, cache=tmp_path / "b")
+    train_sae(tanh, items, LAYER, tmp_path / "four", settings, cache=tmp_path / "b")
+    four = _weights_of(tmp_path / "four")
+    for name in four:
+        torch.testing.assert_close(four[name], fresh[name], atol=1e-6, rtol=1e-5)
+
+
+def test_a_damaged_shard_is_run_again_and_an_unwritable_cache_is_one_line(
+    trained: Trained, shapes_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard cut short (its .json still there) or overwritten with zeros fails the length and SHA-256 its
+    .json gives: its inputs are run again and the dictionary is the first run's; a cache folder that cannot
+    be written (a read-only file system) is an OutputError (exit 3) naming --cache."""
+    from hookviz.errors import OutputError
+    from hookviz.sae import cache
+
+    items = expand_inputs([str(_six(shapes_folder, tmp_path))])
+    loaded, settings = tiny_loaded(trained.model), dataclasses.replace(QUICK, vectors=2000)
+    train_sae(loaded, items, LAYER, tmp_path / "one", settings, cache=tmp_path / "c")
+    one = _weights_of(tmp_path / "one")
+    (shard,) = (tmp_path / "c").glob("*/shard-0-00000.npy")
+    size = shard.stat().st_size
+    for n, damage in enumerate([b"\x93NUMPY", bytes(size)]):
+        shard.write_bytes(damage)
+        train_sae(loaded, items, LAYER, tmp_path / f"again{n}", settings, cache=tmp_path / "c")
+        again = _weights_of(tmp_path / f"again{n}")
+        for name in one:
+            torch.testing.assert_close(again[name], one[name], atol=1e-6, rtol=1e-5)
+
+    def refused(path: Path, data: Any) -> None:
+        raise OSError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(cache, "atomic_write", refused)
+    with pytest.raises(OutputError, match="--cache .*Read-only file system") as caught:
+        train_sae(loaded, items, LAYER, tmp_path / "ro", settings, cache=tmp_path / "ro-cache")
+    assert caught.value.exit_code == 3 and "\n" not in str(caught.value)
 
 
 def test_vectors_kept_in_memory_spare_the_later_passes(

@@ -52,14 +52,18 @@ Keep = Annotated[int, typer.Option("--keep", min=0, rich_help_panel=DICT,
     "passes after the first then run no forward pass (0: every pass runs the model).")]  # fmt: skip
 Cache = Annotated[str | None, typer.Option("--cache", metavar="DIR|auto", help="write each input's vectors "
     "once to shards in DIR (auto: the run folder's cache/), read by later passes and later runs instead of "
-    "running the model; keyed by the model's weights, the layer, the preprocessing and the inputs (each "
-    "local file's name, size and mtime; a remote object's URL).")]  # fmt: skip
+    "running the model; keyed by the model's weights and code, the layer, the preprocessing and the inputs "
+    "(each local file's name and SHA-256; a remote object's URL).")]  # fmt: skip
 Eval = Annotated[float, typer.Option("--eval", min=0.0, max=0.99, rich_help_panel=DICT,
     help="share of the inputs held out of training (the last ones given) that the quality is measured on; "
     "0: measured on the first 64 training inputs (metrics.json's evaluated_on says which).")]  # fmt: skip
 InputsBatch = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="inputs per forward pass.")]
-RunDir = Annotated[Path, typer.Option("--out", "-o", help="the run folder: config.json, sae.safetensors, "
-    "metrics.json (checkpoint.pt while training).")]  # fmt: skip
+
+
+RUN_HELP = "the run folder: config.json, sae.safetensors, metrics.json (checkpoint.pt while training)."
+RunDir = Annotated[Path, typer.Option("--out", "-o", help=RUN_HELP)]
+#: ``sae train``'s ``--out`` as typed: an empty one (the current folder, unasked) is refused, not read as ".".
+TrainDir = Annotated[str, typer.Option("--out", "-o", help=RUN_HELP)]
 Again = Annotated[bool, typer.Option("--overwrite", help="train again over a finished run.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the metrics as JSON on stdout.")]
 
@@ -127,7 +131,7 @@ def train(
     eval_share: Eval = 0.0,
     batch_size: InputsBatch = 16,
     cache: Cache = None,
-    out: RunDir = Path("sae"),
+    out: TrainDir = "sae",
     overwrite: Again = False,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -142,20 +146,27 @@ def train(
         arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer, keep=keep,
         checkpoint_every=checkpoint_every, inputs_batch=batch_size, eval=eval_share,
     )  # fmt: skip
-    folder = None if cache is None else out / "cache" if cache == "auto" else Path(cache)
+    if not out.strip():
+        raise UsageError('--out "": an empty name would write into the current folder; give a folder name')
+    if cache is not None and not cache.strip():
+        raise UsageError('--cache "": give a folder for the shards, or auto (the run folder\'s cache/), or '
+                         "leave --cache out")  # fmt: skip
+    run = Path(out)
+    _library().refuse_out_among_inputs(run, inputs)  # the photos' folder: outputs read back as inputs
+    folder = None if cache is None else run / "cache" if cache == "auto" else Path(cache)
     dist = distributed.from_env()
     if dist is None:
-        with held(out, "sae.lock", "hookviz sae train"):  # a second run into --out refused before it computes
-            _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet, as_json)
+        with held(run, "sae.lock", "hookviz sae train"):  # a second run into --out refused before it computes
+            _train(model, inputs, layer, settings, run, folder, overwrite, device, quiet, as_json)
         return
     distributed.init(dist)
     lead = dist.rank == 0  # the one that says the outcome
     code = 0
     with contextlib.ExitStack() as lock:  # rank 0 holds --out until every rank is done
         try:
-            _job_held(dist, out, lock)
+            _job_held(dist, run, lock)
             device = distributed.device_and_threads(dist, device)
-            _train(model, inputs, layer, settings, out, folder, overwrite, device, quiet or not lead,
+            _train(model, inputs, layer, settings, run, folder, overwrite, device, quiet or not lead,
                    as_json and lead)  # fmt: skip
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
@@ -240,7 +251,7 @@ def _library() -> Any:
     """The library calls the commands use (imported on first use: torch stays out of ``--help``)."""
     from types import SimpleNamespace
 
-    from hookviz.io.inputs import expand_inputs
+    from hookviz.io.inputs import expand_inputs, refuse_out_among_inputs
     from hookviz.sae import api, store, views
     from hookviz.sae.quality import console
 
@@ -248,6 +259,7 @@ def _library() -> Any:
         expand_inputs=expand_inputs, train_sae=api.train_sae, load_sae=api.load_sae,
         import_sae=api.import_sae, describe=views.describe, explain_photo=views.explain_photo,
         console=console, finished_config=store.finished_config,
+        refuse_out_among_inputs=refuse_out_among_inputs,
     )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from hookviz.io.images import DEFAULT_MAX_PIXELS
 from hookviz.io.inputs import Item
 from hookviz.models.loaded import LoadedModel
 from hookviz.sae import dictionary, interchange, quality, store, training
-from hookviz.sae.cache import Kept, Prefetched, Shards, cache_key, cached, identity
+from hookviz.sae.cache import Kept, Prefetched, Shards, cache_key, cached, code_digest, identity
 from hookviz.sae.dictionary import Norm, Shape
 from hookviz.sae.store import CHECKPOINT, CONFIG, METRICS, WEIGHTS, Trained
 from hookviz.sae.training import Progress, TrainSettings
@@ -61,19 +61,31 @@ def _batches(
             yield x
 
 
-def _probe(loaded: LoadedModel, items: Sequence[Item]) -> torch.Tensor:
-    for item in items:
+def _probe(loaded: LoadedModel, items: Sequence[Item]) -> tuple[int, torch.Tensor]:
+    for place, item in enumerate(items):
         x = read_batch([item], loaded.preprocess, DEFAULT_MAX_PIXELS, [])
         if x is not None:
-            return x.to(loaded.device)
+            return place, x.to(loaded.device)
     raise UsageError("no input could be read: give a folder, files or a table of photos")
 
 
-def _site(loaded: LoadedModel, layer: str, items: Sequence[Item]) -> tuple[Layout, int]:
+@dataclass
+class Site:
+    """The layer's layout, the vectors' size, and the first readable input's place and vectors (the probe
+    the cache checks its shards against)."""
+
+    layout: Layout
+    d: int
+    place: int
+    vectors: torch.Tensor
+
+
+def _site(loaded: LoadedModel, layer: str, items: Sequence[Item]) -> Site:
     """The layer's layout and the vectors' size, from the first readable input."""
-    x = _probe(loaded, items)
+    place, x = _probe(loaded, items)
     layout = site_layout(loaded.model, layer, x)
-    return layout, int(to_vectors(layer_output(loaded.model, layer, x), layout).shape[1])
+    v = to_vectors(layer_output(loaded.model, layer, x), layout)
+    return Site(layout, int(v.shape[1]), place, v)
 
 
 def held_out(items: Sequence[Item], share: float) -> tuple[Sequence[Item], Sequence[Item]]:
@@ -139,11 +151,13 @@ def train_sae(
     on its share of the inputs, the gradients averaged at every step; rank 0 writes the run folder."""
     model, device = loaded.model.eval(), loaded.device
     folder, cache = Path(folder), None if cache is None else Path(cache)
+    settings.check()
     if settings.buffer < settings.batch:
         raise UsageError(f"--buffer {settings.buffer} is below --batch {settings.batch}: a block must hold a "
                          f"step's vectors; give --buffer {settings.batch} or more")  # fmt: skip
     items, held = held_out(items, settings.eval)
-    layout, d = _site(loaded, layer, items)
+    site = _site(loaded, layer, items)
+    layout, d = site.layout, site.d
     shape = Shape(settings.arch, d, dictionary.parse_width(settings.width, d), settings.k)
     shape.check()
     config = {
@@ -161,7 +175,7 @@ def train_sae(
     opt = training.optimiser(sae, settings)
     notes: list[str] = []
     checkpoint = store.load_checkpoint(folder, notes) if state == "resume" else None
-    sources = _source(loaded, layer, layout, items, skipped, settings, cache, config["fingerprint"])
+    sources = _source(loaded, layer, site, items, skipped, settings, cache, config["fingerprint"])
     progress, norm = _trained(
         sae, shape, opt, sources, len(items), settings, checkpoint, folder, config, tick
     )
@@ -207,7 +221,7 @@ def _agreed(decide: Callable[[], str]) -> str:
 def _source(
     loaded: LoadedModel,
     layer: str,
-    layout: Layout,
+    site: Site,
     items: Sequence[Item],
     skipped: list[str],
     settings: TrainSettings,
@@ -215,8 +229,10 @@ def _source(
     fingerprint: str,
 ) -> tuple[Source, Shards | None]:
     """The vectors of ``items`` by place: kept in memory while they all fit, read from ``cache`` where it
-    holds them, else the inputs read and run through the model up to ``layer`` (together)."""
-    model, device = loaded.model, loaded.device
+    holds them, else the inputs read and run through the model up to ``layer`` (together). The cache is
+    keyed by the weights' ``fingerprint`` and the model's code (:func:`code_digest`), its shards checked
+    against the probe's vectors run now."""
+    model, device, layout = loaded.model, loaded.device, site.layout
 
     def vectors_of(x: torch.Tensor) -> torch.Tensor:
         return to_vectors(layer_output(model, layer, x.to(device, non_blocking=True)), layout)
@@ -227,7 +243,9 @@ def _source(
     shards = None
     if cache is not None:
         inputs = [identity(item) for item in items]
-        shards = Shards(cache, cache_key(fingerprint, layer, loaded.preprocess, inputs), _rank())
+        model_key = f"{fingerprint}+{code_digest(model)}"
+        shards = Shards(cache, cache_key(model_key, layer, loaded.preprocess, inputs), _rank())
+        shards.agrees(site.place, site.vectors)
     return cached(from_model(vectors_of, read), Kept(settings.keep * settings.buffer), shards), shards
 
 

@@ -15,9 +15,13 @@ import torch
 import torch.distributed as td
 from torch import Tensor, nn
 
+from hookviz.errors import UsageError
 from hookviz.sae import dictionary
 from hookviz.sae.dictionary import Norm, Shape
 from hookviz.sae.vectors import Block, Position
+
+#: The largest count a setting may give (a 64-bit counter of vectors seen stays far from overflowing).
+COUNT_LIMIT = 2**50
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,21 @@ class TrainSettings:
     def key(self) -> dict[str, object]:
         """The settings that decide the dictionary (a run resumes only with the same)."""
         return {k: v for k, v in asdict(self).items() if k != "keep"}
+
+    def check(self) -> None:
+        """Refuse a count too large for the counters it feeds (64-bit tensors), before anything is computed
+        or written.
+
+        Raises:
+            UsageError: one line naming the option and its bound.
+        """
+        for name, value in asdict(self).items():
+            if isinstance(value, int) and not isinstance(value, bool) and value > COUNT_LIMIT:
+                flag = {"inputs_batch": "batch-size", "dead_after": "dead-after"}.get(name, name)
+                flag = flag.replace("_", "-")
+                raise UsageError(f"--{flag} {value} is too large; give at most {COUNT_LIMIT}")
+        if not 0 <= self.seed <= 2**32 - 1:
+            raise UsageError(f"--seed {self.seed}: give a seed from 0 to 4294967295")
 
 
 @dataclass
