@@ -5,6 +5,7 @@ finds the model its parent loaded)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,3 +146,14 @@ def prepared(
         **(dataclasses.asdict(sampling) if sampling is not None else {}),
     )
     return model, run
+
+
+def finite_options(**values: float) -> None:
+    """Refuse an option given NaN or infinity (``--lr inf``), in one line (exit 2).
+
+    Raises:
+        UsageError: a value that is not a finite number.
+    """
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise UsageError(f"--{name} {value}: give a finite number")
