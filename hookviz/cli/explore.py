@@ -16,9 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from hookviz.cli.flags import Inputs
-from hookviz.cli.loading import load_warm
+from hookviz.cli.loading import from_run, load_warm
 from hookviz.cli.options import DATA, ModelOptions, PlainModel, RunOptions, grouped, omit
-from hookviz.cli.sae import from_run
 
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="the port (0: a free one).")]
 Host = Annotated[str, typer.Option("--host", help="the address to listen on; anything but 127.0.0.1 or "

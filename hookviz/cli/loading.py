@@ -5,6 +5,7 @@ finds the model its parent loaded)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ import typer
 from hookviz.cli.options import ModelOptions, RunOptions, Sampling
 from hookviz.errors import UsageError
 from hookviz.io.files import file_digest
+from hookviz.options import Resize
 from hookviz.startup import release_collector
 
 if TYPE_CHECKING:  # for annotations only: importing it here would load torch for --help
@@ -145,3 +147,59 @@ def prepared(
         **(dataclasses.asdict(sampling) if sampling is not None else {}),
     )
     return model, run
+
+
+def finite_options(**values: float) -> None:
+    """Refuse an option given NaN or infinity (``--lr inf``), in one line (exit 2).
+
+    Raises:
+        UsageError: a value that is not a finite number.
+    """
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise UsageError(f"--{name} {value}: give a finite number")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Resize):
+        return value.value
+    if isinstance(value, Path):
+        return str(value.resolve())
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def options_json(m: ModelOptions) -> dict[str, Any]:
+    """The model options as the run folder keeps them (config.json's ``options``): the model, its weights (a
+    file's path made absolute) and every option given other than its default; the device left out."""
+    base = ModelOptions()
+    kept: dict[str, Any] = {}
+    for f in dataclasses.fields(m):
+        value = getattr(m, f.name)
+        if f.name != "device" and (f.name in ("model", "weights") or value != getattr(base, f.name)):
+            kept[f.name] = _plain(value)
+    if Path(m.weights).is_file():
+        kept["weights"] = str(Path(m.weights).resolve())
+    return kept
+
+
+def from_run(m: ModelOptions, folder: Path) -> ModelOptions:
+    """``m`` with every option left at its default taken from the run folder's config.json (the options
+    ``sae train`` was given); one given differs from the run's and is kept: the fingerprint check then says
+    whether it is the run's model."""
+    from hookviz.sae.store import read_config
+
+    saved = (read_config(folder) or {}).get("options")
+    if not isinstance(saved, dict):
+        return m
+    base, changes = ModelOptions(), dict[str, Any]()
+    for name, value in saved.items():
+        if name in {f.name for f in dataclasses.fields(m)} and getattr(m, name) == getattr(base, name):
+            restore = {"labels": Path, "resize": Resize}.get(name, _tuples)
+            changes[name] = restore(value) if value is not None else None
+    return dataclasses.replace(m, **changes)

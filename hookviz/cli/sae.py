@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from hookviz.cli.app import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
-from hookviz.cli.flags import Device, Inputs, Quiet
-from hookviz.cli.loading import load_options
+from hookviz.cli.flags import Debug, Device, Inputs, Null, Quiet
+from hookviz.cli.loading import finite_options, from_run, load_options, options_json
 from hookviz.cli.options import ModelOptions, PlainModel, grouped
 from hookviz.errors import HookvizError, InputError, OutputError, UsageError
-from hookviz.options import Resize
+from hookviz.io.outputs import make_folder, settings_key, to_json
 from hookviz.run import distributed
 from hookviz.run.trust_guard import held
 
@@ -68,51 +68,6 @@ Again = Annotated[bool, typer.Option("--overwrite", help="train again over a fin
 JsonOut = Annotated[bool, typer.Option("--json", help="print the metrics as JSON on stdout.")]
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Resize):
-        return value.value
-    if isinstance(value, Path):
-        return str(value.resolve())
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def options_json(m: ModelOptions) -> dict[str, Any]:
-    """The model options as the run folder keeps them (config.json's ``options``): the model, its weights (a
-    file's path made absolute) and every option given other than its default; the device left out."""
-    base = ModelOptions()
-    kept: dict[str, Any] = {}
-    for f in dataclasses.fields(m):
-        value = getattr(m, f.name)
-        if f.name != "device" and (f.name in ("model", "weights") or value != getattr(base, f.name)):
-            kept[f.name] = _plain(value)
-    if Path(m.weights).is_file():
-        kept["weights"] = str(Path(m.weights).resolve())
-    return kept
-
-
-def from_run(m: ModelOptions, folder: Path) -> ModelOptions:
-    """``m`` with every option left at its default taken from the run folder's config.json (the options
-    ``sae train`` was given); one given differs from the run's and is kept: the fingerprint check then says
-    whether it is the run's model."""
-    from hookviz.sae.store import read_config
-
-    saved = (read_config(folder) or {}).get("options")
-    if not isinstance(saved, dict):
-        return m
-    base, changes = ModelOptions(), dict[str, Any]()
-    for name, value in saved.items():
-        if name in {f.name for f in dataclasses.fields(m)} and getattr(m, name) == getattr(base, name):
-            restore = {"labels": Path, "resize": Resize}.get(name, _tuples)
-            changes[name] = restore(value) if value is not None else None
-    return dataclasses.replace(m, **changes)
-
-
 @grouped
 def train(
     inputs: Inputs,
@@ -133,32 +88,32 @@ def train(
     cache: Cache = None,
     out: TrainDir = "sae",
     overwrite: Again = False,
+    null: Null = False,
     device: Device = "auto",
     quiet: Quiet = False,
     as_json: JsonOut = False,
+    debug: Debug = False,
 ) -> None:
     """Train a sparse dictionary of a layer's activations over DATA (photos, folders, globs, shards), streamed
     from forward hooks; resumable; metrics.json and the console give its quality. Under torchrun every
     process trains on its share of DATA, the gradients averaged at every step; rank 0 writes the run."""
     from hookviz.sae.training import TrainSettings
 
+    finite_options(lr=lr, eval=eval_share)
     settings = TrainSettings(
         arch=arch, width=width, k=k, vectors=vectors, batch=batch, lr=lr, seed=seed, buffer=buffer, keep=keep,
         checkpoint_every=checkpoint_every, inputs_batch=batch_size, eval=eval_share,
     )  # fmt: skip
-    if not out.strip():
-        raise UsageError('--out "": an empty name would write into the current folder; give a folder name')
-    if cache is not None and not cache.strip():
-        raise UsageError('--cache "": give a folder for the shards, or auto (the run folder\'s cache/), or '
-                         "leave --cache out")  # fmt: skip
-    run = Path(out)
-    _library().refuse_out_among_inputs(run, inputs)  # the photos' folder: outputs read back as inputs
-    folder = None if cache is None else run / "cache" if cache == "auto" else Path(cache)
+    run, folder = _folders(out, cache, inputs)
     dist = distributed.from_env()
     if dist is None:
         with held(run, "sae.lock", "hookviz sae train"):  # a second run into --out refused before it computes
-            _train(model, inputs, layer, settings, run, folder, overwrite, device, quiet, as_json)
+            _train(model, (inputs, null), layer, settings, run, folder, overwrite, device, quiet, as_json)
         return
+    if "-" in inputs:  # said once, by rank 0, before any rank waits on another; every rank exits 2
+        if dist.rank != 0:
+            raise typer.Exit(EXIT_USAGE)
+        read_inputs(inputs, null)
     distributed.init(dist)
     lead = dist.rank == 0  # the one that says the outcome
     code = 0
@@ -166,7 +121,7 @@ def train(
         try:
             _job_held(dist, run, lock)
             device = distributed.device_and_threads(dist, device)
-            _train(model, inputs, layer, settings, run, folder, overwrite, device, quiet or not lead,
+            _train(model, (inputs, null), layer, settings, run, folder, overwrite, device, quiet or not lead,
                    as_json and lead)  # fmt: skip
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
@@ -180,6 +135,18 @@ def train(
         worst = distributed.finish(dist, code)
     if worst and lead:  # torchrun exits with rank 0's code
         raise typer.Exit(worst)
+
+
+def _folders(out: str, cache: str | None, inputs: list[str]) -> tuple[Path, Path | None]:
+    """--out and --cache as folders: neither an empty name (the current folder), --out no input's folder."""
+    if not out.strip():
+        raise UsageError('--out "": an empty name would write into the current folder; give a folder name')
+    if cache is not None and not cache.strip():
+        raise UsageError('--cache "": give a folder for the shards, or auto (the run folder\'s cache/), or '
+                         "leave --cache out")  # fmt: skip
+    run = Path(out)
+    _library().refuse_out_among_inputs(run, inputs)  # the photos' folder: outputs read back as inputs
+    return run, None if cache is None else run / "cache" if cache == "auto" else Path(cache)
 
 
 class _Refused(OutputError):
@@ -213,7 +180,7 @@ def _job_held(dist: distributed.Dist, out: Path, lock: contextlib.ExitStack) -> 
 
 def _train(
     model: ModelOptions,
-    inputs: list[str],
+    inputs: tuple[list[str], bool],
     layer: str,
     settings: Any,
     out: Path,
@@ -226,8 +193,9 @@ def _train(
     """One process's training (the whole of it, or a torchrun rank's share); rank 0 (or the one process)
     says the outcome."""
     lib = _library()
+    items = read_inputs(*inputs)
     loaded = load_options(dataclasses.replace(model, device=device), quiet)
-    done = lib.train_sae(loaded, lib.expand_inputs(inputs), layer, out, settings, overwrite=overwrite,
+    done = lib.train_sae(loaded, items, layer, out, settings, overwrite=overwrite,
                          options=options_json(model), cache=cache)  # fmt: skip
     if not done.metrics:  # a torchrun rank other than 0
         return
@@ -239,7 +207,7 @@ def _train(
             f"hookviz: note: {len(done.skipped_inputs)} input(s) unreadable, left out: {few}", err=True
         )
     if as_json:
-        typer.echo(json.dumps({"status": done.status, "out": str(out), **done.metrics}))
+        typer.echo(to_json({"status": done.status, "out": str(out), **done.metrics}))
     if not quiet:
         if done.status == "skipped":
             typer.echo(f"skipped: {out} holds a finished dictionary (--overwrite trains again)", err=as_json)
@@ -247,16 +215,35 @@ def _train(
             typer.echo(f"{done.status}: {out}; {lib.console(done.metrics)}", err=as_json)
 
 
+def read_inputs(inputs: list[str], null: bool) -> list[Any]:
+    """DATA's inputs as the other commands read them (``-``: paths on stdin, NUL-separated with ``--null``;
+    refused under torchrun, where each rank has its own stdin); one line (exit 1) where none names a file.
+
+    Raises:
+        UsageError: ``-`` under torchrun.
+        InputError: no input names a file (empty stdin, a missing folder).
+    """
+    if "-" in inputs and distributed.from_env() is not None:
+        raise UsageError("reading paths from stdin is not supported under torchrun (each rank has its own "
+                         "stdin); pass files, folders or globs")  # fmt: skip
+    found: list[Any] = _library().expand_inputs(inputs, sys.stdin if "-" in inputs else None, null=null)
+    errors = list(dict.fromkeys(item.error for item in found if item.error is not None))
+    if len(errors) == len(found):
+        raise InputError("; ".join(errors[:3] or ["no inputs were given"]) + "; nothing was done")
+    return found
+
+
 def _library() -> Any:
     """The library calls the commands use (imported on first use: torch stays out of ``--help``)."""
     from types import SimpleNamespace
 
     from hookviz.io.inputs import expand_inputs, refuse_out_among_inputs
+    from hookviz.run.names import item_prefix
     from hookviz.sae import api, store, views
     from hookviz.sae.quality import console
 
     return SimpleNamespace(
-        expand_inputs=expand_inputs, train_sae=api.train_sae, load_sae=api.load_sae,
+        expand_inputs=expand_inputs, item_prefix=item_prefix, train_sae=api.train_sae, load_sae=api.load_sae,
         import_sae=api.import_sae, describe=views.describe, explain_photo=views.explain_photo,
         console=console, finished_config=store.finished_config,
         refuse_out_among_inputs=refuse_out_among_inputs,
@@ -281,7 +268,10 @@ Scale = Annotated[
     float, typer.Option("--scale", help="what --feature's code is multiplied by (0 ablates it).")
 ]
 Strongest = Annotated[int, typer.Option("--strongest", min=1, help="features mapped over each photo.")]
-ExplainOut = Annotated[Path, typer.Option("--out", "-o", help="output folder: NAME.sae.png per photo.")]
+ExplainOut = Annotated[Path, typer.Option("--out", "-o", help="output folder: a picture per photo, "
+    "STEM-PATHHASH.MODEL.KEY.sae.png (KEY: 8 hex of the settings).")]  # fmt: skip
+Replace = Annotated[bool, typer.Option("--overwrite", help="replace the pictures of an earlier run with "
+    "these settings (else its photos are skipped).")]  # fmt: skip
 RawMaps = Annotated[bool, typer.Option("--save-raw", help="also NAME.sae.npy: the maps upsampled to the "
     "photo, (features, height, width), zero outside the part the model saw.")]  # fmt: skip
 
@@ -294,14 +284,16 @@ def features(
     top: Top = 8,
     detail: Detail = 32,
     batch_size: InputsBatch = 16,
+    null: Null = False,
     device: Device = "auto",
     quiet: Quiet = False,
+    debug: Debug = False,
 ) -> None:
     """Each feature of a dictionary over DATA: its top patches (input and box in the photo's pixels), its
     histogram and the classes it pushes (by ablation); DIR/features/features.json and a sheet per feature."""
     lib = _library()
     loaded, found = _opened(model, folder, device, quiet)
-    data = lib.describe(found, loaded, lib.expand_inputs(inputs), folder, top=top, detail=detail,
+    data = lib.describe(found, loaded, read_inputs(inputs, null), folder, top=top, detail=detail,
                         batch=batch_size)  # fmt: skip
     if not quiet:
         live = sum(1 for f in data["features"] if f["fired"] > 0)
@@ -324,35 +316,55 @@ def explain(
     strongest: Strongest = 3,
     out: ExplainOut = Path("out"),
     save_raw: RawMaps = False,
+    overwrite: Replace = False,
+    null: Null = False,
     device: Device = "auto",
     quiet: Quiet = False,
     as_json: JsonOut = False,
+    debug: Debug = False,
 ) -> None:
     """Per photo, where its strongest features fire (their maps over the patch grid, upsampled onto the
     photo), and with --feature, the class probabilities when that feature is scaled (--scale 0 ablates it)
     inside the forward pass (an image-text model's embedding: its cosine to the unscaled one)."""
-    lib = _library()
+    finite_options(scale=scale)
     loaded, found = _opened(model, sae, device, quiet)
     if feature is not None and not 0 <= feature < found.shape.width:
         raise UsageError(f"--feature {feature}: the dictionary has features 0 to {found.shape.width - 1}")
-    out.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    for item in lib.expand_inputs(inputs):
+    items = read_inputs(inputs, null)
+    make_folder(out)  # a file or a read-only folder: one line, exit 3
+    chosen = {"strongest": strongest, "feature": feature, "scale": scale, "save_raw": save_raw}
+    which = {k: found.config.get(k) for k in ("fingerprint", "layer", "settings", "steps", "imported")}
+    key = settings_key({**chosen, "sae": str(sae.resolve()), "of": which, "model": options_json(model)})
+    if _explained(found, loaded, items, out, (key, chosen, overwrite), quiet, as_json):
+        raise typer.Exit(1)
+
+
+def _explained(found: Any, loaded: Any, items: list[Any], out: Path, how: tuple[str, dict[str, Any], bool],
+               quiet: bool, as_json: bool) -> int:  # fmt: skip
+    """Each photo explained into ``out`` (its files named as every command's outputs are, a photo whose
+    picture for these settings is there skipped unless ``overwrite``), said; the number that failed."""
+    lib, (key, chosen, overwrite), failed = _library(), how, 0
+    for item in items:
         try:
             if item.error is not None:
                 raise InputError(item.error)
-            record = lib.explain_photo(found, loaded, item, out, strongest=strongest, feature=feature,
-                                       scale=scale, save_raw=save_raw)  # fmt: skip
+            prefix = lib.item_prefix(item, loaded.name, key)
+            if (out / f"{prefix}.sae.png").exists() and not overwrite:
+                record = {"input": item.name, "status": "skipped", "picture": str(out / f"{prefix}.sae.png")}
+            else:
+                record = lib.explain_photo(found, loaded, item, out, prefix=prefix, **chosen)
         except InputError as e:  # one line, the other photos go on; exit 1 at the end
             typer.echo(f"hookviz: error: {str(e).replace(' or raise --max-pixels', '')}", err=True)
             failed += 1
             continue
         if as_json:
-            typer.echo(json.dumps(record))
-        if not quiet:
+            typer.echo(to_json(record))
+        if not quiet and record.get("status") == "skipped":
+            typer.echo(f"{item.name}: skipped, {record['picture']} is there (--overwrite replaces it)",
+                       err=as_json)  # fmt: skip
+        elif not quiet:
             _said(item.name, record, as_json)
-    if failed:
-        raise typer.Exit(1)
+    return failed
 
 
 def _said(name: str, record: dict[str, Any], as_json: bool) -> None:
@@ -383,6 +395,7 @@ def import_(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a dictionary in --out.")] = False,
     device: Device = "auto",
     quiet: Quiet = False,
+    debug: Debug = False,
 ) -> None:
     """A published ViT-Prisma or saev SAE of a layer, read from a local file into a run folder that features
     and explain take."""

@@ -3,6 +3,7 @@ run folder, resumed from its checkpoint, refused over another model's folder, me
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -176,9 +177,13 @@ def train_sae(
     notes: list[str] = []
     checkpoint = store.load_checkpoint(folder, notes) if state == "resume" else None
     sources = _source(loaded, layer, site, items, skipped, settings, cache, config["fingerprint"])
-    progress, norm = _trained(
-        sae, shape, opt, sources, len(items), settings, checkpoint, folder, config, tick
-    )
+    try:
+        progress, norm = _trained(
+            sae, shape, opt, sources, len(items), settings, checkpoint, folder, config, tick
+        )
+    except training.Diverged:  # nothing of it kept: a rerun with a lower --lr starts afresh
+        _forget(folder)
+        raise
     if _rank() != 0:
         return Outcome("trained", folder, {}, list(dict.fromkeys(skipped)))
     found = Trained(sae, shape, norm, layer, layout, config)
@@ -186,6 +191,7 @@ def train_sae(
     metrics = quality.evaluate(
         model, found, _batches(loaded, ordered, settings.inputs_batch, skipped), device
     )
+    _check_converged(folder, metrics.get("explained_variance"))
     on = {"evaluated_on": "held_out" if held else "training", "held_out_inputs": len(held)}
     metrics = {**metrics, **on, "steps": progress.step, "training_vectors": progress.seen}
     if checkpoint is not None:
@@ -195,6 +201,32 @@ def train_sae(
     (folder / CHECKPOINT).unlink(missing_ok=True)
     once = list(dict.fromkeys(skipped))  # each pass reads the inputs again: each named once
     return Outcome("resumed" if checkpoint is not None else "trained", folder, metrics, once, notes)
+
+
+#: An explained variance below it: the reconstruction is off by over 100 times the vectors' own variance, a
+#: training that diverged (too high a learning rate), not a dictionary.
+DIVERGED = -100.0
+
+
+def _check_converged(folder: Path, explained: Any) -> None:
+    """One line (exit 2), the run folder's files removed, where the training diverged.
+
+    Raises:
+        Diverged: the explained variance is not a number or below :data:`DIVERGED`.
+    """
+    if isinstance(explained, float) and math.isfinite(explained) and explained >= DIVERGED:
+        return
+    _forget(folder)
+    said = f"{explained:.3g}" if isinstance(explained, float) else explained
+    raise training.Diverged(f"the training diverged (explained variance {said}): nothing was "
+                            "trained; lower --lr and rerun")  # fmt: skip
+
+
+def _forget(folder: Path) -> None:
+    """A diverged run's files removed (rank 0), so that no command takes it for a dictionary."""
+    if _rank() == 0:
+        for name in (CHECKPOINT, WEIGHTS, CONFIG):
+            (folder / name).unlink(missing_ok=True)
 
 
 def _rank() -> int:

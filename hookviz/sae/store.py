@@ -18,6 +18,7 @@ from hookviz.core.arrays import to_numpy
 from hookviz.core.layout import Layout
 from hookviz.errors import UsageError
 from hookviz.io.files import atomic_write
+from hookviz.io.outputs import finite
 from hookviz.sae import dictionary
 from hookviz.sae.dictionary import Norm, Shape
 
@@ -75,7 +76,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(finite(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def tensors_of(sae: nn.Module, norm: Norm) -> dict[str, Tensor]:
@@ -107,11 +108,13 @@ def finished_config(folder: Path) -> dict[str, Any]:
     """A finished run folder's config.json; one line (exit 2) where the folder holds no finished dictionary
     (checked before a model is loaded for it)."""
     config = read_config(folder)
-    if config is None or config.get("format") != FORMAT or not (folder / WEIGHTS).is_file():
+    ours = config is not None and config.get("format") == FORMAT
+    if config is not None and ours and config.get("status") != "finished":  # killed: no weights yet
+        raise UsageError(f"{folder}: its training has not finished (it was interrupted); rerunning the same "
+                         "hookviz sae train command resumes it from its checkpoint")  # fmt: skip
+    if config is None or not ours or not (folder / WEIGHTS).is_file():
         raise UsageError(f"{folder}: no hookviz dictionary here (config.json and sae.safetensors); train one "
                          "with hookviz sae train")  # fmt: skip
-    if config.get("status") != "finished":
-        raise UsageError(f"{folder}: its training has not finished; rerun hookviz sae train to resume it")
     return config
 
 

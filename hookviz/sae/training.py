@@ -182,12 +182,31 @@ def run_blocks(
             if tick is not None:
                 tick(progress)
             if save is not None and progress.step % settings.checkpoint_every == 0 and progress.seen < total:
+                check_finite(sae, progress)  # a diverged dictionary is never checkpointed
                 save(progress)
         if progress.seen >= total:
             break
         progress.position, progress.offset = block.after, 0
+    check_finite(sae, progress)
     sae.eval()
     return progress
+
+
+class Diverged(UsageError):
+    """The training's loss or weights are no longer finite (too high a learning rate)."""
+
+
+def check_finite(sae: nn.Module, progress: Progress) -> None:
+    """One line (exit 2) where the training diverged: its loss or its weights are no longer finite.
+
+    Raises:
+        Diverged: the loss or a weight is NaN or infinite.
+    """
+    loss = progress.loss
+    bad = loss is not None and not bool(torch.isfinite(loss).all())
+    if bad or not all(bool(torch.isfinite(p).all()) for p in sae.parameters()):
+        raise Diverged(f"the training diverged by step {progress.step} (its loss is no longer finite): "
+                         "nothing was trained; lower --lr and rerun")  # fmt: skip
 
 
 def in_memory(x: Tensor, batch: int, seed: int) -> Iterator[Block]:

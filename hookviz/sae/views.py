@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from hookviz.concepts.dataset import Photos, channel_sheet
 from hookviz.concepts.examples import Example
 from hookviz.core.arrays import to_numpy
 from hookviz.core.hooks import logits_of, preserved
+from hookviz.errors import InputError, OutputError
 from hookviz.io.files import atomic_write
 from hookviz.io.images import DEFAULT_MAX_PIXELS, Box, encode_png
 from hookviz.io.inputs import Item, read_input
@@ -56,11 +58,15 @@ def describe(
     per feature its top patches (``input``, ``score``, ``box`` in the photo's pixels), its histogram, and for
     the detailed ones the classes whose logits drop most when it is zeroed over its top inputs."""
     folder, skipped = Path(folder), list[str]()
+    out_dir = folder / FEATURES
+    writable(out_dir)  # refused before any work
     found_ = features.gather(found, loaded.model, batches(loaded, items, batch, skipped), top, loaded.device)
+    if found_.inputs == 0:  # nothing to describe: the features.json already there is kept
+        first = f" ({skipped[0]})" if skipped else ""
+        raise InputError(f"no input could be read{first}; {out_dir / 'features.json'} left as it was: give "
+                         "photos, folders or globs")  # fmt: skip
     rate = found_.fired / max(found_.positions, 1)
     detailed = [int(f) for f in np.argsort(-rate, kind="stable")[:detail] if rate[f] > 0]
-    out_dir = folder / FEATURES
-    out_dir.mkdir(parents=True, exist_ok=True)
     photos = Photos()
     entries = []
     by_name = {item.name: item for item in items}
@@ -82,6 +88,22 @@ def describe(
             "skipped": skipped, "features": entries}  # fmt: skip
     store.write_json(out_dir / "features.json", data)
     return data
+
+
+def writable(folder: Path) -> None:
+    """Create ``folder`` where it is not there; one line (exit 3) where it cannot be written to (a read-only
+    mount, a file in its place).
+
+    Raises:
+        OutputError: the folder cannot be written to.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hookviz-probe-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"{folder}: cannot write there ({e.strerror or e}); make it writable or copy the "
+                          "run folder somewhere writable") from None  # fmt: skip
 
 
 def _classes(
@@ -109,13 +131,13 @@ def _sheet(
 
 def explain_photo(
     found: Trained, loaded: LoadedModel, item: Item, out: str | os.PathLike[str], *, strongest: int = 3,
-    feature: int | None = None, scale: float = 0.0, save_raw: bool = False,
+    feature: int | None = None, scale: float = 0.0, save_raw: bool = False, prefix: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One photo: a picture of where its ``strongest`` features fire over it (their code maps over the patch
     grid, ``grid`` in the record, upsampled onto the part of the photo the model saw; ``save_raw``: those
     maps as ``NAME.sae.npy``, ``(features, photo height, photo width)``, zero outside that part), and, for
     ``feature``, the class probabilities with the reconstruction in place and with that feature's code scaled
-    by ``scale``."""
+    by ``scale``. ``prefix``: the start of its files' names (default the photo's stem)."""
     out = Path(out)
     rgb, x, box = read_input(item, loaded.preprocess, DEFAULT_MAX_PIXELS)
     xt = torch.as_tensor(x)[None].to(loaded.device)
@@ -126,7 +148,7 @@ def explain_photo(
         "input": item.name, "grid": list(maps.shape[1:]), "size": list(rgb.shape[:2]),
         "features": [{"feature": f, "peak": float(peaks[f])} for f in best],
     }  # fmt: skip
-    stem = out / safe_name(Path(item.name).stem)
+    stem = out / (prefix or safe_name(Path(item.name).stem))
     if best:
         picked = to_numpy(maps[best].float())
         title = f"{loaded.name} {found.layer}: the strongest features of {Path(item.name).name}"
