@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -540,16 +540,7 @@ def test_the_channel_list_follows_the_photo_picked(contrasted: Explorer, browser
     assert browser.execute_script(fresh) is None and "listing" in browser.find_element(By.ID, "chanfor").text
     assert "(random " not in browser.find_element(By.ID, "trust").text  # photo 0's figures are gone
     # Photo 0 picked again: its list; then photo 1's late answer comes, and is dropped.
-    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="0"]').click()
-    wait.until(lambda d: d.execute_script(fresh) == "0" and "input=0" in view(d))
-    browser.execute_script("window.release();")
-    wait.until(lambda d: d.execute_script("return window.landed") == 1)
-    assert browser.execute_script(fresh) == "0" and browser.execute_script(listed) == ranked[0]
-    # Photo 1 picked again (nothing held now): its own ranking.
-    browser.execute_script("window.hold = null;")
-    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="1"]').click()
-    wait.until(lambda d: d.execute_script(fresh) == "1")
-    assert browser.execute_script(listed) == ranked[1]
+    _a_late_answer_is_dropped(browser, (fresh, listed), ranked, 0, 1, also=lambda d: "input=0" in view(d))
     assert "b_checker.png" in browser.find_element(By.ID, "chanfor").text
     # Another layer picked: its channels for this photo; the channel shown, another layer's, goes.
     other = [
@@ -1328,15 +1319,7 @@ def test_the_feature_list_follows_the_photo_picked(sae_explorer: SaeExplorer, br
     browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="3"]').click()
     wait.until(lambda d: "listing" in d.find_element(By.ID, "featurestatus").text)
     assert browser.execute_script(fresh) is None  # photo 0's list, dimmed while photo 3's is on its way
-    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="0"]').click()
-    wait.until(lambda d: d.execute_script(fresh) == "0")
-    browser.execute_script("window.release();")
-    wait.until(lambda d: d.execute_script("return window.landed") == 1)
-    assert browser.execute_script(fresh) == "0" and browser.execute_script(listed) == ranked[0]
-    browser.execute_script("window.hold = null;")
-    browser.find_element(By.CSS_SELECTOR, '#strip button[data-input="3"]').click()
-    wait.until(lambda d: d.execute_script(fresh) == "3")
-    assert browser.execute_script(listed) == ranked[3]
+    _a_late_answer_is_dropped(browser, (fresh, listed), ranked, 0, 3)
     assert "p3.png" in browser.find_element(By.ID, "featurestatus").text
 
 
@@ -1364,3 +1347,30 @@ def test_an_sae_run_s_model_options_are_the_explorer_s(sae_explorer: SaeExplorer
     finally:
         for s in sessions:
             s.close()
+
+
+def _a_late_answer_is_dropped(
+    page: Any,
+    scripts: tuple[str, str],
+    ranked: dict[int, list[str]],
+    first: int,
+    then: int,
+    also: Callable[[Any], bool] = lambda d: True,
+) -> None:
+    """Photo ``first`` picked again while ``then``'s list is held back: ``first``'s list, and ``then``'s
+    answer, released late, dropped; ``then`` picked again (nothing held): its own ranking. ``scripts``: the
+    page's photo the list shown is for, and the list; ``also``: what else it shows before the release."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    fresh, listed = scripts
+    wait = WebDriverWait(page, PATIENCE)
+    page.find_element(By.CSS_SELECTOR, f'#strip button[data-input="{first}"]').click()
+    wait.until(lambda d: d.execute_script(fresh) == str(first) and also(d))
+    page.execute_script("window.release();")
+    wait.until(lambda d: d.execute_script("return window.landed") == 1)
+    assert page.execute_script(fresh) == str(first) and page.execute_script(listed) == ranked[first]
+    page.execute_script("window.hold = null;")
+    page.find_element(By.CSS_SELECTOR, f'#strip button[data-input="{then}"]').click()
+    wait.until(lambda d: d.execute_script(fresh) == str(then))
+    assert page.execute_script(listed) == ranked[then]
