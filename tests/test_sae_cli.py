@@ -16,6 +16,9 @@ from hookviz.sae import store
 from tests.conftest import Trained, invoke
 from tests.test_sae import LAYER, _cli, run, shapes_folder, weights  # noqa: F401  (fixtures)
 
+#: Each a whole command over a trained dictionary: in make test, not the inner loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 QUICK = ["--width", "2x", "--k", "8", "--vectors", "512", "--batch", "256", "--buffer", "512"]
 
 

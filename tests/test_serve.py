@@ -204,6 +204,7 @@ def test_ctrl_c_the_moment_a_child_is_forked_cancels_it_and_the_server_serves_on
             assert sock.exists() and status is not None and status["served"] == i + 1
 
 
+@pytest.mark.slow  # servers started and killed: in make test, not the inner loop
 def test_no_server_or_a_dead_one_runs_the_command_here(photos: Path, tmp_path: Path) -> None:
     folder = tmp_path / "p"
     folder.mkdir(mode=0o700)
@@ -218,6 +219,7 @@ def test_no_server_or_a_dead_one_runs_the_command_here(photos: Path, tmp_path: P
         assert r.returncode == 0 and "went away" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # servers started and killed: in make test, not the inner loop
 def test_a_server_that_dies_mid_request_falls_back_once(tmp_path: Path) -> None:
     folder = tmp_path / "private"
     sock = folder / "server.sock"

@@ -94,6 +94,7 @@ def test_linear_cav_separates_and_repeats_with_its_seed() -> None:
     assert int(one.vector.abs().argmax()) == 0 and float(one.vector[0]) > 0  # towards the concept
 
 
+@pytest.mark.slow  # a t-test over trained CAVs: in make test, not the inner loop
 def test_a_disc_concept_matters_to_discs_and_random_ones_do_not(trained: Trained) -> None:
     """Under the null a p-value is uniform: of ten random folders used as concepts (against one shared null,
     so their p-values move together) a handful at most may come out significant at 0.05; the disc concept is

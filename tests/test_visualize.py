@@ -43,6 +43,7 @@ def test_a_channel_picture_beats_every_photo(trained: Trained) -> None:
     assert res.history[-1] > res.history[0]
 
 
+@pytest.mark.slow  # a reference's run beside ours: in make test, not the inner loop
 def test_at_least_lucents_objective_on_the_same_settings(trained: Trained) -> None:
     with warnings.catch_warnings():  # kornia 0.4.1 uses torch.jit.script, deprecated
         warnings.simplefilter("ignore")
