@@ -557,13 +557,8 @@ def test_a_vision_language_model_s_vision_tower(family: str, prefix: int, tmp_pa
     assert res.exit_code == 0, res.output
     data = json.loads((out / "features" / "features.json").read_text())
     assert data["inputs"] == 6 and data["field"] == [8, 8]
-    shapes = {f"p{i}.png": s for i, s in enumerate(sizes)}
-    for f in data["features"]:
-        for p in f["top"]:
-            h, w = shapes[Path(p["input"]).name]
-            x0, y0, x1, y1 = p["box"]
-            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h, (p, h, w)
-        assert "classes" not in f
+    _boxes_within_their_photos(data, sizes)
+    assert all("classes" not in f for f in data["features"])
     res = invoke("sae", "explain", str(photos / "p0.png"), "--sae", str(out), "--feature", "0", "--save-raw",
                  "--json", "--device", "cpu", "--out", str(tmp_path / "ex"))  # fmt: skip
     assert res.exit_code == 0, res.output
@@ -612,12 +607,7 @@ def test_the_towers_of_llava_next_idefics3_and_internvl(
     assert res.exit_code == 0, res.output
     data = json.loads((out / "features" / "features.json").read_text())
     assert data["inputs"] == 4 and data["field"] == [8, 8]  # each patch 8 x 8 of the input
-    shapes = {f"p{i}.png": s for i, s in enumerate(sizes)}
-    for f in data["features"]:
-        for p in f["top"]:
-            h, w = shapes[Path(p["input"]).name]
-            x0, y0, x1, y1 = p["box"]
-            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h, (p, h, w)
+    _boxes_within_their_photos(data, sizes)
 
 
 def _weights_of(folder: Path) -> dict[str, torch.Tensor]:
@@ -1167,3 +1157,13 @@ def test_a_folder_without_a_finished_dictionary_is_refused_before_a_model_loads(
             lines = res.stderr.strip().splitlines()
             assert res.exit_code == 2 and len(lines) == 1 and said in lines[0], (args, res.output)
     assert not (tmp_path / "o").exists()
+
+
+def _boxes_within_their_photos(data: dict[str, Any], sizes: list[tuple[int, int]]) -> None:
+    """Every top patch's box of features.json inside its photo (``p{i}.png``: ``sizes[i]``, (h, w))."""
+    shapes = {f"p{i}.png": s for i, s in enumerate(sizes)}
+    for f in data["features"]:
+        for p in f["top"]:
+            h, w = shapes[Path(p["input"]).name]
+            x0, y0, x1, y1 = p["box"]
+            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h, (p, h, w)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +93,10 @@ def test_wandb_offline_run_reads_back_equal_to_the_files(
     files = run / "files"
     # Offline, the settings live in the run's record log (protobuf strings, stored as they are).
     (log,) = run.glob("run-*.wandb")
-    data = log.read_bytes()
+    data, end = log.read_bytes(), time.monotonic() + 30
+    while b"resnet18" not in data and time.monotonic() < end:  # W&B's writer may flush after finish() returns
+        time.sleep(0.2)  # (make test once read its 8-byte header alone)
+        data = log.read_bytes()
     assert b"input.crop_size" in data and b"resnet18" in data and b"hookviz gradcam" in data
     images = sorted((files / "media" / "images").glob("*.png"))
     assert len(images) == 4
